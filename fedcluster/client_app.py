@@ -1,0 +1,123 @@
+"""The ClientApp: one NumPyClient per site, dispatching on the ``task`` config key.
+
+The site's data comes from its node config:
+
+- in simulation (Flower's engine or the in-process harness): ``partition-id`` and
+  ``num-partitions`` of the run's built-in ``dataset``, cut by ``partitioning``;
+- in deployment: ``data-path`` (CSV with a header, or ``.npy``), parsed once into a
+  memory-mapped cache keyed by path, size and mtime (deployment starts a fresh process
+  per round, so nothing else may be re-parsed per round).
+
+A site whose data cannot be loaded does not crash the round: it answers every task with
+an error reply naming the problem (file, row, column), logs it, and the server drops it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from flwr.client import Client, NumPyClient
+from flwr.clientapp import ClientApp
+from flwr.common import Context
+from flwr.common.logger import log
+
+from fedcluster.common.config import ConfigError, NodeConfig, parse_node_config
+from fedcluster.common.data import SiteData, SiteDataError, load_partition, load_site_file
+from fedcluster.common.tasks import TaskError, run_task
+
+# In-process harness only: ``data-path = "memory://<token>/<i>"`` names arrays that the
+# test/benchmark process registered (see fedcluster.simulation). Never used by Flower.
+MEMORY_SITES: dict[str, list[SiteData]] = {}
+MEMORY_PREFIX = "memory://"
+
+
+def site_key(node: NodeConfig, node_id: int) -> str:
+    """A stable name for this site: ``site-id``, else ``partition-id``, else node id."""
+    if node.site_id is not None:
+        return node.site_id
+    if node.partition_id is not None:
+        return str(node.partition_id)
+    return f"node-{node_id}"
+
+
+def load_site(node: NodeConfig, run_config: dict) -> tuple[SiteData, dict]:
+    """Load the site's data; also return what the site says about its provenance."""
+    if node.data_path is not None:
+        if node.data_path.startswith(MEMORY_PREFIX):
+            token, _, index = node.data_path[len(MEMORY_PREFIX) :].partition("/")
+            return MEMORY_SITES[token][int(index)], {}
+        return (
+            load_site_file(
+                node.data_path, cache_dir=node.cache_dir, label_column=node.label_column
+            ),
+            {},
+        )
+    if node.partition_id is None or node.num_partitions is None:
+        raise SiteDataError(
+            "node config has neither 'data-path' (deployment) nor "
+            "'partition-id'/'num-partitions' (simulation): this site has no data"
+        )
+    dataset = str(run_config.get("dataset", "digits"))
+    partitioning = str(run_config.get("partitioning", "iid"))
+    seed = int(run_config.get("seed", 0))
+    site = load_partition(dataset, partitioning, node.partition_id, node.num_partitions, seed)
+    # Lets the server rebuild the pooled set for the central baseline (simulation only).
+    provenance = {
+        "dataset": dataset,
+        "partitioning": partitioning,
+        "num-partitions": node.num_partitions,
+    }
+    return site, provenance
+
+
+class SiteClient(NumPyClient):
+    """Runs the server's tasks on one site's data and returns aggregates only."""
+
+    def __init__(self, context: Context) -> None:
+        self.node_id = context.node_id
+        self.run_config = dict(context.run_config)
+        self._site: SiteData | None = None
+        self._provenance: dict = {}
+        self._load_error: str | None = None
+        try:
+            self.node = parse_node_config(dict(context.node_config))
+        except ConfigError as err:
+            self.node = NodeConfig()
+            self._load_error = str(err)
+        self.key = site_key(self.node, self.node_id)
+
+    def _load(self) -> SiteData:
+        if self._load_error is not None:
+            raise SiteDataError(self._load_error)
+        if self._site is None:
+            try:
+                self._site, self._provenance = load_site(self.node, self.run_config)
+            except SiteDataError as err:
+                self._load_error = str(err)
+                raise
+        return self._site
+
+    def get_parameters(self, config):
+        return []
+
+    def fit(self, parameters, config):
+        task = str(config.get("task", "?"))
+        try:
+            site = self._load()
+            reply = run_task(site, [np.asarray(a) for a in parameters], dict(config), self.node.min_cluster_size)
+        except (SiteDataError, TaskError) as err:
+            log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
+            return [], 0, {"site-key": self.key, "error": str(err)}
+        metrics = dict(reply.metrics)
+        metrics["site-key"] = self.key
+        if task == "describe":
+            metrics.update(self._provenance)
+        return reply.arrays, site.n_rows, metrics
+
+
+def client_fn(context: Context) -> Client:
+    return SiteClient(context).to_client()
+
+
+app = ClientApp(client_fn=client_fn)

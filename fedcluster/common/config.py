@@ -1,0 +1,125 @@
+"""Validated configuration: the run config, a site's node config, and task parameters.
+
+Every value that crosses a trust boundary goes through one of these pydantic models.
+Run-config keys are kebab-case (``n-clusters``), as Flower's ``--run-config`` writes them;
+the Python API (:func:`fedcluster.simulate`) accepts the same keys with ``_``.
+A bad key or value raises :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ALGORITHMS = ("dwf", "ewf")
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown or its value is invalid."""
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class RunConfig(_Strict):
+    """The run config (``[tool.flwr.app.config]`` in pyproject.toml, ``--run-config``).
+
+    Defaults here equal those in pyproject.toml; README.md documents each key.
+    """
+
+    algorithm: Literal["dwf", "ewf"] = "dwf"
+    n_clusters: int = Field(10, ge=1)
+    num_rounds: int = Field(50, ge=1, description="maximum number of update rounds")
+    fraction: float = Field(1.0, gt=0.0, le=1.0)
+    min_sites: int = Field(2, ge=1)
+    min_cluster_size: int = Field(2, ge=1, description="privacy floor p")
+    seed: int = 0
+    tol: float = Field(1e-4, ge=0.0)
+    n_init: int = Field(1, ge=1)
+    init: Literal["kfed", "random"] = "kfed"
+    weighted: bool = False
+    learning_rate: float = Field(1.0, gt=0.0, le=1.0)
+    momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    local_iters: int = Field(1, ge=1)
+    round_timeout: float = Field(600.0, gt=0.0)
+    # Simulation only: which built-in dataset the simulated sites partition.
+    dataset: str = "digits"
+    partitioning: str = "dirichlet:0.3"
+    central_baseline: bool = True
+    output_dir: str = "outputs"
+    run_name: str = ""
+
+    @field_validator("partitioning")
+    @classmethod
+    def _partitioning_known(cls, value: str) -> str:
+        from fedcluster.common.data import parse_partitioning
+
+        parse_partitioning(value)
+        return value
+
+    @property
+    def seeds(self) -> list[int]:
+        """One seed per n-init repetition."""
+        return [self.seed + i for i in range(self.n_init)]
+
+
+class NodeConfig(_Strict):
+    """A site's own settings (``flower-supernode --node-config``)."""
+
+    model_config = ConfigDict(
+        alias_generator=_kebab, populate_by_name=True, extra="ignore", frozen=True
+    )
+
+    data_path: str | None = None
+    label_column: str | None = None
+    min_cluster_size: int = Field(1, ge=1, description="the site's own privacy floor")
+    cache_dir: str | None = None
+    site_id: str | None = None
+    # Set by Flower's simulation engine.
+    partition_id: int | None = None
+    num_partitions: int | None = None
+
+    @field_validator("site_id", "data_path", "label_column", "cache_dir", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> str | None:
+        return None if value is None or value == "" else str(value)
+
+
+def _format(err: ValidationError, what: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(config)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown {what} key '{key}'")
+        else:
+            lines.append(f"{what} key '{key}': {e['msg']} (got {e.get('input')!r})")
+    return "; ".join(lines)
+
+
+def parse_run_config(values: dict[str, Any]) -> RunConfig:
+    """Validate a run config given with kebab-case (or snake_case) keys."""
+    try:
+        return RunConfig.model_validate({_kebab(k): v for k, v in values.items()})
+    except ValidationError as err:
+        raise ConfigError(_format(err, "run-config")) from None
+
+
+def parse_node_config(values: dict[str, Any]) -> NodeConfig:
+    """Validate a site's node config."""
+    try:
+        return NodeConfig.model_validate({_kebab(k): v for k, v in values.items()})
+    except ValidationError as err:
+        raise ConfigError(_format(err, "node-config")) from None
+
+
+def run_config_defaults() -> dict[str, Any]:
+    """The defaults as a kebab-case dict (what pyproject.toml declares)."""
+    return RunConfig().model_dump(by_alias=True)

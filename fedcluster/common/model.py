@@ -1,0 +1,96 @@
+"""The trained model: centroids plus what produced them; save/load and prediction.
+
+``model.json`` is the one file a site needs to label its own rows
+(``fedcluster predict``); labels never leave the site.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedcluster.common import kernels
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Model:
+    """A federated clustering model."""
+
+    centroids: np.ndarray
+    algorithm: str
+    config: dict = field(default_factory=dict)
+    feature_names: list[str] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)
+
+    @property
+    def n_clusters(self) -> int:
+        return int(self.centroids.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.centroids.shape[1])
+
+    def _check(self, X) -> np.ndarray:
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise ValueError(
+                f"data of shape {X.shape} does not match the model's {self.n_features} features"
+            )
+        return X
+
+    def predict(self, X) -> np.ndarray:
+        """Index of the nearest centroid for each row (ties: lowest index)."""
+        return kernels.assign(self._check(X), self.centroids)[0]
+
+    def transform(self, X) -> np.ndarray:
+        """Euclidean distance of each row to each centroid, (n, k)."""
+        X = self._check(X)
+        diff = X[:, None, :] - self.centroids[None, :, :]
+        return np.sqrt(np.einsum("nkd,nkd->nk", diff, diff))
+
+    def score(self, X) -> float:
+        """Mean squared distance to the nearest centroid (the global score on X)."""
+        return float(np.mean(kernels.assign(self._check(X), self.centroids)[1]))
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["centroids"] = self.centroids.tolist()
+        out["n-features"] = self.n_features
+        out["format-version"] = FORMAT_VERSION
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, default=_json_default)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Model":
+        data = json.loads(text)
+        return cls(
+            centroids=np.asarray(data["centroids"], dtype=np.float64),
+            algorithm=data["algorithm"],
+            config=data.get("config", {}),
+            feature_names=data.get("feature_names", []),
+            metrics=data.get("metrics", {}),
+            history=data.get("history", []),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Model":
+        return cls.from_json(Path(path).read_text())
+
+
+def _json_default(value):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot store {type(value).__name__} in model.json")

@@ -1,0 +1,107 @@
+"""What a run leaves behind and shows: progress lines, the summary, and the files
+``model.json``, ``history.csv`` and ``convergence.png`` in ``output-dir/<run-name>/``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from fedcluster.common.model import Model
+
+HISTORY_COLUMNS = [
+    "round",
+    "repetition",
+    "task",
+    "sites-asked",
+    "sites-answered",
+    "sites-failed",
+    "movement",
+    "score",
+    "seconds",
+    "failures",
+]
+
+
+def progress_line(row: dict, max_rounds: int) -> str:
+    """One line per round, for the console."""
+
+    def num(key: str, fmt: str) -> str:
+        value = row.get(key)
+        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+
+    return (
+        f"round {row['round']:>3} [{row['task']:<12}] rep {row['repetition']} "
+        f"sites {row['sites-answered']}/{row['sites-asked']} "
+        f"(failed {row['sites-failed']}) movement {num('movement', '.3e')} "
+        f"score {num('score', '.6g')} {num('seconds', '.2f')}s"
+    )
+
+
+def summary_table(metrics: dict) -> str:
+    """The closing table: federated score, and the central baseline where known."""
+    lines = ["", "  result                          value", "  " + "-" * 44]
+    rows = [
+        ("federated score (inertia / N)", metrics.get("score")),
+        ("federated inertia", metrics.get("inertia")),
+        ("rows / sites", f"{metrics.get('n-rows')} / {metrics.get('n-sites')}"),
+        ("training rounds", metrics.get("rounds")),
+    ]
+    central = metrics.get("central-score")
+    if central is not None:
+        rows += [
+            ("central KMeans score (n_init 10)", central),
+            ("federated / central", metrics["score"] / central),
+        ]
+    for name, value in rows:
+        text = f"{value:.6g}" if isinstance(value, float) else str(value)
+        lines.append(f"  {name:<32}{text:>12}")
+    if central is None:
+        lines.append("  (no central baseline: the server sees no pooled data outside simulation)")
+    else:
+        lines.append(
+            "  (central baseline: simulation only, the server rebuilt the pooled "
+            "data set from its name)"
+        )
+    return "\n".join(lines)
+
+
+def write_history(path: Path, history: list[dict]) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=HISTORY_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in history:
+            writer.writerow({key: row.get(key, "") for key in HISTORY_COLUMNS})
+
+
+def plot_convergence(path: Path, history: list[dict], central: float | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_score, ax_move) = plt.subplots(1, 2, figsize=(10, 4))
+    for rep in sorted({r["repetition"] for r in history}):
+        train = [r for r in history if r["repetition"] == rep and r["task"] not in ("describe", "evaluate")]
+        train = [r for r in train if r.get("score") is not None]
+        if train:
+            xs = range(1, len(train) + 1)
+            ax_score.plot(xs, [r["score"] for r in train], marker=".", label=f"repetition {rep}")
+            ax_move.semilogy(xs, [max(r["movement"], 1e-300) for r in train], marker=".")
+    if central is not None:
+        ax_score.axhline(central, color="k", linestyle="--", label="central KMeans")
+    ax_score.set(xlabel="training round", ylabel="score (inertia / N, sampled sites)", title="score")
+    ax_move.set(xlabel="training round", ylabel="||C_t - C_{t-1}||_F", title="centroid movement")
+    ax_score.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_outputs(directory: Path, model: Model) -> None:
+    """model.json, history.csv and convergence.png into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save(directory / "model.json")
+    write_history(directory / "history.csv", model.history)
+    plot_convergence(directory / "convergence.png", model.history, model.metrics.get("central-score"))

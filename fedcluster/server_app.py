@@ -1,0 +1,190 @@
+"""The ServerApp: run config -> strategy -> rounds -> outputs.
+
+The round loop lives here, in :class:`ClusteringWorkflow` (Flower's ``DefaultWorkflow``
+runs a fixed number of rounds; clustering needs to stop on convergence, to run an
+initialisation and an evaluation round, and to repeat for n-init). Each round is one
+call of a Flower *fit workflow* (``fit_workflow(grid, context)``), by default
+:func:`fit_round`, which adds a reply timeout and failure reasons to Flower's
+``default_fit_workflow``; a SecAgg+ fit workflow can be switched in the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app.message_type import MessageType
+from flwr.common import Code
+from flwr.common.logger import log
+from flwr.compat.common import recorddict_compat as compat
+from flwr.server import LegacyContext, ServerConfig
+from flwr.server.compat.app_utils import start_update_client_manager_thread
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+from flwr.serverapp import Grid, ServerApp
+
+from fedcluster.common.config import RunConfig, parse_run_config
+from fedcluster.common.model import Model
+from fedcluster.common.outputs import progress_line, summary_table, write_outputs
+from fedcluster.strategies import ClusteringStrategy, FederationError, make_strategy
+
+# Keys of the ServerApp's Context state used by the in-process harness.
+INITIAL_CENTROIDS = "fedcluster.initial-centroids"
+RESULT = "fedcluster.result"
+
+
+def fit_round(grid: Grid, context: LegacyContext) -> None:
+    """One fit round: configure, send, wait (at most ``round-timeout``), aggregate."""
+    cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
+    server_round = cast(int, cfg[Key.CURRENT_ROUND])
+    timeout = cast(float, cfg["round-timeout"])
+    strategy = context.strategy
+    params = compat.arrayrecord_to_parameters(
+        context.state.array_records[MAIN_PARAMS_RECORD], keep_input=True
+    )
+    instructions = strategy.configure_fit(server_round, params, context.client_manager)
+    proxies = {proxy.node_id: proxy for proxy, _ in instructions}
+    messages = [
+        Message(
+            content=compat.fitins_to_recorddict(fitins, True),
+            dst_node_id=proxy.node_id,
+            message_type=MessageType.TRAIN,
+            group_id=str(server_round),
+        )
+        for proxy, fitins in instructions
+    ]
+    replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    results, failures = [], []
+    answered = set()
+    for msg in replies:
+        node_id = msg.metadata.src_node_id
+        answered.add(node_id)
+        if msg.has_error():
+            failures.append(Exception(f"node {node_id}: {msg.error.reason}"))
+            continue
+        fitres = compat.recorddict_to_fitres(msg.content, False)
+        if fitres.status.code == Code.OK:
+            results.append((proxies[node_id], fitres))
+        else:
+            failures.append((proxies[node_id], fitres))
+    for node_id in set(proxies) - answered:
+        failures.append(Exception(f"node {node_id}: no reply within {timeout:g} s"))
+    parameters, _ = strategy.aggregate_fit(server_round, results, failures)
+    context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
+        parameters, True
+    )
+
+
+class ClusteringWorkflow:
+    """Run the strategy's phases until it is finished; one fit workflow call per round."""
+
+    def __init__(self, fit_workflow=fit_round, startup_timeout: float = 600.0) -> None:
+        self.fit_workflow = fit_workflow
+        self.startup_timeout = startup_timeout
+
+    def __call__(self, grid: Grid, context: LegacyContext) -> None:
+        strategy = cast(ClusteringStrategy, context.strategy)
+        config = strategy.config
+        thread, stop, registered = start_update_client_manager_thread(grid, context.client_manager)
+        registered.wait()
+        try:
+            log(logging.INFO, "waiting for %s site(s) to connect", config.min_sites)
+            if not context.client_manager.wait_for(config.min_sites, int(self.startup_timeout)):
+                raise FederationError(
+                    f"only {context.client_manager.num_available()} site(s) connected within "
+                    f"{self.startup_timeout:g} s; min-sites = {config.min_sites}"
+                )
+            context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
+            cfg = ConfigRecord({"round-timeout": config.round_timeout})
+            context.state.config_records[MAIN_CONFIGS_RECORD] = cfg
+            # describe + (init + num-rounds + evaluate) per repetition: a hard bound
+            max_rounds = 1 + config.n_init * (config.num_rounds + 2)
+            for server_round in range(1, max_rounds + 1):
+                cfg[Key.CURRENT_ROUND] = server_round
+                started = time.perf_counter()
+                self.fit_workflow(grid, context)
+                strategy.history[-1]["seconds"] = time.perf_counter() - started
+                log(logging.INFO, "%s", progress_line(strategy.history[-1], config.num_rounds))
+                if strategy.finished:
+                    break
+        finally:
+            stop.set()
+            thread.join()
+
+
+def central_score(strategy: ClusteringStrategy) -> float | None:
+    """Central KMeans (n_init 10) on the pooled data, when the server can rebuild it.
+
+    Only in simulation: every site then says which built-in data set and partitioning it
+    holds, and the server reloads the same data set. In a deployment there is no pooled
+    data anywhere, and no baseline.
+    """
+    from sklearn.cluster import KMeans
+
+    from fedcluster.common.data import load_builtin
+
+    provenances = [s.provenance for s in strategy.sites.values()]
+    if not provenances or any("dataset" not in p for p in provenances):
+        return None
+    first = provenances[0]
+    if any(p != first for p in provenances) or len(provenances) != first["num-partitions"]:
+        return None
+    X, _ = load_builtin(str(first["dataset"]), strategy.config.seed)
+    model = KMeans(strategy.k, n_init=10, random_state=strategy.config.seed).fit(X)
+    return float(model.inertia_ / len(X))
+
+
+def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float | None) -> Model:
+    best = strategy.best
+    metrics = {
+        "score": best["score"],
+        "inertia": best["inertia"],
+        "n-rows": best["n-rows"],
+        "n-sites": len(strategy.sites),
+        "rounds": best["rounds"],
+        "seed": best["seed"],
+        "cluster-sizes": [int(c) for c in best["cluster-sizes"]],
+        "rejected-sites": dict(strategy.rejected),
+    }
+    if central is not None:
+        metrics["central-score"] = central
+    return Model(
+        centroids=best["centroids"],
+        algorithm=config.algorithm,
+        config=config.model_dump(by_alias=True),
+        feature_names=strategy.feature_names,
+        metrics=metrics,
+        history=strategy.history,
+    )
+
+
+def run_name(config: RunConfig) -> str:
+    return config.run_name or f"{config.algorithm}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    config = parse_run_config(dict(context.run_config))
+    initial = context.state.array_records.get(INITIAL_CENTROIDS)
+    initial_centroids = initial.to_numpy_ndarrays()[0] if initial is not None else None
+    strategy = make_strategy(config, initial_centroids)
+    legacy = LegacyContext(context=context, config=ServerConfig(), strategy=strategy)
+    log(logging.INFO, "fedcluster: %s, k = %s, up to %s rounds", config.algorithm, config.n_clusters, config.num_rounds)
+    ClusteringWorkflow()(grid, legacy)
+
+    central = central_score(strategy) if config.central_baseline else None
+    model = build_model(strategy, config, central)
+    log(logging.INFO, "%s", summary_table(model.metrics))
+    if config.output_dir:
+        directory = Path(config.output_dir) / run_name(config)
+        write_outputs(directory, model)
+        log(logging.INFO, "outputs written to %s", directory.resolve())
+    # For the in-process harness: the result travels back in the Context's state.
+    context.state.config_records[RESULT] = ConfigRecord({"model": model.to_json()})

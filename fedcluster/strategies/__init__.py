@@ -1,0 +1,21 @@
+"""One strategy module per algorithm family, on the shared base (``base.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcluster.common.config import RunConfig
+from fedcluster.strategies.base import ClusteringStrategy, FederationError
+from fedcluster.strategies.weighted import WeightedFedKMeans
+
+
+def make_strategy(
+    config: RunConfig, initial_centroids: np.ndarray | None = None
+) -> ClusteringStrategy:
+    """The strategy for ``config.algorithm``."""
+    if config.algorithm in ("dwf", "ewf"):
+        return WeightedFedKMeans(config, initial_centroids, dynamic=config.algorithm == "dwf")
+    raise ValueError(f"unknown algorithm {config.algorithm!r}")
+
+
+__all__ = ["ClusteringStrategy", "FederationError", "make_strategy"]

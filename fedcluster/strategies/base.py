@@ -1,0 +1,377 @@
+"""The strategy base shared by every algorithm: a Flower ``Strategy`` run as phases.
+
+Every federated round is a Flower fit round carrying a *task* (see
+``fedcluster.common.tasks``). A run goes through these phases:
+
+1. ``describe`` (once, all available sites): each site declares its size, width and
+   feature names. A site whose width differs from the majority, whose data cannot be
+   loaded, or whose ``site-id`` duplicates another's is rejected with a logged reason
+   and the run goes on with the rest (or stops with that reason if fewer than
+   ``min-sites`` remain).
+2. ``init`` (one round per n-init repetition): the algorithm's initialisation task.
+3. ``train`` (up to ``num-rounds`` rounds): sampled sites (fraction C, seeded) run the
+   algorithm's site step; the subclass reduces the replies to new centroids. The
+   repetition stops early when the centroid movement ||C_t - C_{t-1}||_F < ``tol``.
+4. ``evaluate`` (one round, all sites): SSE and sizes against the repetition's final
+   centroids, giving the EXACT pooled score sum SSE_i / sum n_i. With ``n-init`` > 1 the
+   repetition with the lowest score wins.
+
+Subclasses provide the algorithm: :meth:`init_task` / :meth:`reduce_init` and
+:meth:`train_task` / :meth:`reduce_train`, in the style of Flower's FedAvg: the maths
+live in pure functions (``aggregate.py``), replies are validated before they are reduced
+(``validation.py``), and failures are logged and dropped.
+
+Replies are always reduced in a stable site order (sorted site keys), so the in-process
+harness, Flower's simulation engine and a real deployment give the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.common import FitIns, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from fedcluster.common.config import RunConfig
+from fedcluster.strategies.validation import Expect, Reply, ReplyError, validate
+
+
+class FederationError(RuntimeError):
+    """The run cannot go on (e.g. fewer than ``min-sites`` usable sites); says why."""
+
+
+@dataclass
+class Site:
+    """What the server knows of a site: what it declared in the describe round."""
+
+    key: str
+    node_id: int
+    n_rows: int
+    n_features: int
+    feature_names: list[str]
+    provenance: dict
+
+
+@dataclass
+class TaskPlan:
+    """One round's task: its name, scalar parameters, arrays, and which sites get it.
+
+    ``per_site`` adds parameters that differ per site (e.g. a seed), keyed by site key.
+    """
+
+    task: str
+    params: dict = field(default_factory=dict)
+    arrays: list[np.ndarray] = field(default_factory=list)
+    sample: bool = False  # True: the seeded fraction-C sample; False: every usable site
+    per_site: dict[str, dict] = field(default_factory=dict)
+    max_rows: int | None = None
+
+
+def site_order(key: str) -> tuple:
+    """Sort numeric site keys numerically, then the rest by name."""
+    return (0, int(key), "") if key.isdigit() else (1, 0, key)
+
+
+class ClusteringStrategy(Strategy):
+    """Phases, sampling, privacy floor, validation, convergence, history and n-init."""
+
+    def __init__(self, config: RunConfig, initial_centroids: np.ndarray | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.k = config.n_clusters
+        self.initial_centroids = initial_centroids
+        self.sites: dict[str, Site] = {}
+        self.rejected: dict[str, str] = {}
+        self.history: list[dict] = []
+        self.repetitions: list[dict] = []  # one per n-init seed: score, centroids
+        self.phase = "describe"
+        self.repetition = 0
+        self.finished = False
+        self._pending: tuple[TaskPlan, dict[int, str]] | None = None
+        self._reset_repetition()
+
+    # ----------------------------------------------------------------- hooks
+    def init_task(self) -> TaskPlan:
+        """The initialisation round's task."""
+        raise NotImplementedError
+
+    def reduce_init(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
+        """Initial (k, d) centroids from the init round's replies."""
+        raise NotImplementedError
+
+    def train_task(self) -> TaskPlan:
+        """One training round's task, given ``self.centroids``."""
+        raise NotImplementedError
+
+    def reduce_train(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
+        """New (k, d) centroids from one training round's replies."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ properties
+    @property
+    def seed(self) -> int:
+        """The seed of the current n-init repetition."""
+        return self.config.seeds[self.repetition]
+
+    @property
+    def n_features(self) -> int:
+        return next(iter(self.sites.values())).n_features
+
+    @property
+    def feature_names(self) -> list[str]:
+        names = [s.feature_names for s in self.sites.values() if s.feature_names]
+        return names[0] if names else []
+
+    def ordered_sites(self) -> list[Site]:
+        return sorted(self.sites.values(), key=lambda s: site_order(s.key))
+
+    def _reset_repetition(self) -> None:
+        self.centroids: np.ndarray | None = None
+        self.previous: np.ndarray | None = None
+        self.train_round = 0
+        self.last_movement = float("nan")
+
+    # ------------------------------------------------------ Flower interface
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return ndarrays_to_parameters([])
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        available = client_manager.all()
+        if self.phase == "describe":
+            plan = TaskPlan("describe")
+            targets = {int(p.node_id): p for p in available.values()}
+            keys = {node_id: "" for node_id in targets}
+        else:
+            plan = self._plan_for_phase()
+            usable = [s for s in self.ordered_sites() if str(s.node_id) in available]
+            if plan.sample:
+                usable = self._sample(usable, server_round)
+            targets = {s.node_id: available[str(s.node_id)] for s in usable}
+            keys = {s.node_id: s.key for s in usable}
+        base = {"task": plan.task, "min-cluster-size": self.config.min_cluster_size, **plan.params}
+        parameters = ndarrays_to_parameters(plan.arrays)
+        self._pending = (plan, keys)
+        return [
+            (proxy, FitIns(parameters, {**base, **plan.per_site.get(keys[node_id], {})}))
+            for node_id, proxy in targets.items()
+        ]
+
+    def aggregate_fit(self, server_round, results, failures):
+        plan, keys = self._pending
+        replies, failed = [], []
+        for failure in failures:
+            failed.append(self._failure_reason(failure, keys))
+        for proxy, res in results:
+            node_id = int(proxy.node_id)
+            metrics = dict(res.metrics)
+            key = str(metrics.get("site-key", keys.get(node_id) or f"node-{node_id}"))
+            arrays = parameters_to_ndarrays(res.parameters)
+            try:
+                reply = self._validate(plan, node_id, key, keys, arrays, metrics, res.num_examples)
+            except ReplyError as err:
+                failed.append(f"site {key}: {err}")
+                if plan.task == "describe":
+                    self.rejected[key] = str(err)
+                continue
+            replies.append(reply)
+        for reason in failed:
+            log(logging.WARNING, "round %s (%s): dropped %s", server_round, plan.task, reason)
+        replies.sort(key=lambda r: site_order(r.site_key))
+        row = self._reduce(server_round, plan, replies)
+        row.update(
+            {
+                "round": server_round,
+                "repetition": self.repetition,
+                "task": plan.task,
+                "sites-asked": len(keys),
+                "sites-answered": len(replies),
+                "sites-failed": len(keys) - len(replies),
+                "failures": "; ".join(failed),
+            }
+        )
+        self.history.append(row)
+        out = [] if self.centroids is None else [self.centroids]
+        return ndarrays_to_parameters(out), {}
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        return []  # evaluation is a fit-round task (see module docstring)
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        return None, {}
+
+    def evaluate(self, server_round, parameters):
+        return None
+
+    # --------------------------------------------------------------- phases
+    def _plan_for_phase(self) -> TaskPlan:
+        if self.phase == "init":
+            return self.init_task()
+        if self.phase == "train":
+            return self.train_task()
+        if self.phase == "evaluate":
+            return TaskPlan("evaluate", arrays=[self.centroids])
+        raise RuntimeError(f"no task in phase {self.phase}")
+
+    def _sample(self, usable: list[Site], server_round: int) -> list[Site]:
+        m = max(1, round(self.config.fraction * len(usable)))
+        if m >= len(usable):
+            return usable
+        rng = np.random.default_rng([self.seed, self.train_round, 7919])
+        chosen = np.sort(rng.choice(len(usable), size=m, replace=False))
+        return [usable[i] for i in chosen]
+
+    def _validate(self, plan, node_id, key, keys, arrays, metrics, n_rows) -> Reply:
+        if plan.task != "describe" and keys.get(node_id) != key:
+            raise ReplyError(f"answered as site {key!r} but node {node_id} joined as {keys.get(node_id)!r}")
+        site = self.sites.get(key)
+        expect = Expect(
+            task=plan.task,
+            n_features=self.n_features if self.sites else None,
+            n_clusters=self.k,
+            max_rows=plan.max_rows,
+            floor=self.config.min_cluster_size,
+            declared_rows=site.n_rows if site else None,
+        )
+        typed = validate(arrays, metrics, int(n_rows), expect)
+        return Reply(key, node_id, int(n_rows), typed, metrics)
+
+    @staticmethod
+    def _failure_reason(failure, keys: dict[int, str]) -> str:
+        if isinstance(failure, BaseException):
+            return f"a site failed: {failure}"
+        proxy, res = failure
+        key = keys.get(int(proxy.node_id)) or f"node-{proxy.node_id}"
+        return f"site {key}: {res.status.message}"
+
+    def _reduce(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
+        if plan.task == "describe":
+            self._admit_sites(replies)
+            self._begin_repetition()
+            return {"sites-usable": len(self.sites)}
+        self._require_sites(replies, plan.task)
+        if plan.task == "evaluate":
+            return self._finish_repetition(replies)
+        if self.phase == "init":
+            self._start_training(self.reduce_init(plan, replies))
+            return {}
+        # train
+        self.train_round += 1
+        if not replies:  # nobody answered: the centroids stay, the round still counts
+            if self.train_round >= self.config.num_rounds:
+                self.phase = "evaluate"
+            return {"movement": float("nan"), "score": float("nan")}
+        sse = sum(r.metrics.get("sse", 0.0) for r in replies)
+        rows = sum(r.n_rows for r in replies)
+        new = self.reduce_train(plan, replies)
+        movement = float(np.linalg.norm(new - self.centroids))
+        self.previous, self.centroids = self.centroids, new
+        self.last_movement = movement
+        if movement < self.config.tol or self.train_round >= self.config.num_rounds:
+            self.phase = "evaluate"
+        return {"movement": movement, "score": sse / rows if rows else float("nan")}
+
+    def _begin_repetition(self) -> None:
+        self._reset_repetition()
+        if self.initial_centroids is not None:
+            self._start_training(np.array(self.initial_centroids, dtype=np.float64))
+        else:
+            self.phase = "init"
+
+    def _start_training(self, centroids: np.ndarray) -> None:
+        if centroids.shape != (self.k, self.n_features):
+            raise FederationError(
+                f"initial centroids have shape {centroids.shape}, expected "
+                f"({self.k}, {self.n_features})"
+            )
+        self.centroids = centroids
+        self.previous = centroids.copy()
+        self.phase = "train"
+
+    def _admit_sites(self, replies: list[Reply]) -> None:
+        widths = Counter(int(r.metrics["n-features"]) for r in replies)
+        if not widths:
+            raise FederationError(self._too_few("no site described its data"))
+        # The majority width is the federation's; replies are in site order and the
+        # Counter keeps first-seen order, so a tie goes to the width of the first site.
+        width = max(widths, key=widths.get)
+        for r in replies:
+            n_features = int(r.metrics["n-features"])
+            if r.site_key in self.sites:
+                self.rejected[r.site_key] = f"duplicate site id {r.site_key!r} (node {r.node_id})"
+            elif n_features != width:
+                self.rejected[r.site_key] = (
+                    f"its data has {n_features} columns but the other sites have {width}"
+                )
+            else:
+                self.sites[r.site_key] = Site(
+                    key=r.site_key,
+                    node_id=r.node_id,
+                    n_rows=r.n_rows,
+                    n_features=n_features,
+                    feature_names=json.loads(str(r.metrics.get("feature-names", "[]"))),
+                    provenance={
+                        k: r.metrics[k]
+                        for k in ("dataset", "partitioning", "num-partitions")
+                        if k in r.metrics
+                    },
+                )
+                continue
+            log(logging.ERROR, "site %s rejected: %s", r.site_key, self.rejected[r.site_key])
+        if len(self.sites) < self.config.min_sites:
+            raise FederationError(self._too_few(f"{len(self.sites)} usable site(s)"))
+
+    def _too_few(self, what: str) -> str:
+        reasons = "; ".join(f"site {k}: {v}" for k, v in self.rejected.items())
+        return (
+            f"{what}, but min-sites = {self.config.min_sites}"
+            + (f". Rejected: {reasons}" if reasons else "")
+        )
+
+    def _require_sites(self, replies: list[Reply], task: str) -> None:
+        if not replies:
+            log(logging.WARNING, "task %s: no valid reply this round", task)
+        if task != "lloyd" and len(replies) < min(self.config.min_sites, len(self.sites)):
+            raise FederationError(
+                f"task {task}: only {len(replies)} valid replies, min-sites = "
+                f"{self.config.min_sites}"
+            )
+
+    def _finish_repetition(self, replies: list[Reply]) -> dict:
+        sse = sum(r.metrics["sse"] for r in replies)
+        n = sum(r.n_rows for r in replies)
+        sizes = np.sum([r.arrays[0] for r in replies], axis=0)
+        score = sse / n
+        self.repetitions.append(
+            {
+                "seed": self.seed,
+                "score": score,
+                "inertia": sse,
+                "n-rows": n,
+                "centroids": self.centroids,
+                "cluster-sizes": sizes,
+                "rounds": self.train_round,
+                "movement": self.last_movement,
+                "sites-evaluated": len(replies),
+            }
+        )
+        if self.repetition + 1 < self.config.n_init:
+            self.repetition += 1
+            self._begin_repetition()
+        else:
+            self.phase = "done"
+            self.finished = True
+        return {"score": score}
+
+    @property
+    def best(self) -> dict:
+        """The repetition with the lowest global score."""
+        return min(self.repetitions, key=lambda r: r["score"])

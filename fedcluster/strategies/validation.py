@@ -1,0 +1,129 @@
+"""Reply validation: every site reply is checked before it is reduced.
+
+A reply that fails raises :class:`ReplyError` with a reason; the strategy logs it, drops
+the reply and the round goes on (the Flower FedAvg pattern of "failures", made explicit).
+Checks: the arrays the task promises with the right shapes, finite values, counts that
+are non-negative integers bounded by the site's declared size, no reported cluster under
+the privacy floor, and finite non-negative SSE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class ReplyError(ValueError):
+    """A site's reply does not validate; the message says why."""
+
+
+@dataclass
+class Reply:
+    """One validated site reply, in the server's terms."""
+
+    site_key: str
+    node_id: int
+    n_rows: int
+    arrays: list[np.ndarray]
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a task's reply must look like."""
+
+    task: str
+    n_features: int | None = None
+    n_clusters: int | None = None  # rows of the centroid array (exact)
+    max_rows: int | None = None  # rows of the centroid array (at most), for local_kmeans
+    floor: int = 1
+    declared_rows: int | None = None  # the size the site declared in its first reply
+
+
+def _finite(name: str, a: np.ndarray) -> None:
+    if not np.all(np.isfinite(a)):
+        raise ReplyError(f"{name} has non-finite values")
+
+
+def _shape(name: str, a: np.ndarray, shape: tuple) -> None:
+    if a.shape != shape:
+        raise ReplyError(f"{name} has shape {a.shape}, expected {shape}")
+
+
+def _counts(name: str, counts: np.ndarray, expect: Expect, n_rows: int) -> np.ndarray:
+    _finite(name, counts)
+    if np.any(counts < 0):
+        raise ReplyError(f"{name} has a negative count")
+    if np.any(counts != np.round(counts)):
+        raise ReplyError(f"{name} has a non-integer count")
+    counts = counts.astype(np.int64)
+    if np.any((counts > 0) & (counts < expect.floor)):
+        raise ReplyError(
+            f"{name} reports a cluster with fewer members than the privacy floor {expect.floor}"
+        )
+    if counts.sum() > n_rows:
+        raise ReplyError(f"{name} sum to {counts.sum()}, more than the site's {n_rows} rows")
+    return counts
+
+
+def validate(
+    arrays: list[np.ndarray], metrics: dict, n_rows: int, expect: Expect
+) -> list[np.ndarray]:
+    """Check one reply against what its task promises; return the arrays, typed.
+
+    Raises
+    ------
+    ReplyError
+        With the reason, when anything does not hold.
+    """
+    if "error" in metrics:
+        raise ReplyError(f"the site refused: {metrics['error']}")
+    if n_rows < 1:
+        raise ReplyError(f"declared {n_rows} rows")
+    if expect.declared_rows is not None and n_rows != expect.declared_rows:
+        raise ReplyError(
+            f"declared {n_rows} rows now but {expect.declared_rows} when it joined"
+        )
+    arrays = [np.asarray(a) for a in arrays]
+    d, k = expect.n_features, expect.n_clusters
+    if "sse" in metrics or expect.task in ("lloyd", "evaluate"):
+        sse = metrics.get("sse")
+        if not isinstance(sse, (int, float)) or not np.isfinite(sse) or sse < 0:
+            raise ReplyError(f"sse {sse!r} is not a finite non-negative number")
+
+    if expect.task == "describe":
+        n_features = metrics.get("n-features")
+        if not isinstance(n_features, int) or n_features < 1:
+            raise ReplyError(f"n-features {n_features!r} is not a positive integer")
+        return arrays
+
+    n_expected = {"bounds": 2, "local_kmeans": 2, "lloyd": 2, "evaluate": 1}[expect.task]
+    if len(arrays) != n_expected:
+        raise ReplyError(f"sent {len(arrays)} arrays, expected {n_expected}")
+
+    if expect.task == "bounds":
+        for name, a in zip(("minima", "maxima"), arrays):
+            _shape(name, a, (d,))
+            _finite(name, a)
+        if np.any(arrays[0] > arrays[1]):
+            raise ReplyError("minima exceed maxima")
+        return [a.astype(np.float64) for a in arrays]
+
+    if expect.task == "evaluate":
+        _shape("cluster sizes", arrays[0], (k,))
+        return [_counts("cluster sizes", arrays[0], expect, n_rows)]
+
+    centroids, counts = arrays
+    if centroids.ndim != 2 or centroids.shape[1] != d:
+        raise ReplyError(f"centroids have shape {centroids.shape}, expected (*, {d})")
+    if expect.task == "lloyd":
+        _shape("centroids", centroids, (k, d))
+    elif centroids.shape[0] > expect.max_rows:
+        raise ReplyError(f"sent {centroids.shape[0]} centroids, at most {expect.max_rows} asked")
+    _shape("counts", counts, (centroids.shape[0],))
+    _finite("centroids", centroids)
+    counts = _counts("counts", counts, expect, n_rows)
+    if expect.task == "local_kmeans" and np.any(counts == 0):
+        raise ReplyError("sent a local centroid with no members")
+    return [centroids.astype(np.float64), counts]

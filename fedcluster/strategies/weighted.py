@@ -1,0 +1,55 @@
+"""DWF and EWF: dynamically / equally weighted federated k-means.
+
+Holzer, Jacob, Kavane, "Dynamically weighted federated k-means" (2023); ALGORITHMS.md
+section 1. Each round the sampled sites count their points per received centroid
+(w_ij), run ``local-iters`` Lloyd iterations and return their centroids C_i; the server
+averages them per cluster with weights lambda_ij (DWF: w_ij / sum_i w_ij; EWF: 1/|I_t|)
+into D and moves C <- C + eta (D - C) + mu (C - C_old).
+
+With every site sampled, ``local-iters`` 1, eta 1 and mu 0, DWF is exactly central
+Lloyd (a test checks it to 1e-10).
+"""
+
+from __future__ import annotations
+
+from fedcluster.strategies.aggregate import bounding_box_init, momentum_step, site_weighted_mean
+from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
+from fedcluster.strategies.kfed import kfed_plan, kfed_reduce
+
+import numpy as np
+
+
+class WeightedFedKMeans(ClusteringStrategy):
+    """DWF (``dynamic=True``) or EWF (``dynamic=False``) federated k-means."""
+
+    def __init__(self, config, initial_centroids=None, *, dynamic: bool) -> None:
+        super().__init__(config, initial_centroids)
+        self.dynamic = dynamic
+
+    def init_task(self) -> TaskPlan:
+        if self.config.init == "kfed":
+            return kfed_plan(self, self.k)
+        return TaskPlan("bounds")
+
+    def reduce_init(self, plan, replies) -> np.ndarray:
+        if plan.task == "local_kmeans":
+            return kfed_reduce(replies, self.k, self.seed, self.config.weighted)
+        mins = np.stack([r.arrays[0] for r in replies])
+        maxs = np.stack([r.arrays[1] for r in replies])
+        return bounding_box_init(mins, maxs, self.k, self.seed)
+
+    def train_task(self) -> TaskPlan:
+        return TaskPlan(
+            "lloyd",
+            params={"local-iters": self.config.local_iters, "tol": self.config.tol},
+            arrays=[self.centroids],
+            sample=True,
+        )
+
+    def reduce_train(self, plan, replies) -> np.ndarray:
+        site_centroids = np.stack([r.arrays[0] for r in replies])
+        site_weights = np.stack([r.arrays[1] for r in replies])
+        D = site_weighted_mean(site_centroids, site_weights, dynamic=self.dynamic)
+        return momentum_step(
+            self.centroids, D, self.previous, self.config.learning_rate, self.config.momentum
+        )

@@ -1,0 +1,60 @@
+"""Server reductions against hand-computed cases."""
+
+import numpy as np
+import pytest
+
+from fedcluster.strategies.aggregate import (
+    bounding_box_init,
+    kmeans_on_centroids,
+    momentum_step,
+    site_weighted_mean,
+)
+
+
+def test_dwf_weights_by_counts_and_ewf_equally():
+    C = np.array([[[0.0, 0.0], [10.0, 10.0]], [[4.0, 0.0], [20.0, 10.0]]])  # 2 sites, k=2
+    w = np.array([[3, 1], [1, 0]])
+    dwf = site_weighted_mean(C, w, dynamic=True)
+    # cluster 0: (3*0 + 1*4)/4 = 1; cluster 1: only site 0 has members.
+    np.testing.assert_allclose(dwf, [[1.0, 0.0], [10.0, 10.0]])
+    ewf = site_weighted_mean(C, w, dynamic=False)
+    np.testing.assert_allclose(ewf, [[2.0, 0.0], [15.0, 10.0]])
+
+
+def test_dwf_cluster_no_site_reports_uses_equal_weights():
+    # ALGORITHMS.md: lambda_ij = 1/|I_t| when s_j = 0. With local-iters 1 a site sends the
+    # received centroid for an empty cluster, so the cluster keeps its centroid.
+    C = np.array([[[1.0], [5.0]], [[3.0], [5.0]]])
+    w = np.array([[2, 0], [2, 0]])
+    np.testing.assert_allclose(site_weighted_mean(C, w, dynamic=True), [[2.0], [5.0]])
+
+
+def test_momentum_step_hand_computed():
+    C, D, C_old = np.array([[1.0]]), np.array([[3.0]]), np.array([[0.0]])
+    # 1 + 0.5 * (3 - 1) + 0.8 * (1 - 0) = 2.8
+    np.testing.assert_allclose(momentum_step(C, D, C_old, 0.5, 0.8), [[2.8]])
+    np.testing.assert_allclose(momentum_step(C, D, C, 1.0, 0.0), D)
+
+
+def test_kmeans_on_centroids_finds_groups_and_weights_matter():
+    pts = np.array([[0.0], [1.0], [10.0], [11.0]])
+    got = np.sort(kmeans_on_centroids(pts, 2, seed=0).ravel())
+    np.testing.assert_allclose(got, [0.5, 10.5])
+    w = np.array([3.0, 1.0, 1.0, 1.0])
+    got = np.sort(kmeans_on_centroids(pts, 2, seed=0, weights=w).ravel())
+    np.testing.assert_allclose(got, [0.25, 10.5])
+
+
+def test_kmeans_on_centroids_too_few_points():
+    with pytest.raises(ValueError, match="2 distinct local centroids, fewer than the k = 3"):
+        kmeans_on_centroids(np.array([[0.0], [0.0], [1.0]]), 3, seed=0)
+
+
+def test_bounding_box_init_inside_federated_box():
+    mins = np.array([[0.0, -1.0], [2.0, -3.0]])
+    maxs = np.array([[1.0, 5.0], [4.0, 0.0]])
+    C = bounding_box_init(mins, maxs, 50, seed=1)
+    assert C.shape == (50, 2)
+    assert C[:, 0].min() >= 0 and C[:, 0].max() <= 4
+    assert C[:, 1].min() >= -3 and C[:, 1].max() <= 5
+    np.testing.assert_array_equal(C, bounding_box_init(mins, maxs, 50, seed=1))

@@ -1,0 +1,90 @@
+"""A site with bad data is rejected with a message naming the problem; the run goes on
+without it, or stops with that message when fewer than min-sites remain."""
+
+import numpy as np
+import pytest
+
+from fedcluster.simulation import run_in_process
+from fedcluster.strategies import FederationError
+
+
+def write_csv(path, X, header=None):
+    header = header or ",".join(f"f{j}" for j in range(X.shape[1]))
+    np.savetxt(path, X, delimiter=",", header=header, comments="", fmt="%.17g")
+    return str(path)
+
+
+@pytest.fixture()
+def good_sites(tmp_path):
+    rng = np.random.default_rng(0)
+    return [write_csv(tmp_path / f"good{i}.csv", rng.normal(size=(60, 3)) + 5 * i) for i in range(2)]
+
+
+def bad_missing(tmp_path):
+    return str(tmp_path / "nope.csv"), "nope.csv"
+
+
+def bad_empty(tmp_path):
+    (tmp_path / "empty.csv").write_text("")
+    return str(tmp_path / "empty.csv"), "empty.csv"
+
+
+def bad_text(tmp_path):
+    (tmp_path / "text.csv").write_text("f0,f1,f2\n1,2,3\n4,abc,6\n7,8,9\n")
+    return str(tmp_path / "text.csv"), "f1"
+
+
+def bad_nan(tmp_path):
+    (tmp_path / "nan.csv").write_text("f0,f1,f2\n1,2,3\n4,5,nan\n7,8,9\n")
+    return str(tmp_path / "nan.csv"), "f2"
+
+
+def bad_inf(tmp_path):
+    (tmp_path / "inf.csv").write_text("f0,f1,f2\n1,2,3\ninf,5,6\n7,8,9\n")
+    return str(tmp_path / "inf.csv"), "f0"
+
+
+def bad_few_rows(tmp_path):
+    (tmp_path / "one.csv").write_text("f0,f1,f2\n1,2,3\n")
+    return str(tmp_path / "one.csv"), "at least 2 are needed"
+
+
+def bad_width(tmp_path):
+    path = write_csv(tmp_path / "wide.csv", np.ones((30, 4)))
+    return path, "has 4 columns but the other sites have 3"
+
+
+CASES = [bad_missing, bad_empty, bad_text, bad_nan, bad_inf, bad_few_rows, bad_width]
+CONFIG = {"n-clusters": 2, "num-rounds": 3, "init": "random", "output-dir": ""}
+
+
+@pytest.mark.parametrize("make_bad", CASES, ids=lambda f: f.__name__)
+def test_bad_site_is_dropped_and_run_goes_on(tmp_path, good_sites, make_bad):
+    bad_path, expected = make_bad(tmp_path)
+    nodes = [{"data-path": p, "site-id": f"good{i}", "cache-dir": str(tmp_path / "cache")}
+             for i, p in enumerate(good_sites)]
+    nodes.append({"data-path": bad_path, "site-id": "bad", "cache-dir": str(tmp_path / "cache")})
+    result = run_in_process(nodes, {**CONFIG, "min-sites": 2})
+    assert result.metrics["n-sites"] == 2
+    assert result.metrics["n-rows"] == 120
+    assert expected in result.metrics["rejected-sites"]["bad"]
+    assert np.all(np.isfinite(result.centroids))
+
+
+@pytest.mark.parametrize("make_bad", CASES, ids=lambda f: f.__name__)
+def test_bad_site_stops_run_below_min_sites(tmp_path, good_sites, make_bad):
+    bad_path, expected = make_bad(tmp_path)
+    nodes = [{"data-path": good_sites[0], "site-id": "good"},
+             {"data-path": bad_path, "site-id": "bad"}]
+    with pytest.raises(FederationError, match="min-sites = 2") as info:
+        run_in_process(nodes, {**CONFIG, "min-sites": 2})
+    assert expected in str(info.value)
+
+
+def test_unknown_run_config_key_is_named():
+    from fedcluster.common.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown run-config key 'n-cluster'"):
+        run_in_process([], {"n-cluster": 3})
+    with pytest.raises(ConfigError, match="'fraction'"):
+        run_in_process([], {"fraction": 1.5})

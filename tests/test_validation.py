@@ -1,0 +1,43 @@
+"""Reply validation: each bad reply is rejected with a reason naming the problem."""
+
+import numpy as np
+import pytest
+
+from fedcluster.strategies.validation import Expect, ReplyError, validate
+
+LLOYD = Expect(task="lloyd", n_features=2, n_clusters=3, floor=2, declared_rows=10)
+C = np.zeros((3, 2))
+
+
+def test_good_lloyd_reply_passes_and_is_typed():
+    arrays = validate([C, np.array([2.0, 0.0, 5.0])], {"sse": 1.0}, 10, LLOYD)
+    assert arrays[1].dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    "arrays, metrics, n_rows, reason",
+    [
+        ([C[:2], np.array([2, 0])], {"sse": 1.0}, 10, "shape"),
+        ([C, np.array([2, 0, 5]), C], {"sse": 1.0}, 10, "sent 3 arrays"),
+        ([np.full((3, 2), np.nan), np.array([2, 0, 5])], {"sse": 1.0}, 10, "non-finite"),
+        ([C, np.array([2, -1, 5])], {"sse": 1.0}, 10, "negative count"),
+        ([C, np.array([2, 0, 9])], {"sse": 1.0}, 10, "more than the site's 10 rows"),
+        ([C, np.array([2, 1, 5])], {"sse": 1.0}, 10, "privacy floor 2"),
+        ([C, np.array([2.5, 0, 5])], {"sse": 1.0}, 10, "non-integer"),
+        ([C, np.array([2, 0, 5])], {"sse": float("inf")}, 10, "sse"),
+        ([C, np.array([2, 0, 5])], {"sse": 1.0}, 12, "declared 12 rows now but 10"),
+        ([], {"error": "data.csv: row 3"}, 0, "the site refused: data.csv: row 3"),
+    ],
+)
+def test_bad_lloyd_replies_rejected(arrays, metrics, n_rows, reason):
+    with pytest.raises(ReplyError, match=reason):
+        validate(arrays, metrics, n_rows, LLOYD)
+
+
+def test_local_kmeans_rows_bounded():
+    expect = Expect(task="local_kmeans", n_features=2, max_rows=2, floor=1)
+    validate([np.zeros((2, 2)), np.array([3, 4])], {}, 7, expect)
+    with pytest.raises(ReplyError, match="at most 2"):
+        validate([np.zeros((3, 2)), np.array([3, 4, 1])], {}, 8, expect)
+    with pytest.raises(ReplyError, match="no members"):
+        validate([np.zeros((2, 2)), np.array([3, 0])], {}, 8, expect)
