@@ -16,7 +16,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import cast
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.app.message_type import MessageType
 from flwr.common import Code
@@ -79,6 +78,17 @@ def fit_round(grid: Grid, context: LegacyContext) -> None:
     )
 
 
+def wait_for_sites(client_manager, n_sites: int, timeout: float) -> bool:
+    """Poll until ``n_sites`` are registered (``num_available`` refreshes the node list;
+    Flower's ``wait_for`` would only see the refresh thread's 5-second ticks)."""
+    deadline = time.monotonic() + timeout
+    while client_manager.num_available() < n_sites:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 class ClusteringWorkflow:
     """Run the strategy's phases until it is finished; one fit workflow call per round."""
 
@@ -93,7 +103,7 @@ class ClusteringWorkflow:
         registered.wait()
         try:
             log(logging.INFO, "waiting for %s site(s) to connect", config.min_sites)
-            if not context.client_manager.wait_for(config.min_sites, int(self.startup_timeout)):
+            if not wait_for_sites(context.client_manager, config.min_sites, self.startup_timeout):
                 raise FederationError(
                     f"only {context.client_manager.num_available()} site(s) connected within "
                     f"{self.startup_timeout:g} s; min-sites = {config.min_sites}"

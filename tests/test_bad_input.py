@@ -74,10 +74,10 @@ def test_bad_site_is_dropped_and_run_goes_on(tmp_path, good_sites, make_bad):
 @pytest.mark.parametrize("make_bad", CASES, ids=lambda f: f.__name__)
 def test_bad_site_stops_run_below_min_sites(tmp_path, good_sites, make_bad):
     bad_path, expected = make_bad(tmp_path)
-    nodes = [{"data-path": good_sites[0], "site-id": "good"},
-             {"data-path": bad_path, "site-id": "bad"}]
-    with pytest.raises(FederationError, match="min-sites = 2") as info:
-        run_in_process(nodes, {**CONFIG, "min-sites": 2})
+    nodes = [{"data-path": p, "site-id": f"good{i}"} for i, p in enumerate(good_sites)]
+    nodes.append({"data-path": bad_path, "site-id": "bad"})
+    with pytest.raises(FederationError, match="2 usable site\\(s\\), but min-sites = 3") as info:
+        run_in_process(nodes, {**CONFIG, "min-sites": 3})
     assert expected in str(info.value)
 
 

@@ -88,7 +88,10 @@ def plot_convergence(path: Path, history: list[dict], central: float | None) -> 
         if train:
             xs = range(1, len(train) + 1)
             ax_score.plot(xs, [r["score"] for r in train], marker=".", label=f"repetition {rep}")
-            ax_move.semilogy(xs, [max(r["movement"], 1e-300) for r in train], marker=".")
+            moves = [r["movement"] for r in train]
+            # An exactly-converged last round moves 0: show it at a floor, not at 1e-300.
+            floor = 1e-12 * max([m for m in moves if m > 0], default=1.0)
+            ax_move.semilogy(xs, [max(m, floor) for m in moves], marker=".")
     if central is not None:
         ax_score.axhline(central, color="k", linestyle="--", label="central KMeans")
     ax_score.set(xlabel="training round", ylabel="score (inertia / N, sampled sites)", title="score")

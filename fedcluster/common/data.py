@@ -1,0 +1,531 @@
+"""Site data: loading and validation, built-in datasets, partitioners.
+
+A site's rows never leave it. In deployment each site loads a file named by its node config
+(`data-path`); Flower starts a fresh process for every round, so a CSV is parsed once into a
+memory-mapped float64 cache and later rounds only map it. In simulation each site takes one
+partition of a built-in dataset. Every data problem raises `SiteDataError`, whose message starts
+with the source and names the row, line and column, because it is shown to the site admin and
+relayed to the server operator.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_DATASETS: tuple[str, ...] = ("digits", "blobs")
+SUPPORTED_SUFFIXES: tuple[str, ...] = (".csv", ".tsv", ".npy")
+CACHE_FORMAT = "fedcluster-site-cache-v1"  # in the key: a format change invalidates old caches
+MAX_DIRICHLET_ATTEMPTS = 100
+_DELIMITERS = {".csv": ",", ".tsv": "\t"}
+
+
+class SiteDataError(ValueError):
+    """A site's data is missing, malformed or unusable; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class SiteData:
+    """The rows one site clusters.
+
+    Attributes
+    ----------
+    X : np.ndarray
+        float64, 2-D, C-contiguous; may be a read-only `np.memmap`.
+    feature_names : tuple of str or None
+        Column names, when the source has them.
+    labels : np.ndarray or None
+        1-D int64 ground truth, kept at the site for evaluation only.
+    source : str
+        Human-readable origin (file path or dataset/partition).
+    label_names : tuple of str or None
+        Original label values when they were not integers: code ``i`` means ``label_names[i]``.
+    """
+
+    X: np.ndarray
+    feature_names: tuple[str, ...] | None
+    labels: np.ndarray | None
+    source: str
+    label_names: tuple[str, ...] | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.X.shape[1])
+
+
+# ---------------------------------------------------------------- validation
+
+def _check_shape_and_rows(X: np.ndarray, source: str, min_rows: int) -> None:
+    if X.ndim != 2:
+        raise SiteDataError(f"{source}: expected a 2-D array (rows x features), got shape {X.shape}")
+    if X.shape[1] == 0:
+        raise SiteDataError(f"{source}: has no feature columns")
+    if X.shape[0] < min_rows:
+        raise SiteDataError(f"{source}: has {X.shape[0]} rows; at least {min_rows} are needed")
+
+
+def check_site_array(X: np.ndarray, source: str, min_rows: int = 1) -> np.ndarray:
+    """Validate a site's data matrix and return it as float64 C-contiguous.
+
+    Checks: 2-D, at least one column, an int or float dtype, every value finite (the first bad
+    value is named by 0-based row and column index), at least `min_rows` rows. No copy is made
+    when `X` already is float64 C-contiguous, so a memmap stays a memmap.
+    """
+    X = X if isinstance(X, np.ndarray) else np.asarray(X)
+    if X.dtype.kind not in "iuf":
+        raise SiteDataError(f"{source}: dtype {X.dtype} is not numeric; an int or float array is needed")
+    _check_shape_and_rows(X, source, min_rows)
+    if not (X.dtype == np.float64 and X.flags.c_contiguous):
+        X = np.ascontiguousarray(X, dtype=np.float64)
+    # Row blocks bound the temporary mask to ~32 MB even for a large memory-mapped file.
+    block = max(1, (1 << 25) // X.shape[1])
+    for start in range(0, X.shape[0], block):
+        bad = ~np.isfinite(X[start:start + block])
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise SiteDataError(f"{source}: row index {start + row}, column index {col} (0-based) "
+                                f"is {X[start + row, col]}; every value must be finite")
+    return X
+
+
+# ---------------------------------------------------------------- built-in datasets
+
+def _make_blobs(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    # DWF paper (Holzer, Jacob, Kavane), sec. "Datasets": 5 isotropic Gaussian blobs, 10,000
+    # points, std 0.2, centres uniform in [-1, 1]^2 (the paper gives no fixed centres, so they
+    # are drawn from the seed), plus 100 uniform points in [-1, 1]^2 as noise (label 5).
+    # Draw order (fixed, part of the dataset's definition): centres, Gaussian offsets, noise,
+    # shuffle. 2,000 points per blob, as sklearn's make_blobs splits 10,000 over 5 centres.
+    rng = np.random.default_rng(seed)
+    n_blobs, n_points, n_noise, std = 5, 10_000, 100, 0.2
+    centres = rng.uniform(-1.0, 1.0, size=(n_blobs, 2))
+    blob_labels = np.repeat(np.arange(n_blobs, dtype=np.int64), n_points // n_blobs)
+    blob_points = centres[blob_labels] + rng.normal(0.0, std, size=(n_points, 2))
+    noise = rng.uniform(-1.0, 1.0, size=(n_noise, 2))
+    X = np.vstack([blob_points, noise])
+    y = np.concatenate([blob_labels, np.full(n_noise, n_blobs, dtype=np.int64)])
+    order = rng.permutation(len(y))  # so that no slice of the rows is one blob or all noise
+    return np.ascontiguousarray(X[order]), y[order]
+
+
+def load_builtin(name: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Return a built-in dataset as (X float64 (n, d), y int64 (n,)).
+
+    ``"digits"``: scikit-learn's bundled 8x8 digits, 1797 x 64 (`seed` unused).
+    ``"blobs"``: the DWF paper's synthetic set, 10,100 x 2, labels 0-4 and 5 for noise.
+    """
+    if name == "digits":
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        return np.ascontiguousarray(bunch.data, dtype=np.float64), bunch.target.astype(np.int64)
+    if name == "blobs":
+        return _make_blobs(seed)
+    raise SiteDataError(f"dataset '{name}': unknown; known datasets are {', '.join(BUILTIN_DATASETS)}")
+
+
+# ---------------------------------------------------------------- partitioners
+
+_PARTITIONING_FORMS = "'iid', 'dirichlet:ALPHA' (ALPHA > 0) or 'by-label'"
+
+
+def parse_partitioning(spec: str) -> tuple[str, float | None]:
+    """Parse a partitioning spec into (kind, alpha); alpha is None except for Dirichlet."""
+    if spec in ("iid", "by-label"):
+        return spec, None
+    if isinstance(spec, str) and spec.startswith("dirichlet:"):
+        try:
+            alpha = float(spec.split(":", 1)[1])
+        except ValueError:
+            alpha = math.nan
+        if math.isfinite(alpha) and alpha > 0:
+            return "dirichlet", alpha
+    raise ValueError(f"partitioning {spec!r} is not valid; use {_PARTITIONING_FORMS}")
+
+
+def partition(y: np.ndarray, n_sites: int, spec: str, seed: int, min_rows: int = 2) -> list[np.ndarray]:
+    """Split row indices ``0..len(y)-1`` over `n_sites` sites.
+
+    Returns `n_sites` sorted int64 index arrays that cover every row exactly once, each with at
+    least `min_rows` rows; the result depends only on (y, n_sites, spec, seed).
+    ``iid`` shuffles and cuts into near-equal parts; ``dirichlet:ALPHA`` gives each class's
+    rows to sites in proportions drawn from Dirichlet(ALPHA) (Hsu et al. 2019, as in Flower
+    Datasets' DirichletPartitioner), re-drawing up to 100 times until every site has
+    `min_rows` rows; ``by-label`` deals whole classes, largest first, to the smallest site.
+    """
+    kind, alpha = parse_partitioning(spec)
+    y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"labels must be 1-D, got shape {y.shape}")
+    n = len(y)
+    if not 1 <= n_sites <= n:
+        raise ValueError(f"n_sites must be between 1 and the number of rows ({n}), got {n_sites}")
+    if n_sites * min_rows > n:
+        raise ValueError(f"{n} rows cannot give {n_sites} sites at least {min_rows} rows each")
+    rng = np.random.default_rng(seed)
+    classes, y_codes = np.unique(y, return_inverse=True)
+    if kind == "iid":
+        parts = np.array_split(rng.permutation(n), n_sites)
+    elif kind == "dirichlet":
+        rows_of_class = [np.flatnonzero(y_codes == c) for c in range(len(classes))]
+        for _ in range(MAX_DIRICHLET_ATTEMPTS):
+            pieces: list[list[np.ndarray]] = [[] for _ in range(n_sites)]
+            for rows in rows_of_class:
+                rows = rng.permutation(rows)
+                share = rng.dirichlet(np.full(n_sites, alpha))
+                cuts = (np.cumsum(share)[:-1] * len(rows)).astype(np.int64)
+                for site, chunk in enumerate(np.split(rows, cuts)):
+                    pieces[site].append(chunk)
+            parts = [np.concatenate(p) for p in pieces]
+            smallest = min(len(p) for p in parts)
+            if smallest >= min_rows:
+                break
+        else:
+            raise ValueError(f"partitioning {spec!r}: no split of {n} rows over {n_sites} sites gave "
+                             f"every site {min_rows} rows in {MAX_DIRICHLET_ATTEMPTS} attempts (last "
+                             f"smallest site: {smallest}); use a larger ALPHA or fewer sites")
+    else:
+        if n_sites > len(classes):
+            raise ValueError(f"partitioning 'by-label': {n_sites} sites but only {len(classes)} "
+                             "classes; each site needs at least one whole class")
+        counts = np.bincount(y_codes, minlength=len(classes))
+        site_of_class = np.empty(len(classes), dtype=np.int64)
+        site_rows = np.zeros(n_sites, dtype=np.int64)
+        for c in np.argsort(-counts, kind="stable"):
+            site = int(np.argmin(site_rows))  # first smallest site: ties go to the lowest id
+            site_of_class[c] = site
+            site_rows[site] += counts[c]
+        if site_rows.min() < min_rows:
+            raise ValueError(f"partitioning 'by-label': a site gets only {site_rows.min()} rows; "
+                             f"at least {min_rows} are needed")
+        parts = [np.flatnonzero(site_of_class[y_codes] == s) for s in range(n_sites)]
+    return [np.sort(p).astype(np.int64) for p in parts]
+
+
+@lru_cache(maxsize=4)
+def _builtin_readonly(dataset: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    # Cached because a simulated site may be asked for its partition every round.
+    X, y = load_builtin(dataset, seed)
+    X.setflags(write=False)
+    y.setflags(write=False)
+    return X, y
+
+
+@lru_cache(maxsize=8)
+def _partition_cached(dataset: str, partitioning: str, n_sites: int, seed: int) -> tuple[np.ndarray, ...]:
+    return tuple(partition(_builtin_readonly(dataset, seed)[1], n_sites, partitioning, seed))
+
+
+def load_partition(dataset: str, partitioning: str, partition_id: int, num_partitions: int,
+                   seed: int) -> SiteData:
+    """Return the rows of partition `partition_id` of a built-in dataset (simulation path)."""
+    source = f"{dataset}[partition {partition_id} of {num_partitions}, {partitioning}]"
+    if isinstance(partition_id, bool) or not isinstance(partition_id, (int, np.integer)) \
+            or not 0 <= partition_id < num_partitions:
+        raise SiteDataError(f"{source}: partition-id must be an integer in [0, {num_partitions})")
+    X, y = _builtin_readonly(dataset, seed)
+    try:
+        rows = _partition_cached(dataset, partitioning, int(num_partitions), int(seed))[partition_id]
+    except SiteDataError:
+        raise
+    except ValueError as error:
+        raise SiteDataError(f"{source}: {error}") from error
+    X_site, y_site = X[rows], y[rows]
+    X_site.setflags(write=False)  # read-only, like a deployed site's memmap
+    names = tuple(f"pixel_{i // 8}_{i % 8}" for i in range(64)) if dataset == "digits" else None
+    return SiteData(X=X_site, feature_names=names, labels=y_site, source=source)
+
+
+# ---------------------------------------------------------------- CSV parsing
+
+def _strict_float(cell: str) -> float:
+    # float() also takes '1_000'; loadtxt does not, and both parsers must agree.
+    if "_" in cell:
+        raise ValueError(cell)
+    return float(cell)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        _strict_float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _read_header(path: Path, delimiter: str) -> list[str]:
+    source = str(path)
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: Excel writes a BOM
+            header = next(csv.reader(f, delimiter=delimiter), None)
+    except UnicodeDecodeError as error:
+        raise SiteDataError(f"{source}: is not UTF-8 text ({error.reason}); save it as UTF-8") from None
+    if header is None:
+        raise SiteDataError(f"{source}: the file is empty")
+    names = [name.strip() for name in header]
+    if not any(names):
+        raise SiteDataError(f"{source}: line 1 is empty; a header row with column names is required")
+    if len(names) == 1:
+        other = next((d for d in ";\t," if d != delimiter and d in names[0]), None)
+        if other:
+            raise SiteDataError(f"{source}: the header has one column {names[0]!r}; the file seems to "
+                                f"be separated by {other!r}, but {delimiter!r} is expected")
+    if all(_is_number(name) for name in names):
+        raise SiteDataError(f"{source}: line 1 {header!r} looks like data; a header row with "
+                            "column names is required")
+    if "" in names:
+        raise SiteDataError(f"{source}: column {names.index('') + 1} of the header has no name")
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise SiteDataError(f"{source}: duplicate column names in the header: {', '.join(duplicates)}")
+    return names
+
+
+def _scan_csv(path: Path, names: list[str], delimiter: str, label_index: int | None,
+              label_codes: dict[str, int]) -> tuple[np.ndarray, list[int]]:
+    """Parse with the csv module, raising on the first bad row with its exact position."""
+    source, n_fields = str(path), len(names)
+    rows: list[list[float]] = []
+    codes: list[int] = []
+    label_codes.clear()
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        next(reader)
+        try:
+            for record in reader:
+                if not record:  # blank line, skipped as np.loadtxt does
+                    continue
+                where = f"{source}: data row {len(rows) + 1} (line {reader.line_num})"
+                if len(record) != n_fields:
+                    raise SiteDataError(f"{where} has {len(record)} field{'s' * (len(record) != 1)}; "
+                                        f"the header has {n_fields}")
+                values = []
+                for j, cell in enumerate(record):
+                    text = cell.strip()
+                    if not text:
+                        raise SiteDataError(f"{where}, column {names[j]!r}: the cell is empty")
+                    if j == label_index:
+                        codes.append(label_codes.setdefault(text, len(label_codes)))
+                        continue
+                    try:
+                        value = _strict_float(text)
+                    except ValueError:
+                        raise SiteDataError(f"{where}, column {names[j]!r}: {cell!r} is not a number") from None
+                    if not math.isfinite(value):
+                        raise SiteDataError(f"{where}, column {names[j]!r}: {cell!r} is not a finite number")
+                    values.append(value)
+                rows.append(values)
+        except UnicodeDecodeError as error:
+            raise SiteDataError(f"{source}: after data row {len(rows)} (line {reader.line_num}): "
+                                f"not UTF-8 text ({error.reason})") from None
+    return np.array(rows, dtype=np.float64).reshape(len(rows), n_fields - (label_index is not None)), codes
+
+
+def _encode_labels(first_seen: list[str], codes: np.ndarray) -> tuple[np.ndarray, tuple[str, ...] | None]:
+    """Map labels (given as codes into `first_seen`) to int64: integers stay, others are coded
+    0..m-1 in sorted order (numeric order when all are numbers) and their names returned."""
+    numbers = [float(s) for s in first_seen] if all(map(_is_number, first_seen)) else None
+    if numbers is not None and all(v.is_integer() and abs(v) < 2**53 for v in numbers):
+        return np.asarray(numbers, dtype=np.int64)[codes], None
+    order = sorted(range(len(first_seen)), key=(lambda i: numbers[i]) if numbers else (lambda i: first_seen[i]))
+    final = np.empty(len(first_seen), dtype=np.int64)
+    final[order] = np.arange(len(order))
+    return final[codes], tuple(first_seen[i] for i in order)
+
+
+def _parse_csv(path: Path, label_column: str | None):
+    """Parse a delimited text file -> (X, feature_names, labels, label_names)."""
+    source, delimiter = str(path), _DELIMITERS[path.suffix.lower()]
+    names = _read_header(path, delimiter)
+    label_index = None
+    if label_column is not None:
+        if label_column not in names:
+            raise SiteDataError(f"{source}: label-column {label_column!r} is not in the header "
+                                f"(columns: {', '.join(names)})")
+        label_index = names.index(label_column)
+    seen: dict[str, int] = {}
+
+    def label_code(cell: str) -> float:
+        text = cell.strip()
+        if not text:
+            raise ValueError("empty label")
+        return float(seen.setdefault(text, len(seen)))
+
+    try:  # fast path: numpy's C parser; any problem is re-found by _scan_csv with its position
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "input contained no data": reported below, clearer
+            table = np.loadtxt(path, delimiter=delimiter, skiprows=1, ndmin=2, dtype=np.float64,
+                               comments=None, quotechar='"', encoding="utf-8-sig",
+                               converters={label_index: label_code} if label_index is not None else None)
+        # loadtxt only checks that rows agree with each other, not with the header
+        fast_ok = table.shape[0] == 0 or (table.shape[1] == len(names) and np.isfinite(table).all())
+    except ValueError:
+        fast_ok = False
+    if not fast_ok:
+        table, codes = _scan_csv(path, names, delimiter, label_index, seen)
+    elif label_index is not None and table.shape[0]:
+        codes = table[:, label_index].astype(np.int64)
+        table = np.delete(table, label_index, axis=1)
+    if table.shape[0] == 0:
+        raise SiteDataError(f"{source}: has a header row but no data rows")
+    feature_names = tuple(n for j, n in enumerate(names) if j != label_index)
+    if label_index is None:
+        return table, feature_names, None, None
+    labels, label_names = _encode_labels(list(seen), np.asarray(codes, dtype=np.int64))
+    return table, feature_names, labels, label_names
+
+
+# ---------------------------------------------------------------- file loading + cache
+
+def cache_key(path: str | os.PathLike, label_column: str | None = None) -> str:
+    """Cache key of a data file: sha256 of its real path, size and mtime (ns), and of the label
+    column, so an edited file or another label column gets a fresh cache entry."""
+    real = os.path.realpath(path)
+    stat = os.stat(real)
+    text = f"{CACHE_FORMAT}\0{real}\0{stat.st_size}\0{stat.st_mtime_ns}\0{label_column!r}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _default_cache_dir() -> Path:
+    env = os.environ.get("FEDCLUSTER_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "fedcluster"
+
+
+def _write_atomic(target: Path, write) -> None:
+    # Temp file in the same directory + os.replace: a concurrent reader sees the old file or the
+    # complete new one, never a partial one.
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _sibling(base: Path, suffix: str) -> Path:
+    return base.parent / (base.name + suffix)
+
+
+def _read_cache(base: Path, source: str) -> SiteData | None:
+    try:  # the sidecar is written last, so its presence means the entry is complete
+        meta = json.loads(_sibling(base, ".json").read_text())
+        X = np.load(_sibling(base, ".npy"), mmap_mode="r")
+        labels = np.load(_sibling(base, ".labels.npy")) if meta["has_labels"] else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or damaged: parse again and overwrite
+    if meta.get("format") != CACHE_FORMAT or list(X.shape) != meta.get("shape") or X.dtype != np.float64 \
+            or (labels is not None and labels.shape != X.shape[:1]):
+        return None
+    names = meta.get("feature_names")
+    label_names = meta.get("label_names")
+    return SiteData(X=X, feature_names=tuple(names) if names else None, labels=labels, source=source,
+                    label_names=tuple(label_names) if label_names else None)
+
+
+def _write_cache(base: Path, data: SiteData, real_path: str, label_column: str | None) -> None:
+    base.parent.mkdir(parents=True, exist_ok=True)
+    if data.labels is not None:
+        _write_atomic(_sibling(base, ".labels.npy"), lambda f: np.save(f, data.labels))
+    _write_atomic(_sibling(base, ".npy"), lambda f: np.save(f, np.ascontiguousarray(data.X)))
+    meta = {"format": CACHE_FORMAT, "source": real_path, "label_column": label_column,
+            "shape": list(data.X.shape), "feature_names": data.feature_names,
+            "has_labels": data.labels is not None, "label_names": data.label_names}
+    _write_atomic(_sibling(base, ".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+
+
+def _open_npy(path: Path) -> np.ndarray:
+    fmt = np.lib.format
+    try:  # the header first: object arrays cannot be mapped and must be named as such
+        with open(path, "rb") as f:
+            version = fmt.read_magic(f)
+            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            dtype = read_header(f)[2]
+        if dtype.hasobject:
+            raise SiteDataError(f"{path}: the array holds Python objects; a numeric (int or float) "
+                                "array is needed")
+        return np.load(path, mmap_mode="r")
+    except SiteDataError:
+        raise
+    except (ValueError, OSError, EOFError) as error:
+        raise SiteDataError(f"{path}: cannot be read as a .npy array ({error})") from None
+
+
+def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
+                   label_column: str | None = None, min_rows: int = 1) -> SiteData:
+    """Load a site's data file (deployment path), through a memory-mapped cache.
+
+    A ``.csv`` (``.tsv``) needs a header row; all columns must be numeric except
+    `label_column`, which is kept as labels. A ``.npy`` must hold a 2-D int or float array;
+    a float64 C-order one is memory-mapped in place. Anything else is parsed once and cached
+    as float64 ``.npy`` in `cache_dir` (default ``$FEDCLUSTER_CACHE_DIR``, else
+    ``~/.cache/fedcluster``), keyed by `cache_key`; later calls map the cache read-only without
+    reading the source. An unwritable cache dir only costs a warning and an in-memory parse.
+
+    Raises
+    ------
+    SiteDataError
+        For any data problem, with the file, data row, line and column where they apply.
+    """
+    path = Path(path)
+    source = str(path)
+    if not path.exists():
+        raise SiteDataError(f"data-path '{path}' does not exist")
+    if path.is_dir():
+        raise SiteDataError(f"data-path '{path}' is a directory, not a data file")
+    suffix = path.suffix.lower()
+    if suffix not in SUPPORTED_SUFFIXES:
+        raise SiteDataError(f"{source}: unsupported file type {suffix or '(none)'!r}; "
+                            f"supported: {', '.join(SUPPORTED_SUFFIXES)}")
+    if suffix == ".npy" and label_column is not None:
+        raise SiteDataError(f"{source}: label-column needs a CSV file; a .npy holds features only")
+    if not os.access(path, os.R_OK):
+        raise SiteDataError(f"{source}: the file is not readable by this process")
+    if suffix == ".npy":
+        mapped = _open_npy(path)
+        if mapped.dtype == np.float64 and mapped.flags.c_contiguous:
+            return SiteData(X=check_site_array(mapped, source, min_rows), feature_names=None,
+                            labels=None, source=source)
+    base = Path(cache_dir if cache_dir is not None else _default_cache_dir()) / cache_key(path, label_column)
+    cached = _read_cache(base, source)
+    if cached is not None:
+        _check_shape_and_rows(cached.X, source, min_rows)  # values were checked before caching
+        return cached
+    if suffix == ".npy":
+        X, names, labels, label_names = mapped, None, None, None
+    else:
+        X, names, labels, label_names = _parse_csv(path, label_column)
+    X = check_site_array(X, source, min_rows)
+    data = SiteData(X=X, feature_names=names, labels=labels, source=source, label_names=label_names)
+    try:
+        _write_cache(base, data, os.path.realpath(path), label_column)
+    except OSError as error:
+        logger.warning("%s: cannot write the data cache in %s (%s); parsing in memory every round",
+                       source, base.parent, error)
+        X.setflags(write=False)
+        return data
+    cached = _read_cache(base, source)
+    if cached is None:  # e.g. removed by a cleaner in between: the parsed data is still good
+        X.setflags(write=False)
+        return data
+    return cached
