@@ -127,13 +127,9 @@ def lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     # The weights are counted against the RECEIVED centroids (DWF paper, Fig. 1); the
     # first Lloyd pass needs exactly these statistics, so they are computed once.
     sums, weights, sse = kernels.lloyd_stats(site.X, C)
-    if local_iters == 1:
-        local_C = C.copy()
-        nonempty = weights > 0
-        local_C[nonempty] = sums[nonempty] / weights[nonempty, None]
-        last_counts = weights
-    else:
-        local_C, last_counts, _ = local.lloyd(site.X, C, local_iters, tol)
+    local_C, last_counts = local.update_centroids(C, sums, weights), weights
+    if local_iters > 1 and np.linalg.norm(local_C - C) >= tol:
+        local_C, last_counts, _ = local.lloyd(site.X, local_C, local_iters - 1, tol)
     # A cluster is reported only if both its weight and the member set of its reported
     # mean reach the floor.
     last_counts = np.where(weights < floor, 0, last_counts)

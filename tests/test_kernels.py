@@ -1,0 +1,397 @@
+"""Kernels against the numpy references, thread invariance, and the on-disk cache.
+
+Every kernel is checked in float32 and float64 with 1 and 2 Numba threads on:
+a data set smaller than one block, one spanning several blocks (20,000 rows,
+not a multiple of the block size), d = 1, k = 1, an empty cluster, and k
+larger than the number of distinct rows (exact ties).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numba
+import numpy as np
+import pytest
+
+import reference as ref
+from fedcluster.common import kernels
+
+DTYPES = [np.float32, np.float64]
+THREADS = [1, 2]
+
+
+@contextlib.contextmanager
+def num_threads(n: int):
+    """Run with `n` Numba threads, restoring the previous setting."""
+    if n > numba.config.NUMBA_NUM_THREADS:  # pragma: no cover - machine dependent
+        raise RuntimeError(
+            f"this test needs {n} Numba threads but NUMBA_NUM_THREADS is "
+            f"{numba.config.NUMBA_NUM_THREADS}; run with NUMBA_NUM_THREADS=2"
+        )
+    old = numba.get_num_threads()
+    numba.set_num_threads(n)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(old)
+
+
+def blobs(n, d, k, seed, spread=10.0):
+    """Seeded float64 blobs and centroids near (not at) the blob centres.
+
+    Rows whose two nearest centroids are within a relative 1e-3 of each other
+    are dropped, so float32 rounding cannot change a label.
+    """
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(-spread, spread, size=(k, d))
+    X = centres[rng.integers(k, size=n)] + rng.standard_normal((n, d))
+    C = centres + 0.3 * rng.standard_normal((k, d))
+    if k > 1:
+        D = np.sort(ref.sq_dists(X, C), axis=1)
+        X = X[D[:, 1] - D[:, 0] > 1e-3 * D[:, 1]]
+    return X, C
+
+
+def make_case(name, dtype):
+    """(X, C) in `dtype` for a named test case."""
+    if name == "small":  # fewer rows than one block
+        X, C = blobs(500, 3, 4, seed=1)
+    elif name == "multiblock":  # 20,000 rows: several blocks, ragged last block
+        X, C = blobs(20_000, 3, 5, seed=2)
+        assert len(X) > 3 * kernels.block_rows(len(X))
+    elif name == "d1":
+        X, C = blobs(3000, 1, 3, seed=3)
+    elif name == "k1":
+        X, C = blobs(3000, 4, 1, seed=4)
+    elif name == "empty":  # cluster 2 is far away, cluster 3 duplicates cluster 0
+        X, C = blobs(2500, 2, 2, seed=5, spread=5.0)
+        C = np.vstack([C, [[1e3, 1e3]], C[:1]])
+    elif name == "ties":  # k > number of distinct rows; exact ties everywhere
+        pts = np.array([[0.0, 0.0], [1.0, 2.0], [-3.0, 0.5]])
+        X = np.repeat(pts, [700, 1, 2400], axis=0)
+        np.random.default_rng(6).shuffle(X)
+        # duplicates of rows of X, and a point equidistant from pts[0] and pts[1]
+        C = np.array([[5.0, 5.0], pts[1], pts[0], pts[1], pts[0], [0.5, 1.0]])
+    else:  # pragma: no cover
+        raise KeyError(name)
+    return np.ascontiguousarray(X, dtype=dtype), np.ascontiguousarray(C, dtype=dtype)
+
+
+CASES = ["small", "multiblock", "d1", "k1", "empty", "ties"]
+
+
+# Tolerance against a float64 reference on the same (already rounded) inputs:
+# only the summation order differs, since the kernels accumulate in float64
+# whatever the input dtype (a float32 accumulator would miss this by far).
+TIGHT = dict(rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------
+# Against the references
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_assign_matches_reference(case, dtype, threads):
+    X, C = make_case(case, dtype)
+    with num_threads(threads):
+        labels, dist = kernels.assign(X, C)
+    want_labels, want_dist = ref.assign(X, C)
+    assert labels.dtype == np.int64 and dist.dtype == np.float64
+    assert labels.shape == dist.shape == (len(X),)
+    np.testing.assert_array_equal(labels, want_labels)
+    np.testing.assert_allclose(dist, want_dist, **TIGHT)
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_lloyd_stats_matches_reference(case, dtype, threads):
+    X, C = make_case(case, dtype)
+    with num_threads(threads):
+        sums, counts, sse = kernels.lloyd_stats(X, C)
+    want_sums, want_counts, want_sse = ref.lloyd_stats(X, C)
+    assert sums.dtype == np.float64 and sums.shape == C.shape
+    assert counts.dtype == np.int64 and counts.shape == (len(C),)
+    assert isinstance(sse, float)
+    np.testing.assert_array_equal(counts, want_counts)
+    np.testing.assert_allclose(sums, want_sums, **TIGHT)
+    assert sse == pytest.approx(want_sse, rel=1e-12, abs=1e-12)
+    assert counts.sum() == len(X)
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_min_sq_dist_update_matches_reference(case, dtype, threads):
+    X, C = make_case(case, dtype)
+    rng = np.random.default_rng(7)
+    # some rows already closer than any candidate, some with no centre yet
+    current = rng.uniform(0, 50, size=len(X))
+    current[::7] = np.inf
+    with num_threads(threads):
+        out = kernels.min_sq_dist_update(X, C, current)
+    assert out.dtype == np.float64 and out.shape == (len(C), len(X))
+    np.testing.assert_allclose(out, ref.min_sq_dist_update(X, C, current), **TIGHT)
+    # both sides of the minimum are actually taken
+    assert (out == current[None]).any() and (out < current[None]).any()
+
+
+def test_special_cases_have_what_they_claim():
+    """The named cases really exercise empty clusters and exact ties."""
+    _, counts, _ = ref.lloyd_stats(*make_case("empty", np.float64))
+    assert counts[2] == 0 and counts[3] == 0 and counts[0] > 0
+    X, C = make_case("ties", np.float64)
+    D = ref.sq_dists(X, C)
+    assert (np.sort(D, 1)[:, 1] == D.min(1)).all()  # every row is tied
+
+
+def test_ties_go_to_lowest_index():
+    X = np.array([[0.0], [2.0], [-2.0]])
+    for C in ([[-1.0], [1.0]], [[1.0], [-1.0]]):
+        labels, dist = kernels.assign(X, np.array(C))
+        assert labels[0] == 0 and dist[0] == 1.0
+    labels, _ = kernels.assign(X, np.array([[3.0], [2.0], [2.0], [-2.0], [-2.0]]))
+    np.testing.assert_array_equal(labels, [1, 1, 3])
+    _, counts, _ = kernels.lloyd_stats(X, np.array([[3.0], [2.0], [2.0], [-2.0], [-2.0]]))
+    np.testing.assert_array_equal(counts, [0, 2, 0, 1, 0])
+
+
+def test_empty_cluster_has_zero_sums_and_counts():
+    X, C = make_case("empty", np.float64)
+    sums, counts, _ = kernels.lloyd_stats(X, C)
+    assert counts[2] == 0 and counts[3] == 0
+    assert (sums[2] == 0).all() and (sums[3] == 0).all()
+    # nothing was relocated: C is untouched
+    np.testing.assert_array_equal(C, make_case("empty", np.float64)[1])
+
+
+# --------------------------------------------------------------------------
+# float32 against the float64 truth
+# --------------------------------------------------------------------------
+
+
+def assert_labels_match_except_near_ties(labels, D_ref, rel):
+    """Labels equal the reference's except where its two best distances are within `rel`."""
+    best = D_ref.min(1)
+    rows = np.flatnonzero(labels != D_ref.argmin(1))
+    gap = D_ref[rows, labels[rows]] - best[rows]
+    assert (gap <= rel * np.maximum(best[rows], 1e-300)).all(), rows[gap > rel * best[rows]]
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("case", ["small", "multiblock", "d1", "empty"])
+def test_float32_close_to_float64_truth(case, threads):
+    X64, C64 = make_case(case, np.float64)
+    X32 = X64.astype(np.float32)
+    with num_threads(threads):
+        labels, dist = kernels.assign(X32, C64)  # C64 is rounded to float32 inside
+        sums, counts, sse = kernels.lloyd_stats(X32, C64)
+    D = ref.sq_dists(X64, C64)
+    eps = float(np.finfo(np.float32).eps)
+    assert_labels_match_except_near_ties(labels, D, rel=8 * eps)
+    # the data has no near-ties, so the labels must in fact be identical
+    np.testing.assert_array_equal(labels, D.argmin(1))
+    want_sums, want_counts, want_sse = ref.lloyd_stats(X64, C64)
+    np.testing.assert_array_equal(counts, want_counts)
+    np.testing.assert_allclose(sums, want_sums, rtol=1e-5, atol=1e-5 * np.abs(X64).max())
+    np.testing.assert_allclose(dist, D.min(1), rtol=1e-5, atol=1e-5)
+    assert sse == pytest.approx(want_sse, rel=1e-5)
+
+
+def test_float64_centroids_are_rounded_to_float32_data():
+    X, C = make_case("multiblock", np.float64)
+    X32 = X.astype(np.float32)
+    C = C + 1e-9  # not representable in float32
+    for f in (kernels.assign, kernels.lloyd_stats):
+        got = f(X32, C)
+        want = f(X32, C.astype(np.float32))
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(
+        kernels.min_sq_dist_update(X32, C[:2], np.full(len(X), np.inf)),
+        kernels.min_sq_dist_update(X32, C[:2].astype(np.float32), np.full(len(X), np.inf)),
+    )
+
+
+# --------------------------------------------------------------------------
+# Bit-identical for 1 and 2 threads
+# --------------------------------------------------------------------------
+
+
+def run_all(X, C):
+    current = np.random.default_rng(0).uniform(0, 100, size=len(X))
+    return (
+        *kernels.assign(X, C),
+        *kernels.lloyd_stats(X, C),
+        kernels.min_sq_dist_update(X, C, current),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [20_000, 61_441])
+def test_bit_identical_for_1_and_2_threads(dtype, n):
+    rng = np.random.default_rng(n)
+    # wide range of magnitudes so that any change of summation order shows
+    X = (rng.standard_normal((n, 7)) * np.exp(rng.uniform(-8, 8, size=(n, 1)))).astype(dtype)
+    C = X[rng.choice(n, 6, replace=False)]
+    with num_threads(1):
+        one = run_all(X, C)
+    with num_threads(2):
+        two = run_all(X, C)
+    for a, b in zip(one, two):
+        assert np.array_equal(a, b), "result depends on the number of threads"
+    assert isinstance(one[4], float)  # sse compared exactly above
+
+
+# --------------------------------------------------------------------------
+# Wrappers: contiguity, dtype, argument checks; NaN semantics; block size
+# --------------------------------------------------------------------------
+
+
+def test_non_contiguous_inputs_are_accepted():
+    X, C = make_case("small", np.float64)
+    XF = np.asfortranarray(X)
+    Xs = np.repeat(X, 2, axis=0)[::2]
+    for Xn in (XF, Xs):
+        assert not Xn.flags.c_contiguous
+        for a, b in zip(kernels.lloyd_stats(Xn, C), kernels.lloyd_stats(X, C)):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(kernels.assign(Xn, np.asfortranarray(C))[0], kernels.assign(X, C)[0])
+
+
+@pytest.mark.parametrize(
+    "X, C, exc",
+    [
+        (np.zeros(5), np.zeros((1, 1)), ValueError),  # 1-D X
+        (np.zeros((5, 2)), np.zeros(2), ValueError),  # 1-D C
+        (np.zeros((5, 2)), np.zeros((3, 3)), ValueError),  # d mismatch
+        (np.zeros((5, 2)), np.zeros((0, 2)), ValueError),  # k = 0
+        (np.zeros((5, 0)), np.zeros((1, 0)), ValueError),  # d = 0
+        (np.zeros((5, 2), dtype=np.int64), np.zeros((1, 2)), TypeError),
+        (np.zeros((5, 2), dtype=np.float16), np.zeros((1, 2)), TypeError),
+        (np.zeros((5, 2)), np.zeros((1, 2), dtype=complex), TypeError),
+    ],
+)
+def test_bad_arguments_are_rejected(X, C, exc):
+    for f in (kernels.assign, kernels.lloyd_stats):
+        with pytest.raises(exc):
+            f(X, C)
+
+
+def test_min_sq_dist_update_arguments():
+    X, C = make_case("small", np.float64)
+    inf = np.full(len(X), np.inf)
+    one = kernels.min_sq_dist_update(X, C[1], inf)  # 1-D centre -> (n,)
+    assert one.shape == (len(X),)
+    np.testing.assert_array_equal(one, kernels.min_sq_dist_update(X, C[1:2], inf)[0])
+    with pytest.raises(ValueError):
+        kernels.min_sq_dist_update(X, C, inf[:-1])
+
+
+def test_empty_data():
+    X = np.zeros((0, 3))
+    labels, dist = kernels.assign(X, np.ones((2, 3)))
+    assert labels.shape == dist.shape == (0,)
+    sums, counts, sse = kernels.lloyd_stats(X, np.ones((2, 3)))
+    assert (sums == 0).all() and (counts == 0).all() and sse == 0.0
+
+
+def test_nan_propagates():
+    """No nnan fast-math flag: a NaN row shows up in its distance and the SSE."""
+    X = np.array([[0.0, 0.0], [np.nan, 1.0], [5.0, 5.0]])
+    C = np.array([[5.0, 5.0], [0.0, 0.0]])
+    labels, dist = kernels.assign(X, C)
+    np.testing.assert_array_equal(labels, [1, 0, 0])
+    assert np.isnan(dist[1]) and dist[0] == 0 and dist[2] == 0
+    assert np.isnan(kernels.lloyd_stats(X, C)[2])
+    out = kernels.min_sq_dist_update(X, C[:1], np.array([1.0, 1.0, np.nan]))
+    assert out[0, 0] == 1.0 and np.isnan(out[0, 1]) and np.isnan(out[0, 2])
+
+
+def test_block_rows():
+    assert kernels.block_rows(0) == 2048
+    assert kernels.block_rows(20_000) == 2048
+    assert kernels.block_rows(2048 * 256) == 2048
+    assert kernels.block_rows(2048 * 256 + 1) == 2049
+    assert kernels.block_rows(10**7) == 39063
+    for n in [1, 2047, 2049, 20_000, 524_289, 10**7, 10**9 + 7]:
+        b = kernels.block_rows(n)
+        assert b >= 2048 and -(-n // b) <= 256
+    with pytest.raises(ValueError):
+        kernels.block_rows(-1)
+
+
+def test_fastmath_flags():
+    assert kernels.FASTMATH <= {"nsz", "arcp", "contract", "reassoc", "afn"}
+    assert not kernels.FASTMATH & {"nnan", "ninf", "fast"}
+    for impl in (kernels._assign_impl, kernels._lloyd_stats_impl, kernels._min_sq_dist_update_impl):
+        assert impl.targetoptions["fastmath"] == kernels.FASTMATH
+        assert impl.targetoptions["parallel"] is True
+
+
+# --------------------------------------------------------------------------
+# The on-disk cache works in a fresh process (one process per federated round)
+# --------------------------------------------------------------------------
+
+CACHE_SCRIPT = textwrap.dedent(
+    """
+    import json, time
+    import numpy as np
+    from fedcluster.common import kernels as K
+
+    impls = ("_assign_impl", "_lloyd_stats_impl", "_min_sq_dist_update_impl")
+    t0 = time.perf_counter()
+    for dtype in (np.float32, np.float64):
+        X = np.random.default_rng(0).standard_normal((300, 3)).astype(dtype)
+        C = X[:4]
+        K.assign(X, C)
+        K.lloyd_stats(X, C)
+        K.min_sq_dist_update(X, C, np.full(len(X), np.inf))
+    seconds = time.perf_counter() - t0
+    out = {"seconds": seconds}
+    for name in impls:
+        f = getattr(K, name)
+        out[name] = {
+            "parallel": f.targetoptions.get("parallel"),
+            "hits": sum(f.stats.cache_hits.values()),
+            "misses": sum(f.stats.cache_misses.values()),
+            "signatures": len(f.signatures),
+        }
+    print(json.dumps(out))
+    """
+)
+
+
+def test_parallel_kernels_load_from_cache_in_a_fresh_process(tmp_path):
+    env = dict(os.environ)
+    env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba-cache")
+    env.pop("NUMBA_DISABLE_JIT", None)
+
+    def run():
+        proc = subprocess.run(
+            [sys.executable, "-c", CACHE_SCRIPT],
+            env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first = run()
+    second = run()
+    impls = ("_assign_impl", "_lloyd_stats_impl", "_min_sq_dist_update_impl")
+    for name in impls:
+        assert first[name]["parallel"] is True
+        # fresh cache: both dtype specialisations compiled, nothing loaded
+        assert first[name] == {"parallel": True, "hits": 0, "misses": 2, "signatures": 2}, first
+        # second process: both loaded from disk, nothing compiled
+        assert second[name] == {"parallel": True, "hits": 2, "misses": 0, "signatures": 2}, second
+    assert any(p.suffix == ".nbi" for p in (tmp_path / "numba-cache").rglob("*"))
+    print(f"first call: {first['seconds']:.2f} s compiling, {second['seconds']:.2f} s from cache")
