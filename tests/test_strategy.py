@@ -1,0 +1,53 @@
+"""Strategy-level behaviour through the in-process harness: sampling, n-init, history,
+convergence, privacy floor end to end."""
+
+import numpy as np
+import pytest
+
+import fedcluster
+
+
+@pytest.fixture(scope="module")
+def sites():
+    rng = np.random.default_rng(5)
+    centres = np.array([[0, 0], [5, 5], [0, 5], [5, 0]], dtype=float)
+    return [rng.normal(centres[i % 4], 0.5, size=(80 + 10 * i, 2)) for i in range(8)]
+
+
+def test_fraction_samples_seeded_subset(sites):
+    a = fedcluster.simulate(sites, n_clusters=4, fraction=0.25, num_rounds=6, tol=0.0, seed=4)
+    b = fedcluster.simulate(sites, n_clusters=4, fraction=0.25, num_rounds=6, tol=0.0, seed=4)
+    train = [r for r in a.history if r["task"] == "lloyd"]
+    assert len(train) == 6
+    assert all(r["sites-asked"] == 2 for r in train)  # round(0.25 * 8)
+    np.testing.assert_array_equal(a.centroids, b.centroids)
+    c = fedcluster.simulate(sites, n_clusters=4, fraction=0.25, num_rounds=6, tol=0.0, seed=5)
+    assert not np.array_equal(a.centroids, c.centroids)
+
+
+def test_stops_on_convergence_and_records_history(sites):
+    r = fedcluster.simulate(sites, n_clusters=4, num_rounds=40, tol=1e-9)
+    train = [h for h in r.history if h["task"] == "lloyd"]
+    assert len(train) < 40 and train[-1]["movement"] < 1e-9
+    assert [h["task"] for h in r.history][:2] == ["describe", "local_kmeans"]
+    assert r.history[-1]["task"] == "evaluate"
+    assert r.metrics["rounds"] == len(train)
+
+
+def test_n_init_keeps_lowest_score(sites):
+    runs = [fedcluster.simulate(sites, n_clusters=6, init="random", num_rounds=3, seed=s)
+            for s in (10, 11, 12)]
+    best = fedcluster.simulate(sites, n_clusters=6, init="random", num_rounds=3, seed=10, n_init=3)
+    assert best.metrics["score"] == pytest.approx(min(r.metrics["score"] for r in runs), rel=1e-12)
+
+
+def test_no_reported_cluster_under_floor_end_to_end(sites):
+    r = fedcluster.simulate(sites, n_clusters=12, min_cluster_size=15, init="random", num_rounds=4)
+    sizes = np.array(r.metrics["cluster-sizes"])
+    # sizes are sums of per-site counts, each 0 or >= 15
+    assert np.all((sizes == 0) | (sizes >= 15))
+
+
+def test_init_centroids_shape_checked(sites):
+    with pytest.raises(Exception, match="initial centroids have shape"):
+        fedcluster.simulate(sites, n_clusters=4, init_centroids=np.zeros((3, 2)))
