@@ -12,6 +12,9 @@ contract (centroids are converted to X's dtype before the assignment), pass
 
 from __future__ import annotations
 
+import contextlib
+
+import numba
 import numpy as np
 
 
@@ -97,3 +100,20 @@ def kmeans_plusplus(X, k: int, seed) -> np.ndarray:
         closest = updated[best]
         centres.append(np.asarray(X[candidates[best]], dtype=np.float64))
     return np.array(centres)
+
+
+# -- test harness helper shared by the kernel tests ------------------------
+@contextlib.contextmanager
+def num_threads(n: int):
+    """Run with `n` Numba threads, restoring the previous setting."""
+    if n > numba.config.NUMBA_NUM_THREADS:  # pragma: no cover - machine dependent
+        raise RuntimeError(
+            f"this test needs {n} Numba threads but NUMBA_NUM_THREADS is "
+            f"{numba.config.NUMBA_NUM_THREADS}; run with NUMBA_NUM_THREADS=2"
+        )
+    old = numba.get_num_threads()
+    numba.set_num_threads(n)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(old)

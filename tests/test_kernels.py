@@ -8,38 +8,23 @@ larger than the number of distinct rows (exact ties).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
 
-import numba
 import numpy as np
 import pytest
 
 import reference as ref
+from reference import num_threads
 from fedcluster.common import kernels
 
 DTYPES = [np.float32, np.float64]
 THREADS = [1, 2]
 
 
-@contextlib.contextmanager
-def num_threads(n: int):
-    """Run with `n` Numba threads, restoring the previous setting."""
-    if n > numba.config.NUMBA_NUM_THREADS:  # pragma: no cover - machine dependent
-        raise RuntimeError(
-            f"this test needs {n} Numba threads but NUMBA_NUM_THREADS is "
-            f"{numba.config.NUMBA_NUM_THREADS}; run with NUMBA_NUM_THREADS=2"
-        )
-    old = numba.get_num_threads()
-    numba.set_num_threads(n)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(old)
 
 
 def blobs(n, d, k, seed, spread=10.0):

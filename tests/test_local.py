@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 
-import numba
 import numpy as np
 import pytest
 
 import reference as ref
+from reference import num_threads
 from fedcluster.common import kernels, local
 
 DTYPES = [np.float32, np.float64]
 
 
-@contextlib.contextmanager
-def num_threads(n: int):
-    """Run with `n` Numba threads, restoring the previous setting."""
-    if n > numba.config.NUMBA_NUM_THREADS:  # pragma: no cover - machine dependent
-        raise RuntimeError(
-            f"this test needs {n} Numba threads but NUMBA_NUM_THREADS is "
-            f"{numba.config.NUMBA_NUM_THREADS}; run with NUMBA_NUM_THREADS=2"
-        )
-    old = numba.get_num_threads()
-    numba.set_num_threads(n)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(old)
 
 
 def separated_blobs(k, d=2, per_blob=200, seed=0, gap=100.0):
