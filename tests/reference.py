@@ -117,3 +117,18 @@ def num_threads(n: int):
         yield
     finally:
         numba.set_num_threads(old)
+
+
+def minibatch_epoch(X, order, batch, gamma, beta):
+    """Slow reference of one mini-batch k-means epoch (ALGORITHMS.md sec. 2)."""
+    gamma = np.array(gamma, dtype=np.float64)
+    lam = np.zeros(len(gamma), dtype=np.int64)
+    for start in range(0, len(order), batch):
+        rows = X[order[start:start + batch]].astype(np.float64)
+        labels = ((rows[:, None, :] - gamma[None]) ** 2).sum(-1).argmin(1)
+        for c in range(len(gamma)):
+            members = rows[labels == c]
+            if len(members):
+                lam[c] += len(members)
+                gamma[c] += beta * len(members) / lam[c] * (members.mean(0) - gamma[c])
+    return gamma, lam

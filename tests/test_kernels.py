@@ -380,3 +380,29 @@ def test_parallel_kernels_load_from_cache_in_a_fresh_process(tmp_path):
         assert second[name] == {"parallel": True, "hits": 2, "misses": 0, "signatures": 2}, second
     assert any(p.suffix == ".nbi" for p in (tmp_path / "numba-cache").rglob("*"))
     print(f"first call: {first['seconds']:.2f} s compiling, {second['seconds']:.2f} s from cache")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [1, 7, 64, 500])
+def test_minibatch_epoch_matches_reference(dtype, batch):
+    rng = np.random.default_rng(batch)
+    X = np.vstack([rng.normal(c, 0.3, (100, 3)) for c in (0.0, 4.0, 8.0)]).astype(dtype)
+    order = rng.permutation(len(X))
+    gamma0 = np.array([[0.5] * 3, [3.0] * 3, [20.0] * 3])  # the last one gets no member
+    want_gamma, want_lam = ref.minibatch_epoch(X, order, batch, gamma0, 0.7)
+    gamma = gamma0.copy()
+    lam = kernels.minibatch_epoch(X, order, batch, gamma, 0.7)
+    np.testing.assert_array_equal(lam, want_lam)
+    np.testing.assert_allclose(gamma, want_gamma, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(gamma[2], gamma0[2])
+
+
+def test_minibatch_full_batch_beta_one_is_a_lloyd_step():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(300, 2))
+    C = X[:4].copy()
+    gamma = C.copy()
+    lam = kernels.minibatch_epoch(X, np.arange(300), 300, gamma, 1.0)
+    sums, counts, _ = kernels.lloyd_stats(X, C)
+    np.testing.assert_array_equal(lam, counts)
+    np.testing.assert_allclose(gamma, sums / counts[:, None], rtol=1e-13)

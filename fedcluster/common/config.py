@@ -10,9 +10,21 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ALGORITHMS = ("dwf", "ewf")
+ALGORITHMS = ("dwf", "ewf", "minibatch", "kfed", "fkm")
+
+# What `init = "auto"` and `weighted = "auto"` mean for each algorithm (the papers' own
+# choices), and which initialisations an algorithm accepts.
+DEFAULT_INIT = {"dwf": "kfed", "ewf": "kfed", "minibatch": "kfed", "kfed": "kfed", "fkm": "kmeans++"}
+ALLOWED_INIT = {
+    "dwf": ("kfed", "random"),
+    "ewf": ("kfed", "random"),
+    "minibatch": ("kfed", "random"),
+    "kfed": ("kfed",),
+    "fkm": ("kmeans++", "random"),
+}
+DEFAULT_WEIGHTED = {"kfed": False, "fkm": True}
 
 
 class ConfigError(ValueError):
@@ -35,7 +47,7 @@ class RunConfig(_Strict):
     Defaults here equal those in pyproject.toml; README.md documents each key.
     """
 
-    algorithm: Literal["dwf", "ewf"] = "dwf"
+    algorithm: Literal["dwf", "ewf", "minibatch", "kfed", "fkm"] = "dwf"
     n_clusters: int = Field(10, ge=1)
     num_rounds: int = Field(50, ge=1, description="maximum number of update rounds")
     fraction: float = Field(1.0, gt=0.0, le=1.0)
@@ -44,11 +56,20 @@ class RunConfig(_Strict):
     seed: int = 0
     tol: float = Field(1e-4, ge=0.0)
     n_init: int = Field(1, ge=1)
-    init: Literal["kfed", "random"] = "kfed"
-    weighted: bool = False
+    init: Literal["auto", "kfed", "random", "kmeans++"] = "auto"
+    weighted: Literal["auto"] | bool = "auto"
+    k_local: int = Field(0, ge=0, description="k-FED local k; 0 means n-clusters")
     learning_rate: float = Field(1.0, gt=0.0, le=1.0)
     momentum: float = Field(0.0, ge=0.0, lt=1.0)
     local_iters: int = Field(1, ge=1)
+    # mini-batch k-means
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(0, ge=0, description="0 = the full local data")
+    beta: float = Field(1.0, gt=0.0, le=1.0)
+    reassign_fraction: float = Field(0.01, ge=0.0, lt=1.0)
+    reassign_patience: int = Field(20, ge=1)
+    # FKM
+    prune: bool = True
     round_timeout: float = Field(600.0, gt=0.0)
     # Simulation only: which built-in dataset the simulated sites partition.
     dataset: str = "digits"
@@ -64,6 +85,31 @@ class RunConfig(_Strict):
 
         parse_partitioning(value)
         return value
+
+    @model_validator(mode="after")
+    def _init_fits_algorithm(self) -> "RunConfig":
+        if self.init != "auto" and self.init not in ALLOWED_INIT[self.algorithm]:
+            raise ValueError(
+                f"init '{self.init}' does not apply to algorithm '{self.algorithm}'; "
+                f"use one of {', '.join(ALLOWED_INIT[self.algorithm])}"
+            )
+        return self
+
+    @property
+    def resolved_init(self) -> str:
+        """The initialisation actually used (``auto`` resolved per algorithm)."""
+        return DEFAULT_INIT[self.algorithm] if self.init == "auto" else self.init
+
+    @property
+    def resolved_weighted(self) -> bool:
+        """Whether the server k-means on centroids weights them by their counts."""
+        if self.weighted == "auto":
+            return DEFAULT_WEIGHTED.get(self.algorithm, False)
+        return bool(self.weighted)
+
+    @property
+    def resolved_k_local(self) -> int:
+        return self.k_local or self.n_clusters
 
     @property
     def seeds(self) -> list[int]:
@@ -96,8 +142,10 @@ class NodeConfig(_Strict):
 def _format(err: ValidationError, what: str) -> str:
     lines = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(config)"
-        if e["type"] == "extra_forbidden":
+        key = ".".join(str(p) for p in e["loc"])
+        if not key:  # a check across keys (model validator)
+            lines.append(f"{what}: {e['msg'].removeprefix('Value error, ')}")
+        elif e["type"] == "extra_forbidden":
             lines.append(f"unknown {what} key '{key}'")
         else:
             lines.append(f"{what} key '{key}': {e['msg']} (got {e.get('input')!r})")

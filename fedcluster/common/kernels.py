@@ -61,6 +61,7 @@ __all__ = [
     "assign",
     "lloyd_stats",
     "min_sq_dist_update",
+    "minibatch_epoch",
 ]
 
 # Fast-math flags, defined once and used by every kernel.
@@ -241,6 +242,33 @@ def _min_sq_dist_update_impl(X, centres, current):
     return out
 
 
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def _minibatch_epoch_impl(X, order, batch, gamma, beta, lam):
+    # Batches depend on each other (each is assigned against the centroids the
+    # previous one moved), so this kernel is serial; it is one pass over X.
+    n = order.shape[0]
+    k, d = gamma.shape
+    sums = np.zeros((k, d), dtype=np.float64)
+    counts = np.zeros(k, dtype=np.int64)
+    for start in range(0, n, batch):
+        stop = min(n, start + batch)
+        sums[:] = 0.0
+        counts[:] = 0
+        for t in range(start, stop):
+            i = order[t]
+            label, _ = _nearest(X, i, gamma)
+            counts[label] += 1
+            for j in range(d):
+                sums[label, j] += np.float64(X[i, j])
+        for c in range(k):
+            if counts[c] > 0:
+                lam[c] += counts[c]
+                # Gamma += beta * (Lambda_b / Lambda) * (batch mean - Gamma)
+                step = beta * counts[c] / lam[c]
+                for j in range(d):
+                    gamma[c, j] += step * (sums[c, j] / counts[c] - gamma[c, j])
+
+
 # --------------------------------------------------------------------------
 # Python wrappers: argument checks and dtype/contiguity normalisation.
 # --------------------------------------------------------------------------
@@ -365,3 +393,43 @@ def min_sq_dist_update(X, centres, current) -> np.ndarray:
         )
     out = _min_sq_dist_update_impl(X, centres, current)
     return out[0] if single else out
+
+
+def minibatch_epoch(X, order, batch: int, gamma, beta: float) -> np.ndarray:
+    """One epoch of the federated mini-batch k-means site step (Triebe & Rajagopal).
+
+    Rows are visited in ``order`` in batches of ``batch``; each batch is assigned to the
+    current ``gamma``, then for every cluster with members in the batch
+    ``Lambda += Lambda_b`` and ``gamma += beta * (Lambda_b / Lambda) * (mean_b - gamma)``.
+
+    Parameters
+    ----------
+    X : array_like of shape (n, d), float32 or float64
+    order : int array of shape (n,)
+        The visiting order (a permutation of the rows).
+    batch : int
+        Batch size, >= 1 (the caller maps "full batch" to n).
+    gamma : float64 array of shape (k, d)
+        Centroids, updated IN PLACE (kept float64 whatever X's dtype).
+    beta : float
+        Client learning rate.
+
+    Returns
+    -------
+    ndarray of shape (k,), int64
+        Lambda: members per cluster over the epoch.
+    """
+    X = _check_X(X)
+    if not (isinstance(gamma, np.ndarray) and gamma.dtype == np.float64
+            and gamma.flags.c_contiguous and gamma.ndim == 2):
+        raise TypeError("gamma must be a C-contiguous float64 (k, d) array (updated in place)")
+    if gamma.shape[1] != X.shape[1]:
+        raise ValueError(f"gamma has {gamma.shape[1]} features but X has {X.shape[1]}")
+    order = np.ascontiguousarray(order, dtype=np.int64)
+    if order.shape != (X.shape[0],):
+        raise ValueError(f"order must have shape ({X.shape[0]},), got {order.shape}")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    lam = np.zeros(gamma.shape[0], dtype=np.int64)
+    _minibatch_epoch_impl(X, order, int(batch), gamma, float(beta), lam)
+    return lam

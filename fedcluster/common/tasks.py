@@ -19,6 +19,15 @@ Tasks (the ``task`` config key):
 ``lloyd``
     DWF/EWF site step (Holzer, Jacob, Kavane): weights against the received centroids,
     then ``local-iters`` Lloyd iterations.
+``minibatch``
+    Federated mini-batch k-means site step (Triebe & Rajagopal 2019): ``epochs`` passes
+    in shuffled batches of ``batch-size`` with client learning rate ``beta``.
+``kmeanspp``
+    FKM round 0 (Garst & Reinders 2024): k-means++ (or random) seeds, the means and
+    sizes of their clusters.
+``prune_lloyd``
+    FKM site step: drop the global clusters with no local member, ``local-iters`` Lloyd
+    iterations from the rest.
 ``evaluate``
     SSE and cluster sizes against the given centroids (the exact global score).
 """
@@ -118,6 +127,16 @@ def local_kmeans_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     return TaskReply(arrays=[centroids[keep], counts[keep].astype(np.int64)])
 
 
+def _continue_lloyd(X, C, sums, counts, local_iters: int, tol: float):
+    """Finish ``local_iters`` Lloyd iterations whose first assignment statistics
+    (``sums``, ``counts`` against ``C``) are already known; return the centroids and
+    the sizes of the last assignment."""
+    local_C = local.update_centroids(C, sums, counts)
+    if local_iters > 1 and np.linalg.norm(local_C - C) >= tol:
+        local_C, counts, _ = local.lloyd(X, local_C, local_iters - 1, tol)
+    return local_C, counts
+
+
 def lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     C = _centroids(arrays, site)
     local_iters = _param(params, "local-iters", int)
@@ -127,15 +146,76 @@ def lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     # The weights are counted against the RECEIVED centroids (DWF paper, Fig. 1); the
     # first Lloyd pass needs exactly these statistics, so they are computed once.
     sums, weights, sse = kernels.lloyd_stats(site.X, C)
-    local_C, last_counts = local.update_centroids(C, sums, weights), weights
-    if local_iters > 1 and np.linalg.norm(local_C - C) >= tol:
-        local_C, last_counts, _ = local.lloyd(site.X, local_C, local_iters - 1, tol)
+    local_C, last_counts = _continue_lloyd(site.X, C, sums, weights, local_iters, tol)
     # A cluster is reported only if both its weight and the member set of its reported
     # mean reach the floor.
     last_counts = np.where(weights < floor, 0, last_counts)
     hidden_counts, local_C = apply_privacy_floor(last_counts, local_C, C, floor)
     weights = np.where(hidden_counts == 0, 0, weights).astype(np.int64)
     return TaskReply(arrays=[local_C, weights], metrics={"sse": float(sse)})
+
+
+def minibatch_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+    C = _centroids(arrays, site)
+    epochs = _param(params, "epochs", int)
+    batch = _param(params, "batch-size", int)
+    beta = _param(params, "beta", float)
+    seed = _param(params, "seed", int)
+    if epochs < 1 or batch < 0 or not 0.0 < beta <= 1.0:
+        raise TaskError(f"bad mini-batch parameters: epochs {epochs}, batch-size {batch}, beta {beta}")
+    n = site.n_rows
+    full = batch == 0 or batch >= n
+    rng = np.random.default_rng(seed)  # per site and round: the server sends the seed
+    gamma = C.copy()
+    for _ in range(epochs):
+        # A full batch's order does not change the result; skip the permutation.
+        order = np.arange(n) if full else rng.permutation(n)
+        lam = kernels.minibatch_epoch(site.X, order, n if full else batch, gamma, beta)
+    lam, gamma = apply_privacy_floor(lam, gamma, C, floor)
+    return TaskReply(arrays=[gamma, lam])
+
+
+def _means_of_kept(X: np.ndarray, seeds: np.ndarray, floor: int) -> TaskReply:
+    """Means and sizes of the clusters of ``seeds`` that have at least ``floor`` members."""
+    sums, counts, _ = kernels.lloyd_stats(X, seeds)
+    keep = (counts >= floor) & (counts > 0)
+    means = sums[keep] / counts[keep, None]
+    return TaskReply(arrays=[means, counts[keep].astype(np.int64)])
+
+
+def kmeanspp_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+    k = _param(params, "k-local", int)
+    seed = _param(params, "seed", int)
+    method = str(params.get("init", "kmeans++"))
+    if k < 1:
+        raise TaskError(f"task parameter 'k-local' must be >= 1, got {k}")
+    k = min(k, site.n_rows)
+    if method == "kmeans++":
+        seeds = local.kmeans_plusplus(site.X, k, seed)
+    elif method == "random":
+        rows = np.random.default_rng(seed).choice(site.n_rows, size=k, replace=False)
+        seeds = np.asarray(site.X[np.sort(rows)], dtype=np.float64)
+    else:
+        raise TaskError(f"unknown seeding {method!r}; use 'kmeans++' or 'random'")
+    return _means_of_kept(site.X, seeds, floor)
+
+
+def prune_lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+    C = _centroids(arrays, site)
+    local_iters = _param(params, "local-iters", int)
+    tol = _param(params, "tol", float)
+    prune = bool(params.get("prune", True))
+    if local_iters < 1:
+        raise TaskError(f"task parameter 'local-iters' must be >= 1, got {local_iters}")
+    sums, counts, _ = kernels.lloyd_stats(site.X, C)
+    if prune:
+        # Drop the global clusters with no local member (FKM, Algorithm 1 lines 14-16).
+        # They had no member, so assigning to the rest gives the same statistics.
+        kept = counts > 0
+        C, sums, counts = C[kept], sums[kept], counts[kept]
+    local_C, counts = _continue_lloyd(site.X, C, sums, counts, local_iters, tol)
+    keep = counts >= floor
+    return TaskReply(arrays=[local_C[keep], counts[keep].astype(np.int64)])
 
 
 def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
@@ -152,6 +232,9 @@ TASKS: dict[str, TaskFn] = {
     "bounds": bounds,
     "local_kmeans": local_kmeans_task,
     "lloyd": lloyd_task,
+    "minibatch": minibatch_task,
+    "kmeanspp": kmeanspp_task,
+    "prune_lloyd": prune_lloyd_task,
     "evaluate": evaluate,
 }
 

@@ -6,6 +6,9 @@ import numpy as np
 
 from fedcluster.common.config import RunConfig
 from fedcluster.strategies.base import ClusteringStrategy, FederationError
+from fedcluster.strategies.fkm import FederatedKMeansPruning
+from fedcluster.strategies.kfed import KFed
+from fedcluster.strategies.minibatch import MiniBatchKMeans
 from fedcluster.strategies.weighted import WeightedFedKMeans
 
 
@@ -15,6 +18,12 @@ def make_strategy(
     """The strategy for ``config.algorithm``."""
     if config.algorithm in ("dwf", "ewf"):
         return WeightedFedKMeans(config, initial_centroids, dynamic=config.algorithm == "dwf")
+    if config.algorithm == "minibatch":
+        return MiniBatchKMeans(config, initial_centroids)
+    if config.algorithm == "kfed":
+        return KFed(config, initial_centroids)
+    if config.algorithm == "fkm":
+        return FederatedKMeansPruning(config, initial_centroids)
     raise ValueError(f"unknown algorithm {config.algorithm!r}")
 
 

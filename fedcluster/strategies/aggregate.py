@@ -72,3 +72,77 @@ def bounding_box_init(mins: np.ndarray, maxs: np.ndarray, k: int, seed: int) -> 
     hi = np.max(maxs, axis=0)
     rng = np.random.default_rng(seed)
     return lo + rng.random((k, lo.shape[0])) * (hi - lo)
+
+
+def weighted_lloyd(
+    points: np.ndarray, weights: np.ndarray, C0: np.ndarray, max_iter: int = 300, tol: float = 0.0
+) -> np.ndarray:
+    """Weighted Lloyd on centroids reported by sites, warm-started from ``C0``.
+
+    FKM's server step from round 1 on (Garst & Reinders, eq. 1): starting from the
+    previous global centroids keeps cluster indices stable and makes the rounds improve
+    monotonically instead of jumping between optima. A global cluster that no reported
+    point is nearest to keeps its centroid (the empty-cluster policy). Runs until the
+    assignment no longer changes (or ``max_iter``).
+    """
+    C = np.array(C0, dtype=np.float64, copy=True)
+    if len(points) == 0:
+        return C
+    points = np.asarray(points, dtype=np.float64)
+    weights = np.asarray(weights, dtype=np.float64)
+    labels = None
+    for _ in range(max_iter):
+        d2 = ((points[:, None, :] - C[None, :, :]) ** 2).sum(-1)
+        new_labels = d2.argmin(axis=1)
+        if labels is not None and np.array_equal(new_labels, labels):
+            break
+        labels = new_labels
+        mass = np.bincount(labels, weights=weights, minlength=len(C))
+        sums = np.zeros_like(C)
+        np.add.at(sums, labels, weights[:, None] * points)
+        moved = mass > 0
+        previous = C.copy()
+        C[moved] = sums[moved] / mass[moved, None]
+        if np.linalg.norm(C - previous) <= tol:
+            break
+    return C
+
+
+def count_weighted_mean(
+    site_centroids: np.ndarray, site_counts: np.ndarray, fallback: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gamma* = sum_i Lambda_i Gamma_i / Lambda_t per cluster (mini-batch k-means server).
+
+    Returns (Gamma*, Lambda_t); a cluster with Lambda_t = 0 takes ``fallback`` (its
+    current centroid).
+    """
+    counts = np.asarray(site_counts, dtype=np.float64)
+    totals = counts.sum(axis=0)
+    out = np.array(fallback, dtype=np.float64, copy=True)
+    has = totals > 0
+    weighted = np.einsum("sk,skd->kd", counts, site_centroids)
+    out[has] = weighted[has] / totals[has, None]
+    return out, totals
+
+
+def reseed_small_clusters(
+    C: np.ndarray, totals: np.ndarray, dead: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Move each ``dead`` cluster next to the currently largest one (splitting it).
+
+    The server holds no data points, so instead of the paper's "randomly reassigned" it
+    re-seeds a dead centroid at the largest cluster's centroid plus a small seeded
+    perturbation (1e-2 of the mean per-feature spread of the centroids); the next rounds
+    split that cluster's members between the two.
+    """
+    C = np.array(C, dtype=np.float64, copy=True)
+    mass = np.array(totals, dtype=np.float64, copy=True)
+    spread = float(np.mean(np.std(C, axis=0))) if len(C) > 1 else 1.0
+    scale = 1e-2 * (spread if spread > 0 else 1.0)
+    for j in np.flatnonzero(dead):
+        big = int(np.argmax(mass))
+        direction = rng.normal(size=C.shape[1])
+        C[j] = C[big] + scale * direction / max(np.linalg.norm(direction), 1e-300)
+        mass[big] /= 2.0
+        mass[j] = mass[big]
+    return C

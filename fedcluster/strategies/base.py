@@ -82,6 +82,9 @@ def site_order(key: str) -> tuple:
 class ClusteringStrategy(Strategy):
     """Phases, sampling, privacy floor, validation, convergence, history and n-init."""
 
+    #: False for one-shot algorithms (k-FED): evaluate right after the init round.
+    has_training = True
+
     def __init__(self, config: RunConfig, initial_centroids: np.ndarray | None = None) -> None:
         super().__init__()
         self.config = config
@@ -128,6 +131,14 @@ class ClusteringStrategy(Strategy):
     def feature_names(self) -> list[str]:
         names = [s.feature_names for s in self.sites.values() if s.feature_names]
         return names[0] if names else []
+
+    def per_site_seeds(self, *salt: int) -> dict[str, dict]:
+        """``{"seed": ...}`` per site, from the repetition's seed, ``salt`` and the
+        site's position in the stable order (so every engine draws the same)."""
+        return {
+            site.key: {"seed": int(np.random.SeedSequence([self.seed, *salt, i]).generate_state(1)[0])}
+            for i, site in enumerate(self.ordered_sites())
+        }
 
     def ordered_sites(self) -> list[Site]:
         return sorted(self.sites.values(), key=lambda s: site_order(s.key))
@@ -294,7 +305,7 @@ class ClusteringStrategy(Strategy):
             )
         self.centroids = centroids
         self.previous = centroids.copy()
-        self.phase = "train"
+        self.phase = "train" if self.has_training else "evaluate"
 
     def _admit_sites(self, replies: list[Reply]) -> None:
         widths = Counter(int(r.metrics["n-features"]) for r in replies)

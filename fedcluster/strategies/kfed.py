@@ -10,14 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.strategies.aggregate import kmeans_on_centroids
+from fedcluster.strategies.aggregate import bounding_box_init, kmeans_on_centroids
 from fedcluster.strategies.base import ClusteringStrategy, FederationError, TaskPlan
 from fedcluster.strategies.validation import Reply
-
-
-def site_seed(seed: int, index: int) -> int:
-    """A per-site seed that depends only on the run seed and the site's position."""
-    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
 
 
 def kfed_plan(strategy: ClusteringStrategy, k_local: int) -> TaskPlan:
@@ -25,10 +20,7 @@ def kfed_plan(strategy: ClusteringStrategy, k_local: int) -> TaskPlan:
     return TaskPlan(
         "local_kmeans",
         params={"k-local": k_local},
-        per_site={
-            site.key: {"seed": site_seed(strategy.seed, i)}
-            for i, site in enumerate(strategy.ordered_sites())
-        },
+        per_site=strategy.per_site_seeds(),
         max_rows=k_local,
     )
 
@@ -45,3 +37,31 @@ def kfed_reduce(replies: list[Reply], k: int, seed: int, weighted: bool) -> np.n
         raise FederationError(
             f"k-FED: {err} (after the privacy floor); use init = \"random\" or a smaller k"
         ) from None
+
+
+class KFedOrRandomInit:
+    """The initialisation shared by DWF, EWF and mini-batch k-means (a strategy mixin):
+    ``init = "kfed"`` runs the k-FED round; ``"random"`` draws k points uniformly in the
+    federated bounding box (per-site minima and maxima)."""
+
+    def init_task(self) -> TaskPlan:
+        if self.config.resolved_init == "kfed":
+            return kfed_plan(self, self.config.resolved_k_local)
+        return TaskPlan("bounds")
+
+    def reduce_init(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
+        if plan.task == "local_kmeans":
+            return kfed_reduce(replies, self.k, self.seed, self.config.resolved_weighted)
+        mins = np.stack([r.arrays[0] for r in replies])
+        maxs = np.stack([r.arrays[1] for r in replies])
+        return bounding_box_init(mins, maxs, self.k, self.seed)
+
+
+class KFed(KFedOrRandomInit, ClusteringStrategy):
+    """One-shot k-FED: the k-FED round, then the evaluation round.
+
+    ``k-local`` sets the sites' k (default k); ``weighted = true`` weights the server's
+    k-means by the local cluster sizes (k-FED proper is unweighted).
+    """
+
+    has_training = False

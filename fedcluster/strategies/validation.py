@@ -14,6 +14,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+# The shape of each task's reply: "per-cluster" = [(k, d) centroids, (k,) counts];
+# "list" = [(m, d) centroids, (m,) counts], m <= the rows asked for (clusters under the
+# privacy floor are left out, so m may be 0); "sizes" = [(k,) counts]; "bounds" =
+# [(d,) minima, (d,) maxima]; None = no arrays.
+LAYOUT = {
+    "describe": None,
+    "bounds": "bounds",
+    "lloyd": "per-cluster",
+    "minibatch": "per-cluster",
+    "local_kmeans": "list",
+    "kmeanspp": "list",
+    "prune_lloyd": "list",
+    "evaluate": "sizes",
+}
+
+
 class ReplyError(ValueError):
     """A site's reply does not validate; the message says why."""
 
@@ -98,11 +114,14 @@ def validate(
             raise ReplyError(f"n-features {n_features!r} is not a positive integer")
         return arrays
 
-    n_expected = {"bounds": 2, "local_kmeans": 2, "lloyd": 2, "evaluate": 1}[expect.task]
+    if expect.task not in LAYOUT:
+        raise ReplyError(f"no validation rule for task {expect.task!r}")
+    layout = LAYOUT[expect.task]
+    n_expected = 1 if layout == "sizes" else 2
     if len(arrays) != n_expected:
         raise ReplyError(f"sent {len(arrays)} arrays, expected {n_expected}")
 
-    if expect.task == "bounds":
+    if layout == "bounds":
         for name, a in zip(("minima", "maxima"), arrays):
             _shape(name, a, (d,))
             _finite(name, a)
@@ -110,20 +129,20 @@ def validate(
             raise ReplyError("minima exceed maxima")
         return [a.astype(np.float64) for a in arrays]
 
-    if expect.task == "evaluate":
+    if layout == "sizes":
         _shape("cluster sizes", arrays[0], (k,))
         return [_counts("cluster sizes", arrays[0], expect, n_rows)]
 
     centroids, counts = arrays
     if centroids.ndim != 2 or centroids.shape[1] != d:
         raise ReplyError(f"centroids have shape {centroids.shape}, expected (*, {d})")
-    if expect.task == "lloyd":
+    if layout == "per-cluster":
         _shape("centroids", centroids, (k, d))
     elif centroids.shape[0] > expect.max_rows:
         raise ReplyError(f"sent {centroids.shape[0]} centroids, at most {expect.max_rows} asked")
     _shape("counts", counts, (centroids.shape[0],))
     _finite("centroids", centroids)
     counts = _counts("counts", counts, expect, n_rows)
-    if expect.task == "local_kmeans" and np.any(counts == 0):
+    if layout == "list" and np.any(counts == 0):
         raise ReplyError("sent a local centroid with no members")
     return [centroids.astype(np.float64), counts]

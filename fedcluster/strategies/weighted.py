@@ -12,31 +12,19 @@ Lloyd (a test checks it to 1e-10).
 
 from __future__ import annotations
 
-from fedcluster.strategies.aggregate import bounding_box_init, momentum_step, site_weighted_mean
-from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
-from fedcluster.strategies.kfed import kfed_plan, kfed_reduce
-
 import numpy as np
 
+from fedcluster.strategies.aggregate import momentum_step, site_weighted_mean
+from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
+from fedcluster.strategies.kfed import KFedOrRandomInit
 
-class WeightedFedKMeans(ClusteringStrategy):
+
+class WeightedFedKMeans(KFedOrRandomInit, ClusteringStrategy):
     """DWF (``dynamic=True``) or EWF (``dynamic=False``) federated k-means."""
 
     def __init__(self, config, initial_centroids=None, *, dynamic: bool) -> None:
         super().__init__(config, initial_centroids)
         self.dynamic = dynamic
-
-    def init_task(self) -> TaskPlan:
-        if self.config.init == "kfed":
-            return kfed_plan(self, self.k)
-        return TaskPlan("bounds")
-
-    def reduce_init(self, plan, replies) -> np.ndarray:
-        if plan.task == "local_kmeans":
-            return kfed_reduce(replies, self.k, self.seed, self.config.weighted)
-        mins = np.stack([r.arrays[0] for r in replies])
-        maxs = np.stack([r.arrays[1] for r in replies])
-        return bounding_box_init(mins, maxs, self.k, self.seed)
 
     def train_task(self) -> TaskPlan:
         return TaskPlan(

@@ -1,0 +1,63 @@
+"""Federated mini-batch k-means.
+
+Triebe & Rajagopal, "Federated k-means: clustering algorithm and proof of concept"
+(2019); ALGORITHMS.md section 2. Each round the sampled sites run ``epochs`` passes of
+mini-batch k-means (batches of ``batch-size``, 0 = full, client learning rate ``beta``,
+batch order from a per-site per-round seed) and return their centroids Gamma_i and
+counts Lambda_i; the server forms Gamma* = sum_i Lambda_i Gamma_i / sum_i Lambda_i and
+moves C <- C + alpha (Gamma* - C), alpha = ``learning-rate``.
+
+Dead clusters: a cluster whose total count stays below ``reassign-fraction`` of the
+round's total for ``reassign-patience`` consecutive rounds is re-seeded next to the
+largest cluster (see :func:`aggregate.reseed_small_clusters`).
+
+With the full batch, one epoch, beta = 1, alpha = 1 and all sites, one round is exactly
+one central Lloyd step (a test checks it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from flwr.common.logger import log
+
+from fedcluster.strategies.aggregate import count_weighted_mean, reseed_small_clusters
+from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
+from fedcluster.strategies.kfed import KFedOrRandomInit
+
+
+class MiniBatchKMeans(KFedOrRandomInit, ClusteringStrategy):
+    """Federated mini-batch k-means with server learning rate and dead-cluster re-seeding."""
+
+    def _reset_repetition(self) -> None:
+        super()._reset_repetition()
+        self.small_streak = np.zeros(self.k, dtype=np.int64)
+        self.reseeded: list[int] = []
+
+    def train_task(self) -> TaskPlan:
+        cfg = self.config
+        return TaskPlan(
+            "minibatch",
+            params={"epochs": cfg.epochs, "batch-size": cfg.batch_size, "beta": cfg.beta},
+            arrays=[self.centroids],
+            sample=True,
+            per_site=self.per_site_seeds(self.train_round),
+        )
+
+    def reduce_train(self, plan, replies) -> np.ndarray:
+        gammas = np.stack([r.arrays[0] for r in replies])
+        lambdas = np.stack([r.arrays[1] for r in replies])
+        gamma_star, totals = count_weighted_mean(gammas, lambdas, self.centroids)
+        new = self.centroids + self.config.learning_rate * (gamma_star - self.centroids)
+        small = totals < self.config.reassign_fraction * totals.sum()
+        self.small_streak = np.where(small, self.small_streak + 1, 0)
+        dead = self.small_streak >= self.config.reassign_patience
+        if np.any(dead):
+            rng = np.random.default_rng([self.seed, self.train_round, 104729])
+            new = reseed_small_clusters(new, totals, dead, rng)
+            self.small_streak[dead] = 0
+            self.reseeded.extend(int(j) for j in np.flatnonzero(dead))
+            log(logging.INFO, "round %s: re-seeded clusters %s next to the largest one",
+                self.train_round, np.flatnonzero(dead).tolist())
+        return new
