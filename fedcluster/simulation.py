@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
+from flwr.common import parameters_to_ndarrays
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.compat.common import recorddict_compat as compat
 from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
@@ -36,9 +38,14 @@ _RUN_IDS = itertools.count(1)
 class InProcessGrid(Grid):
     """A Grid whose nodes are ClientApp calls in this process, one Context per node."""
 
-    def __init__(self, client_app, node_configs: list[dict], run_config: dict) -> None:
+    def __init__(
+        self, client_app, node_configs: list[dict], run_config: dict, recorder: list | None = None
+    ) -> None:
         self._run = Run.create_empty(next(_RUN_IDS))
         self.client_app = client_app
+        # When a list is given, every reply that leaves a site is appended to it, decoded
+        # (for audits of what crosses the trust boundary).
+        self.recorder = recorder
         # Node ids are deliberately not 0..M-1: nothing may depend on them.
         rng = np.random.default_rng(len(node_configs))
         ids = rng.choice(2**62, size=len(node_configs), replace=False) + 1
@@ -90,8 +97,23 @@ class InProcessGrid(Grid):
                 reply = self.client_app(msg, context)
             except Exception as err:  # a site crash is a failed reply, as in Flower
                 reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, repr(err)), reply_to=msg)
+            if self.recorder is not None and reply.has_content():
+                self._record(msg, reply)
             replies.append(reply)
         return replies
+
+    def _record(self, instruction: Message, reply: Message) -> None:
+        fitins = compat.recorddict_to_fitins(instruction.content, keep_input=True)
+        fitres = compat.recorddict_to_fitres(reply.content, keep_input=True)
+        self.recorder.append(
+            {
+                "node-id": instruction.metadata.dst_node_id,
+                "task": fitins.config.get("task"),
+                "arrays": parameters_to_ndarrays(fitres.parameters),
+                "metrics": dict(fitres.metrics),
+                "num-examples": fitres.num_examples,
+            }
+        )
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
         return self.pull_messages(self.push_messages(messages))
@@ -117,12 +139,15 @@ class SimulationResult:
 
 
 def run_in_process(
-    node_configs: list[dict], run_config: dict, initial_centroids: np.ndarray | None = None
+    node_configs: list[dict],
+    run_config: dict,
+    initial_centroids: np.ndarray | None = None,
+    record_replies: list | None = None,
 ) -> SimulationResult:
     """Run the real ServerApp against in-process ClientApps with these node configs."""
     full_config = {**run_config_defaults(), **run_config}
     parse_run_config(full_config)  # a bad key fails here, before any site runs
-    grid = InProcessGrid(client_module.app, node_configs, full_config)
+    grid = InProcessGrid(client_module.app, node_configs, full_config, record_replies)
     state = RecordDict()
     if initial_centroids is not None:
         state.array_records[server_module.INITIAL_CENTROIDS] = ArrayRecord(
@@ -147,6 +172,7 @@ def simulate(
     num_sites: int | None = None,
     init_centroids: np.ndarray | None = None,
     site_min_cluster_size: list[int] | None = None,
+    record_replies: list | None = None,
     **config,
 ) -> SimulationResult:
     """Run a federation in this process.
@@ -164,6 +190,9 @@ def simulate(
         Start from these centroids instead of the ``init`` round.
     site_min_cluster_size : list of int, optional
         Each site's own privacy floor (its node config ``min-cluster-size``).
+    record_replies : list, optional
+        If given, every reply that leaves a site is appended to it as a dict (``task``,
+        ``arrays``, ``metrics``, ``num-examples``, ``node-id``): what a site discloses.
     **config
         Run-config keys with ``-`` written ``_`` (``n_clusters=5``, ``local_iters=1``).
         Files are written only if ``output_dir`` is given.
@@ -193,7 +222,7 @@ def simulate(
         for cfg, floor in zip(node_configs, site_min_cluster_size, strict=True):
             cfg["min-cluster-size"] = int(floor)
     try:
-        return run_in_process(node_configs, run_config, init_centroids)
+        return run_in_process(node_configs, run_config, init_centroids, record_replies)
     finally:
         if token is not None:
             client_module.MEMORY_SITES.pop(token, None)

@@ -166,13 +166,16 @@ def minibatch_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     n = site.n_rows
     full = batch == 0 or batch >= n
     rng = np.random.default_rng(seed)  # per site and round: the server sends the seed
+    metrics = {}
+    if full:  # the score of the received centroids costs one more pass only with batches
+        metrics["sse"] = kernels.lloyd_stats(site.X, C)[2]
     gamma = C.copy()
     for _ in range(epochs):
         # A full batch's order does not change the result; skip the permutation.
         order = np.arange(n) if full else rng.permutation(n)
         lam = kernels.minibatch_epoch(site.X, order, n if full else batch, gamma, beta)
     lam, gamma = apply_privacy_floor(lam, gamma, C, floor)
-    return TaskReply(arrays=[gamma, lam])
+    return TaskReply(arrays=[gamma, lam], metrics=metrics)
 
 
 def _means_of_kept(X: np.ndarray, seeds: np.ndarray, floor: int) -> TaskReply:
@@ -207,7 +210,7 @@ def prune_lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     prune = bool(params.get("prune", True))
     if local_iters < 1:
         raise TaskError(f"task parameter 'local-iters' must be >= 1, got {local_iters}")
-    sums, counts, _ = kernels.lloyd_stats(site.X, C)
+    sums, counts, sse = kernels.lloyd_stats(site.X, C)
     if prune:
         # Drop the global clusters with no local member (FKM, Algorithm 1 lines 14-16).
         # They had no member, so assigning to the rest gives the same statistics.
@@ -215,7 +218,7 @@ def prune_lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
         C, sums, counts = C[kept], sums[kept], counts[kept]
     local_C, counts = _continue_lloyd(site.X, C, sums, counts, local_iters, tol)
     keep = counts >= floor
-    return TaskReply(arrays=[local_C[keep], counts[keep].astype(np.int64)])
+    return TaskReply(arrays=[local_C[keep], counts[keep].astype(np.int64)], metrics={"sse": float(sse)})
 
 
 def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:

@@ -132,17 +132,20 @@ def reseed_small_clusters(
 
     The server holds no data points, so instead of the paper's "randomly reassigned" it
     re-seeds a dead centroid at the largest cluster's centroid plus a small seeded
-    perturbation (1e-2 of the mean per-feature spread of the centroids); the next rounds
-    split that cluster's members between the two.
+    perturbation (1e-2 of the distance from that centroid to its nearest live
+    neighbour); the next rounds split that cluster's members between the two.
     """
     C = np.array(C, dtype=np.float64, copy=True)
     mass = np.array(totals, dtype=np.float64, copy=True)
-    spread = float(np.mean(np.std(C, axis=0))) if len(C) > 1 else 1.0
-    scale = 1e-2 * (spread if spread > 0 else 1.0)
+    live = ~np.asarray(dead, dtype=bool)
     for j in np.flatnonzero(dead):
-        big = int(np.argmax(mass))
+        big = int(np.argmax(np.where(live, mass, -np.inf)))
+        gaps = np.linalg.norm(C[live] - C[big], axis=1)
+        gaps = gaps[gaps > 0]
+        scale = 1e-2 * (gaps.min() if len(gaps) else 1.0)
         direction = rng.normal(size=C.shape[1])
         C[j] = C[big] + scale * direction / max(np.linalg.norm(direction), 1e-300)
+        live[j] = True
         mass[big] /= 2.0
         mass[j] = mass[big]
     return C

@@ -117,6 +117,10 @@ class ClusteringStrategy(Strategy):
         """New (k, d) centroids from one training round's replies."""
         raise NotImplementedError
 
+    def can_stop(self) -> bool:
+        """Whether a repetition may stop on small movement (a subclass may wait)."""
+        return True
+
     # ------------------------------------------------------------ properties
     @property
     def seed(self) -> int:
@@ -280,15 +284,18 @@ class ClusteringStrategy(Strategy):
             if self.train_round >= self.config.num_rounds:
                 self.phase = "evaluate"
             return {"movement": float("nan"), "score": float("nan")}
-        sse = sum(r.metrics.get("sse", 0.0) for r in replies)
-        rows = sum(r.n_rows for r in replies)
+        # The score of the centroids the sites received, where every site reported its SSE.
+        score = float("nan")
+        if all("sse" in r.metrics for r in replies):
+            score = sum(r.metrics["sse"] for r in replies) / sum(r.n_rows for r in replies)
         new = self.reduce_train(plan, replies)
         movement = float(np.linalg.norm(new - self.centroids))
         self.previous, self.centroids = self.centroids, new
         self.last_movement = movement
-        if movement < self.config.tol or self.train_round >= self.config.num_rounds:
+        converged = movement < self.config.tol and self.can_stop()
+        if converged or self.train_round >= self.config.num_rounds:
             self.phase = "evaluate"
-        return {"movement": movement, "score": sse / rows if rows else float("nan")}
+        return {"movement": movement, "score": score}
 
     def _begin_repetition(self) -> None:
         self._reset_repetition()

@@ -35,6 +35,10 @@ class MiniBatchKMeans(KFedOrRandomInit, ClusteringStrategy):
         self.small_streak = np.zeros(self.k, dtype=np.int64)
         self.reseeded: list[int] = []
 
+    def can_stop(self) -> bool:
+        # Not while a cluster is counting towards its re-seeding.
+        return not np.any(self.small_streak > 0)
+
     def train_task(self) -> TaskPlan:
         cfg = self.config
         return TaskPlan(

@@ -1,0 +1,208 @@
+"""Mini-batch k-means, FKM and k-FED: site tasks against slow references, server steps
+against hand-computed cases, exactness, and the papers' qualitative results."""
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+from sklearn.metrics import adjusted_rand_score
+
+import fedcluster
+import reference as ref
+from fedcluster.common.data import SiteData
+from fedcluster.common.tasks import run_task
+from fedcluster.strategies.aggregate import (
+    count_weighted_mean,
+    reseed_small_clusters,
+    weighted_lloyd,
+)
+from test_exactness import central_lloyd
+
+
+def site(X):
+    return SiteData(np.ascontiguousarray(X, dtype=np.float64), None, None, "test site")
+
+
+@pytest.fixture(scope="module")
+def blob_site():
+    rng = np.random.default_rng(3)
+    return site(np.vstack([rng.normal(c, 0.4, (60, 2)) for c in ([0, 0], [4, 0], [0, 4])]))
+
+
+# --------------------------------------------------------------- site tasks
+def test_minibatch_task_matches_reference_epochs(blob_site):
+    C = np.array([[1.0, 1.0], [3.0, 0.0], [0.0, 3.0], [30.0, 30.0]])
+    params = {"task": "minibatch", "epochs": 3, "batch-size": 16, "beta": 0.5, "seed": 9,
+              "min-cluster-size": 1}
+    gamma, lam = run_task(blob_site, [C], params, 1).arrays
+    rng = np.random.default_rng(9)
+    want = C.copy()
+    for _ in range(3):
+        want, want_lam = ref.minibatch_epoch(blob_site.X, rng.permutation(180), 16, want, 0.5)
+    np.testing.assert_allclose(gamma, want, rtol=1e-12)
+    np.testing.assert_array_equal(lam, want_lam)
+    np.testing.assert_array_equal(gamma[3], C[3])  # no member: keeps the received centroid
+    assert lam[3] == 0
+
+
+def test_kmeanspp_task_returns_means_of_seeded_clusters(blob_site):
+    reply = run_task(blob_site, [], {"task": "kmeanspp", "k-local": 3, "seed": 4,
+                                     "init": "kmeans++", "min-cluster-size": 2}, 1)
+    means, counts = reply.arrays
+    from fedcluster.common.local import kmeans_plusplus
+
+    seeds = kmeans_plusplus(blob_site.X, 3, 4)
+    labels = ((blob_site.X[:, None] - seeds[None]) ** 2).sum(-1).argmin(1)
+    want = np.array([blob_site.X[labels == j].mean(0) for j in range(3)])
+    np.testing.assert_allclose(means, want, rtol=1e-13)
+    np.testing.assert_array_equal(counts, np.bincount(labels, minlength=3))
+
+
+def test_prune_lloyd_drops_empty_globals_and_runs_one_iteration(blob_site):
+    C = np.array([[0.5, 0.5], [4.5, 0.5], [0.5, 4.5], [-40.0, -40.0]])
+    reply = run_task(blob_site, [C], {"task": "prune_lloyd", "local-iters": 1, "tol": 0.0,
+                                      "prune": True, "min-cluster-size": 1}, 1)
+    means, counts = reply.arrays
+    assert means.shape == (3, 2)  # the global cluster far away was pruned
+    np.testing.assert_allclose(means, central_lloyd(blob_site.X, C[:3], 1), rtol=1e-13)
+    # without pruning the empty cluster is kept locally but never reported (0 < p)
+    reply = run_task(blob_site, [C], {"task": "prune_lloyd", "local-iters": 1, "tol": 0.0,
+                                      "prune": False, "min-cluster-size": 1}, 1)
+    assert reply.arrays[0].shape == (3, 2)
+
+
+def test_site_under_floor_sends_nothing():
+    tiny = site(np.array([[0.0, 0.0], [10.0, 10.0], [20.0, 0.0]]))
+    C = tiny.X.copy()
+    reply = run_task(tiny, [C], {"task": "prune_lloyd", "local-iters": 1, "tol": 0.0,
+                                 "prune": True, "min-cluster-size": 2}, 1)
+    assert reply.arrays[0].shape == (0, 2) and reply.arrays[1].shape == (0,)
+
+
+# -------------------------------------------------------------- server steps
+def test_count_weighted_mean_hand_computed():
+    gammas = np.array([[[0.0], [7.0]], [[3.0], [9.0]]])
+    lambdas = np.array([[1, 0], [2, 0]])
+    out, totals = count_weighted_mean(gammas, lambdas, fallback=np.array([[5.0], [6.0]]))
+    np.testing.assert_allclose(out, [[2.0], [6.0]])  # (0 + 2*3)/3; nobody reports cluster 1
+    np.testing.assert_array_equal(totals, [3, 0])
+
+
+def test_weighted_lloyd_warm_start_and_unreported_cluster_keeps_centroid():
+    points = np.array([[0.0], [2.0], [10.0]])
+    weights = np.array([3.0, 1.0, 2.0])
+    C0 = np.array([[1.0], [9.0], [100.0]])
+    np.testing.assert_allclose(weighted_lloyd(points, weights, C0), [[0.5], [10.0], [100.0]])
+    np.testing.assert_allclose(weighted_lloyd(points[:0], weights[:0], C0), C0)
+
+
+def test_reseed_splits_largest_cluster():
+    C = np.array([[0.0, 0.0], [10.0, 0.0], [500.0, 500.0]])
+    out = reseed_small_clusters(C, np.array([10.0, 90.0, 0.0]), np.array([False, False, True]),
+                                np.random.default_rng(0))
+    np.testing.assert_array_equal(out[:2], C[:2])
+    assert 0 < np.linalg.norm(out[2] - C[1]) < 1.0
+
+
+# ---------------------------------------------------------------- federated
+@pytest.fixture(scope="module")
+def digit_sites():
+    from fedcluster.common.data import load_builtin, partition
+
+    X, y = load_builtin("digits")
+    return X, [X[rows] for rows in partition(y, 4, "dirichlet:0.5", seed=2)]
+
+
+def test_minibatch_full_batch_is_central_lloyd(digit_sites):
+    X, sites = digit_sites
+    C0 = X[np.random.default_rng(1).choice(len(X), 7, replace=False)]
+    for rounds in (1, 4):
+        r = fedcluster.simulate(sites, algorithm="minibatch", init_centroids=C0, num_rounds=rounds,
+                                n_clusters=7, batch_size=0, epochs=1, beta=1.0,
+                                learning_rate=1.0, min_cluster_size=1, tol=0.0, min_sites=4)
+        np.testing.assert_allclose(r.centroids, central_lloyd(X, C0, rounds), rtol=0, atol=1e-10)
+
+
+def test_minibatch_reseeds_dead_centroid_then_matches_central():
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0], [6.0, 0.0], [0.0, 6.0]])
+    sites = [np.vstack([rng.normal(c, 0.5, (50, 2)) for c in centres]) for _ in range(3)]
+    C0 = np.array([[3.0, 0.0], [0.0, 6.0], [200.0, 200.0]])  # one far from every point
+    r = fedcluster.simulate(sites, algorithm="minibatch", init_centroids=C0, n_clusters=3,
+                            num_rounds=40, reassign_patience=3, tol=1e-10, min_sites=3)
+    X = np.vstack(sites)
+    central = KMeans(3, n_init=10, random_state=0).fit(X).inertia_ / len(X)
+    assert r.metrics["score"] == pytest.approx(central, rel=1e-6)
+    assert np.linalg.norm(r.centroids, axis=1).max() < 20
+
+
+def paper_grid(seed, beta=0.1, n_sites=5):
+    """FKM paper sec. 4.1: 16 centres 5 apart, 50 points each from N(0, 1), dealt to
+    sites at random locations in (-12.5, 12.5)^2: site s accepts a point with
+    P = 1 - exp(-beta / d_s) (Eq. 2); a point accepted by several sites goes to one of
+    them at random. The paper does not say where a point accepted by none goes; we give
+    it to the nearest site, the reading under which a small beta (P ~ beta / d, so few
+    acceptances) gives the heterogeneous, spatially split sites of its Fig. 1c and a
+    large beta the homogeneous ones of Fig. 1e."""
+    rng = np.random.default_rng(seed)
+    g = np.arange(4) * 5.0 - 7.5
+    centres = np.array([(a, b) for a in g for b in g])
+    X = np.vstack([rng.normal(c, 1.0, (50, 2)) for c in centres])
+    y = np.repeat(np.arange(16), 50)
+    where = rng.uniform(-12.5, 12.5, (n_sites, 2))
+    dist = np.linalg.norm(X[:, None, :] - where[None], axis=2)
+    P = 1 - np.exp(-beta / dist)
+    accept = rng.random(P.shape) < P
+    owner = dist.argmin(axis=1)
+    for row in np.flatnonzero(accept.any(axis=1)):
+        owner[row] = rng.choice(np.flatnonzero(accept[row]))
+    return X, y, [np.flatnonzero(owner == s) for s in range(n_sites)]
+
+
+def test_fkm_on_paper_grid_close_to_central_and_above_kfed():
+    ari = {"central": [], "fkm": [], "kfed": []}
+    for seed in range(10):
+        X, y, parts = paper_grid(seed)
+        sites = [X[p] for p in parts]
+        order = np.concatenate(parts)
+        y_sites = y[order]
+        ari["central"].append(adjusted_rand_score(y, KMeans(16, n_init=10, random_state=seed).fit_predict(X)))
+        for alg in ("fkm", "kfed"):
+            r = fedcluster.simulate(sites, algorithm=alg, n_clusters=16, seed=seed, num_rounds=50,
+                                    min_sites=5)
+            ari[alg].append(adjusted_rand_score(y_sites, r.model.predict(X[order])))
+    mean = {k: float(np.mean(v)) for k, v in ari.items()}
+    assert abs(mean["fkm"] - mean["central"]) <= 0.05, mean
+    assert mean["fkm"] > mean["kfed"], mean
+
+
+def test_fkm_replies_never_carry_counts_under_floor():
+    X, y, parts = paper_grid(0)
+    replies = []
+    r = fedcluster.simulate([X[p] for p in parts], algorithm="fkm", n_clusters=16,
+                            min_cluster_size=5, min_sites=5, record_replies=replies)
+    counts = [a for msg in replies for a in msg["arrays"][1:2] if msg["task"] != "describe"]
+    assert counts and all(np.all(c >= 5) for c in counts if len(c))
+    assert r.metrics["score"] > 0
+
+
+def test_kfed_on_few_clusters_per_site_within_5_percent_of_central():
+    rng = np.random.default_rng(7)
+    centres = rng.uniform(-50, 50, (12, 3))
+    sites = []
+    for s in range(6):  # each site holds 2 of the 12 clusters
+        sites.append(np.vstack([rng.normal(centres[2 * s + j], 1.0, (80, 3)) for j in range(2)]))
+    X = np.vstack(sites)
+    r = fedcluster.simulate(sites, algorithm="kfed", n_clusters=12, k_local=2, min_sites=6)
+    central = KMeans(12, n_init=10, random_state=0).fit(X).inertia_ / len(X)
+    assert r.metrics["score"] <= 1.05 * central
+    assert [h["task"] for h in r.history] == ["describe", "local_kmeans", "evaluate"]
+
+
+def test_dwf_kfed_init_is_the_kfed_round():
+    rng = np.random.default_rng(8)
+    sites = [rng.normal(i, 1.0, (100, 2)) for i in range(3)]
+    kfed = fedcluster.simulate(sites, algorithm="kfed", n_clusters=4, seed=5, min_sites=3)
+    dwf = fedcluster.simulate(sites, algorithm="dwf", init="kfed", n_clusters=4, seed=5,
+                              num_rounds=1, learning_rate=1e-12, min_sites=3)
+    assert dwf.history[1]["task"] == "local_kmeans"
+    np.testing.assert_allclose(dwf.centroids, kfed.centroids, atol=1e-9)
