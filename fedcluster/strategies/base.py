@@ -169,7 +169,7 @@ class ClusteringStrategy(Strategy):
             plan = self._plan_for_phase()
             usable = [s for s in self.ordered_sites() if str(s.node_id) in available]
             if plan.sample:
-                usable = self._sample(usable, server_round)
+                usable = self._sample(usable)
             targets = {s.node_id: available[str(s.node_id)] for s in usable}
             keys = {s.node_id: s.key for s in usable}
         base = {"task": plan.task, "min-cluster-size": self.config.min_cluster_size, **plan.params}
@@ -236,7 +236,7 @@ class ClusteringStrategy(Strategy):
             return TaskPlan("evaluate", arrays=[self.centroids])
         raise RuntimeError(f"no task in phase {self.phase}")
 
-    def _sample(self, usable: list[Site], server_round: int) -> list[Site]:
+    def _sample(self, usable: list[Site]) -> list[Site]:
         m = max(1, round(self.config.fraction * len(usable)))
         if m >= len(usable):
             return usable

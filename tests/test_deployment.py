@@ -1,0 +1,201 @@
+"""A real deployment on loopback: one ``flower-superlink`` and one ``flower-supernode``
+process per site, talking over the gRPC Fleet API, each site reading its own CSV via its
+node config's ``data-path``. The run finishes and its centroids equal (to 1e-9) the
+in-process result on the same site arrays and seed; a site with a broken file is
+rejected with the file's problem while the others go on. Every test cleans up its
+processes, also when it fails (the last test fails on purpose mid-run and checks).
+
+Deployment starts a fresh ClientApp process for every message, so the child processes
+share one ``NUMBA_CACHE_DIR`` (compiled kernels) and the tests of this module one
+``FLWR_HOME``: the SuperLink and the SuperNodes install the app there, and Numba's cache
+is keyed by the installed source path.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fedcluster
+import flower_processes as fp
+from fedcluster.common.data import load_builtin, partition
+
+APP_DIR = Path(__file__).resolve().parents[1]
+CONFIG = {"n-clusters": 8, "num-rounds": 8, "min-sites": 3, "seed": 1}
+RUN_TIMEOUT = 300.0
+
+
+def py_kwargs(config: dict) -> dict:
+    """Run-config keys as ``fedcluster.simulate`` takes them (``-`` written ``_``)."""
+    return {key.replace("-", "_"): value for key, value in config.items()}
+
+
+def write_site_csv(path: Path, X: np.ndarray) -> Path:
+    header = ",".join(f"x{j}" for j in range(X.shape[1]))
+    np.savetxt(path, X, delimiter=",", header=header, comments="", fmt="%.17g")
+    return path
+
+
+def read_history_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("deployment")
+
+
+@pytest.fixture(scope="module")
+def digits_sites(module_dir) -> tuple[list[np.ndarray], list[Path]]:
+    """digits cut iid into 3 sites: the arrays, and one CSV per site."""
+    X, y = load_builtin("digits")
+    arrays = [X[rows] for rows in partition(y, 3, "iid", seed=0)]
+    data = module_dir / "data"
+    data.mkdir()
+    paths = [write_site_csv(data / f"site-{i}.csv", Xi) for i, Xi in enumerate(arrays)]
+    for Xi, path in zip(arrays, paths):  # the CSVs round-trip exactly
+        back = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+        assert np.array_equal(back, Xi)
+    return arrays, paths
+
+
+@pytest.fixture()
+def sandbox(tmp_path, module_dir, tmp_path_factory):
+    """A sandbox for this test's processes: module FLWR_HOME, session Numba cache, the
+    sites' parsed-data cache in this test's tmp dir."""
+    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"
+    numba_cache.mkdir(exist_ok=True)
+
+    def make():
+        return fp.sandbox(
+            tmp_path,
+            home=module_dir / "flwr-home",
+            NUMBA_CACHE_DIR=numba_cache,
+            FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache",
+        )
+
+    return make
+
+
+def start_federation(bed: fp.FlowerSandbox, connection: str, sites: dict[str, Path]) -> fp.SuperLink:
+    """SuperLink (gRPC Fleet API) + one SuperNode per ``site-id -> data file``."""
+    link = bed.superlink(simulation=False)
+    bed.supernodes(
+        link,
+        {
+            f"supernode-{site_id}": {"data-path": str(path), "site-id": site_id}
+            for site_id, path in sites.items()
+        },
+    )
+    bed.connect(connection, link.control_address)
+    return link
+
+
+def test_deployment_matches_in_process(sandbox, digits_sites, tmp_path):
+    arrays, paths = digits_sites
+    out = tmp_path / "outputs"
+    with sandbox() as bed:
+        start_federation(bed, "dep", {str(i): path for i, path in enumerate(paths)})
+        bed.run(APP_DIR, "dep", {**CONFIG, "output-dir": str(out), "run-name": "dep"},
+                timeout=RUN_TIMEOUT)
+    assert not fp.find_processes(tag=bed.tag, patterns=bed.patterns), "processes left behind"
+
+    model = fedcluster.Model.load(out / "dep" / "model.json")
+    harness = fedcluster.simulate(arrays, **py_kwargs(CONFIG))
+    np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(model.metrics["score"], harness.metrics["score"], rtol=1e-9)
+
+    # SuperLink side: all 3 sites answered every round
+    rows = read_history_csv(out / "dep" / "history.csv")
+    assert len(rows) == len(model.history) == len(harness.history)
+    assert [(int(r["sites-asked"]), int(r["sites-answered"]), int(r["sites-failed"]))
+            for r in rows] == [(3, 3, 0)] * len(rows)
+    assert model.metrics["n-sites"] == 3
+    assert model.metrics["rejected-sites"] == {}
+    assert model.metrics["n-rows"] == sum(len(Xi) for Xi in arrays)
+    assert model.feature_names == [f"x{j}" for j in range(arrays[0].shape[1])]
+    assert "central-score" not in model.metrics  # nobody holds the pooled data
+    # each site cached its parsed CSV (one entry per site, in FEDCLUSTER_CACHE_DIR)
+    assert len(list((tmp_path / "site-cache").glob("*.json"))) == 3
+
+
+def test_broken_site_is_rejected_and_the_run_goes_on(sandbox, digits_sites, tmp_path):
+    arrays, paths = digits_sites
+    broken = tmp_path / "site-1-broken.csv"
+    lines = paths[1].read_text().splitlines()
+    cells = lines[5].split(",")
+    cells[3] = "n/a"  # data row 5, column x3
+    lines[5] = ",".join(cells)
+    broken.write_text("\n".join(lines) + "\n")
+    # init "random" (a min/max round) and one training round keep this run short
+    config = {"n-clusters": 8, "num-rounds": 1, "min-sites": 2, "seed": 1, "init": "random"}
+    out = tmp_path / "outputs"
+    with sandbox() as bed:
+        start_federation(bed, "dep-broken", {"0": paths[0], "1": broken, "2": paths[2]})
+        bed.run(APP_DIR, "dep-broken", {**config, "output-dir": str(out), "run-name": "broken"},
+                timeout=RUN_TIMEOUT)
+    assert not fp.find_processes(tag=bed.tag, patterns=bed.patterns), "processes left behind"
+
+    model = fedcluster.Model.load(out / "broken" / "model.json")
+    assert model.metrics["n-sites"] == 2
+    rejected = model.metrics["rejected-sites"]
+    assert list(rejected) == ["1"]
+    assert str(broken) in rejected["1"]
+    assert re.search(r"\bx3\b", rejected["1"]), rejected["1"]  # the column, by name
+    assert "n/a" in rejected["1"]
+    # asked 3 to describe their data, then only the 2 good sites
+    rows = read_history_csv(out / "broken" / "history.csv")
+    got = [(r["task"], int(r["sites-asked"]), int(r["sites-answered"])) for r in rows]
+    assert got[0] == ("describe", 3, 2)
+    assert all(asked == answered == 2 for _, asked, answered in got[1:])
+    # the two good sites give what the in-process harness gives on their arrays
+    harness = fedcluster.simulate([arrays[0], arrays[2]], **py_kwargs(config))
+    np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
+
+
+def test_processes_are_cleaned_up_when_a_test_fails_mid_run(sandbox, digits_sites):
+    _, paths = digits_sites
+    with ThreadPoolExecutor(1) as pool:
+        with pytest.raises(RuntimeError, match="the test fails here"):
+            with sandbox() as bed:
+                start_federation(bed, "dep-stuck", {"0": paths[0]})
+                # min-sites 3 but one site: the ServerApp waits for sites that never come
+                run = pool.submit(bed.run, APP_DIR, "dep-stuck", {"min-sites": 3, "output-dir": ""},
+                                  timeout=RUN_TIMEOUT, log_name="stuck-run")
+                run_log = bed.log_dir / "stuck-run.log"
+                deadline = time.monotonic() + 120
+                while "waiting for 3 site(s) to connect" not in _text(run_log):
+                    if run.done():
+                        run.result()  # it should not have ended: raise what it says
+                    assert time.monotonic() < deadline, "the ServerApp did not start:\n" + _text(run_log)
+                    time.sleep(0.2)
+                in_flight = fp.find_processes(tag=bed.tag)
+                raise RuntimeError("the test fails here, with the run in flight")
+        # the sandbox stopped every process, so the run failed too, and it says why:
+        # its output and the tail of every process log
+        with pytest.raises(fp.FlowerProcessError) as failure:
+            run.result(timeout=60)
+    message = str(failure.value)
+    assert "waiting for 3 site(s) to connect" in message
+    assert "----- superlink" in message and "----- supernode-0" in message
+    # when the test failed, Flower's own children were running: the SuperLink's
+    # SuperExec (in a session of its own), the ServerApp, the SuperNode's SuperExec ...
+    running = [p.cmdline for p in in_flight]
+    assert sum("flower-superexec" in c for c in running) == 2, running
+    assert any("flwr-serverapp" in c for c in running), running
+    # ... and now nothing of this test is left, the `flwr run` CLI included
+    assert not fp.find_processes(tag=bed.tag, patterns=bed.patterns), "processes left behind"
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
