@@ -27,7 +27,7 @@ import flower_processes as fp
 from fedcluster.common.data import load_builtin, partition
 
 APP_DIR = Path(__file__).resolve().parents[1]
-CONFIG = {"n-clusters": 8, "num-rounds": 8, "min-sites": 3, "seed": 1}
+CONFIG = {"n-clusters": 8, "num-rounds": 4, "min-sites": 3, "seed": 1}
 RUN_TIMEOUT = 300.0
 
 

@@ -1,0 +1,70 @@
+"""Every algorithm of the k-means family through Flower for real: `flwr run` on the
+simulation engine (equal to the in-process harness to 1e-12), and one run each over the
+gRPC Fleet API of a real SuperLink with three SuperNodes (equal to 1e-9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fedcluster
+import flower_processes as fp
+from fedcluster.common.data import load_builtin, partition
+from test_deployment import py_kwargs, start_federation, write_site_csv
+
+APP_DIR = Path(__file__).resolve().parents[1]
+ALGORITHMS = {
+    "minibatch": {"batch-size": 64, "epochs": 2, "beta": 0.5, "learning-rate": 0.8},
+    "kfed": {"k-local": 4},
+    "fkm": {"local-iters": 2},
+}
+COMMON = {"n-clusters": 6, "num-rounds": 3, "seed": 2, "min-sites": 3}
+
+
+@pytest.fixture(scope="module")
+def numba_cache(tmp_path_factory) -> Path:
+    path = tmp_path_factory.getbasetemp() / "numba-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def test_each_algorithm_on_the_simulation_engine(tmp_path, numba_cache):
+    out = tmp_path / "outputs"
+    config = {**COMMON, "partitioning": "dirichlet:0.5"}
+    with fp.sandbox(tmp_path / "engine", NUMBA_CACHE_DIR=numba_cache) as bed:
+        link = bed.superlink(simulation=True)
+        bed.connect("sim", link.control_address)
+        for algorithm, extra in ALGORITHMS.items():
+            bed.run(APP_DIR, "sim",
+                    {**config, **extra, "algorithm": algorithm, "output-dir": str(out),
+                     "run-name": algorithm},
+                    {"num-supernodes": 4}, timeout=300, log_name=f"flwr-run-{algorithm}")
+    for algorithm, extra in ALGORITHMS.items():
+        engine = fedcluster.Model.load(out / algorithm / "model.json")
+        harness = fedcluster.simulate(num_sites=4, algorithm=algorithm,
+                                      **py_kwargs({**config, **extra}))
+        assert engine.algorithm == algorithm
+        np.testing.assert_allclose(engine.centroids, harness.centroids, rtol=0, atol=1e-12)
+        assert [h["task"] for h in engine.history] == [h["task"] for h in harness.history]
+
+
+def test_each_algorithm_over_grpc(tmp_path, numba_cache):
+    X, y = load_builtin("blobs", seed=4)
+    arrays = [X[rows] for rows in partition(y, 3, "dirichlet:1.0", seed=4)]
+    paths = {str(i): write_site_csv(tmp_path / f"site-{i}.csv", Xi) for i, Xi in enumerate(arrays)}
+    out = tmp_path / "outputs"
+    with fp.sandbox(tmp_path / "deploy", NUMBA_CACHE_DIR=numba_cache,
+                    FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache") as bed:
+        start_federation(bed, "dep", paths)
+        for algorithm, extra in ALGORITHMS.items():
+            bed.run(APP_DIR, "dep",
+                    {**COMMON, **extra, "algorithm": algorithm, "output-dir": str(out),
+                     "run-name": algorithm}, timeout=300, log_name=f"flwr-run-{algorithm}")
+    for algorithm, extra in ALGORITHMS.items():
+        model = fedcluster.Model.load(out / algorithm / "model.json")
+        harness = fedcluster.simulate(arrays, algorithm=algorithm, **py_kwargs({**COMMON, **extra}))
+        np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
+        assert model.metrics["n-sites"] == 3
+        assert all(h["sites-failed"] == 0 for h in model.history)
