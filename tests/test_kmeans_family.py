@@ -206,3 +206,17 @@ def test_dwf_kfed_init_is_the_kfed_round():
                               num_rounds=1, learning_rate=1e-12, min_sites=3)
     assert dwf.history[1]["task"] == "local_kmeans"
     np.testing.assert_allclose(dwf.centroids, kfed.centroids, atol=1e-9)
+
+
+def test_fkm_site_with_only_tiny_clusters_is_not_a_failure():
+    rng = np.random.default_rng(2)
+    big = [rng.normal(c, 0.3, (100, 2)) for c in ([0, 0], [5, 5])]
+    tiny = np.array([[0.0, 0.0], [5.0, 5.0], [0.0, 5.0]])  # 2 clusters of it: both under p = 3
+    replies = []
+    r = fedcluster.simulate([*big, tiny], algorithm="fkm", n_clusters=2, num_rounds=3,
+                            tol=0.0, min_sites=3, min_cluster_size=3, record_replies=replies)
+    assert all(h["sites-failed"] == 0 for h in r.history)
+    assert all(h["sites-answered"] == 3 for h in r.history)
+    tiny_replies = [m for m in replies if m["task"] in ("kmeanspp", "prune_lloyd")
+                    and m["num-examples"] == 3]
+    assert tiny_replies and all(m["arrays"][0].shape == (0, 2) for m in tiny_replies)
