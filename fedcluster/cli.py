@@ -39,12 +39,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if getattr(args, name, None) is not None
     }
     config.setdefault("output_dir", "outputs")
-    sites = None
     if args.data:
-        from fedcluster.common.data import load_site_file
+        # Each file is a site's data-path, loaded by the ClientApp as in a deployment.
+        from fedcluster.simulation import run_in_process
 
-        sites = [np.asarray(load_site_file(p).X) for p in args.data]
-    result = simulate(sites, num_sites=args.num_sites, **config)
+        nodes = [{"data-path": str(p), "site-id": str(i)} for i, p in enumerate(args.data)]
+        result = run_in_process(nodes, {k.replace("_", "-"): v for k, v in config.items()})
+    else:
+        result = simulate(num_sites=args.num_sites, **config)
     print(f"score {result.metrics['score']:.6g} after {result.metrics['rounds']} rounds")
     return 0
 
@@ -69,7 +71,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from fedcluster.common.data import load_site_file
     from fedcluster.common.model import Model
 
-    model = Model.load(args.model)
+    try:
+        model = Model.load(args.model)
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"{args.model}: not a fedcluster model.json ({err})") from None
     site = load_site_file(args.data, label_column=args.label_column)
     if site.n_features != model.n_features:
         raise SiteDataError(
@@ -119,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, SiteDataError, ValueError) as err:
+    except (ConfigError, SiteDataError, ValueError, OSError) as err:
         print(f"fedcluster: error: {err}", file=sys.stderr)
         return 2
 

@@ -111,8 +111,8 @@ class ClusteringWorkflow:
             context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
             cfg = ConfigRecord({"round-timeout": config.round_timeout})
             context.state.config_records[MAIN_CONFIGS_RECORD] = cfg
-            # describe + (init + num-rounds + evaluate) per repetition: a hard bound
-            max_rounds = 1 + config.n_init * (config.num_rounds + 2)
+            # describe + (init + num-rounds + evaluate) per repetition + distances
+            max_rounds = 2 + config.n_init * (config.num_rounds + 2)
             for server_round in range(1, max_rounds + 1):
                 cfg[Key.CURRENT_ROUND] = server_round
                 started = time.perf_counter()
@@ -151,13 +151,13 @@ def central_score(strategy: ClusteringStrategy) -> float | None:
 def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float | None) -> Model:
     best = strategy.best
     metrics = {
-        "score": best["score"],
-        "inertia": best["inertia"],
-        "n-rows": best["n-rows"],
+        **strategy.final_metrics,
+        "n-rows": best["stats"].n_rows,
         "n-sites": len(strategy.sites),
         "rounds": best["rounds"],
         "seed": best["seed"],
-        "cluster-sizes": [int(c) for c in best["cluster-sizes"]],
+        "cluster-sizes": [int(c) for c in best["stats"].counts],
+        "per-site": best["per-site"],
         "rejected-sites": dict(strategy.rejected),
     }
     if central is not None:

@@ -88,3 +88,12 @@ def test_unknown_run_config_key_is_named():
         run_in_process([], {"n-cluster": 3})
     with pytest.raises(ConfigError, match="'fraction'"):
         run_in_process([], {"fraction": 1.5})
+
+
+def test_site_with_other_column_names_is_rejected(tmp_path, good_sites):
+    renamed = write_csv(tmp_path / "renamed.csv", np.ones((30, 3)), header="f0,f1,dose")
+    nodes = [{"data-path": p, "site-id": f"good{i}"} for i, p in enumerate(good_sites)]
+    nodes.append({"data-path": renamed, "site-id": "renamed"})
+    result = run_in_process(nodes, {**CONFIG, "min-sites": 2})
+    assert "differ from the other sites' ['f0', 'f1', 'f2']" in result.metrics["rejected-sites"]["renamed"]
+    assert result.model.feature_names == ["f0", "f1", "f2"]

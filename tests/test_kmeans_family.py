@@ -180,8 +180,10 @@ def test_fkm_replies_never_carry_counts_under_floor():
     replies = []
     r = fedcluster.simulate([X[p] for p in parts], algorithm="fkm", n_clusters=16,
                             min_cluster_size=5, min_sites=5, record_replies=replies)
-    counts = [a for msg in replies for a in msg["arrays"][1:2] if msg["task"] != "describe"]
-    assert counts and all(np.all(c >= 5) for c in counts if len(c))
+    where = {"kmeanspp": 1, "prune_lloyd": 1, "evaluate": 0}  # the counts array per task
+    counts = [msg["arrays"][where[msg["task"]]] for msg in replies if msg["task"] in where]
+    assert len(counts) > 10
+    assert all(np.all((c == 0) | (c >= 5)) for c in counts)
     assert r.metrics["score"] > 0
 
 
@@ -195,7 +197,8 @@ def test_kfed_on_few_clusters_per_site_within_5_percent_of_central():
     r = fedcluster.simulate(sites, algorithm="kfed", n_clusters=12, k_local=2, min_sites=6)
     central = KMeans(12, n_init=10, random_state=0).fit(X).inertia_ / len(X)
     assert r.metrics["score"] <= 1.05 * central
-    assert [h["task"] for h in r.history] == ["describe", "local_kmeans", "evaluate"]
+    assert [h["task"] for h in r.history] == ["describe", "local_kmeans", "evaluate",
+                                              "evaluate_distances"]
 
 
 def test_dwf_kfed_init_is_the_kfed_round():

@@ -62,6 +62,8 @@ __all__ = [
     "lloyd_stats",
     "min_sq_dist_update",
     "minibatch_epoch",
+    "evaluation_stats",
+    "distance_to_means",
 ]
 
 # Fast-math flags, defined once and used by every kernel.
@@ -269,6 +271,87 @@ def _minibatch_epoch_impl(X, order, batch, gamma, beta, lam):
                     gamma[c, j] += step * (sums[c, j] / counts[c] - gamma[c, j])
 
 
+@njit(cache=True, fastmath=FASTMATH, parallel=True)
+def _evaluation_stats_impl(X, C, block):
+    n, d = X.shape
+    k = C.shape[0]
+    n_blocks = (n + block - 1) // block
+    sums_slab = np.zeros((n_blocks, k, d), dtype=np.float64)
+    counts_slab = np.zeros((n_blocks, k), dtype=np.int64)
+    sqnorm_slab = np.zeros((n_blocks, k), dtype=np.float64)
+    sse_slab = np.zeros(n_blocks, dtype=np.float64)
+    sil_slab = np.zeros(n_blocks, dtype=np.float64)
+    for b in prange(n_blocks):
+        start = b * block
+        stop = min(n, start + block)
+        sse = 0.0
+        sil = 0.0
+        for i in range(start, stop):
+            # nearest and second nearest centroid (simplified silhouette)
+            best = np.inf
+            second = np.inf
+            label = 0
+            for c in range(k):
+                dist = _sq_dist(X, i, C, c)
+                if dist < best:
+                    second = best
+                    best = dist
+                    label = c
+                elif dist < second:
+                    second = dist
+            counts_slab[b, label] += 1
+            sse += best
+            a = np.sqrt(best)
+            if k > 1:
+                bb = np.sqrt(second)
+                top = max(a, bb)
+                if top > 0.0:
+                    sil += (bb - a) / top
+            norm = 0.0
+            for j in range(d):
+                x = np.float64(X[i, j])
+                sums_slab[b, label, j] += x
+                norm += x * x
+            sqnorm_slab[b, label] += norm
+        sse_slab[b] = sse
+        sil_slab[b] = sil
+    sums = np.zeros((k, d), dtype=np.float64)
+    counts = np.zeros(k, dtype=np.int64)
+    sqnorms = np.zeros(k, dtype=np.float64)
+    sse = 0.0
+    sil = 0.0
+    for b in range(n_blocks):
+        sse += sse_slab[b]
+        sil += sil_slab[b]
+        for c in range(k):
+            counts[c] += counts_slab[b, c]
+            sqnorms[c] += sqnorm_slab[b, c]
+            for j in range(d):
+                sums[c, j] += sums_slab[b, c, j]
+    return sums, counts, sqnorms, sse, sil
+
+
+@njit(cache=True, fastmath=FASTMATH, parallel=True)
+def _distance_to_means_impl(X, C, means, block):
+    n = X.shape[0]
+    k = C.shape[0]
+    n_blocks = (n + block - 1) // block
+    slab = np.zeros((n_blocks, k), dtype=np.float64)
+    counts_slab = np.zeros((n_blocks, k), dtype=np.int64)
+    for b in prange(n_blocks):
+        for i in range(b * block, min(n, (b + 1) * block)):
+            label, _ = _nearest(X, i, C)
+            slab[b, label] += np.sqrt(_sq_dist(X, i, means, label))
+            counts_slab[b, label] += 1
+    out = np.zeros(k, dtype=np.float64)
+    counts = np.zeros(k, dtype=np.int64)
+    for b in range(n_blocks):
+        for c in range(k):
+            out[c] += slab[b, c]
+            counts[c] += counts_slab[b, c]
+    return out, counts
+
+
 # --------------------------------------------------------------------------
 # Python wrappers: argument checks and dtype/contiguity normalisation.
 # --------------------------------------------------------------------------
@@ -433,3 +516,30 @@ def minibatch_epoch(X, order, batch: int, gamma, beta: float) -> np.ndarray:
     lam = np.zeros(gamma.shape[0], dtype=np.int64)
     _minibatch_epoch_impl(X, order, int(batch), gamma, float(beta), lam)
     return lam
+
+
+def evaluation_stats(X, C):
+    """Sufficient statistics of the exact federated metrics (one pass).
+
+    For the assignment of X to its nearest centroid in C: per-cluster ``sums`` (k, d),
+    ``counts`` (k,), sums of squared row norms ``sqnorms`` (k,) (Calinski-Harabasz by
+    the parallel-axis identity), the ``sse`` and the sum of the simplified silhouette
+    (b - a) / max(a, b), a and b the distances to the nearest and second nearest
+    centroid (0 where both are 0, and for k = 1). Deterministic for any thread count.
+    """
+    X = _check_X(X)
+    C = _check_centres(C, X)
+    sums, counts, sqnorms, sse, sil = _evaluation_stats_impl(X, C, block_rows(X.shape[0]))
+    return sums, counts, sqnorms, float(sse), float(sil)
+
+
+def distance_to_means(X, C, means):
+    """Per cluster of the assignment to ``C``, the sum of the Euclidean distances of its
+    rows to ``means[cluster]`` (Davies-Bouldin's second pass: the means are the pooled
+    cluster means found by the first), and the cluster sizes: ``(sums, counts)``."""
+    X = _check_X(X)
+    C = _check_centres(C, X)
+    means = _check_centres(means, X, name="means")
+    if means.shape[0] != C.shape[0]:
+        raise ValueError("means must have one row per centroid")
+    return _distance_to_means_impl(X, C, means, block_rows(X.shape[0]))

@@ -58,6 +58,22 @@ class Model:
         """Mean squared distance to the nearest centroid (the global score on X)."""
         return float(np.mean(kernels.assign(self._check(X), self.centroids)[1]))
 
+    def to_sklearn(self):
+        """A fitted ``sklearn.cluster.KMeans`` with these centroids as ``cluster_centers_``
+        (so its ``predict`` equals :meth:`predict`)."""
+        from sklearn.cluster import KMeans
+
+        # Fitting on the centroids themselves from init = centroids gives a fitted
+        # estimator in one Lloyd step; the centres are then set to ours exactly.
+        model = KMeans(self.n_clusters, init=self.centroids, n_init=1, max_iter=1)
+        model.fit(self.centroids)
+        model.cluster_centers_ = self.centroids.copy()
+        model.labels_ = np.arange(self.n_clusters)
+        model.inertia_ = 0.0
+        if self.feature_names:
+            model.feature_names_in_ = np.asarray(self.feature_names, dtype=object)
+        return model
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["centroids"] = self.centroids.tolist()

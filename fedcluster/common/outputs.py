@@ -8,6 +8,9 @@ import csv
 import math
 from pathlib import Path
 
+import numpy as np
+
+from fedcluster.common.metrics import METRIC_NAMES
 from fedcluster.common.model import Model
 
 HISTORY_COLUMNS = [
@@ -32,7 +35,7 @@ def progress_line(row: dict, max_rounds: int) -> str:
         return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
 
     return (
-        f"round {row['round']:>3} [{row['task']:<12}] rep {row['repetition']} "
+        f"round {row['round']:>3} [{row['task']:<18}] rep {row['repetition']} "
         f"sites {row['sites-answered']}/{row['sites-asked']} "
         f"(failed {row['sites-failed']}) movement {num('movement', '.3e')} "
         f"score {num('score', '.6g')} {num('seconds', '.2f')}s"
@@ -48,6 +51,7 @@ def summary_table(metrics: dict) -> str:
         ("rows / sites", f"{metrics.get('n-rows')} / {metrics.get('n-sites')}"),
         ("training rounds", metrics.get("rounds")),
     ]
+    rows += [(name, metrics[name]) for name in METRIC_NAMES[2:] if name in metrics]
     central = metrics.get("central-score")
     if central is not None:
         rows += [
@@ -75,28 +79,59 @@ def write_history(path: Path, history: list[dict]) -> None:
             writer.writerow({key: row.get(key, "") for key in HISTORY_COLUMNS})
 
 
-def plot_convergence(path: Path, history: list[dict], central: float | None) -> None:
+def plot_convergence(path: Path, model: Model) -> None:
+    """Score and centroid movement per training round, and a picture of the centroids
+    (their 2 features, or the first 2 principal components of the centroids)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_score, ax_move) = plt.subplots(1, 2, figsize=(10, 4))
+    history = model.history
+    central = model.metrics.get("central-score")
+    fig, (ax_score, ax_move, ax_cent) = plt.subplots(1, 3, figsize=(15, 4.5))
     for rep in sorted({r["repetition"] for r in history}):
-        train = [r for r in history if r["repetition"] == rep and r["task"] not in ("describe", "evaluate")]
-        train = [r for r in train if r.get("score") is not None]
-        if train:
-            xs = range(1, len(train) + 1)
-            ax_score.plot(xs, [r["score"] for r in train], marker=".", label=f"repetition {rep}")
-            moves = [r["movement"] for r in train]
-            # An exactly-converged last round moves 0: show it at a floor, not at 1e-300.
-            floor = 1e-12 * max([m for m in moves if m > 0], default=1.0)
-            ax_move.semilogy(xs, [max(m, floor) for m in moves], marker=".")
+        train = [r for r in history if r["repetition"] == rep and "movement" in r
+                 and r["task"] not in ("evaluate", "evaluate_distances")]
+        if not train:
+            continue
+        xs = range(1, len(train) + 1)
+        ax_score.plot(xs, [r["score"] for r in train], marker=".", label=f"repetition {rep}")
+        moves = [r["movement"] for r in train]
+        # An exactly-converged last round moves 0: show it at a floor, not at 1e-300.
+        floor = 1e-12 * max([m for m in moves if m > 0], default=1.0)
+        ax_move.semilogy(xs, [max(m, floor) for m in moves], marker=".", label=f"repetition {rep}")
+    if "score" in model.metrics:
+        ax_score.axhline(model.metrics["score"], color="C3", linestyle=":",
+                         label="final score (all sites, evaluated)")
     if central is not None:
-        ax_score.axhline(central, color="k", linestyle="--", label="central KMeans")
-    ax_score.set(xlabel="training round", ylabel="score (inertia / N, sampled sites)", title="score")
-    ax_move.set(xlabel="training round", ylabel="||C_t - C_{t-1}||_F", title="centroid movement")
-    ax_score.legend()
+        ax_score.axhline(central, color="k", linestyle="--",
+                         label="central KMeans (simulation-only check)")
+    ax_score.set(xlabel="training round",
+                 ylabel="score = mean squared distance to nearest centroid",
+                 title="Score of the centroids each round received")
+    ax_move.set(xlabel="training round", ylabel="||C_t - C_(t-1)||_F (data units)",
+                title="Centroid movement (run stops below tol)")
+    ax_score.legend(fontsize=8)
+    ax_move.legend(fontsize=8)
+
+    C = model.centroids
+    sizes = np.asarray(model.metrics.get("cluster-sizes", [1] * len(C)), dtype=float)
+    if C.shape[1] == 2:
+        xy, axes = C, (model.feature_names or ["feature 0", "feature 1"])
+        title = "Centroids (area = cluster size)"
+    else:
+        centred = C - C.mean(axis=0)
+        _, _, vt = np.linalg.svd(centred, full_matrices=False)
+        xy = centred @ vt[:2].T if len(vt) >= 2 else np.column_stack([centred @ vt[:1].T, np.zeros(len(C))])
+        axes, title = ["PC 1 of the centroids", "PC 2 of the centroids"], "Centroids, PCA (area = cluster size)"
+    area = 30 + 300 * sizes / max(sizes.max(), 1)
+    ax_cent.scatter(xy[:, 0], xy[:, 1], s=area, alpha=0.6)
+    for j, (x, y) in enumerate(xy):
+        ax_cent.annotate(str(j), (x, y), ha="center", va="center", fontsize=8)
+    ax_cent.set(xlabel=axes[0], ylabel=axes[1], title=title)
+    fig.suptitle(f"{model.algorithm}: k = {model.n_clusters}, final score "
+                 f"{model.metrics.get('score', float('nan')):.6g}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -107,4 +142,4 @@ def write_outputs(directory: Path, model: Model) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     model.save(directory / "model.json")
     write_history(directory / "history.csv", model.history)
-    plot_convergence(directory / "convergence.png", model.history, model.metrics.get("central-score"))
+    plot_convergence(directory / "convergence.png", model)

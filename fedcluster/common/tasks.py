@@ -35,10 +35,13 @@ Tasks (the ``task`` config key):
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from flwr.common.logger import log
 
 from fedcluster.common import kernels, local
 from fedcluster.common.data import SiteData
@@ -221,11 +224,47 @@ def prune_lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     return TaskReply(arrays=[local_C[keep], counts[keep].astype(np.int64)], metrics={"sse": float(sse)})
 
 
+def _label_names(site: SiteData) -> list[str]:
+    codes = np.unique(site.labels)
+    if site.label_names is not None:
+        return [str(site.label_names[c]) for c in codes]
+    return [str(int(c)) for c in codes]
+
+
 def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
+    """Pass 1 of the exact metrics (see ``common/metrics.py``); clusters and
+    contingency cells under the floor are left out (zeros) and flagged ``hidden``."""
     C = _centroids(arrays, site)
-    _, counts, sse = kernels.lloyd_stats(site.X, C)
-    counts = np.where(counts < floor, 0, counts).astype(np.int64)
-    return TaskReply(arrays=[counts], metrics={"sse": float(sse)})
+    sums, counts, sqnorms, sse, silhouette = kernels.evaluation_stats(site.X, C)
+    # The site's own figures, unfiltered, stay in the site's own log.
+    log(logging.INFO, "site %s: score %.6g, cluster sizes %s", site.source,
+        sse / site.n_rows, counts.tolist())
+    hidden = (counts > 0) & (counts < floor)
+    counts[hidden], sums[hidden], sqnorms[hidden] = 0, 0.0, 0.0
+    reply = TaskReply(
+        arrays=[counts, sums, sqnorms, hidden.astype(np.int64)],
+        metrics={"sse": float(sse), "silhouette-sum": float(silhouette)},
+    )
+    if site.labels is not None:
+        labels = kernels.assign(site.X, C)[0]
+        codes, truth = np.unique(site.labels, return_inverse=True)
+        table = np.zeros((len(codes), C.shape[0]), dtype=np.int64)
+        np.add.at(table, (truth, labels), 1)
+        table[table < floor] = 0
+        reply.arrays.append(table)
+        reply.metrics["label-names"] = json.dumps(_label_names(site))
+    return reply
+
+
+def evaluate_distances(site: SiteData, arrays, params, floor: int) -> TaskReply:
+    """Pass 2 (Davies-Bouldin): per cluster of C, the summed distance to the pooled means."""
+    C = _centroids(arrays, site)
+    if len(arrays) != 2:
+        raise TaskError("evaluate_distances needs the centroids and the pooled cluster means")
+    means = _centroids(arrays[1:], site)
+    distances, counts = kernels.distance_to_means(site.X, C, means)
+    distances[counts < floor] = 0.0
+    return TaskReply(arrays=[distances])
 
 
 TaskFn = Callable[[SiteData, list, dict, int], TaskReply]
@@ -239,6 +278,7 @@ TASKS: dict[str, TaskFn] = {
     "kmeanspp": kmeanspp_task,
     "prune_lloyd": prune_lloyd_task,
     "evaluate": evaluate,
+    "evaluate_distances": evaluate_distances,
 }
 
 

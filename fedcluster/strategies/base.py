@@ -39,6 +39,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from fedcluster.common import metrics
 from fedcluster.common.config import RunConfig
 from fedcluster.strategies.validation import Expect, Reply, ReplyError, validate
 
@@ -97,6 +98,7 @@ class ClusteringStrategy(Strategy):
         self.phase = "describe"
         self.repetition = 0
         self.finished = False
+        self.final_metrics: dict = {}
         self._pending: tuple[TaskPlan, dict[int, str]] | None = None
         self._reset_repetition()
 
@@ -234,6 +236,9 @@ class ClusteringStrategy(Strategy):
             return self.train_task()
         if self.phase == "evaluate":
             return TaskPlan("evaluate", arrays=[self.centroids])
+        if self.phase == "distances":
+            best = self.best
+            return TaskPlan("evaluate_distances", arrays=[best["centroids"], best["stats"].means])
         raise RuntimeError(f"no task in phase {self.phase}")
 
     def _sample(self, usable: list[Site]) -> list[Site]:
@@ -275,6 +280,8 @@ class ClusteringStrategy(Strategy):
         self._require_sites(replies, plan.task)
         if plan.task == "evaluate":
             return self._finish_repetition(replies)
+        if plan.task == "evaluate_distances":
+            return self._finish_run(replies)
         if self.phase == "init":
             self._start_training(self.reduce_init(plan, replies))
             return {}
@@ -344,8 +351,24 @@ class ClusteringStrategy(Strategy):
                 )
                 continue
             log(logging.ERROR, "site %s rejected: %s", r.site_key, self.rejected[r.site_key])
+        self._check_feature_names()
         if len(self.sites) < self.config.min_sites:
             raise FederationError(self._too_few(f"{len(self.sites)} usable site(s)"))
+
+    def _check_feature_names(self) -> None:
+        """Sites that name their columns must name them alike (the majority wins)."""
+        named = [s for s in self.ordered_sites() if s.feature_names]
+        votes = Counter(tuple(s.feature_names) for s in named)
+        if len(votes) < 2:
+            return
+        names = list(max(votes, key=votes.get))
+        for site in named:
+            if site.feature_names != names:
+                del self.sites[site.key]
+                self.rejected[site.key] = (
+                    f"its columns {site.feature_names} differ from the other sites' {names}"
+                )
+                log(logging.ERROR, "site %s rejected: %s", site.key, self.rejected[site.key])
 
     def _too_few(self, what: str) -> str:
         reasons = "; ".join(f"site {k}: {v}" for k, v in self.rejected.items())
@@ -364,32 +387,64 @@ class ClusteringStrategy(Strategy):
             )
 
     def _finish_repetition(self, replies: list[Reply]) -> dict:
-        sse = sum(r.metrics["sse"] for r in replies)
-        n = sum(r.n_rows for r in replies)
-        sizes = np.sum([r.arrays[0] for r in replies], axis=0)
-        score = sse / n
+        stats = metrics.pool([_site_stats(r) for r in replies])
+        per_site = {r.site_key: _site_report(r, self.config.min_cluster_size) for r in replies}
+        score = stats.sse / stats.n_rows
         self.repetitions.append(
             {
                 "seed": self.seed,
                 "score": score,
-                "inertia": sse,
-                "n-rows": n,
+                "stats": stats,
+                "per-site": per_site,
                 "centroids": self.centroids,
-                "cluster-sizes": sizes,
                 "rounds": self.train_round,
                 "movement": self.last_movement,
-                "sites-evaluated": len(replies),
             }
         )
         if self.repetition + 1 < self.config.n_init:
             self.repetition += 1
             self._begin_repetition()
         else:
-            self.phase = "done"
-            self.finished = True
+            self.phase = "distances"
         return {"score": score}
+
+    def _finish_run(self, replies: list[Reply]) -> dict:
+        """Davies-Bouldin's second pass done: the final metrics of the best repetition."""
+        best = self.best
+        distances = np.sum([r.arrays[0] for r in replies], axis=0) if replies else None
+        self.final_metrics = metrics.compute_metrics(best["stats"], distances)
+        self.phase = "done"
+        self.finished = True
+        return {"score": self.final_metrics["score"]}
 
     @property
     def best(self) -> dict:
         """The repetition with the lowest global score."""
         return min(self.repetitions, key=lambda r: r["score"])
+
+
+def _site_stats(reply: Reply) -> dict:
+    """A validated ``evaluate`` reply as the statistics ``metrics.pool`` sums."""
+    counts, sums, sqnorms = reply.arrays[:3]
+    stats = {
+        "n_rows": reply.n_rows,
+        "sse": reply.metrics["sse"],
+        "silhouette_sum": reply.metrics["silhouette-sum"],
+        "counts": counts,
+        "sums": sums,
+        "sqnorms": sqnorms,
+    }
+    if len(reply.arrays) == 5:
+        names = json.loads(str(reply.metrics["label-names"]))
+        stats["contingency"] = dict(zip(names, reply.arrays[4]))
+    return stats
+
+
+def _site_report(reply: Reply, floor: int) -> dict:
+    """What the server shows of one site: its score and sizes, "<p" where it hid one."""
+    counts, hidden = reply.arrays[0], reply.arrays[3]
+    return {
+        "n-rows": reply.n_rows,
+        "score": reply.metrics["sse"] / reply.n_rows,
+        "cluster-sizes": [f"<{floor}" if h else int(c) for c, h in zip(counts, hidden)],
+    }

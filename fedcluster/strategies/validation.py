@@ -26,7 +26,8 @@ LAYOUT = {
     "local_kmeans": "list",
     "kmeanspp": "list",
     "prune_lloyd": "list",
-    "evaluate": "sizes",
+    "evaluate": "evaluation",
+    "evaluate_distances": "sizes",
 }
 
 
@@ -103,7 +104,9 @@ def validate(
         )
     arrays = [np.asarray(a) for a in arrays]
     d, k = expect.n_features, expect.n_clusters
-    if "sse" in metrics or expect.task in ("lloyd", "evaluate"):
+    if expect.task == "evaluate":
+        return _evaluation(arrays, metrics, expect, n_rows)
+    if "sse" in metrics or expect.task == "lloyd":
         sse = metrics.get("sse")
         if not isinstance(sse, (int, float)) or not np.isfinite(sse) or sse < 0:
             raise ReplyError(f"sse {sse!r} is not a finite non-negative number")
@@ -130,8 +133,11 @@ def validate(
         return [a.astype(np.float64) for a in arrays]
 
     if layout == "sizes":
-        _shape("cluster sizes", arrays[0], (k,))
-        return [_counts("cluster sizes", arrays[0], expect, n_rows)]
+        _shape("per-cluster values", arrays[0], (k,))
+        _finite("per-cluster values", arrays[0])
+        if np.any(arrays[0] < 0):
+            raise ReplyError("per-cluster values are negative")
+        return [arrays[0].astype(np.float64)]
 
     centroids, counts = arrays
     if centroids.ndim != 2 or centroids.shape[1] != d:
@@ -146,3 +152,40 @@ def validate(
     if layout == "list" and np.any(counts == 0):
         raise ReplyError("sent a local centroid with no members")
     return [centroids.astype(np.float64), counts]
+
+
+def _evaluation(arrays, metrics, expect: Expect, n_rows: int) -> list[np.ndarray]:
+    """Pass-1 evaluation statistics (see ``common/metrics.py``)."""
+    import json
+
+    d, k = expect.n_features, expect.n_clusters
+    for key in ("sse", "silhouette-sum"):
+        value = metrics.get(key)
+        if not isinstance(value, (int, float)) or not np.isfinite(value):
+            raise ReplyError(f"{key} {value!r} is not a finite number")
+    if metrics["sse"] < 0 or abs(metrics["silhouette-sum"]) > n_rows:
+        raise ReplyError("sse or silhouette-sum out of range")
+    with_labels = "label-names" in metrics
+    if len(arrays) != (5 if with_labels else 4):
+        raise ReplyError(f"sent {len(arrays)} arrays, expected {5 if with_labels else 4}")
+    counts, sums, sqnorms, hidden = arrays[:4]
+    _shape("cluster sizes", counts, (k,))
+    _shape("cluster sums", sums, (k, d))
+    _shape("squared norms", sqnorms, (k,))
+    _shape("hidden flags", hidden, (k,))
+    for name, a in (("cluster sums", sums), ("squared norms", sqnorms)):
+        _finite(name, a)
+    counts = _counts("cluster sizes", counts, expect, n_rows)
+    if np.any(sqnorms < 0) or not np.all(np.isin(hidden, (0, 1))):
+        raise ReplyError("negative squared norms or hidden flags other than 0/1")
+    out = [counts, sums.astype(np.float64), sqnorms.astype(np.float64), hidden.astype(bool)]
+    if with_labels:
+        try:
+            names = json.loads(str(metrics["label-names"]))
+        except ValueError:
+            raise ReplyError("label-names is not a JSON list") from None
+        table = arrays[4]
+        if not isinstance(names, list) or table.shape != (len(names), k):
+            raise ReplyError(f"contingency table of shape {table.shape} does not fit its labels")
+        out.append(_counts("contingency table", table, expect, n_rows))
+    return out

@@ -1,0 +1,77 @@
+"""`fedcluster predict` end to end (a site labels its own rows), and its error cases."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fedcluster
+from fedcluster.cli import main
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli")
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(0, 1, (80, 2)), rng.normal(9, 1, (80, 2))])
+    sites = [tmp / "s0.csv", tmp / "s1.csv"]
+    for path, rows in zip(sites, (X[::2], X[1::2])):
+        np.savetxt(path, rows, delimiter=",", header="age,dose", comments="", fmt="%.17g")
+    assert main(["simulate", "--data", str(sites[0]), str(sites[1]), "--n-clusters", "2",
+                 "--output-dir", str(tmp / "out"), "--run-name", "r"]) == 0
+    return tmp, X, fedcluster.Model.load(tmp / "out" / "r" / "model.json")
+
+
+def test_predict_labels_a_csv(trained):
+    tmp, X, model = trained
+    out = tmp / "labels.csv"
+    result = subprocess.run([sys.executable, "-m", "fedcluster.cli", "predict", "--model",
+                             str(tmp / "out" / "r" / "model.json"), "--data", str(tmp / "s0.csv"),
+                             "--out", str(out)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    labels = np.loadtxt(out, skiprows=1, dtype=int)
+    np.testing.assert_array_equal(labels, model.predict(X[::2]))
+    assert out.read_text().splitlines()[0] == "cluster"
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("age,dose,weight\n1,2,3\n", "has 3 feature columns, the model expects 2"),
+        ("age,height\n1,2\n", "header ['age', 'height'] differs from the model's features ['age', 'dose']"),
+        ("age,dose\n1,x\n", "column 'dose': 'x' is not a number"),
+        (None, "does not exist"),
+    ],
+)
+def test_predict_errors_name_the_problem(trained, tmp_path, capsys, content, message):
+    tmp, _, _ = trained
+    data = tmp_path / "bad.csv"
+    if content is not None:
+        data.write_text(content)
+    code = main(["predict", "--model", str(tmp / "out" / "r" / "model.json"), "--data", str(data),
+                 "--out", str(tmp_path / "never.csv")])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "never.csv").exists()
+
+
+def test_predict_rejects_a_bad_model_file(trained, capsys):
+    tmp, _, _ = trained
+    (tmp / "junk.json").write_text("{not json")
+    assert main(["predict", "--model", str(tmp / "junk.json"), "--data", str(tmp / "s0.csv"),
+                 "--out", str(tmp / "never.csv")]) == 2
+    assert "not a fedcluster model.json" in capsys.readouterr().err
+
+
+def test_run_writes_a_non_trivial_convergence_png(trained):
+    import matplotlib.image as mpimg
+
+    tmp, _, _ = trained
+    png = tmp / "out" / "r" / "convergence.png"
+    image = mpimg.imread(png)
+    assert image.shape[0] > 300 and image.shape[1] > 900  # three panels
+    assert len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 50  # not blank
+    history = (tmp / "out" / "r" / "history.csv").read_text().splitlines()
+    assert history[0].startswith("round,repetition,task")
+    assert len(history) >= 5  # describe, init, >= 1 training round, evaluate, distances

@@ -1,0 +1,110 @@
+"""The federated metrics equal scikit-learn's on the pooled data (a numpy reference for
+the simplified silhouette, which scikit-learn lacks), whatever the split."""
+
+import numpy as np
+import pytest
+from scipy.optimize import linear_sum_assignment
+from sklearn import metrics as skm
+
+import fedcluster
+
+
+def simplified_silhouette(X, C):
+    d = np.sqrt(((X[:, None, :] - C[None]) ** 2).sum(-1))
+    d.sort(axis=1)
+    a, b = d[:, 0], d[:, 1]
+    top = np.maximum(a, b)
+    return float(np.mean(np.where(top > 0, (b - a) / np.where(top > 0, top, 1), 0.0)))
+
+
+def split(X, y, n_sites, rng):
+    """Uneven split along the first feature (so some clusters are absent at some sites),
+    plus a site holding one row."""
+    order = np.argsort(X[:, 0])
+    if n_sites == 1:
+        return [X], [y]
+    cuts = np.sort(rng.choice(np.arange(5, len(X) - 5), n_sites - 2, replace=False))
+    parts = [order[:1]] + np.split(order[1:], cuts)
+    return [X[p] for p in parts], [y[p] for p in parts]
+
+
+@pytest.mark.parametrize("n_sites", [1, 3, 10])
+def test_federated_metrics_equal_pooled(n_sites):
+    rng = np.random.default_rng(n_sites)
+    centres = rng.uniform(-6, 6, (5, 3))
+    y = rng.integers(0, 5, 600)
+    X = centres[y] + rng.normal(0, 1.2, (600, 3)) + 40.0  # an offset tests cancellation
+    sites, labels = split(X, y, n_sites, rng)
+    r = fedcluster.simulate(sites, labels=labels, n_clusters=5, num_rounds=4, min_sites=1,
+                            min_cluster_size=1, init="random")
+    Xp, yp = np.vstack(sites), np.concatenate(labels)
+    found = r.model.predict(Xp)
+    want = {
+        "score": ((Xp - r.centroids[found]) ** 2).sum() / len(Xp),
+        "simplified-silhouette": simplified_silhouette(Xp, r.centroids),
+        "davies-bouldin": skm.davies_bouldin_score(Xp, found),
+        "calinski-harabasz": skm.calinski_harabasz_score(Xp, found),
+        "ari": skm.adjusted_rand_score(yp, found),
+        "nmi": skm.normalized_mutual_info_score(yp, found),
+        "v-measure": skm.v_measure_score(yp, found),
+        "homogeneity": skm.homogeneity_score(yp, found),
+        "completeness": skm.completeness_score(yp, found),
+    }
+    table = skm.cluster.contingency_matrix(yp, found)
+    rows, cols = linear_sum_assignment(table, maximize=True)
+    want["accuracy"] = table[rows, cols].sum() / len(yp)
+    for name, value in want.items():
+        assert r.metrics[name] == pytest.approx(value, rel=1e-9), name
+    assert r.metrics["inertia"] == pytest.approx(want["score"] * len(Xp), rel=1e-9)
+    if n_sites > 1:  # the split really left clusters out at some sites
+        sizes = [s["cluster-sizes"] for s in r.metrics["per-site"].values()]
+        assert any(0 in row for row in sizes)
+
+
+def test_string_labels_merge_across_sites_by_name(tmp_path):
+    """Each site codes its own label strings; the tables are merged by NAME (site 0 has
+    only "malignant", whose local code 0 is "benign"'s code at site 1)."""
+    from fedcluster.simulation import run_in_process
+
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(0, 1, (60, 2)), rng.normal(6, 1, (60, 2))])
+    y = np.array(["benign"] * 60 + ["malignant"] * 60)
+    parts = [np.arange(90, 120), np.arange(0, 90)]
+    nodes = []
+    for i, rows in enumerate(parts):
+        path = tmp_path / f"site{i}.csv"
+        lines = ["a,b,diag"] + [f"{a:.17g},{b:.17g},{lab}" for (a, b), lab in zip(X[rows], y[rows])]
+        path.write_text("\n".join(lines) + "\n")
+        nodes.append({"data-path": str(path), "label-column": "diag", "site-id": str(i),
+                      "cache-dir": str(tmp_path / "cache")})
+    r = run_in_process(nodes, {"n-clusters": 2, "min-cluster-size": 1, "output-dir": ""})
+    Xp, yp = X[np.concatenate(parts)], y[np.concatenate(parts)]
+    found = r.model.predict(Xp)
+    assert r.metrics["ari"] == pytest.approx(skm.adjusted_rand_score(yp, found), rel=1e-12)
+    assert r.metrics["accuracy"] > 0.9
+
+
+def test_report_never_shows_a_count_under_the_floor():
+    rng = np.random.default_rng(1)
+    sites = [np.vstack([rng.normal(0, 1, (40, 2)), rng.normal(20, 0.1, (2, 2))]),
+             rng.normal(0, 1, (60, 2))]
+    C0 = np.array([[0.0, 0.0], [20.0, 20.0]])
+    r = fedcluster.simulate(sites, init_centroids=C0, n_clusters=2, num_rounds=2,
+                            min_cluster_size=3, min_sites=2)
+    shown = r.metrics["per-site"]["0"]["cluster-sizes"]
+    assert shown[1] == "<3"
+    for report in r.metrics["per-site"].values():
+        assert all(c == "<3" or c == 0 or c >= 3 for c in report["cluster-sizes"])
+    assert all(c == 0 or c >= 3 for c in r.metrics["cluster-sizes"])
+
+
+def test_to_sklearn_predicts_like_the_model_and_the_kernel():
+    from fedcluster.common import kernels
+
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(300, 4))
+    r = fedcluster.simulate([X[:150], X[150:]], n_clusters=6, min_sites=2)
+    km = r.model.to_sklearn()
+    np.testing.assert_array_equal(km.cluster_centers_, r.centroids)
+    np.testing.assert_array_equal(km.predict(X), r.model.predict(X))
+    np.testing.assert_array_equal(r.model.predict(X), kernels.assign(X, r.centroids)[0])
