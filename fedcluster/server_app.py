@@ -111,8 +111,10 @@ class ClusteringWorkflow:
             context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
             cfg = ConfigRecord({"round-timeout": config.round_timeout})
             context.state.config_records[MAIN_CONFIGS_RECORD] = cfg
-            # describe + (init + num-rounds + evaluate) per repetition + distances
-            max_rounds = 2 + config.n_init * (config.num_rounds + 2)
+            # describe + (init + rounds + interim evaluations + evaluate) per repetition
+            # + distances
+            interim = config.num_rounds // config.eval_every if config.eval_every else 0
+            max_rounds = 2 + config.n_init * (config.num_rounds + interim + 2)
             for server_round in range(1, max_rounds + 1):
                 cfg[Key.CURRENT_ROUND] = server_round
                 started = time.perf_counter()

@@ -51,3 +51,15 @@ def test_no_reported_cluster_under_floor_end_to_end(sites):
 def test_init_centroids_shape_checked(sites):
     with pytest.raises(Exception, match="initial centroids have shape"):
         fedcluster.simulate(sites, n_clusters=4, init_centroids=np.zeros((3, 2)))
+
+
+def test_eval_every_adds_exact_evaluations(sites):
+    r = fedcluster.simulate(sites, n_clusters=4, num_rounds=6, tol=0.0, eval_every=2)
+    tasks = [h["task"] for h in r.history]
+    assert tasks.count("evaluate") == 3  # after rounds 2 and 4, and the final one
+    interim = [i for i, t in enumerate(tasks) if t == "evaluate"][:-1]
+    # an interim evaluation scores the centroids the next training round receives, over all
+    # sites: with every site sampled the two agree
+    for i in interim:
+        assert r.history[i]["score"] == pytest.approx(r.history[i + 1]["score"], rel=1e-12)
+    assert r.metrics["rounds"] == 6

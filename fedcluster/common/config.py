@@ -71,6 +71,7 @@ class RunConfig(_Strict):
     # FKM
     prune: bool = True
     round_timeout: float = Field(600.0, gt=0.0)
+    eval_every: int = Field(0, ge=0, description="an exact evaluation every N training rounds")
     # Simulation only: which built-in dataset the simulated sites partition.
     dataset: str = "digits"
     partitioning: str = "dirichlet:0.3"

@@ -234,7 +234,7 @@ class ClusteringStrategy(Strategy):
             return self.init_task()
         if self.phase == "train":
             return self.train_task()
-        if self.phase == "evaluate":
+        if self.phase in ("evaluate", "interim"):
             return TaskPlan("evaluate", arrays=[self.centroids])
         if self.phase == "distances":
             best = self.best
@@ -278,6 +278,11 @@ class ClusteringStrategy(Strategy):
             self._begin_repetition()
             return {"sites-usable": len(self.sites)}
         self._require_sites(replies, plan.task)
+        if plan.task == "evaluate" and self.phase == "interim":
+            # eval-every: the exact score of the current centroids over all sites
+            self.phase = "train"
+            stats = metrics.pool([_site_stats(r) for r in replies])
+            return {"score": stats.sse / stats.n_rows}
         if plan.task == "evaluate":
             return self._finish_repetition(replies)
         if plan.task == "evaluate_distances":
@@ -302,6 +307,8 @@ class ClusteringStrategy(Strategy):
         converged = movement < self.config.tol and self.can_stop()
         if converged or self.train_round >= self.config.num_rounds:
             self.phase = "evaluate"
+        elif self.config.eval_every and self.train_round % self.config.eval_every == 0:
+            self.phase = "interim"
         return {"movement": movement, "score": score}
 
     def _begin_repetition(self) -> None:
