@@ -13,6 +13,8 @@ import numpy as np
 from fedcluster.common.metrics import METRIC_NAMES
 from fedcluster.common.model import Model
 
+MAX_SITE_LINES = 20
+
 HISTORY_COLUMNS = [
     "round",
     "repetition",
@@ -61,6 +63,16 @@ def summary_table(metrics: dict) -> str:
     for name, value in rows:
         text = f"{value:.6g}" if isinstance(value, float) else str(value)
         lines.append(f"  {name:<32}{text:>12}")
+    per_site = metrics.get("per-site", {})
+    if per_site:
+        lines.append("  per site (sizes under the privacy floor show as <p):")
+        for key, report in list(per_site.items())[:MAX_SITE_LINES]:
+            sizes = ", ".join(str(c) for c in report["cluster-sizes"])
+            lines.append(f"    site {key}: {report['n-rows']} rows, score {report['score']:.6g}, sizes [{sizes}]")
+        if len(per_site) > MAX_SITE_LINES:
+            lines.append(f"    ... {len(per_site) - MAX_SITE_LINES} more in model.json")
+    for key, reason in metrics.get("rejected-sites", {}).items():
+        lines.append(f"  rejected site {key}: {reason}")
     if central is None:
         lines.append("  (no central baseline: the server sees no pooled data outside simulation)")
     else:
