@@ -113,3 +113,28 @@ def test_to_sklearn_predicts_like_the_model_and_the_kernel():
     np.testing.assert_array_equal(km.cluster_centers_, r.centroids)
     np.testing.assert_array_equal(km.predict(X), r.model.predict(X))
     np.testing.assert_array_equal(r.model.predict(X), kernels.assign(X, r.centroids)[0])
+
+
+def test_label_column_is_never_used_for_training(tmp_path):
+    """The same rows with and without a (very informative) label column train the same
+    centroids; the labels only add label metrics."""
+    from fedcluster.simulation import run_in_process
+
+    rng = np.random.default_rng(3)
+    data = [rng.normal(size=(50, 2)) for _ in range(2)]
+    runs = []
+    for with_label in (False, True):
+        nodes = []
+        for i, X in enumerate(data):
+            path = tmp_path / f"{with_label}-{i}.csv"
+            header = "a,b" + (",y" if with_label else "")
+            rows = [f"{a:.17g},{b:.17g}" + (f",{1000 * int(a > 0)}" if with_label else "")
+                    for a, b in X]
+            path.write_text("\n".join([header] + rows) + "\n")
+            node = {"data-path": str(path), "site-id": str(i), "cache-dir": str(tmp_path / "c")}
+            if with_label:
+                node["label-column"] = "y"
+            nodes.append(node)
+        runs.append(run_in_process(nodes, {"n-clusters": 3, "min-cluster-size": 1, "output-dir": ""}))
+    np.testing.assert_array_equal(runs[0].centroids, runs[1].centroids)
+    assert "ari" in runs[1].metrics and "ari" not in runs[0].metrics
