@@ -132,3 +132,16 @@ def minibatch_epoch(X, order, batch, gamma, beta):
                 lam[c] += len(members)
                 gamma[c] += beta * len(members) / lam[c] * (members.mean(0) - gamma[c])
     return gamma, lam
+
+
+def fcm_memberships(X, C, m):
+    """Bezdek memberships (n, k), with the exact-hit case: a row on a centre belongs to it."""
+    d = ((X[:, None, :].astype(np.float64) - C[None].astype(np.float64)) ** 2).sum(-1)
+    u = np.zeros_like(d)
+    hit = d == 0
+    has_hit = hit.any(axis=1)
+    u[has_hit, hit[has_hit].argmax(axis=1)] = 1.0
+    free = ~has_hit
+    ratio = (d[free][:, :, None] / d[free][:, None, :]) ** (1.0 / (m - 1.0))
+    u[free] = 1.0 / ratio.sum(axis=2)
+    return u

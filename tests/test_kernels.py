@@ -406,3 +406,34 @@ def test_minibatch_full_batch_beta_one_is_a_lloyd_step():
     sums, counts, _ = kernels.lloyd_stats(X, C)
     np.testing.assert_array_equal(lam, counts)
     np.testing.assert_allclose(gamma, sums / counts[:, None], rtol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("m", [1.5, 2.0, 3.0])
+def test_fcm_stats_matches_reference(dtype, threads, m):
+    rng = np.random.default_rng(int(m * 10))
+    X = rng.normal(size=(5000, 3)).astype(dtype)
+    C = np.vstack([X[7], rng.normal(size=(3, 3))]).astype(dtype)  # row 7 sits on centre 0
+    X[11] = C[2]  # and row 11 on centre 2
+    with num_threads(threads):
+        sums, weights, hard = kernels.fcm_stats(X, C, m)
+    u = ref.fcm_memberships(X, C, m)
+    assert u[7, 0] == 1.0 and u[11, 2] == 1.0
+    w = u ** m
+    np.testing.assert_allclose(weights, w.sum(0), rtol=1e-10)
+    np.testing.assert_allclose(sums, w.T @ X.astype(np.float64), rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(hard, np.bincount(u.argmax(1), minlength=4))
+
+
+def test_fcm_stats_thread_invariant_and_rejects_bad_m():
+    X = np.random.default_rng(0).normal(size=(20000, 4))
+    C = X[:5].copy()
+    with num_threads(1):
+        one = kernels.fcm_stats(X, C, 2.0)
+    with num_threads(2):
+        two = kernels.fcm_stats(X, C, 2.0)
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="fuzzifier m must be > 1"):
+        kernels.fcm_stats(X, C, 1.0)

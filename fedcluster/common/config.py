@@ -12,17 +12,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ALGORITHMS = ("dwf", "ewf", "minibatch", "kfed", "fkm")
+ALGORITHMS = ("dwf", "ewf", "minibatch", "kfed", "fkm", "ffcm")
 
 # What `init = "auto"` and `weighted = "auto"` mean for each algorithm (the papers' own
 # choices), and which initialisations an algorithm accepts.
-DEFAULT_INIT = {"dwf": "kfed", "ewf": "kfed", "minibatch": "kfed", "kfed": "kfed", "fkm": "kmeans++"}
+DEFAULT_INIT = {
+    "dwf": "kfed", "ewf": "kfed", "minibatch": "kfed", "kfed": "kfed", "fkm": "kmeans++",
+    "ffcm": "random",
+}
 ALLOWED_INIT = {
     "dwf": ("kfed", "random"),
     "ewf": ("kfed", "random"),
     "minibatch": ("kfed", "random"),
     "kfed": ("kfed",),
     "fkm": ("kmeans++", "random"),
+    "ffcm": ("random", "kfed"),
 }
 DEFAULT_WEIGHTED = {"kfed": False, "fkm": True}
 
@@ -47,7 +51,7 @@ class RunConfig(_Strict):
     Defaults here equal those in pyproject.toml; README.md documents each key.
     """
 
-    algorithm: Literal["dwf", "ewf", "minibatch", "kfed", "fkm"] = "dwf"
+    algorithm: Literal["dwf", "ewf", "minibatch", "kfed", "fkm", "ffcm"] = "dwf"
     n_clusters: int = Field(10, ge=1)
     num_rounds: int = Field(50, ge=1, description="maximum number of update rounds")
     fraction: float = Field(1.0, gt=0.0, le=1.0)
@@ -70,6 +74,9 @@ class RunConfig(_Strict):
     reassign_patience: int = Field(20, ge=1)
     # FKM
     prune: bool = True
+    # FFCM
+    fuzzifier: float = Field(2.0, gt=1.0)
+    aggregation: Literal["avg1", "avg2"] = "avg1"
     round_timeout: float = Field(600.0, gt=0.0)
     eval_every: int = Field(0, ge=0, description="an exact evaluation every N training rounds")
     # Simulation only: which built-in dataset the simulated sites partition.

@@ -64,6 +64,7 @@ __all__ = [
     "minibatch_epoch",
     "evaluation_stats",
     "distance_to_means",
+    "fcm_stats",
 ]
 
 # Fast-math flags, defined once and used by every kernel.
@@ -352,6 +353,64 @@ def _distance_to_means_impl(X, C, means, block):
     return out, counts
 
 
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def _memberships(X, i, C, exponent, u):
+    """Bezdek memberships of row i in u (k,): u_j = 1 / sum_l (d_j / d_l)^exponent with
+    d the squared distances and exponent = 1 / (m - 1); a row on a centre belongs to
+    it alone (the first such centre)."""
+    k = C.shape[0]
+    hit = -1
+    for c in range(k):
+        u[c] = _sq_dist(X, i, C, c)
+        if u[c] == 0.0 and hit < 0:
+            hit = c
+    if hit >= 0:
+        for c in range(k):
+            u[c] = 0.0
+        u[hit] = 1.0
+        return
+    total = 0.0
+    for c in range(k):
+        u[c] = u[c] ** (-exponent)
+        total += u[c]
+    for c in range(k):
+        u[c] /= total
+
+
+@njit(cache=True, fastmath=FASTMATH, parallel=True)
+def _fcm_stats_impl(X, C, m, block):
+    n, d = X.shape
+    k = C.shape[0]
+    n_blocks = (n + block - 1) // block
+    exponent = 1.0 / (m - 1.0)
+    sums_slab = np.zeros((n_blocks, k, d), dtype=np.float64)
+    weights_slab = np.zeros((n_blocks, k), dtype=np.float64)
+    hard_slab = np.zeros((n_blocks, k), dtype=np.int64)
+    for b in prange(n_blocks):
+        u = np.empty(k, dtype=np.float64)
+        for i in range(b * block, min(n, (b + 1) * block)):
+            _memberships(X, i, C, exponent, u)
+            best = 0
+            for c in range(k):
+                if u[c] > u[best]:
+                    best = c
+                w = u[c] ** m
+                weights_slab[b, c] += w
+                for j in range(d):
+                    sums_slab[b, c, j] += w * np.float64(X[i, j])
+            hard_slab[b, best] += 1
+    sums = np.zeros((k, d), dtype=np.float64)
+    weights = np.zeros(k, dtype=np.float64)
+    hard = np.zeros(k, dtype=np.int64)
+    for b in range(n_blocks):
+        for c in range(k):
+            weights[c] += weights_slab[b, c]
+            hard[c] += hard_slab[b, c]
+            for j in range(d):
+                sums[c, j] += sums_slab[b, c, j]
+    return sums, weights, hard
+
+
 # --------------------------------------------------------------------------
 # Python wrappers: argument checks and dtype/contiguity normalisation.
 # --------------------------------------------------------------------------
@@ -543,3 +602,18 @@ def distance_to_means(X, C, means):
     if means.shape[0] != C.shape[0]:
         raise ValueError("means must have one row per centroid")
     return _distance_to_means_impl(X, C, means, block_rows(X.shape[0]))
+
+
+def fcm_stats(X, C, m: float):
+    """Sufficient statistics of one fuzzy c-means step (Bezdek memberships, fuzzifier m).
+
+    Returns ``(sums, weights, hard_counts)``: sum_i u_ij^m x_i (k, d), W_j = sum_i
+    u_ij^m (k,), and the sizes of the hard assignment (argmax membership, ties to the
+    lowest index), which the privacy floor is applied to. A row that coincides with a
+    centre has membership 1 there and 0 elsewhere. Deterministic for any thread count.
+    """
+    X = _check_X(X)
+    C = _check_centres(C, X)
+    if not m > 1.0:
+        raise ValueError(f"the fuzzifier m must be > 1, got {m}")
+    return _fcm_stats_impl(X, C, float(m), block_rows(X.shape[0]))

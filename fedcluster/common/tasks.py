@@ -28,6 +28,9 @@ Tasks (the ``task`` config key):
 ``prune_lloyd``
     FKM site step: drop the global clusters with no local member, ``local-iters`` Lloyd
     iterations from the rest.
+``fcm``
+    Federated fuzzy c-means site step (Stallmann & Wilbik): ``local-iters`` fuzzy
+    c-means iterations with fuzzifier m; local centres and fuzzy weights W_j.
 ``evaluate``
     SSE and cluster sizes against the given centroids (the exact global score).
 """
@@ -224,6 +227,25 @@ def prune_lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     return TaskReply(arrays=[local_C[keep], counts[keep].astype(np.int64)], metrics={"sse": float(sse)})
 
 
+def fcm_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+    """Local centres after ``local-iters`` fuzzy c-means iterations, and W_j = sum u^m
+    against the last centres used. A centre whose hard (argmax) cluster has fewer than
+    p members is withheld like a small k-means cluster (W = 0, the received centre)."""
+    C = _centroids(arrays, site)
+    m = _param(params, "fuzzifier", float)
+    local_iters = _param(params, "local-iters", int)
+    if not m > 1.0 or local_iters < 1:
+        raise TaskError(f"bad fuzzy c-means parameters: fuzzifier {m}, local-iters {local_iters}")
+    centres = C.copy()
+    for _ in range(local_iters):
+        sums, weights, hard = kernels.fcm_stats(site.X, centres, m)
+        centres = local.update_centroids(centres, sums, weights)
+    hidden = hard < floor
+    weights[hidden] = 0.0
+    centres[hidden] = C[hidden]
+    return TaskReply(arrays=[centres, weights])
+
+
 def _label_names(site: SiteData) -> list[str]:
     codes = np.unique(site.labels)
     if site.label_names is not None:
@@ -277,6 +299,7 @@ TASKS: dict[str, TaskFn] = {
     "minibatch": minibatch_task,
     "kmeanspp": kmeanspp_task,
     "prune_lloyd": prune_lloyd_task,
+    "fcm": fcm_task,
     "evaluate": evaluate,
     "evaluate_distances": evaluate_distances,
 }

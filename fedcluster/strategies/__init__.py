@@ -7,6 +7,7 @@ import numpy as np
 from fedcluster.common.config import RunConfig
 from fedcluster.strategies.base import ClusteringStrategy, FederationError
 from fedcluster.strategies.fkm import FederatedKMeansPruning
+from fedcluster.strategies.fuzzy import FederatedFuzzyCMeans
 from fedcluster.strategies.kfed import KFed
 from fedcluster.strategies.minibatch import MiniBatchKMeans
 from fedcluster.strategies.weighted import WeightedFedKMeans
@@ -24,6 +25,8 @@ def make_strategy(
         return KFed(config, initial_centroids)
     if config.algorithm == "fkm":
         return FederatedKMeansPruning(config, initial_centroids)
+    if config.algorithm == "ffcm":
+        return FederatedFuzzyCMeans(config, initial_centroids)
     raise ValueError(f"unknown algorithm {config.algorithm!r}")
 
 

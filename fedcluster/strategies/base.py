@@ -119,6 +119,10 @@ class ClusteringStrategy(Strategy):
         """New (k, d) centroids from one training round's replies."""
         raise NotImplementedError
 
+    def movement(self, new: np.ndarray, old: np.ndarray) -> float:
+        """How far the centroids moved this round (compared with ``tol``)."""
+        return float(np.linalg.norm(new - old))
+
     def can_stop(self) -> bool:
         """Whether a repetition may stop on small movement (a subclass may wait)."""
         return True
@@ -301,7 +305,7 @@ class ClusteringStrategy(Strategy):
         if all("sse" in r.metrics for r in replies):
             score = sum(r.metrics["sse"] for r in replies) / sum(r.n_rows for r in replies)
         new = self.reduce_train(plan, replies)
-        movement = float(np.linalg.norm(new - self.centroids))
+        movement = self.movement(new, self.centroids)
         self.previous, self.centroids = self.centroids, new
         self.last_movement = movement
         converged = movement < self.config.tol and self.can_stop()

@@ -26,6 +26,7 @@ LAYOUT = {
     "local_kmeans": "list",
     "kmeanspp": "list",
     "prune_lloyd": "list",
+    "fcm": "per-cluster-weights",
     "evaluate": "evaluation",
     "evaluate_distances": "sizes",
 }
@@ -139,6 +140,16 @@ def validate(
             raise ReplyError("per-cluster values are negative")
         return [arrays[0].astype(np.float64)]
 
+    if layout == "per-cluster-weights":
+        centres, weights = arrays
+        _shape("centres", centres, (k, d))
+        _shape("fuzzy weights", weights, (k,))
+        _finite("centres", centres)
+        _finite("fuzzy weights", weights)
+        # sum_j u_ij^m <= sum_j u_ij = 1 for every row
+        if np.any(weights < 0) or weights.sum() > n_rows * (1 + 1e-9):
+            raise ReplyError(f"fuzzy weights outside [0, {n_rows}] in total")
+        return [centres.astype(np.float64), weights.astype(np.float64)]
     centroids, counts = arrays
     if centroids.ndim != 2 or centroids.shape[1] != d:
         raise ReplyError(f"centroids have shape {centroids.shape}, expected (*, {d})")

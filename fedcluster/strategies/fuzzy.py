@@ -1,0 +1,50 @@
+"""FFCM: federated fuzzy c-means.
+
+Stallmann & Wilbik, "Towards federated clustering: a federated fuzzy c-means algorithm
+(FFCM)" (2022); ALGORITHMS.md section 5. Each round every sampled site runs
+``local-iters`` fuzzy c-means iterations (fuzzifier m = ``fuzzifier``, Bezdek's
+memberships) from the global centres and returns its centres and fuzzy weights
+W_j = sum_i u_ij^m. The server aggregates with ``aggregation``:
+
+- ``avg1``: c_j = sum_l W_j^(l) c_j^(l) / sum_l W_j^(l), per index j;
+- ``avg2``: k-means with k clusters on all sites' centres, initialised at the previous
+  global centres so that indices stay stable (unweighted as in the paper;
+  ``weighted = true`` weights by W).
+
+A run stops when sum_j ||c_j,t - c_j,t-1|| <= ``tol``. Initial centres: uniform in the
+federated bounding box (``init = "random"``, seeded) or the k-FED round.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcluster.strategies.aggregate import count_weighted_mean, weighted_lloyd
+from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
+from fedcluster.strategies.kfed import KFedOrRandomInit
+
+
+class FederatedFuzzyCMeans(KFedOrRandomInit, ClusteringStrategy):
+    """FFCM with both of the paper's aggregations."""
+
+    def train_task(self) -> TaskPlan:
+        return TaskPlan(
+            "fcm",
+            params={"fuzzifier": self.config.fuzzifier, "local-iters": self.config.local_iters},
+            arrays=[self.centroids],
+            sample=True,
+        )
+
+    def movement(self, new: np.ndarray, old: np.ndarray) -> float:
+        # The paper's stopping rule: the sum of the centres' movements.
+        return float(np.linalg.norm(new - old, axis=1).sum())
+
+    def reduce_train(self, plan, replies) -> np.ndarray:
+        centres = np.stack([r.arrays[0] for r in replies])
+        weights = np.stack([r.arrays[1] for r in replies])
+        if self.config.aggregation == "avg1":
+            return count_weighted_mean(centres, weights, self.centroids)[0]
+        reported = weights > 0  # a withheld centre is only the received one: leave it out
+        points, w = centres[reported], weights[reported]
+        return weighted_lloyd(points, w if self.config.resolved_weighted else np.ones_like(w),
+                              self.centroids)
