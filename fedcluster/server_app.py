@@ -171,6 +171,7 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
         feature_names=strategy.feature_names,
         metrics=metrics,
         history=strategy.history,
+        fuzzifier=config.fuzzifier if config.algorithm == "ffcm" else None,
     )
 
 

@@ -82,3 +82,18 @@ def test_fuzzifier_must_exceed_one():
 
     with pytest.raises(ConfigError, match="fuzzifier"):
         fedcluster.simulate([np.zeros((5, 2))], algorithm="ffcm", fuzzifier=1.0)
+
+
+def test_fuzzy_model_gives_memberships_and_hard_labels(tmp_path):
+    rng = np.random.default_rng(4)
+    X = np.vstack([rng.normal(c, 0.5, (50, 2)) for c in ([0, 0], [5, 5])])
+    r = fedcluster.simulate([X[:50], X[50:]], algorithm="ffcm", n_clusters=2, fuzzifier=1.8,
+                            min_sites=2, output_dir=str(tmp_path), run_name="f")
+    model = fedcluster.Model.load(tmp_path / "f" / "model.json")
+    assert model.fuzzifier == 1.8
+    u = model.memberships(X)
+    np.testing.assert_allclose(u, ref.fcm_memberships(X, r.centroids, 1.8), rtol=1e-12)
+    np.testing.assert_allclose(u.sum(1), 1.0)
+    np.testing.assert_array_equal(u.argmax(1), model.predict(X))  # hard labels = argmax
+    with pytest.raises(ValueError, match="fuzzy c-means model"):
+        fedcluster.simulate([X[:50], X[50:]], n_clusters=2, min_sites=2).model.memberships(X)

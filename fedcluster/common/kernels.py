@@ -65,6 +65,7 @@ __all__ = [
     "evaluation_stats",
     "distance_to_means",
     "fcm_stats",
+    "fcm_memberships",
 ]
 
 # Fast-math flags, defined once and used by every kernel.
@@ -411,6 +412,16 @@ def _fcm_stats_impl(X, C, m, block):
     return sums, weights, hard
 
 
+@njit(cache=True, fastmath=FASTMATH, parallel=True)
+def _fcm_memberships_impl(X, C, m):
+    n = X.shape[0]
+    out = np.empty((n, C.shape[0]), dtype=np.float64)
+    exponent = 1.0 / (m - 1.0)
+    for i in prange(n):  # one row each: no reduction
+        _memberships(X, i, C, exponent, out[i])
+    return out
+
+
 # --------------------------------------------------------------------------
 # Python wrappers: argument checks and dtype/contiguity normalisation.
 # --------------------------------------------------------------------------
@@ -617,3 +628,13 @@ def fcm_stats(X, C, m: float):
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
     return _fcm_stats_impl(X, C, float(m), block_rows(X.shape[0]))
+
+
+def fcm_memberships(X, C, m: float) -> np.ndarray:
+    """Bezdek memberships (n, k) of every row (rows sum to 1; a row on a centre has 1
+    there)."""
+    X = _check_X(X)
+    C = _check_centres(C, X)
+    if not m > 1.0:
+        raise ValueError(f"the fuzzifier m must be > 1, got {m}")
+    return _fcm_memberships_impl(X, C, float(m))

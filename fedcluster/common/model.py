@@ -27,6 +27,7 @@ class Model:
     feature_names: list[str] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
+    fuzzifier: float | None = None  # set for fuzzy c-means models
 
     @property
     def n_clusters(self) -> int:
@@ -47,6 +48,12 @@ class Model:
     def predict(self, X) -> np.ndarray:
         """Index of the nearest centroid for each row (ties: lowest index)."""
         return kernels.assign(self._check(X), self.centroids)[0]
+
+    def memberships(self, X) -> np.ndarray:
+        """Fuzzy memberships (n, k) of a fuzzy c-means model (Bezdek, m = fuzzifier)."""
+        if self.fuzzifier is None:
+            raise ValueError("memberships need a fuzzy c-means model (algorithm 'ffcm')")
+        return kernels.fcm_memberships(self._check(X), self.centroids, self.fuzzifier)
 
     def transform(self, X) -> np.ndarray:
         """Euclidean distance of each row to each centroid, (n, k)."""
@@ -94,6 +101,7 @@ class Model:
             feature_names=data.get("feature_names", []),
             metrics=data.get("metrics", {}),
             history=data.get("history", []),
+            fuzzifier=data.get("fuzzifier"),
         )
 
     def save(self, path: str | Path) -> None:
