@@ -30,6 +30,7 @@ from fedcluster import client_app as client_module
 from fedcluster import server_app as server_module
 from fedcluster.common.config import parse_run_config, run_config_defaults
 from fedcluster.common.data import SiteData, check_site_array
+from fedcluster.common.metrics import knowledge_gap
 from fedcluster.common.model import Model
 
 _RUN_IDS = itertools.count(1)
@@ -173,6 +174,7 @@ def simulate(
     init_centroids: np.ndarray | None = None,
     site_min_cluster_size: list[int] | None = None,
     record_replies: list | None = None,
+    true_centres: np.ndarray | None = None,
     **config,
 ) -> SimulationResult:
     """Run a federation in this process.
@@ -193,6 +195,10 @@ def simulate(
     record_replies : list, optional
         If given, every reply that leaves a site is appended to it as a dict (``task``,
         ``arrays``, ``metrics``, ``num-examples``, ``node-id``): what a site discloses.
+    true_centres : (k, d) array, optional
+        The centres the data were generated from. Adds FFCM's ``knowledge-gap`` (sum of
+        distances under the optimal one-to-one matching) and ``ngap`` (gap / sqrt(d)) to
+        ``result.metrics`` (computed here, from the final centroids; not in files).
     **config
         Run-config keys with ``-`` written ``_`` (``n_clusters=5``, ``local_iters=1``).
         Files are written only if ``output_dir`` is given.
@@ -221,8 +227,16 @@ def simulate(
     if site_min_cluster_size is not None:
         for cfg, floor in zip(node_configs, site_min_cluster_size, strict=True):
             cfg["min-cluster-size"] = int(floor)
+    if true_centres is not None:
+        true_centres = np.asarray(true_centres, dtype=np.float64)
+        k = run_config.get("n-clusters", run_config_defaults()["n-clusters"])
+        if true_centres.ndim != 2 or true_centres.shape[0] != k:
+            raise ValueError(f"true_centres must be a ({k}, d) array, got {true_centres.shape}")
     try:
-        return run_in_process(node_configs, run_config, init_centroids, record_replies)
+        result = run_in_process(node_configs, run_config, init_centroids, record_replies)
     finally:
         if token is not None:
             client_module.MEMORY_SITES.pop(token, None)
+    if true_centres is not None:
+        result.metrics.update(knowledge_gap(result.centroids, true_centres))
+    return result

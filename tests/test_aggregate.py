@@ -58,3 +58,15 @@ def test_bounding_box_init_inside_federated_box():
     assert C[:, 0].min() >= 0 and C[:, 0].max() <= 4
     assert C[:, 1].min() >= -3 and C[:, 1].max() <= 5
     np.testing.assert_array_equal(C, bounding_box_init(mins, maxs, 50, seed=1))
+
+
+def test_weighted_lloyd_empty_cluster_policy():
+    from fedcluster.strategies.aggregate import weighted_lloyd
+
+    points = np.array([[0.0, 0.0], [0.0, 1.0], [10.0, 10.0]])
+    C0 = np.array([[0.0, 0.5], [10.0, 10.0], [100.0, 100.0]])  # the third gets no point
+    kept = weighted_lloyd(points, np.ones(3), C0)
+    np.testing.assert_allclose(kept, [[0.0, 0.5], [10.0, 10.0], [100.0, 100.0]])
+    moved = weighted_lloyd(points, np.ones(3), C0, empty=np.full((3, 2), 7.0))
+    np.testing.assert_allclose(moved[2], [7.0, 7.0])
+    np.testing.assert_allclose(moved[:2], kept[:2])

@@ -97,3 +97,77 @@ def test_fuzzy_model_gives_memberships_and_hard_labels(tmp_path):
     np.testing.assert_array_equal(u.argmax(1), model.predict(X))  # hard labels = argmax
     with pytest.raises(ValueError, match="fuzzy c-means model"):
         fedcluster.simulate([X[:50], X[50:]], n_clusters=2, min_sites=2).model.memberships(X)
+
+
+def paper_metrics(X, C, m):
+    """FFCM's evaluation figures on pooled data, one numpy line each."""
+    d2 = ref.sq_dists(X, C)
+    nearest = d2.min(1)
+    n_d = X.shape[0] * X.shape[1]
+    return {
+        "within-sse": nearest.sum() / n_d,
+        "outside-sse": (d2.sum() - nearest.sum()) / n_d,
+        "partition-coefficient": (ref.fcm_memberships(X, C, m) ** 2).sum(1).mean(),
+    }
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fuzzy_evaluation_sums_match_numpy(dtype, monkeypatch):
+    from fedcluster.common import tasks
+
+    monkeypatch.setattr(tasks, "_CHUNK_ROWS", 7)  # several chunks, one ragged
+    rng = np.random.default_rng(5)
+    C = np.array([[500.0, 500.0], [600.0, 600.0], [550.0, 520.0]])
+    X = np.vstack([rng.normal(500, 30, (30, 2)), C[:1]]).astype(dtype)  # a row ON a centre
+    all_sq, part = tasks.fuzzy_evaluation_sums(X, C.astype(dtype), 2.0)
+    X64 = X.astype(np.float64)
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(all_sq, ref.sq_dists(X64, C).sum(), rtol=rtol)
+    np.testing.assert_allclose(part, (ref.fcm_memberships(X64, C, 2.0) ** 2).sum(), rtol=rtol)
+
+
+def test_federated_fuzzy_metrics_equal_pooled_computation():
+    rng = np.random.default_rng(6)
+    truth = np.array([[0.0, 0.0], [4.0, 4.0], [0.0, 6.0]])
+    sites = [np.vstack([rng.normal(c, 1.0, (n, 2)) for c in truth]) for n in (30, 50, 20)]
+    r = fedcluster.simulate(sites, algorithm="ffcm", n_clusters=3, fuzzifier=1.7, min_sites=3,
+                            seed=2, true_centres=truth)
+    want = paper_metrics(np.vstack(sites), r.centroids, 1.7)
+    for name, value in want.items():
+        np.testing.assert_allclose(r.metrics[name], value, rtol=1e-10, err_msg=name)
+    assert r.metrics["knowledge-gap"] == pytest.approx(knowledge_gap(r.centroids, truth), 1e-12)
+    assert r.metrics["ngap"] == pytest.approx(r.metrics["knowledge-gap"] / np.sqrt(2), 1e-12)
+    # k-means runs carry no fuzzy figures
+    plain = fedcluster.simulate(sites, algorithm="dwf", n_clusters=3, min_sites=3)
+    assert "partition-coefficient" not in plain.metrics and "outside-sse" not in plain.metrics
+
+
+def test_knowledge_gap_is_the_best_matching():
+    from itertools import permutations
+
+    from fedcluster.common.metrics import knowledge_gap as library_gap
+
+    rng = np.random.default_rng(7)
+    found, truth = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
+    brute = min(np.linalg.norm(found[list(p)] - truth, axis=1).sum()
+                for p in permutations(range(5)))
+    gap = library_gap(found, truth)
+    assert gap["knowledge-gap"] == pytest.approx(brute, 1e-12)
+    assert gap["ngap"] == pytest.approx(brute / np.sqrt(3), 1e-12)
+    with pytest.raises(ValueError, match="shape"):
+        library_gap(found, truth[:4])
+
+
+def test_avg2_moves_a_centre_no_site_centre_is_nearest_to():
+    """A start far from the data (a corner of the box): every site's centre for that index
+    drifts towards the data and is nearer the other global centre, so the avg2 k-means
+    leaves the far centre empty. It takes its avg1 value and moves instead of freezing."""
+    rng = np.random.default_rng(8)
+    truth = np.array([[500.0, 500.0], [600.0, 600.0]])
+    X = np.vstack([rng.normal(c, 20.0, (400, 2)) for c in truth])
+    sites = np.array_split(X[rng.permutation(len(X))], 4)
+    start = np.array([[560.0, 560.0], [440.0, 680.0]])  # the second is far from the data
+    r = fedcluster.simulate(sites, algorithm="ffcm", aggregation="avg2", n_clusters=2,
+                            init_centroids=start, local_iters=5, num_rounds=100, tol=1e-6,
+                            min_sites=4, min_cluster_size=1, true_centres=truth)
+    assert r.metrics["knowledge-gap"] < 5.0, r.centroids

@@ -41,3 +41,27 @@ def test_local_kmeans_rows_bounded():
         validate([np.zeros((3, 2)), np.array([3, 4, 1])], {}, 8, expect)
     with pytest.raises(ReplyError, match="no members"):
         validate([np.zeros((2, 2)), np.array([3, 0])], {}, 8, expect)
+
+
+EVALUATION = Expect(task="evaluate", n_features=2, n_clusters=3, floor=1, declared_rows=10)
+GOOD_EVALUATION = [np.array([3, 3, 4]), np.zeros((3, 2)), np.ones(3), np.zeros(3)]
+
+
+@pytest.mark.parametrize(
+    "fuzzy, reason",
+    [
+        ({"all-sq-dist": 9.0, "partition-sum": 5.0}, None),
+        ({"all-sq-dist": 1.0, "partition-sum": 5.0}, "below the sse"),
+        ({"all-sq-dist": 9.0, "partition-sum": 11.0}, "outside"),
+        ({"all-sq-dist": 9.0, "partition-sum": 3.0}, "outside"),  # under n / k
+        ({"all-sq-dist": float("nan"), "partition-sum": 5.0}, "not a finite number"),
+        ({"all-sq-dist": 9.0}, "only one of"),
+    ],
+)
+def test_fuzzy_evaluation_sums_checked(fuzzy, reason):
+    metrics = {"sse": 4.0, "silhouette-sum": 1.0, **fuzzy}
+    if reason is None:
+        validate(GOOD_EVALUATION, metrics, 10, EVALUATION)
+        return
+    with pytest.raises(ReplyError, match=reason):
+        validate(GOOD_EVALUATION, metrics, 10, EVALUATION)

@@ -31,6 +31,13 @@ METRIC_NAMES = (
     "homogeneity",
     "completeness",
     "accuracy",
+    # FFCM (Stallmann & Wilbik; fuzzy runs only): Within/Outside SSE, partition coefficient
+    "within-sse",
+    "outside-sse",
+    "partition-coefficient",
+    # against known true centres (simulation only)
+    "knowledge-gap",
+    "ngap",
 )
 
 
@@ -45,6 +52,9 @@ class PooledStats:
     sums: np.ndarray  # (k, d)
     sqnorms: np.ndarray  # (k,)
     contingency: dict[str, np.ndarray]  # true label -> counts per cluster (k,)
+    # Fuzzy runs only: sum over rows of sum_j ||x - c_j||^2 and of sum_j u_ij^2.
+    all_sq_dist: float | None = None
+    partition_sum: float | None = None
 
     @property
     def means(self) -> np.ndarray:
@@ -69,7 +79,14 @@ def pool(site_stats: list[dict]) -> PooledStats:
         sums=np.sum([s["sums"] for s in site_stats], axis=0),
         sqnorms=np.sum([s["sqnorms"] for s in site_stats], axis=0),
         contingency=contingency,
+        all_sq_dist=_sum_if_all(site_stats, "all_sq_dist"),
+        partition_sum=_sum_if_all(site_stats, "partition_sum"),
     )
+
+
+def _sum_if_all(site_stats: list[dict], key: str) -> float | None:
+    values = [s.get(key) for s in site_stats]
+    return None if any(v is None for v in values) else float(sum(values))
 
 
 def calinski_harabasz(stats: PooledStats) -> float:
@@ -143,5 +160,43 @@ def compute_metrics(stats: PooledStats, distance_sums: np.ndarray | None) -> dic
     }
     if distance_sums is not None:
         out["davies-bouldin"] = davies_bouldin(stats, distance_sums)
+    if stats.all_sq_dist is not None:
+        out.update(fuzzy_metrics(stats))
     out.update(label_metrics(stats.contingency))
     return out
+
+
+def fuzzy_metrics(stats: PooledStats) -> dict[str, float]:
+    """FFCM's figures (ALGORITHMS.md section 5), hard labels = argmax membership =
+    nearest centre: Within SSE = SSE / (N d), Outside SSE = sum over rows of the squared
+    distances to the centres they are NOT assigned to / (N d), and the partition
+    coefficient mean_i sum_j u_ij^2 (1 = crisp, 1/k = all memberships equal)."""
+    n_d = stats.n_rows * stats.sums.shape[1]
+    return {
+        "within-sse": stats.sse / n_d,
+        "outside-sse": (stats.all_sq_dist - stats.sse) / n_d,
+        "partition-coefficient": stats.partition_sum / stats.n_rows,
+    }
+
+
+def knowledge_gap(centres: np.ndarray, true_centres: np.ndarray) -> dict[str, float]:
+    """FFCM's knowledge gap (Stallmann & Wilbik): sum_k ||c~_k - c_k|| under the optimal
+    one-to-one matching of found to true centres (Hungarian), and ngap = gap / sqrt(d).
+
+    Raises
+    ------
+    ValueError
+        If the two sets differ in shape.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    centres = np.asarray(centres, dtype=np.float64)
+    true_centres = np.asarray(true_centres, dtype=np.float64)
+    if centres.shape != true_centres.shape:
+        raise ValueError(
+            f"true centres have shape {true_centres.shape}, the model's {centres.shape}"
+        )
+    distances = np.sqrt(((centres[:, None, :] - true_centres[None, :, :]) ** 2).sum(-1))
+    rows, cols = linear_sum_assignment(distances)
+    gap = float(distances[rows, cols].sum())
+    return {"knowledge-gap": gap, "ngap": gap / np.sqrt(centres.shape[1])}

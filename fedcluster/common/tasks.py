@@ -32,7 +32,8 @@ Tasks (the ``task`` config key):
     Federated fuzzy c-means site step (Stallmann & Wilbik): ``local-iters`` fuzzy
     c-means iterations with fuzzifier m; local centres and fuzzy weights W_j.
 ``evaluate``
-    SSE and cluster sizes against the given centroids (the exact global score).
+    SSE and cluster sizes against the given centroids (the exact global score); with a
+    ``fuzzifier``, also FFCM's figures (Outside SSE, partition coefficient).
 """
 
 from __future__ import annotations
@@ -253,6 +254,30 @@ def _label_names(site: SiteData) -> list[str]:
     return [str(int(c)) for c in codes]
 
 
+# Rows per chunk of the fuzzy evaluation: bounds its temporary arrays whatever the site's size.
+_CHUNK_ROWS = 65536
+
+
+def fuzzy_evaluation_sums(X: np.ndarray, C: np.ndarray, m: float) -> tuple[float, float]:
+    """FFCM's evaluation sums over a site's rows (Stallmann & Wilbik; ALGORITHMS.md 5).
+
+    Returns ``(all_sq_dist, partition_sum)``: sum over rows and ALL k centres of
+    ||x - c_j||^2 (Outside SSE is this minus the SSE) and sum over rows of sum_j u_ij^2
+    (the partition coefficient's numerator). The first uses
+    sum_j ||x - c_j||^2 = k ||x - cbar||^2 + sum_j ||c_j - cbar||^2 (cbar = mean of the
+    centres), which has no cancellation when the data sit far from the origin.
+    """
+    k = C.shape[0]
+    cbar = C.mean(axis=0)
+    spread = float(((C - cbar) ** 2).sum())
+    all_sq_dist, partition_sum = 0.0, 0.0
+    for start in range(0, X.shape[0], _CHUNK_ROWS):
+        rows = X[start:start + _CHUNK_ROWS]
+        all_sq_dist += k * float(((rows - cbar) ** 2).sum()) + rows.shape[0] * spread
+        partition_sum += float((kernels.fcm_memberships(rows, C, m) ** 2).sum())
+    return all_sq_dist, partition_sum
+
+
 def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
     """Pass 1 of the exact metrics (see ``common/metrics.py``); clusters and
     contingency cells under the floor are left out (zeros) and flagged ``hidden``."""
@@ -267,6 +292,13 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
         arrays=[counts, sums, sqnorms, hidden.astype(np.int64)],
         metrics={"sse": float(sse), "silhouette-sum": float(silhouette)},
     )
+    if "fuzzifier" in params:
+        m = _param(params, "fuzzifier", float)
+        if not m > 1.0:
+            raise TaskError(f"bad fuzzifier {m} for the fuzzy evaluation")
+        all_sq_dist, partition_sum = fuzzy_evaluation_sums(site.X, C, m)
+        reply.metrics["all-sq-dist"] = all_sq_dist
+        reply.metrics["partition-sum"] = partition_sum
     if site.labels is not None:
         labels = kernels.assign(site.X, C)[0]
         codes, truth = np.unique(site.labels, return_inverse=True)

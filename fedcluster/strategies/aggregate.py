@@ -75,15 +75,21 @@ def bounding_box_init(mins: np.ndarray, maxs: np.ndarray, k: int, seed: int) -> 
 
 
 def weighted_lloyd(
-    points: np.ndarray, weights: np.ndarray, C0: np.ndarray, max_iter: int = 300, tol: float = 0.0
+    points: np.ndarray,
+    weights: np.ndarray,
+    C0: np.ndarray,
+    max_iter: int = 300,
+    tol: float = 0.0,
+    empty: np.ndarray | None = None,
 ) -> np.ndarray:
     """Weighted Lloyd on centroids reported by sites, warm-started from ``C0``.
 
     FKM's server step from round 1 on (Garst & Reinders, eq. 1): starting from the
     previous global centroids keeps cluster indices stable and makes the rounds improve
     monotonically instead of jumping between optima. A global cluster that no reported
-    point is nearest to keeps its centroid (the empty-cluster policy). Runs until the
-    assignment no longer changes (or ``max_iter``).
+    point is nearest to keeps its centroid, or moves to its row of ``empty`` when given
+    (the empty-cluster policy; FFCM's avg2 passes the avg1 centres, see ``fuzzy.py``).
+    Runs until the assignment no longer changes (or ``max_iter``).
     """
     C = np.array(C0, dtype=np.float64, copy=True)
     if len(points) == 0:
@@ -103,6 +109,8 @@ def weighted_lloyd(
         moved = mass > 0
         previous = C.copy()
         C[moved] = sums[moved] / mass[moved, None]
+        if empty is not None:
+            C[~moved] = empty[~moved]
         if np.linalg.norm(C - previous) <= tol:
             break
     return C

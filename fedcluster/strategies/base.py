@@ -123,6 +123,10 @@ class ClusteringStrategy(Strategy):
         """How far the centroids moved this round (compared with ``tol``)."""
         return float(np.linalg.norm(new - old))
 
+    def evaluation_params(self) -> dict:
+        """Extra parameters of the ``evaluate`` task (FFCM asks for its fuzzy figures)."""
+        return {}
+
     def can_stop(self) -> bool:
         """Whether a repetition may stop on small movement (a subclass may wait)."""
         return True
@@ -239,7 +243,7 @@ class ClusteringStrategy(Strategy):
         if self.phase == "train":
             return self.train_task()
         if self.phase in ("evaluate", "interim"):
-            return TaskPlan("evaluate", arrays=[self.centroids])
+            return TaskPlan("evaluate", params=self.evaluation_params(), arrays=[self.centroids])
         if self.phase == "distances":
             best = self.best
             return TaskPlan("evaluate_distances", arrays=[best["centroids"], best["stats"].means])
@@ -445,6 +449,9 @@ def _site_stats(reply: Reply) -> dict:
         "sums": sums,
         "sqnorms": sqnorms,
     }
+    if "all-sq-dist" in reply.metrics:
+        stats["all_sq_dist"] = reply.metrics["all-sq-dist"]
+        stats["partition_sum"] = reply.metrics["partition-sum"]
     if len(reply.arrays) == 5:
         names = json.loads(str(reply.metrics["label-names"]))
         stats["contingency"] = dict(zip(names, reply.arrays[4]))

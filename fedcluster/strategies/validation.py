@@ -165,6 +165,19 @@ def validate(
     return [centroids.astype(np.float64), counts]
 
 
+def _fuzzy_sums(metrics: dict, n_rows: int, k: int) -> None:
+    """FFCM's evaluation sums: all-sq-dist >= sse (the nearest centre is one of all k)
+    and sum_j u_ij^2 in [1/k, 1] for every row."""
+    all_sq_dist, partition_sum = metrics["all-sq-dist"], metrics["partition-sum"]
+    for key, value in (("all-sq-dist", all_sq_dist), ("partition-sum", partition_sum)):
+        if not isinstance(value, (int, float)) or not np.isfinite(value):
+            raise ReplyError(f"{key} {value!r} is not a finite number")
+    if all_sq_dist < metrics["sse"] * (1 - 1e-9):
+        raise ReplyError(f"all-sq-dist {all_sq_dist} is below the sse {metrics['sse']}")
+    if not n_rows / k * (1 - 1e-9) <= partition_sum <= n_rows * (1 + 1e-9):
+        raise ReplyError(f"partition-sum {partition_sum} outside [{n_rows}/{k}, {n_rows}]")
+
+
 def _evaluation(arrays, metrics, expect: Expect, n_rows: int) -> list[np.ndarray]:
     """Pass-1 evaluation statistics (see ``common/metrics.py``)."""
     import json
@@ -176,6 +189,10 @@ def _evaluation(arrays, metrics, expect: Expect, n_rows: int) -> list[np.ndarray
             raise ReplyError(f"{key} {value!r} is not a finite number")
     if metrics["sse"] < 0 or abs(metrics["silhouette-sum"]) > n_rows:
         raise ReplyError("sse or silhouette-sum out of range")
+    if ("all-sq-dist" in metrics) != ("partition-sum" in metrics):
+        raise ReplyError("sent only one of all-sq-dist and partition-sum")
+    if "all-sq-dist" in metrics:
+        _fuzzy_sums(metrics, n_rows, k)
     with_labels = "label-names" in metrics
     if len(arrays) != (5 if with_labels else 4):
         raise ReplyError(f"sent {len(arrays)} arrays, expected {5 if with_labels else 4}")

@@ -1,0 +1,32 @@
+"""The benchmark scripts keep working: each runs at its smallest size and writes its
+section of BENCHMARKS.md (the figures themselves belong to bench/, not to tests)."""
+
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import ffcm_paper  # noqa: E402
+import report  # noqa: E402
+
+
+def test_write_section_replaces_its_own_section_only(tmp_path):
+    path = tmp_path / "BENCHMARKS.md"
+    report.write_section("a", "first A", path)
+    report.write_section("b", "only B", path)
+    report.write_section("a", "second A", path)
+    text = path.read_text()
+    assert "second A" in text and "first A" not in text and "only B" in text
+    assert text.count("<!-- a -->") == 1 and text.index("<!-- a -->") < text.index("<!-- b -->")
+
+
+def test_ffcm_paper_writes_its_table(tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    ffcm_paper.main(["--seeds", "1", "--cases", "1", "--out", str(out)])
+    text = out.read_text()
+    assert "### Case 1 (Table 2)" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 3 clients"))
+    assert len(row.strip("|").split("|")) == 18  # setting, 3 methods x 5, 2 round counts
+    assert "(0.3588)" in row and "(3.7041)" in row  # the paper's numbers beside ours
+    assert "Made by `python" in text and "cores" in text
