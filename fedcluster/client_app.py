@@ -113,6 +113,9 @@ class SiteClient(NumPyClient):
         metrics["site-key"] = self.key
         if task == "describe":
             metrics.update(self._provenance)
+            # Whether the site key is stable (site-id or partition-id) or a node id.
+            metrics["site-id-given"] = (
+                self.node.site_id is not None or self.node.partition_id is not None)
         return reply.arrays, site.n_rows, metrics
 
 

@@ -111,11 +111,7 @@ class ClusteringWorkflow:
             context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
             cfg = ConfigRecord({"round-timeout": config.round_timeout})
             context.state.config_records[MAIN_CONFIGS_RECORD] = cfg
-            # describe + (init + rounds + interim evaluations + evaluate) per repetition
-            # + distances
-            interim = config.num_rounds // config.eval_every if config.eval_every else 0
-            max_rounds = 2 + config.n_init * (config.num_rounds + interim + 2)
-            for server_round in range(1, max_rounds + 1):
+            for server_round in range(1, strategy.max_server_rounds() + 1):
                 cfg[Key.CURRENT_ROUND] = server_round
                 started = time.perf_counter()
                 self.fit_workflow(grid, context)
@@ -164,6 +160,10 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
     }
     if central is not None:
         metrics["central-score"] = central
+    if "site-centroids" in best:  # GTV: the sites' own models and how they fit the federation
+        metrics.update({"site-scores": best["site-scores"], "consensus": config.consensus,
+                        "consensus-site": best["consensus-site"],
+                        "gtv-per-edge": best["gtv-per-edge"]})
     return Model(
         centroids=best["centroids"],
         algorithm=config.algorithm,
@@ -172,6 +172,7 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
         metrics=metrics,
         history=strategy.history,
         fuzzifier=config.fuzzifier if config.algorithm == "ffcm" else None,
+        site_centroids=best.get("site-centroids"),
     )
 
 

@@ -145,3 +145,34 @@ def fcm_memberships(X, C, m):
     ratio = (d[free][:, :, None] / d[free][:, None, :]) ** (1.0 / (m - 1.0))
     u[free] = 1.0 / ratio.sum(axis=2)
     return u
+
+
+def gtv_update(X, W, N, alpha, floor=1):
+    """GTVMin E1-E3 and M (ALGORITHMS.md section 6), loop by loop, as printed there."""
+    X64 = np.asarray(X, dtype=np.float64)
+    W = np.asarray(W, dtype=np.float64)
+    k, d = W.shape
+    labels, dist = assign(X, W.astype(np.asarray(X).dtype))  # E1
+    counts = np.bincount(labels, minlength=k)
+    num = np.zeros((k, d))
+    den = np.zeros(k)
+    for c in range(k):
+        if counts[c] >= floor:
+            num[c] += X64[labels == c].sum(0)
+            den[c] += counts[c]
+    gtv = 0.0
+    for Nj in np.asarray(N, dtype=np.float64):
+        to_local = sq_dists(Nj, W)  # (k', k)
+        for cp in range(len(Nj)):  # E2: a(i', c') = nearest local centroid
+            a = int(np.argmin(to_local[cp]))
+            num[a] += alpha * Nj[cp]
+            den[a] += alpha
+            gtv += to_local[cp, a]
+        for c in range(k):  # E3: b(i', c) = nearest centroid of the neighbour
+            b = int(np.argmin(to_local[:, c]))
+            num[c] += alpha * Nj[b]
+            den[c] += alpha
+            gtv += to_local[b, c]
+    W_new = W.copy()
+    W_new[den > 0] = num[den > 0] / den[den > 0, None]
+    return W_new, counts, float(dist.sum()), gtv

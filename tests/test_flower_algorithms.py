@@ -1,4 +1,4 @@
-"""Every algorithm of the k-means family and FFCM through Flower for real: `flwr run` on the
+"""Every algorithm (k-means family, FFCM, GTV) through Flower for real: `flwr run` on the
 simulation engine (equal to the in-process harness to 1e-12), and one run each over the
 gRPC Fleet API of a real SuperLink with three SuperNodes (equal to 1e-9)."""
 
@@ -20,6 +20,7 @@ ALGORITHMS = {
     "kfed": {"k-local": 4},
     "fkm": {"local-iters": 2},
     "ffcm": {"aggregation": "avg2", "local-iters": 2, "fuzzifier": 1.8},
+    "gtv": {"topology": "ring", "local-iters": 2},
 }
 COMMON = {"n-clusters": 6, "num-rounds": 3, "seed": 2, "min-sites": 3}
 
@@ -69,5 +70,7 @@ def test_each_algorithm_over_grpc(tmp_path, numba_cache):
         np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
         assert model.metrics["n-sites"] == 3
         assert all(h["sites-failed"] == 0 for h in model.history)
+    graph = fedcluster.Model.load(out / "gtv" / "model.json")  # sites named by site-id
+    assert sorted(graph.site_centroids) == ["0", "1", "2"]
     fuzzy = fedcluster.Model.load(out / "ffcm" / "model.json")
     assert fuzzy.fuzzifier == 1.8 and 0.5 < fuzzy.metrics["partition-coefficient"] <= 1.0

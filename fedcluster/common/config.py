@@ -12,13 +12,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ALGORITHMS = ("dwf", "ewf", "minibatch", "kfed", "fkm", "ffcm")
+ALGORITHMS = ("dwf", "ewf", "minibatch", "kfed", "fkm", "ffcm", "gtv")
 
 # What `init = "auto"` and `weighted = "auto"` mean for each algorithm (the papers' own
 # choices), and which initialisations an algorithm accepts.
 DEFAULT_INIT = {
     "dwf": "kfed", "ewf": "kfed", "minibatch": "kfed", "kfed": "kfed", "fkm": "kmeans++",
-    "ffcm": "random",
+    "ffcm": "random", "gtv": "kmeans++",
 }
 ALLOWED_INIT = {
     "dwf": ("kfed", "random"),
@@ -27,6 +27,7 @@ ALLOWED_INIT = {
     "kfed": ("kfed",),
     "fkm": ("kmeans++", "random"),
     "ffcm": ("random", "kfed"),
+    "gtv": ("kmeans++",),
 }
 DEFAULT_WEIGHTED = {"kfed": False, "fkm": True}
 
@@ -51,7 +52,7 @@ class RunConfig(_Strict):
     Defaults here equal those in pyproject.toml; README.md documents each key.
     """
 
-    algorithm: Literal["dwf", "ewf", "minibatch", "kfed", "fkm", "ffcm"] = "dwf"
+    algorithm: Literal["dwf", "ewf", "minibatch", "kfed", "fkm", "ffcm", "gtv"] = "dwf"
     n_clusters: int = Field(10, ge=1)
     num_rounds: int = Field(50, ge=1, description="maximum number of update rounds")
     fraction: float = Field(1.0, gt=0.0, le=1.0)
@@ -77,6 +78,10 @@ class RunConfig(_Strict):
     # FFCM
     fuzzifier: float = Field(2.0, gt=1.0)
     aggregation: Literal["avg1", "avg2"] = "avg1"
+    # GTVMin k-means over a graph of sites
+    topology: str = "complete"
+    alpha: float = Field(1.0, ge=0.0, description="GTV penalty weight")
+    consensus: Literal["best-site", "kmeans"] = "best-site"
     round_timeout: float = Field(600.0, gt=0.0)
     eval_every: int = Field(0, ge=0, description="an exact evaluation every N training rounds")
     # Simulation only: which built-in dataset the simulated sites partition.
@@ -92,6 +97,14 @@ class RunConfig(_Strict):
         from fedcluster.common.data import parse_partitioning
 
         parse_partitioning(value)
+        return value
+
+    @field_validator("topology")
+    @classmethod
+    def _topology_known(cls, value: str) -> str:
+        from fedcluster.common.topology import parse_topology
+
+        parse_topology(value)
         return value
 
     @model_validator(mode="after")

@@ -66,6 +66,7 @@ __all__ = [
     "distance_to_means",
     "fcm_stats",
     "fcm_memberships",
+    "gtv_update",
 ]
 
 # Fast-math flags, defined once and used by every kernel.
@@ -422,6 +423,56 @@ def _fcm_memberships_impl(X, C, m):
     return out
 
 
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def _gtv_m_step_impl(W, N, sums, counts, alpha, floor):
+    """GTVMin steps E2, E3 and M (Jung; ALGORITHMS.md section 6) for one site, given E1's
+    per-cluster ``sums`` and ``counts`` against ``W``. ``N`` is (deg, k, d): the
+    neighbours' centroids. Small (deg * k * k distances): serial."""
+    deg, k_n, d = N.shape
+    k = W.shape[0]
+    nb_sums = np.zeros((k, d), dtype=np.float64)
+    nb_counts = np.zeros(k, dtype=np.float64)
+    gtv = 0.0
+    for j in range(deg):
+        # E2: each neighbour centroid w(j, c') pulls the local centroid nearest to it.
+        for cp in range(k_n):
+            a = 0
+            best = _sq_dist(N[j], cp, W, 0)
+            for c in range(1, k):
+                dist = _sq_dist(N[j], cp, W, c)
+                if dist < best:
+                    best = dist
+                    a = c
+            gtv += best
+            nb_counts[a] += 1.0
+            for f in range(d):
+                nb_sums[a, f] += N[j, cp, f]
+        # E3: each local centroid is pulled by the neighbour's centroid nearest to it.
+        for c in range(k):
+            b = 0
+            best = _sq_dist(W, c, N[j], 0)
+            for cp in range(1, k_n):
+                dist = _sq_dist(W, c, N[j], cp)
+                if dist < best:
+                    best = dist
+                    b = cp
+            gtv += best
+            nb_counts[c] += 1.0
+            for f in range(d):
+                nb_sums[c, f] += N[j, b, f]
+    # M: the local points of a cluster under the privacy floor are left out, so no
+    # returned centroid is the mean of fewer than `floor` rows.
+    W_new = W.copy()
+    for c in range(k):
+        local_count = counts[c] if counts[c] >= floor else 0
+        den = local_count + alpha * nb_counts[c]
+        if den > 0.0:
+            for f in range(d):
+                local_sum = sums[c, f] if counts[c] >= floor else 0.0
+                W_new[c, f] = (local_sum + alpha * nb_sums[c, f]) / den
+    return W_new, gtv
+
+
 # --------------------------------------------------------------------------
 # Python wrappers: argument checks and dtype/contiguity normalisation.
 # --------------------------------------------------------------------------
@@ -638,3 +689,44 @@ def fcm_memberships(X, C, m: float) -> np.ndarray:
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
     return _fcm_memberships_impl(X, C, float(m))
+
+
+def gtv_update(X, W, N, alpha: float, floor: int = 1):
+    """One GTVMin k-means update of a site's centroids (Jung; ALGORITHMS.md section 6).
+
+    E1 assigns the local rows to ``W`` (the Lloyd kernel: sums and counts); E2 links each
+    neighbour centroid to its nearest local centroid, E3 each local centroid to the
+    nearest centroid of every neighbour; M sets
+
+        w_c = (sum_{r in c} x_r + alpha (sum_{E2 -> c} w' + sum_{i'} w(i', b(i', c))))
+              / (|c| + alpha (|E2 -> c| + deg)),
+
+    keeping w_c where the denominator is 0. Local rows of a cluster with fewer than
+    ``floor`` members are left out of its update (the privacy floor).
+
+    Parameters
+    ----------
+    X : (n, d) float32 or float64
+    W : (k, d) the site's centroids
+    N : (deg, k, d) the neighbours' centroids (deg may be 0)
+    alpha : float >= 0, the GTV penalty weight
+    floor : int >= 1
+
+    Returns
+    -------
+    W_new : (k, d) float64
+    counts : (k,) int64, the sizes of the assignment to ``W``
+    sse : float, the local loss L_i(W)
+    gtv : float, sum over neighbours of d(i, i') at ``W``
+    """
+    X = _check_X(X)
+    W = np.ascontiguousarray(W, dtype=np.float64)
+    _check_centres(W, X, name="W")
+    N = np.ascontiguousarray(N, dtype=np.float64)
+    if N.ndim != 3 or (N.shape[0] and N.shape[2] != W.shape[1]):
+        raise ValueError(f"N must be (deg, k, {W.shape[1]}), got shape {N.shape}")
+    if not alpha >= 0.0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    sums, counts, sse = _lloyd_stats_impl(X, _check_centres(W, X), block_rows(X.shape[0]))
+    W_new, gtv = _gtv_m_step_impl(W, N, sums, counts, float(alpha), int(floor))
+    return W_new, counts, float(sse), float(gtv)

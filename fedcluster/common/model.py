@@ -28,6 +28,9 @@ class Model:
     metrics: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
     fuzzifier: float | None = None  # set for fuzzy c-means models
+    # GTV (decentralised) models: every site's own centroids, by site id; ``centroids``
+    # is then the consensus.
+    site_centroids: dict[str, np.ndarray] | None = None
 
     @property
     def n_clusters(self) -> int:
@@ -102,6 +105,11 @@ class Model:
             metrics=data.get("metrics", {}),
             history=data.get("history", []),
             fuzzifier=data.get("fuzzifier"),
+            site_centroids=(
+                None if data.get("site_centroids") is None
+                else {key: np.asarray(W, dtype=np.float64)
+                      for key, W in data["site_centroids"].items()}
+            ),
         )
 
     def save(self, path: str | Path) -> None:

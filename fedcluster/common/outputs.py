@@ -26,6 +26,13 @@ HISTORY_COLUMNS = [
     "score",
     "seconds",
     "failures",
+    # GTV only (empty otherwise)
+    "gtv-per-edge",
+    "local-score-mean",
+    "local-score-max",
+    "pooled-score-best",
+    "pooled-score-mean",
+    "pooled-score-worst",
 ]
 
 

@@ -31,6 +31,12 @@ Tasks (the ``task`` config key):
 ``fcm``
     Federated fuzzy c-means site step (Stallmann & Wilbik): ``local-iters`` fuzzy
     c-means iterations with fuzzifier m; local centres and fuzzy weights W_j.
+``gtv``
+    GTVMin k-means site step (Jung): ``local-iters`` updates of the site's own centroids
+    towards its data and its neighbours' centroids (round 0, without arrays: local
+    k-means++ then Lloyd).
+``evaluate_sets``
+    The local SSE of each of several centroid sets (GTV: every site's centroids).
 ``evaluate``
     SSE and cluster sizes against the given centroids (the exact global score); with a
     ``fuzzifier``, also FFCM's figures (Outside SSE, partition coefficient).
@@ -247,6 +253,65 @@ def fcm_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     return TaskReply(arrays=[centres, weights])
 
 
+def gtv_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+    """The site's centroids after up to ``local-iters`` GTVMin updates (E1-E3, M), stopped
+    early when the local objective L_i(W) + alpha sum_i' d(i, i') falls by less than
+    ``tol`` times its value. ``arrays`` = [W_i (k, d), neighbours' W (deg, k, d)]; empty
+    in round 0, where W_i starts at k-means++ seeds on the local data (alpha is moot
+    without neighbours, so that round is local Lloyd).
+
+    Privacy floor: a cluster with fewer than p local members is updated from its
+    neighbours only (kernel), and in round 0 a centroid that no p rows ever moved (still
+    a k-means++ seed, i.e. a data row) is replaced by the mean of all local rows."""
+    alpha = _param(params, "alpha", float)
+    local_iters = _param(params, "local-iters", int)
+    tol = _param(params, "tol", float)
+    if alpha < 0 or local_iters < 1 or tol < 0:
+        raise TaskError(f"bad gtv parameters: alpha {alpha}, local-iters {local_iters}, tol {tol}")
+    if site.n_rows < floor:
+        raise TaskError(f"this site has {site.n_rows} rows, fewer than the privacy floor {floor}")
+    first_round = not arrays
+    if first_round:
+        k = _param(params, "n-clusters", int)
+        if k > site.n_rows:
+            raise TaskError(f"k = {k} clusters but this site has only {site.n_rows} rows")
+        W = local.kmeans_plusplus(site.X, k, _param(params, "seed", int)).astype(np.float64)
+        neighbours = np.zeros((0, k, site.n_features))
+    else:
+        W = _centroids(arrays[:1], site).astype(np.float64)
+        neighbours = np.asarray(arrays[1]) if len(arrays) > 1 else np.zeros((0, *W.shape))
+        if neighbours.ndim != 3 or neighbours.shape[1:] != W.shape:
+            raise TaskError(f"neighbours' centroids of shape {neighbours.shape} do not fit "
+                            f"this site's centroids {W.shape}")
+        if not np.all(np.isfinite(neighbours)):
+            raise TaskError("the neighbours' centroids sent by the server are not all finite")
+    moved = np.zeros(W.shape[0], dtype=bool)  # round 0: updated from >= p rows at least once
+    W_new, counts, sse, gtv = kernels.gtv_update(site.X, W, neighbours, alpha, floor)
+    objective = sse + alpha * gtv
+    for _ in range(local_iters):
+        moved |= counts >= floor
+        W = W_new
+        W_new, counts, sse, gtv = kernels.gtv_update(site.X, W, neighbours, alpha, floor)
+        previous, objective = objective, sse + alpha * gtv
+        if previous - objective <= tol * previous:
+            break
+    if first_round and not moved.all():
+        W[~moved] = np.asarray(site.X, dtype=np.float64).mean(axis=0)
+        _, counts, sse, gtv = kernels.gtv_update(site.X, W, neighbours, alpha, floor)
+    counts = np.where(counts >= floor, counts, 0).astype(np.int64)
+    return TaskReply(arrays=[W, counts], metrics={"sse": float(sse), "gtv": float(gtv)})
+
+
+def evaluate_sets_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+    """For each centroid set in ``arrays[0]`` (s, k, d), the local SSE against it (the
+    pooled score of every site's centroids, summed over sites by the server)."""
+    if len(arrays) != 1 or np.asarray(arrays[0]).ndim != 3:
+        raise TaskError("evaluate_sets needs one (sets, k, d) array")
+    sets = np.asarray(arrays[0])
+    sse = np.array([kernels.assign(site.X, _centroids([W], site))[1].sum() for W in sets])
+    return TaskReply(arrays=[sse.astype(np.float64)])
+
+
 def _label_names(site: SiteData) -> list[str]:
     codes = np.unique(site.labels)
     if site.label_names is not None:
@@ -332,6 +397,8 @@ TASKS: dict[str, TaskFn] = {
     "kmeanspp": kmeanspp_task,
     "prune_lloyd": prune_lloyd_task,
     "fcm": fcm_task,
+    "gtv": gtv_task,
+    "evaluate_sets": evaluate_sets_task,
     "evaluate": evaluate,
     "evaluate_distances": evaluate_distances,
 }

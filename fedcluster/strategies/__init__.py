@@ -8,6 +8,7 @@ from fedcluster.common.config import RunConfig
 from fedcluster.strategies.base import ClusteringStrategy, FederationError
 from fedcluster.strategies.fkm import FederatedKMeansPruning
 from fedcluster.strategies.fuzzy import FederatedFuzzyCMeans
+from fedcluster.strategies.gtv import GTVKMeans
 from fedcluster.strategies.kfed import KFed
 from fedcluster.strategies.minibatch import MiniBatchKMeans
 from fedcluster.strategies.weighted import WeightedFedKMeans
@@ -27,6 +28,8 @@ def make_strategy(
         return FederatedKMeansPruning(config, initial_centroids)
     if config.algorithm == "ffcm":
         return FederatedFuzzyCMeans(config, initial_centroids)
+    if config.algorithm == "gtv":
+        return GTVKMeans(config, initial_centroids)
     raise ValueError(f"unknown algorithm {config.algorithm!r}")
 
 

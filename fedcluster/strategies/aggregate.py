@@ -157,3 +157,11 @@ def reseed_small_clusters(
         mass[big] /= 2.0
         mass[j] = mass[big]
     return C
+
+
+def gtv_distance(W_a: np.ndarray, W_b: np.ndarray) -> float:
+    """GTV between two sites' centroid sets (Jung, eq. 4): sum over a's centroids of the
+    squared distance to the nearest of b's, plus the same from b to a. 0 exactly when
+    the two sets are equal as sets (any order)."""
+    d2 = ((W_a[:, None, :] - W_b[None, :, :]) ** 2).sum(-1)
+    return float(d2.min(axis=1).sum() + d2.min(axis=0).sum())

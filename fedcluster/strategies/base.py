@@ -73,6 +73,9 @@ class TaskPlan:
     sample: bool = False  # True: the seeded fraction-C sample; False: every usable site
     per_site: dict[str, dict] = field(default_factory=dict)
     max_rows: int | None = None
+    # Arrays that differ per site (GTV: each site's own and its neighbours' centroids),
+    # keyed by site key; a site not in it gets ``arrays``.
+    per_site_arrays: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
 
 def site_order(key: str) -> tuple:
@@ -85,6 +88,8 @@ class ClusteringStrategy(Strategy):
 
     #: False for one-shot algorithms (k-FED): evaluate right after the init round.
     has_training = True
+    #: Rounds a repetition adds to init + training + evaluate (GTV scores every site).
+    extra_rounds_per_repetition = 0
 
     def __init__(self, config: RunConfig, initial_centroids: np.ndarray | None = None) -> None:
         super().__init__()
@@ -127,9 +132,22 @@ class ClusteringStrategy(Strategy):
         """Extra parameters of the ``evaluate`` task (FFCM asks for its fuzzy figures)."""
         return {}
 
+    def round_metrics(self) -> dict:
+        """Extra history columns of the training round just reduced (GTV: GTV per edge)."""
+        return {}
+
     def can_stop(self) -> bool:
         """Whether a repetition may stop on small movement (a subclass may wait)."""
         return True
+
+    def max_server_rounds(self) -> int:
+        """The most server rounds a run can take (the workflow's loop bound): describe,
+        then per repetition init + rounds + interim evaluations + evaluate (+ extras),
+        then Davies-Bouldin's distances round."""
+        config = self.config
+        interim = config.num_rounds // config.eval_every if config.eval_every else 0
+        per_repetition = config.num_rounds + interim + 2 + self.extra_rounds_per_repetition
+        return 2 + config.n_init * per_repetition
 
     # ------------------------------------------------------------ properties
     @property
@@ -183,10 +201,16 @@ class ClusteringStrategy(Strategy):
             targets = {s.node_id: available[str(s.node_id)] for s in usable}
             keys = {s.node_id: s.key for s in usable}
         base = {"task": plan.task, "min-cluster-size": self.config.min_cluster_size, **plan.params}
-        parameters = ndarrays_to_parameters(plan.arrays)
+        shared = ndarrays_to_parameters(plan.arrays)
         self._pending = (plan, keys)
+
+        def parameters(key: str) -> Parameters:
+            own = plan.per_site_arrays.get(key)
+            return shared if own is None else ndarrays_to_parameters(own)
+
         return [
-            (proxy, FitIns(parameters, {**base, **plan.per_site.get(keys[node_id], {})}))
+            (proxy, FitIns(parameters(keys[node_id]),
+                           {**base, **plan.per_site.get(keys[node_id], {})}))
             for node_id, proxy in targets.items()
         ]
 
@@ -317,7 +341,7 @@ class ClusteringStrategy(Strategy):
             self.phase = "evaluate"
         elif self.config.eval_every and self.train_round % self.config.eval_every == 0:
             self.phase = "interim"
-        return {"movement": movement, "score": score}
+        return {"movement": movement, "score": score, **self.round_metrics()}
 
     def _begin_repetition(self) -> None:
         self._reset_repetition()

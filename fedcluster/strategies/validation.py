@@ -17,7 +17,8 @@ import numpy as np
 # The shape of each task's reply: "per-cluster" = [(k, d) centroids, (k,) counts];
 # "list" = [(m, d) centroids, (m,) counts], m <= the rows asked for (clusters under the
 # privacy floor are left out, so m may be 0); "sizes" = [(k,) counts]; "bounds" =
-# [(d,) minima, (d,) maxima]; None = no arrays.
+# [(d,) minima, (d,) maxima]; "per-set" = [(s,) one SSE per centroid set sent, s given as
+# ``max_rows``]; None = no arrays.
 LAYOUT = {
     "describe": None,
     "bounds": "bounds",
@@ -27,6 +28,8 @@ LAYOUT = {
     "kmeanspp": "list",
     "prune_lloyd": "list",
     "fcm": "per-cluster-weights",
+    "gtv": "per-cluster",
+    "evaluate_sets": "per-set",
     "evaluate": "evaluation",
     "evaluate_distances": "sizes",
 }
@@ -121,7 +124,7 @@ def validate(
     if expect.task not in LAYOUT:
         raise ReplyError(f"no validation rule for task {expect.task!r}")
     layout = LAYOUT[expect.task]
-    n_expected = 1 if layout == "sizes" else 2
+    n_expected = 1 if layout in ("sizes", "per-set") else 2
     if len(arrays) != n_expected:
         raise ReplyError(f"sent {len(arrays)} arrays, expected {n_expected}")
 
@@ -138,6 +141,13 @@ def validate(
         _finite("per-cluster values", arrays[0])
         if np.any(arrays[0] < 0):
             raise ReplyError("per-cluster values are negative")
+        return [arrays[0].astype(np.float64)]
+
+    if layout == "per-set":
+        _shape("per-set SSE", arrays[0], (expect.max_rows,))
+        _finite("per-set SSE", arrays[0])
+        if np.any(arrays[0] < 0):
+            raise ReplyError("per-set SSE is negative")
         return [arrays[0].astype(np.float64)]
 
     if layout == "per-cluster-weights":

@@ -1,0 +1,194 @@
+"""GTVMin k-means over a graph of sites (decentralised federated k-means).
+
+Jung, "Federated k-means via generalized total variation minimization" (2022);
+ALGORITHMS.md section 6. Every site keeps its OWN centroids W_i (there is no global model
+during training); sites are the nodes of a connected graph (``topology``, see
+``common/topology.py``). Round 0: each site runs local k-means++ and Lloyd. Every later
+round the server relays to each site the current centroids of its neighbours only (a
+different payload per site), the site runs ``local-iters`` GTVMin updates (task ``gtv``,
+kernel ``gtv_update``) and the server stores what comes back: the server only relays.
+
+Per round the history records the mean GTV per edge
+d(i, i') = sum_c min_c' ||w(i,c) - w(i',c')||^2 + the same with i, i' swapped, and the
+mean and max local score L_i / n_i; with ``eval-every`` the pooled score of each site's
+centroids (an ``evaluate_sets`` round, which shows every site's centroids to every
+site). A run ends when no site's centroids move by ``tol`` or more (Frobenius norm), or
+after ``num-rounds``. Then every site's centroids are scored on the pooled data and the
+consensus model is chosen: ``consensus = "best-site"`` takes the centroids of the site
+with the lowest POOLED score (ALGORITHMS.md says lowest local score; a site with an easy
+local data set would win that while fitting the federation badly), ``"kmeans"`` runs
+k-means on all sites' centroids. The consensus goes through the usual exact evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from flwr.common.logger import log
+
+from fedcluster.common.topology import TopologyError, build_topology, edges
+from fedcluster.strategies.aggregate import gtv_distance, kmeans_on_centroids
+from fedcluster.strategies.base import ClusteringStrategy, FederationError, TaskPlan
+from fedcluster.strategies.validation import Reply
+
+
+class GTVKMeans(ClusteringStrategy):
+    """Decentralised k-means: sites' own centroids coupled along the edges of a graph."""
+
+    extra_rounds_per_repetition = 1  # the evaluate_sets round before the consensus
+
+    # ------------------------------------------------------------- state
+    def _reset_repetition(self) -> None:
+        super()._reset_repetition()
+        self.site_centroids: dict[str, np.ndarray] = {}
+        self.local_scores: dict[str, float] = {}
+        self.pooled_scores: dict[str, float] = {}
+        self.scored_sets: list[str] = []
+        self.sets_scored = False
+        self.site_movement = float("nan")
+        self.last_round: dict = {}
+
+    def _admit_sites(self, replies: list[Reply]) -> None:
+        named = []
+        for r in replies:
+            if r.metrics.get("site-id-given", True):
+                named.append(r)
+                continue
+            self.rejected[r.site_key] = (
+                "algorithm gtv needs a stable site id: set `site-id` in this site's node "
+                "config (the graph's edges name sites by it)"
+            )
+            log(logging.ERROR, "site %s rejected: %s", r.site_key, self.rejected[r.site_key])
+        super()._admit_sites(named)
+        try:
+            self.neighbours = build_topology(
+                self.config.topology, [s.key for s in self.ordered_sites()], self.config.seed
+            )
+        except TopologyError as err:
+            raise FederationError(str(err)) from None
+        log(logging.INFO, "gtv: %s graph, %s sites, %s edges", self.config.topology,
+            len(self.neighbours), len(edges(self.neighbours)))
+
+    # ------------------------------------------------------------- tasks
+    def _params(self) -> dict:
+        return {"alpha": self.config.alpha, "local-iters": self.config.local_iters,
+                "tol": self.config.tol, "n-clusters": self.k}
+
+    def init_task(self) -> TaskPlan:
+        return TaskPlan("gtv", params=self._params(), per_site=self.per_site_seeds())
+
+    def train_task(self) -> TaskPlan:
+        empty = np.zeros((0, self.k, self.n_features))
+        payloads = {}
+        for site in self.ordered_sites():
+            own = self.site_centroids.get(site.key)
+            if own is None:  # no centroids yet (it failed round 0): it starts locally
+                payloads[site.key] = []
+                continue
+            near = [self.site_centroids[j] for j in self.neighbours[site.key]
+                    if j in self.site_centroids]
+            payloads[site.key] = [own, np.stack(near) if near else empty]
+        return TaskPlan("gtv", params=self._params(), sample=True,
+                        per_site=self.per_site_seeds(self.train_round + 1),
+                        per_site_arrays=payloads)
+
+    def _plan_for_phase(self) -> TaskPlan:
+        if self.phase == "interim" or (self.phase == "evaluate" and not self.sets_scored):
+            self.scored_sets = [s.key for s in self.ordered_sites() if s.key in self.site_centroids]
+            sets = np.stack([self.site_centroids[key] for key in self.scored_sets])
+            return TaskPlan("evaluate_sets", arrays=[sets], max_rows=len(self.scored_sets))
+        return super()._plan_for_phase()
+
+    # ------------------------------------------------------------ reduce
+    def _store(self, replies: list[Reply]) -> float:
+        """Keep each site's new centroids; the largest move of any site's centroids."""
+        moves = []
+        for r in replies:
+            old = self.site_centroids.get(r.site_key)
+            self.site_centroids[r.site_key] = r.arrays[0]
+            self.local_scores[r.site_key] = r.metrics["sse"] / r.n_rows
+            if old is not None:
+                moves.append(float(np.linalg.norm(r.arrays[0] - old)))
+        scores = list(self.local_scores.values())
+        self.last_round = {
+            "gtv-per-edge": self.gtv_per_edge(),
+            "local-score-mean": float(np.mean(scores)) if scores else float("nan"),
+            "local-score-max": float(np.max(scores)) if scores else float("nan"),
+        }
+        return max(moves) if moves else float("inf")
+
+    def reduce_init(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
+        if not replies:
+            raise FederationError("gtv: no site returned its initial centroids")
+        self._store(replies)
+        return self.consensus()
+
+    def reduce_train(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
+        self.site_movement = self._store(replies)
+        return self.consensus()
+
+    def movement(self, new: np.ndarray, old: np.ndarray) -> float:
+        return self.site_movement
+
+    def round_metrics(self) -> dict:
+        return dict(self.last_round)
+
+    def _start_training(self, centroids: np.ndarray) -> None:
+        if not self.site_centroids:  # given initial centroids: every site starts there
+            self.site_centroids = {s.key: np.array(centroids, dtype=np.float64)
+                                   for s in self.ordered_sites()}
+        super()._start_training(centroids)
+
+    def _reduce(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
+        if plan.task != "evaluate_sets":
+            return super()._reduce(server_round, plan, replies)
+        self._require_sites(replies, plan.task)
+        if not replies:
+            raise FederationError("gtv: no site scored the sites' centroids")
+        total = np.sum([r.arrays[0] for r in replies], axis=0)
+        n_rows = sum(r.n_rows for r in replies)
+        self.pooled_scores = {key: float(v) for key, v in zip(self.scored_sets, total / n_rows)}
+        values = list(self.pooled_scores.values())
+        if self.phase == "interim":
+            self.phase = "train"
+        else:
+            self.sets_scored = True
+            self.centroids = self.consensus()
+        return {"pooled-score-best": min(values), "pooled-score-mean": float(np.mean(values)),
+                "pooled-score-worst": max(values)}
+
+    def _finish_repetition(self, replies: list[Reply]) -> dict:
+        kept = {
+            "site-centroids": dict(self.site_centroids),
+            "site-scores": dict(self.pooled_scores),
+            "consensus-site": self.consensus_site(),
+            "gtv-per-edge": self.gtv_per_edge(),
+        }
+        row = super()._finish_repetition(replies)  # may start the next repetition
+        self.repetitions[-1].update(kept)
+        return row
+
+    # ------------------------------------------------------------ figures
+    def gtv_per_edge(self) -> float:
+        """Mean d(i, i') over the graph's edges whose two sites have centroids."""
+        values = [gtv_distance(self.site_centroids[a], self.site_centroids[b])
+                  for a, b in edges(self.neighbours)
+                  if a in self.site_centroids and b in self.site_centroids]
+        return float(np.mean(values)) if values else float("nan")
+
+    def consensus_site(self) -> str:
+        """The site whose centroids score best: pooled score once known, else local."""
+        scores = self.pooled_scores or self.local_scores
+        return min(scores, key=lambda key: (scores[key], key))
+
+    def consensus(self) -> np.ndarray:
+        """One (k, d) model from the sites' centroids (``consensus``)."""
+        if self.config.consensus == "kmeans":
+            points = np.concatenate([self.site_centroids[s.key] for s in self.ordered_sites()
+                                     if s.key in self.site_centroids])
+            try:
+                return kmeans_on_centroids(points, self.k, self.seed)
+            except ValueError:  # fewer than k distinct centroids: every site agrees
+                pass
+        return np.array(self.site_centroids[self.consensus_site()], dtype=np.float64)
