@@ -26,6 +26,7 @@ from flwr.server.compat.app_utils import start_update_client_manager_thread
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.serverapp import Grid, ServerApp
 
+from fedcluster.checkpoint import load_checkpoint, save_checkpoint
 from fedcluster.common.config import RunConfig, parse_run_config
 from fedcluster.common.model import Model
 from fedcluster.common.outputs import progress_line, summary_table, write_outputs
@@ -92,9 +93,16 @@ def wait_for_sites(client_manager, n_sites: int, timeout: float) -> bool:
 class ClusteringWorkflow:
     """Run the strategy's phases until it is finished; one fit workflow call per round."""
 
-    def __init__(self, fit_workflow=fit_round, startup_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        fit_workflow=fit_round,
+        startup_timeout: float = 600.0,
+        checkpoint_dir: Path | None = None,
+    ) -> None:
         self.fit_workflow = fit_workflow
         self.startup_timeout = startup_timeout
+        # Where the strategy's state is written after every round (None: nowhere).
+        self.checkpoint_dir = checkpoint_dir
 
     def __call__(self, grid: Grid, context: LegacyContext) -> None:
         strategy = cast(ClusteringStrategy, context.strategy)
@@ -117,6 +125,8 @@ class ClusteringWorkflow:
                 self.fit_workflow(grid, context)
                 strategy.history[-1]["seconds"] = time.perf_counter() - started
                 log(logging.INFO, "%s", progress_line(strategy.history[-1], config.num_rounds))
+                if self.checkpoint_dir is not None:
+                    save_checkpoint(strategy, self.checkpoint_dir)
                 if strategy.finished:
                     break
         finally:
@@ -188,16 +198,19 @@ def main(grid: Grid, context: Context) -> None:
     config = parse_run_config(dict(context.run_config))
     initial = context.state.array_records.get(INITIAL_CENTROIDS)
     initial_centroids = initial.to_numpy_ndarrays()[0] if initial is not None else None
-    strategy = make_strategy(config, initial_centroids)
+    if config.resume_from:
+        strategy = load_checkpoint(config.resume_from, config)
+    else:
+        strategy = make_strategy(config, initial_centroids)
+    directory = Path(config.output_dir) / run_name(config) if config.output_dir else None
     legacy = LegacyContext(context=context, config=ServerConfig(), strategy=strategy)
     log(logging.INFO, "fedcluster: %s, k = %s, up to %s rounds", config.algorithm, config.n_clusters, config.num_rounds)
-    ClusteringWorkflow()(grid, legacy)
+    ClusteringWorkflow(checkpoint_dir=directory)(grid, legacy)
 
     central = central_score(strategy) if config.central_baseline else None
     model = build_model(strategy, config, central)
     log(logging.INFO, "%s", summary_table(model.metrics))
-    if config.output_dir:
-        directory = Path(config.output_dir) / run_name(config)
+    if directory is not None:
         write_outputs(directory, model)
         log(logging.INFO, "outputs written to %s", directory.resolve())
     # For the in-process harness: the result travels back in the Context's state.

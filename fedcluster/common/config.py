@@ -90,6 +90,7 @@ class RunConfig(_Strict):
     central_baseline: bool = True
     output_dir: str = "outputs"
     run_name: str = ""
+    resume_from: str = Field("", description="a checkpoint (file or run directory) to continue")
 
     @field_validator("partitioning")
     @classmethod

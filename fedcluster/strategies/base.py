@@ -105,6 +105,10 @@ class ClusteringStrategy(Strategy):
         self.finished = False
         self.final_metrics: dict = {}
         self._pending: tuple[TaskPlan, dict[int, str]] | None = None
+        # Resuming from a checkpoint: the phase to go back to after the sites have
+        # described themselves again, and the rounds run before (history numbering).
+        self._resume_phase: str | None = None
+        self.round_offset = 0
         self._reset_repetition()
 
     # ----------------------------------------------------------------- hooks
@@ -148,6 +152,13 @@ class ClusteringStrategy(Strategy):
         interim = config.num_rounds // config.eval_every if config.eval_every else 0
         per_repetition = config.num_rounds + interim + 2 + self.extra_rounds_per_repetition
         return 2 + config.n_init * per_repetition
+
+    def begin_resume(self) -> None:
+        """Continue a checkpointed run: a describe round first (node ids change when
+        sites reconnect; site ids do not), then the phase the run was in."""
+        self._resume_phase = self.phase
+        self.round_offset = max((row["round"] for row in self.history), default=0)
+        self.phase = "describe"
 
     # ------------------------------------------------------------ properties
     @property
@@ -238,7 +249,7 @@ class ClusteringStrategy(Strategy):
         row = self._reduce(server_round, plan, replies)
         row.update(
             {
-                "round": server_round,
+                "round": server_round + self.round_offset,
                 "repetition": self.repetition,
                 "task": plan.task,
                 "sites-asked": len(keys),
@@ -305,6 +316,12 @@ class ClusteringStrategy(Strategy):
         return f"site {key}: {res.status.message}"
 
     def _reduce(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
+        if plan.task == "describe" and self._resume_phase is not None:
+            self._readmit_sites(replies)
+            self.phase, self._resume_phase = self._resume_phase, None
+            log(logging.INFO, "resumed from a checkpoint after round %s, phase %s",
+                self.round_offset, self.phase)
+            return {"sites-usable": len(self.sites)}
         if plan.task == "describe":
             self._admit_sites(replies)
             self._begin_repetition()
@@ -393,6 +410,32 @@ class ClusteringStrategy(Strategy):
         self._check_feature_names()
         if len(self.sites) < self.config.min_sites:
             raise FederationError(self._too_few(f"{len(self.sites)} usable site(s)"))
+
+    def _readmit_sites(self, replies: list[Reply]) -> None:
+        """After a resume: each site must be the checkpoint's site of the same id (same
+        size and width); its node id is updated. Others are rejected with the reason."""
+        seen = set()
+        for r in replies:
+            site = self.sites.get(r.site_key)
+            width = int(r.metrics["n-features"])
+            if site is None:
+                reason = "not a site of the checkpointed run"
+            elif r.site_key in seen:
+                reason = f"duplicate site id {r.site_key!r} (node {r.node_id})"
+            elif (r.n_rows, width) != (site.n_rows, site.n_features):
+                reason = (f"holds {r.n_rows} rows x {width} columns, but {site.n_rows} x "
+                          f"{site.n_features} in the checkpointed run")
+            else:
+                site.node_id = r.node_id
+                seen.add(r.site_key)
+                continue
+            self.rejected[r.site_key] = reason
+            log(logging.ERROR, "site %s rejected on resume: %s", r.site_key, reason)
+        for key in set(self.sites) - seen:
+            self.sites[key].node_id = -1  # not connected now: never asked until it is
+            log(logging.WARNING, "site %s of the checkpointed run is not connected", key)
+        if len(seen) < self.config.min_sites:
+            raise FederationError(self._too_few(f"{len(seen)} site(s) of the checkpointed run"))
 
     def _check_feature_names(self) -> None:
         """Sites that name their columns must name them alike (the majority wins)."""
