@@ -31,6 +31,7 @@ from fedcluster.common.config import RunConfig, parse_run_config
 from fedcluster.common.model import Model
 from fedcluster.common.outputs import progress_line, summary_table, write_outputs
 from fedcluster.strategies import ClusteringStrategy, FederationError, make_strategy
+from fedcluster.strategies.base import SiteFailure
 
 # Keys of the ServerApp's Context state used by the in-process harness.
 INITIAL_CENTROIDS = "fedcluster.initial-centroids"
@@ -64,7 +65,7 @@ def fit_round(grid: Grid, context: LegacyContext) -> None:
         node_id = msg.metadata.src_node_id
         answered.add(node_id)
         if msg.has_error():
-            failures.append(Exception(f"node {node_id}: {msg.error.reason}"))
+            failures.append(SiteFailure(node_id, f"error reply: {msg.error.reason}"))
             continue
         fitres = compat.recorddict_to_fitres(msg.content, False)
         if fitres.status.code == Code.OK:
@@ -72,7 +73,7 @@ def fit_round(grid: Grid, context: LegacyContext) -> None:
         else:
             failures.append((proxies[node_id], fitres))
     for node_id in set(proxies) - answered:
-        failures.append(Exception(f"node {node_id}: no reply within {timeout:g} s"))
+        failures.append(SiteFailure(node_id, f"no reply within {timeout:g} s"))
     parameters, _ = strategy.aggregate_fit(server_round, results, failures)
     context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
         parameters, True
@@ -167,6 +168,7 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
         "cluster-sizes": [int(c) for c in best["stats"].counts],
         "per-site": best["per-site"],
         "rejected-sites": dict(strategy.rejected),
+        "site-failures": {key: list(v) for key, v in strategy.site_failures.items()},
     }
     if central is not None:
         metrics["central-score"] = central

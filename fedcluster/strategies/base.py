@@ -48,6 +48,16 @@ class FederationError(RuntimeError):
     """The run cannot go on (e.g. fewer than ``min-sites`` usable sites); says why."""
 
 
+class SiteFailure(Exception):
+    """A site that was asked gave no usable reply (no reply in time, an error message);
+    the strategy names it by its site id."""
+
+    def __init__(self, node_id: int, reason: str) -> None:
+        super().__init__(f"node {node_id}: {reason}")
+        self.node_id = int(node_id)
+        self.reason = reason
+
+
 @dataclass
 class Site:
     """What the server knows of a site: what it declared in the describe round."""
@@ -98,6 +108,8 @@ class ClusteringStrategy(Strategy):
         self.initial_centroids = initial_centroids
         self.sites: dict[str, Site] = {}
         self.rejected: dict[str, str] = {}
+        # Per site key: every failed or dropped reply, "round N (task): reason".
+        self.site_failures: dict[str, list[str]] = {}
         self.history: list[dict] = []
         self.repetitions: list[dict] = []  # one per n-init seed: score, centroids
         self.phase = "describe"
@@ -229,7 +241,10 @@ class ClusteringStrategy(Strategy):
         plan, keys = self._pending
         replies, failed = [], []
         for failure in failures:
-            failed.append(self._failure_reason(failure, keys))
+            key, reason = self._failure_reason(failure, keys)
+            failed.append(f"site {key}: {reason}")
+            self.site_failures.setdefault(key, []).append(
+                f"round {server_round + self.round_offset} ({plan.task}): {reason}")
         for proxy, res in results:
             node_id = int(proxy.node_id)
             metrics = dict(res.metrics)
@@ -239,6 +254,8 @@ class ClusteringStrategy(Strategy):
                 reply = self._validate(plan, node_id, key, keys, arrays, metrics, res.num_examples)
             except ReplyError as err:
                 failed.append(f"site {key}: {err}")
+                self.site_failures.setdefault(key, []).append(
+                    f"round {server_round + self.round_offset} ({plan.task}): reply dropped: {err}")
                 if plan.task == "describe":
                     self.rejected[key] = str(err)
                 continue
@@ -308,12 +325,14 @@ class ClusteringStrategy(Strategy):
         return Reply(key, node_id, int(n_rows), typed, metrics)
 
     @staticmethod
-    def _failure_reason(failure, keys: dict[int, str]) -> str:
+    def _failure_reason(failure, keys: dict[int, str]) -> tuple[str, str]:
+        """(site key, reason) of a failed reply."""
+        if isinstance(failure, SiteFailure):
+            return keys.get(failure.node_id) or f"node-{failure.node_id}", failure.reason
         if isinstance(failure, BaseException):
-            return f"a site failed: {failure}"
+            return "?", str(failure)
         proxy, res = failure
-        key = keys.get(int(proxy.node_id)) or f"node-{proxy.node_id}"
-        return f"site {key}: {res.status.message}"
+        return keys.get(int(proxy.node_id)) or f"node-{proxy.node_id}", res.status.message
 
     def _reduce(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
         if plan.task == "describe" and self._resume_phase is not None:

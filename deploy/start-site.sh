@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Start one site: a SuperNode that connects to the SuperLink over TLS, authenticated with
+# the site's private key, with its data file and its own privacy floor. Its ClientApps run
+# on this machine; only aggregates leave it.
+#
+# Usage: deploy/start-site.sh SITE_ID DATA_PATH SUPERLINK_HOST:FLEET_PORT CA_CERT PRIVATE_KEY
+# Environment (defaults):
+#   FEDCLUSTER_MIN_CLUSTER_SIZE=5   this site's privacy floor p (the server's may be higher)
+#   FEDCLUSTER_LABEL_COLUMN=        a CSV column with labels (evaluation only, never sent)
+#   FEDCLUSTER_SITE_PORT=9094       local port of the SuperNode's ClientApp API
+#   FEDCLUSTER_CACHE_DIR=~/.cache/fedcluster  where the parsed data file is cached
+set -euo pipefail
+
+if [ "$#" -ne 5 ]; then
+    echo "usage: $0 SITE_ID DATA_PATH SUPERLINK_HOST:FLEET_PORT CA_CERT PRIVATE_KEY" >&2
+    exit 2
+fi
+site=$1
+data=$2
+for file in "$data" "$4" "$5"; do
+    [ -r "$file" ] || { echo "$file is not readable" >&2; exit 2; }
+done
+data=$(cd "$(dirname "$data")" && pwd)/$(basename "$data")
+config="data-path=\"$data\" site-id=\"$site\" min-cluster-size=${FEDCLUSTER_MIN_CLUSTER_SIZE:-5}"
+if [ -n "${FEDCLUSTER_LABEL_COLUMN:-}" ]; then
+    config="$config label-column=\"$FEDCLUSTER_LABEL_COLUMN\""
+fi
+
+exec flower-supernode \
+    --superlink "$3" \
+    --root-certificates "$4" \
+    --auth-supernode-private-key "$5" \
+    --host 127.0.0.1 \
+    --port "${FEDCLUSTER_SITE_PORT:-9094}" \
+    --node-config "$config"
