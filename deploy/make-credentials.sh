@@ -9,7 +9,8 @@
 #
 # Usage: deploy/make-credentials.sh OUT_DIR SUPERLINK_NAMES SITE_ID...
 #   SUPERLINK_NAMES: comma-separated host names and IP addresses of the SuperLink,
-#   e.g. "superlink.example.org,10.0.0.5,127.0.0.1".
+#   e.g. "superlink.example.org,10.0.0.5". localhost and 127.0.0.1 are always added: the
+#   SuperLink's own SuperExec (which runs the ServerApp) connects to it on loopback.
 # Needs openssl and ssh-keygen (Flower reads the site keys in OpenSSH format).
 set -euo pipefail
 
@@ -22,7 +23,7 @@ names=$2
 shift 2
 
 san=""
-IFS=',' read -ra entries <<< "$names"
+IFS=',' read -ra entries <<< "localhost,127.0.0.1,$names"
 for entry in "${entries[@]}"; do
     if [[ $entry =~ ^[0-9.]+$ || $entry == *:* ]]; then
         san="${san:+$san,}IP:$entry"

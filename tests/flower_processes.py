@@ -71,6 +71,11 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+#: Every port handed out by :func:`free_ports` (the leak check in conftest.py verifies
+#: that nothing listens on them once a test module is done).
+HANDED_OUT_PORTS: set[int] = set()
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free ports (all bound at once, so they cannot repeat)."""
     sockets = []
@@ -79,7 +84,9 @@ def free_ports(n: int) -> list[int]:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind(("127.0.0.1", 0))
             sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
+        ports = [s.getsockname()[1] for s in sockets]
+        HANDED_OUT_PORTS.update(ports)
+        return ports
     finally:
         for s in sockets:
             s.close()
@@ -111,8 +118,15 @@ def child_env(tag: str, **extra: str | os.PathLike) -> dict[str, str]:
     return env
 
 
+#: Every tag this test process made (the leak check looks for exactly these, so a
+#: concurrent test run on the same machine is left alone).
+TAGS_MADE: set[str] = set()
+
+
 def new_tag() -> str:
-    return f"fedcluster-test-{uuid.uuid4().hex[:12]}"
+    tag = f"fedcluster-test-{uuid.uuid4().hex[:12]}"
+    TAGS_MADE.add(tag)
+    return tag
 
 
 # ------------------------------------------------------------ finding processes
@@ -163,6 +177,14 @@ def _test_vars(pid: int) -> dict[str, str]:
         if sep and key in (TAG_VAR.encode(), OWNER_VAR.encode()):
             env[key.decode()] = value.decode(errors="replace")
     return env
+
+
+def tagged_processes() -> list[ProcInfo]:
+    """Every live process carrying a tag that this test process made (see
+    :data:`TAGS_MADE`), but this one and its ancestors."""
+    spared = _ancestors()
+    return [info for info, env in _scan()
+            if env.get(TAG_VAR) in TAGS_MADE and info.pid not in spared]
 
 
 def _environ_tag(pid: int) -> str | None:

@@ -1,0 +1,43 @@
+"""The leak check: no test module leaves a process, a network namespace or a listening
+port behind. After each module: no live process carries a test tag (every process that
+tests/flower_processes.py starts, and all their descendants, do), no namespace or
+interface made by tests/netns.py exists, and nothing listens on a port that
+flower_processes handed out. What is found is killed or removed, and the module's last
+test fails with the list (so a leak is a red test, not a silent slowdown)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+import flower_processes as fp
+import netns
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nothing_left_behind(request):
+    ports_before = set(fp.HANDED_OUT_PORTS)
+    yield
+    problems = []
+    processes = fp.tagged_processes()
+    if processes:
+        fp.kill_pids([p.pid for p in processes])
+        problems += [f"process {p.pid}: {p.cmdline[:160]}" for p in processes]
+    for ns in netns.namespaces():
+        netns._ip("netns", "delete", ns, check=False)
+        problems.append(f"network namespace {ns}")
+    for link in netns.links():
+        netns._ip("link", "delete", link, check=False)
+        problems.append(f"network interface {link}")
+    ports = sorted(p for p in fp.HANDED_OUT_PORTS - ports_before if _listening(p))
+    problems += [f"something still listens on port {p}" for p in ports]
+    if problems:
+        pytest.fail(f"{request.module.__name__} left behind:\n  " + "\n  ".join(problems),
+                    pytrace=False)

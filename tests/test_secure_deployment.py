@@ -1,0 +1,181 @@
+"""The deployment a hospital network runs, on separate hosts: the SuperLink and three
+sites, each in its own network namespace on one virtual LAN, started with the scripts in
+``deploy/`` (the commands a site admin types), TLS on every connection, SuperNode
+authentication on: the sites' public keys registered by the operator with
+``flwr supernode register``, an unregistered site refused, and the SuperLink restarted
+from its database with every registered site back under its node id.
+
+The operator's machine is the test process (the root namespace joins the LAN), so the
+``flwr`` CLI talks to the SuperLink's Control API at its LAN address over TLS. Skips only
+where namespaces cannot be made (not root); CI runs as root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fedcluster
+import flower_processes as fp
+import netns
+from fedcluster.common.data import load_builtin, partition
+from test_deployment import py_kwargs, write_site_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+SITES = ["site-0", "site-1", "site-2"]
+CONFIG = {"n-clusters": 6, "num-rounds": 3, "min-sites": 3, "seed": 5, "algorithm": "dwf"}
+REGISTERED = re.compile(r"SuperNode (\d+) registered successfully")
+
+pytestmark = pytest.mark.skipif(netns.unavailable() is not None,
+                                reason=f"multi-host test: {netns.unavailable()}")
+
+
+class Federation:
+    """The running federation of this module (see the module docstring)."""
+
+    def __init__(self, bed: fp.FlowerSandbox, net: netns.Lan, workdir: Path) -> None:
+        self.bed, self.net, self.workdir = bed, net, workdir
+        self.creds = workdir / "creds"
+        self.state = workdir / "superlink-state"
+        self.link_stack = contextlib.ExitStack()
+        self.link: fp.FlowerProcess | None = None
+        self.node_ids: dict[str, str] = {}
+        self.sites: dict[str, fp.FlowerProcess] = {}
+        self.arrays: list[np.ndarray] = []
+
+    def start_superlink(self) -> None:
+        argv = [*self.net.exec_prefix("superlink"), "bash", str(DEPLOY / "start-superlink.sh"),
+                str(self.creds), str(self.state)]
+        self.link = self.link_stack.enter_context(fp.flower_process(
+            "superlink", argv, log_dir=self.bed.log_dir, env=self.bed.env,
+            ready_log=fp.SUPEREXEC_STARTED, startup_timeout=90))
+        self.bed.processes.append(self.link)
+
+    def stop_superlink(self) -> None:
+        self.link_stack.close()
+        self.link_stack = contextlib.ExitStack()
+
+    def operator(self, script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run(["bash", str(DEPLOY / script), *args], env=self.bed.env,
+                              capture_output=True, text=True, timeout=120)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{script} {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def start_site(self, site: str, data: Path, *, wait: bool = True) -> fp.FlowerProcess:
+        argv = [*self.net.exec_prefix(site), "bash", str(DEPLOY / "start-site.sh"), site,
+                str(data), f"{self.net.address['superlink']}:9092",
+                str(self.creds / "ca.crt"), str(self.creds / "sites" / site)]
+        proc = self.bed.stack.enter_context(fp.flower_process(
+            site, argv, log_dir=self.bed.log_dir, env={**self.bed.env,
+                                                       "FEDCLUSTER_MIN_CLUSTER_SIZE": "2"},
+            ready_log=fp.SUPERNODE_ID, wait=wait, startup_timeout=90))
+        self.bed.processes.append(proc)
+        return proc
+
+    def listed_nodes(self) -> dict[str, str]:
+        """node id -> status, from ``flwr supernode list`` (the operator's view)."""
+        rc, out = fp._flwr(["supernode", "list", "hospitals", "--format", "json"],
+                           self.bed.env, self.workdir, 60)
+        try:
+            rows = json.loads(out[out.index("{"):])["nodes"]
+        except (ValueError, KeyError):  # the SuperLink is not answering (yet)
+            return {}
+        return {str(row["node-id"]): str(row["status"]) for row in rows}
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("secure")
+    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"
+    numba_cache.mkdir(exist_ok=True)
+    hosts = ["superlink", *SITES, "rogue"]
+    with netns.lan(hosts) as net, fp.sandbox(workdir, NUMBA_CACHE_DIR=numba_cache,
+                                              FEDCLUSTER_CACHE_DIR=workdir / "site-cache") as bed:
+        fed = Federation(bed, net, workdir)
+        # 1. credentials: the CA, the SuperLink's certificate for its LAN address, site keys
+        fed.operator("make-credentials.sh", str(fed.creds),
+                     f"superlink,{net.address['superlink']}", *SITES, "rogue")
+        # 2. the SuperLink, on its own host
+        fed.start_superlink()
+        # 3. the operator connects over TLS and registers the three hospitals (not rogue)
+        fed.operator("connect.sh", "hospitals", f"{net.address['superlink']}:8000",
+                     str(fed.creds / "ca.crt"))
+        for site in SITES:
+            out = fed.operator("register-site.sh", "hospitals",
+                               str(fed.creds / "sites" / f"{site}.pub"), site).stdout
+            fed.node_ids[site] = REGISTERED.search(out).group(1)
+        # 4. each hospital starts its site on its own host with its own data
+        X, y = load_builtin("blobs", seed=5)
+        fed.arrays = [X[rows] for rows in partition(y, 3, "dirichlet:1.0", seed=5)]
+        for site, Xi in zip(SITES, fed.arrays):
+            data = write_site_csv(workdir / f"{site}.csv", Xi)
+            fed.sites[site] = fed.start_site(site, data, wait=False)
+        for proc in fed.sites.values():
+            proc.wait_ready()
+        try:
+            yield fed
+        finally:
+            fed.stop_superlink()
+
+
+def test_tls_authenticated_run_across_hosts(federation):
+    fed = federation
+    # each site was activated under the node id the operator registered for its key
+    for site, proc in fed.sites.items():
+        assert proc.ready_match.group(1) == fed.node_ids[site]
+    out = fed.workdir / "outputs"
+    fp.run_flwr(ROOT, "hospitals", {**CONFIG, "output-dir": str(out), "run-name": "tls"},
+                env=fed.bed.env, timeout=300, processes=fed.bed.processes,
+                log_path=fed.bed.log_dir / "flwr-run-tls.log")
+    model = fedcluster.Model.load(out / "tls" / "model.json")
+    assert model.metrics["n-sites"] == 3 and not model.metrics["rejected-sites"]
+    harness = fedcluster.simulate(fed.arrays, **py_kwargs({**CONFIG, "min-cluster-size": 2}),
+                                  site_min_cluster_size=[2, 2, 2])
+    # sites are named by site-id in both; same seeds, same order: the same numbers
+    np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
+    assert "Uvicorn running on https://0.0.0.0:8000" in fed.link.log_text()  # TLS
+    assert sorted(model.metrics["per-site"]) == SITES
+
+
+def test_unregistered_site_is_refused(federation):
+    fed = federation
+    data = write_site_csv(fed.workdir / "rogue.csv", np.zeros((50, 2)))
+    proc = fed.start_site("rogue", data, wait=False)
+    proc.popen.wait(timeout=120)
+    assert proc.popen.returncode != 0
+    assert "Failed to activate SuperNode" in proc.log_text()
+    assert len(fed.listed_nodes()) == 3  # the three registered hospitals only
+
+
+def test_superlink_restart_keeps_registered_sites_and_their_ids(federation):
+    fed = federation
+    before = fed.listed_nodes()
+    assert sorted(before) == sorted(fed.node_ids.values()) and set(before.values()) == {"online"}
+    fed.stop_superlink()
+    fed.start_superlink()  # same database: the registrations survive
+    # The sites reconnect on their own (a site that polls after the SuperLink is back
+    # up logs nothing); the operator sees the same node ids come back online.
+    deadline = time.monotonic() + 120
+    while True:
+        after = fed.listed_nodes()
+        if after and set(after.values()) == {"online"}:
+            break
+        assert time.monotonic() < deadline, f"not all sites back online: {after}"
+        time.sleep(2)
+    assert sorted(after) == sorted(before)
+    out = fed.workdir / "outputs"
+    fp.run_flwr(ROOT, "hospitals", {**CONFIG, "output-dir": str(out), "run-name": "again",
+                                    "num-rounds": 1},
+                env=fed.bed.env, timeout=300, processes=fed.bed.processes,
+                log_path=fed.bed.log_dir / "flwr-run-again.log")
+    model = fedcluster.Model.load(out / "again" / "model.json")
+    assert sorted(model.metrics["per-site"]) == SITES
