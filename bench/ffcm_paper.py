@@ -371,7 +371,7 @@ def main(argv=None) -> None:
                                for s in seeds]
             log(f"case 4 {path.name} done")
         all_runs = [r for runs in by_sigma.values() for r in runs]
-        text += [f"### Case 4: G2 sets, D = 2 (Table 5), m = 2, ten clients, uniform split",
+        text += ["### Case 4: G2 sets, D = 2 (Table 5), m = 2, ten clients, uniform split",
                  "",
                  f"Knowledge gap over {len(files)} sets x {args.seeds} runs. The paper's "
                  "figures (in parentheses) are over all 100 G2 sets, D = 2 to 1024, so "
