@@ -200,3 +200,38 @@ def test_predict_command_scales_a_sites_raw_rows(tmp_path):
     np.testing.assert_array_equal(labels, model.predict(X[::2]))
     truth = np.repeat([0, 1], 60)[::2]
     assert max(np.mean(labels == truth), np.mean(labels != truth)) > 0.95  # dose decides, scaled
+
+
+def test_the_scaled_copy_goes_when_the_sites_array_does():
+    import gc
+
+    text = scaling.FeatureTransform("minmax", np.zeros(2), np.ones(2)).encode()
+    X = np.ones((4, 2))
+    scaling.scaled_rows(X, "gone", text)
+    assert any(key[0] == "gone" for key in scaling._SCALED)
+    del X
+    gc.collect()
+    scaling.scaled_rows(np.ones((3, 2)), "other", text)  # any call drops dead entries
+    assert not any(key[0] == "gone" for key in scaling._SCALED)
+
+
+def test_a_site_without_valid_statistics_leaves_the_run(monkeypatch):
+    """The transform must cover every row that is clustered: a site whose statistics fail
+    is rejected with the reason, and the transform is that of the others' pooled rows."""
+    from fedcluster.common import tasks
+
+    honest = tasks.TASKS["stats"]
+
+    def refuse_at_site_2(site, arrays, params, floor):
+        if site.source == "site 2":
+            raise TaskError("statistics unavailable")
+        return honest(site, arrays, params, floor)
+
+    monkeypatch.setitem(tasks.TASKS, "stats", refuse_at_site_2)
+    rng = np.random.default_rng(8)
+    sites = [rng.normal(i, 1 + i, size=(50, 2)) for i in range(3)]
+    result = fedcluster.simulate(sites, n_clusters=2, scale="standard", min_sites=2)
+    assert "statistics round" in result.metrics["rejected-sites"]["2"]
+    assert result.metrics["n-sites"] == 2 and result.metrics["n-rows"] == 100
+    reference = StandardScaler().fit(np.vstack(sites[:2]))
+    np.testing.assert_allclose(result.model.scaling.factor, reference.scale_, rtol=1e-12)

@@ -20,6 +20,7 @@ of the run (:func:`scaled_rows`).
 from __future__ import annotations
 
 import json
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -127,24 +128,27 @@ def site_range(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.min(X, axis=0).astype(np.float64), np.max(X, axis=0).astype(np.float64)
 
 
-_SCALED: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+_SCALED: OrderedDict[tuple, tuple[weakref.ref, np.ndarray]] = OrderedDict()
 
 
 def scaled_rows(X: np.ndarray, source: str, text: str) -> np.ndarray:
     """``X`` under the transform encoded in ``text``, computed once per (data, transform).
 
-    The cache holds the original array itself and hits only for that same object, so a
-    reloaded or edited site never gets stale rows. (A deployment starts a new process per
-    round, which then scales once per round: one vectorised pass, less than any task.)
+    The cache hits only for the very same array object (held by a weak reference), so a
+    reloaded or edited site never gets stale rows, and an entry goes when its array does.
+    (A deployment starts a new process per round, which then scales once per round: one
+    vectorised pass, less than any task.)
 
     Raises
     ------
     ValueError
         If ``text`` is not a valid transform or does not fit ``X``'s width.
     """
+    for stale in [key for key, (ref, _) in _SCALED.items() if ref() is None]:
+        del _SCALED[stale]
     key = (source, X.shape, text)
     hit = _SCALED.get(key)
-    if hit is not None and hit[0] is X:
+    if hit is not None and hit[0]() is X:
         _SCALED.move_to_end(key)
         return hit[1]
     transform = FeatureTransform.decode(text)
@@ -153,7 +157,7 @@ def scaled_rows(X: np.ndarray, source: str, text: str) -> np.ndarray:
                          f"the site's data {X.shape[1]}")
     scaled = np.ascontiguousarray(transform.apply(X))
     scaled.setflags(write=False)
-    _SCALED[key] = (X, scaled)
+    _SCALED[key] = (weakref.ref(X), scaled)
     while len(_SCALED) > _CACHE_SIZE:
         _SCALED.popitem(last=False)
     return scaled
