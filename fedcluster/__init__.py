@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["Model", "SimulationResult", "simulate"]
+__all__ = ["Model", "SimulationResult", "choose_k", "simulate"]
 __version__ = "0.1.0"
 
 # Imported lazily: deployment starts a fresh ClientApp process for every round, and the
@@ -13,6 +13,7 @@ _LAZY = {
     "Model": "fedcluster.common.model",
     "SimulationResult": "fedcluster.simulation",
     "simulate": "fedcluster.simulation",
+    "choose_k": "fedcluster.k_selection",
 }
 
 

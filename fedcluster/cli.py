@@ -1,6 +1,7 @@
 """The ``fedcluster`` command.
 
 ``fedcluster simulate``   run a federation in this process (options = run-config keys)
+``fedcluster choose-k``   run it for every k in a range and report the best k per criterion
 ``fedcluster partition``  write a built-in data set as one CSV per site (for deployments)
 ``fedcluster predict``    label a site's own rows with a trained model.json
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Literal, get_args, get_origin
 
 import numpy as np
 
@@ -22,32 +24,85 @@ def _add_run_config_options(parser: argparse.ArgumentParser) -> None:
     for name, field in RunConfig.model_fields.items():
         flag = "--" + name.replace("_", "-")
         kind = field.annotation
+        about = f"{field.description}; " if field.description else ""
+        about += f"default {field.default!r}" if field.default == "" else f"default {field.default}"
         if kind is bool:
             parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
-                                metavar="true|false", help=f"default {field.default}")
+                                metavar="true|false", help=about)
+        elif get_origin(kind) is Literal:
+            parser.add_argument(flag, choices=get_args(kind), default=None, help=about)
         else:
             caster = kind if kind in (int, float) else str
-            parser.add_argument(flag, type=caster, default=None, help=f"default {field.default}")
+            parser.add_argument(flag, type=caster, default=None, help=about)
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from fedcluster.simulation import simulate
-
+def _run_config(args: argparse.Namespace) -> dict:
+    """The run-config options given on the command line, kebab-case, output-dir defaulted."""
     config = {
-        name: getattr(args, name)
+        name.replace("_", "-"): getattr(args, name)
         for name in RunConfig.model_fields
         if getattr(args, name, None) is not None
     }
-    config.setdefault("output_dir", "outputs")
-    if args.data:
-        # Each file is a site's data-path, loaded by the ClientApp as in a deployment.
-        from fedcluster.simulation import run_in_process
+    config.setdefault("output-dir", "outputs")
+    return config
 
-        nodes = [{"data-path": str(p), "site-id": str(i)} for i, p in enumerate(args.data)]
-        result = run_in_process(nodes, {k.replace("_", "-"): v for k, v in config.items()})
+
+def _data_nodes(args: argparse.Namespace) -> list[dict]:
+    """One node config per ``--data`` file (a site's data-path, loaded as in a deployment),
+    with the column options."""
+    nodes = []
+    for i, path in enumerate(args.data):
+        node = {"data-path": str(path), "site-id": str(i)}
+        for key in ("columns", "id_column", "label_column"):
+            if getattr(args, key) is not None:
+                node[key.replace("_", "-")] = getattr(args, key)
+        nodes.append(node)
+    return nodes
+
+
+def _add_site_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-sites", type=int, default=10,
+                        help="sites cutting the built-in --dataset (without --data); default 10")
+    parser.add_argument("--data", nargs="+", metavar="FILE",
+                        help="one data file (CSV with a header, or .npy) per site instead of a dataset")
+    parser.add_argument("--columns", default=None, metavar="A,B,...",
+                        help="with --data: the feature columns, by header name (default: all others)")
+    parser.add_argument("--id-column", default=None, help="with --data: a column to drop (record ids)")
+    parser.add_argument("--label-column", default=None,
+                        help="with --data: a column kept at the site for evaluation only")
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from fedcluster.simulation import run_in_process, site_nodes
+
+    config = _run_config(args)
+    if config.get("k-range"):
+        raise ValueError("--k-range runs every k: use `fedcluster choose-k`")
+    if args.data:
+        result = run_in_process(_data_nodes(args), config)
     else:
-        result = simulate(num_sites=args.num_sites, **config)
+        with site_nodes(None, num_sites=args.num_sites) as nodes:
+            result = run_in_process(nodes, config)
     print(f"score {result.metrics['score']:.6g} after {result.metrics['rounds']} rounds")
+    return 0
+
+
+def cmd_choose_k(args: argparse.Namespace) -> int:
+    import json
+
+    from fedcluster.k_selection import summary
+    from fedcluster.simulation import serve_in_process, site_nodes
+
+    config = _run_config(args)
+    if not config.get("k-range"):
+        raise ValueError("choose-k needs --k-range LO:HI, e.g. --k-range 2:15")
+    if args.data:
+        record = serve_in_process(_data_nodes(args), config)
+    else:
+        with site_nodes(None, num_sites=args.num_sites) as nodes:
+            record = serve_in_process(nodes, config)
+    result = json.loads(str(record["choose-k"]))
+    print(summary(result))
     return 0
 
 
@@ -75,7 +130,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
         model = Model.load(args.model)
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"{args.model}: not a fedcluster model.json ({err})") from None
-    site = load_site_file(args.data, label_column=args.label_column)
+    from fedcluster.common.config import parse_node_config
+
+    node = parse_node_config({"columns": args.columns, "id-column": args.id_column,
+                              "label-column": args.label_column})
+    site = load_site_file(args.data, label_column=node.label_column, columns=node.columns,
+                          id_column=node.id_column)
     if site.n_features != model.n_features:
         raise SiteDataError(
             f"{args.data}: has {site.n_features} feature columns, the model expects "
@@ -92,15 +152,46 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+CHOOSE_K_HELP = """\
+Run the federation once for every k in --k-range LO:HI (the configured --algorithm; each
+k warm-started from the previous k's centroids with its largest cluster split, unless
+--k-warm-start false), evaluate every k with the exact federated metrics, and report the
+best k per criterion:
+
+  elbow                   the knee of the inertia curve (kneedle: k and inertia scaled
+                          to [0, 1], the point farthest below the chord)
+  simplified-silhouette   the largest
+  davies-bouldin          the smallest
+  calinski-harabasz       the largest
+
+Every figure is computed from the sites' sufficient statistics, never from rows. Writes
+choose-k.json (best k per criterion, figures per k), choose-k.png and model-k<k>.json
+(one model per k) to <output-dir>/<run-name>/. The options below are the run-config keys
+(--n-clusters is ignored: every k in the range is run)."""
+
+CHOOSE_K_EXAMPLES = """\
+examples:
+  fedcluster choose-k --k-range 2:15 --num-sites 10 --dataset digits --scale standard
+  fedcluster choose-k --k-range 2:12 --data ward1.csv ward2.csv ward3.csv \\
+      --id-column patient_id --columns age,bmi,glucose --scale standard --n-init 3"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedcluster", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     sim = sub.add_parser("simulate", help="run a federation in this process")
-    sim.add_argument("--num-sites", type=int, default=10, help="sites for a built-in dataset")
-    sim.add_argument("--data", nargs="+", help="one data file per site instead of a dataset")
+    _add_site_options(sim)
     _add_run_config_options(sim)
     sim.set_defaults(func=cmd_simulate)
+
+    choose = sub.add_parser(
+        "choose-k", help="run the federation for every k in --k-range and choose k",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=CHOOSE_K_HELP, epilog=CHOOSE_K_EXAMPLES)
+    _add_site_options(choose)
+    _add_run_config_options(choose)
+    choose.set_defaults(func=cmd_choose_k)
 
     part = sub.add_parser("partition", help="write a built-in dataset as one CSV per site")
     part.add_argument("--dataset", default="digits")
@@ -115,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--model", required=True)
     pred.add_argument("--data", required=True)
     pred.add_argument("--label-column", default=None, help="a column to ignore")
+    pred.add_argument("--columns", default=None, metavar="A,B,...",
+                      help="the feature columns, by header name, as the site trained with")
+    pred.add_argument("--id-column", default=None, help="a column to ignore (record ids)")
     pred.add_argument("--out", required=True)
     pred.set_defaults(func=cmd_predict)
     return parser

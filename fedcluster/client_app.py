@@ -6,7 +6,8 @@ The site's data comes from its node config:
   ``num-partitions`` of the run's built-in ``dataset``, cut by ``partitioning``;
 - in deployment: ``data-path`` (CSV with a header, or ``.npy``), parsed once into a
   memory-mapped cache keyed by path, size and mtime (deployment starts a fresh process
-  per round, so nothing else may be re-parsed per round).
+  per round, so nothing else may be re-parsed per round); ``columns``, ``id-column`` and
+  ``label-column`` say which CSV columns are features, ignored, or labels.
 
 A site whose data cannot be loaded does not crash the round: it answers every task with
 an error reply naming the problem (file, row, column), logs it, and the server drops it.
@@ -43,13 +44,19 @@ def site_key(node: NodeConfig, node_id: int) -> str:
 
 def load_site(node: NodeConfig, run_config: dict) -> tuple[SiteData, dict]:
     """Load the site's data; also return what the site says about its provenance."""
+    if node.data_path is None or node.data_path.startswith(MEMORY_PREFIX):
+        for key, value in (("columns", node.columns), ("id-column", node.id_column)):
+            if value is not None:
+                raise SiteDataError(f"node-config key '{key}' selects columns of a CSV data-path; "
+                                    "this site has none")
     if node.data_path is not None:
         if node.data_path.startswith(MEMORY_PREFIX):
             token, _, index = node.data_path[len(MEMORY_PREFIX) :].partition("/")
             return MEMORY_SITES[token][int(index)], {}
         return (
             load_site_file(
-                node.data_path, cache_dir=node.cache_dir, label_column=node.label_column
+                node.data_path, cache_dir=node.cache_dir, label_column=node.label_column,
+                columns=node.columns, id_column=node.id_column,
             ),
             {},
         )

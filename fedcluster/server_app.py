@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
+from collections.abc import Iterable
 from pathlib import Path
 from typing import cast
 
@@ -105,9 +106,13 @@ class ClusteringWorkflow:
         # Where the strategy's state is written after every round (None: nowhere).
         self.checkpoint_dir = checkpoint_dir
 
-    def __call__(self, grid: Grid, context: LegacyContext) -> None:
-        strategy = cast(ClusteringStrategy, context.strategy)
-        config = strategy.config
+    def __call__(
+        self, grid: Grid, context: LegacyContext, strategies: Iterable[ClusteringStrategy] | None = None
+    ) -> None:
+        """Run ``context.strategy`` to the end or, given ``strategies``, each of them in
+        turn on the same federation (choose-k: one per k; a generator may look at the
+        previous one's result), the round numbers running on."""
+        config = cast(ClusteringStrategy, context.strategy).config
         thread, stop, registered = start_update_client_manager_thread(grid, context.client_manager)
         registered.wait()
         try:
@@ -117,22 +122,33 @@ class ClusteringWorkflow:
                     f"only {context.client_manager.num_available()} site(s) connected within "
                     f"{self.startup_timeout:g} s; min-sites = {config.min_sites}"
                 )
-            context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
             cfg = ConfigRecord({"round-timeout": config.round_timeout})
             context.state.config_records[MAIN_CONFIGS_RECORD] = cfg
-            for server_round in range(1, strategy.max_server_rounds() + 1):
-                cfg[Key.CURRENT_ROUND] = server_round
-                started = time.perf_counter()
-                self.fit_workflow(grid, context)
-                strategy.history[-1]["seconds"] = time.perf_counter() - started
-                log(logging.INFO, "%s", progress_line(strategy.history[-1], config.num_rounds))
-                if self.checkpoint_dir is not None:
-                    save_checkpoint(strategy, self.checkpoint_dir)
-                if strategy.finished:
-                    break
+            last_round = 0
+            for strategy in strategies if strategies is not None else [context.strategy]:
+                context.strategy = strategy
+                last_round = self._run_strategy(grid, context, strategy, last_round)
         finally:
             stop.set()
             thread.join()
+
+    def _run_strategy(
+        self, grid: Grid, context: LegacyContext, strategy: ClusteringStrategy, last_round: int
+    ) -> int:
+        config = strategy.config
+        cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
+        context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
+        for server_round in range(last_round + 1, last_round + strategy.max_server_rounds() + 1):
+            cfg[Key.CURRENT_ROUND] = server_round
+            started = time.perf_counter()
+            self.fit_workflow(grid, context)
+            strategy.history[-1]["seconds"] = time.perf_counter() - started
+            log(logging.INFO, "%s", progress_line(strategy.history[-1], config.num_rounds))
+            if self.checkpoint_dir is not None:
+                save_checkpoint(strategy, self.checkpoint_dir)
+            if strategy.finished:
+                break
+        return server_round
 
 
 def central_score(strategy: ClusteringStrategy) -> float | None:
@@ -153,6 +169,8 @@ def central_score(strategy: ClusteringStrategy) -> float | None:
     if any(p != first for p in provenances) or len(provenances) != first["num-partitions"]:
         return None
     X, _ = load_builtin(str(first["dataset"]), strategy.config.seed)
+    if strategy.transform is not None:  # the federated transform, as the sites applied it
+        X = strategy.transform.apply(X)
     model = KMeans(strategy.k, n_init=10, random_state=strategy.config.seed).fit(X)
     return float(model.inertia_ / len(X))
 
@@ -185,11 +203,13 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
         history=strategy.history,
         fuzzifier=config.fuzzifier if config.algorithm == "ffcm" else None,
         site_centroids=best.get("site-centroids"),
+        scaling=strategy.transform,
     )
 
 
 def run_name(config: RunConfig) -> str:
-    return config.run_name or f"{config.algorithm}-{datetime.now():%Y%m%d-%H%M%S}"
+    prefix = "choose-k-" if config.k_bounds else ""
+    return config.run_name or f"{prefix}{config.algorithm}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
 app = ServerApp()
@@ -200,6 +220,14 @@ def main(grid: Grid, context: Context) -> None:
     config = parse_run_config(dict(context.run_config))
     initial = context.state.array_records.get(INITIAL_CENTROIDS)
     initial_centroids = initial.to_numpy_ndarrays()[0] if initial is not None else None
+    if config.k_bounds is not None:
+        if initial_centroids is not None:
+            raise FederationError("k-range runs every k from its own start; give no initial centroids")
+        from fedcluster.k_selection import run_k_range
+
+        result = run_k_range(grid, context, config)
+        context.state.config_records[RESULT] = ConfigRecord({"choose-k": result})
+        return
     if config.resume_from:
         strategy = load_checkpoint(config.resume_from, config)
     else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,13 +141,13 @@ class SimulationResult:
         return self.model.metrics
 
 
-def run_in_process(
+def serve_in_process(
     node_configs: list[dict],
     run_config: dict,
     initial_centroids: np.ndarray | None = None,
     record_replies: list | None = None,
-) -> SimulationResult:
-    """Run the real ServerApp against in-process ClientApps with these node configs."""
+):
+    """Run the real ServerApp against in-process ClientApps; return its result record."""
     full_config = {**run_config_defaults(), **run_config}
     parse_run_config(full_config)  # a bad key fails here, before any site runs
     grid = InProcessGrid(client_module.app, node_configs, full_config, record_replies)
@@ -163,8 +164,49 @@ def run_in_process(
         run_id=grid.run.run_id, node_id=0, node_config={}, state=state, run_config=full_config
     )
     server_module.app(grid, context)
-    text = context.state.config_records[server_module.RESULT]["model"]
-    return SimulationResult(Model.from_json(str(text)))
+    return context.state.config_records[server_module.RESULT]
+
+
+def run_in_process(
+    node_configs: list[dict],
+    run_config: dict,
+    initial_centroids: np.ndarray | None = None,
+    record_replies: list | None = None,
+) -> SimulationResult:
+    """Run the real ServerApp against in-process ClientApps with these node configs."""
+    record = serve_in_process(node_configs, run_config, initial_centroids, record_replies)
+    return SimulationResult(Model.from_json(str(record["model"])))
+
+
+@contextmanager
+def site_nodes(sites: list[np.ndarray] | None, labels: list[np.ndarray] | None = None,
+               num_sites: int | None = None):
+    """Node configs for in-memory site arrays (registered for the run, removed after it)
+    or, without arrays, for ``num_sites`` partitions of the run's built-in dataset."""
+    if sites is None:
+        if num_sites is None:
+            raise ValueError("give either `sites` (arrays) or `num_sites` (built-in dataset)")
+        yield [{"partition-id": i, "num-partitions": num_sites} for i in range(num_sites)]
+        return
+    token = uuid.uuid4().hex
+    site_data = []
+    for i, X in enumerate(sites):
+        y = None if labels is None else np.asarray(labels[i])
+        source = f"site {i}"
+        site_data.append(SiteData(check_site_array(np.asarray(X), source), None, y, source))
+    client_module.MEMORY_SITES[token] = site_data
+    try:
+        yield [{"data-path": f"{client_module.MEMORY_PREFIX}{token}/{i}", "site-id": str(i)}
+               for i in range(len(sites))]
+    finally:
+        client_module.MEMORY_SITES.pop(token, None)
+
+
+def run_server(sites: list[np.ndarray] | None, *, run_config: dict, labels=None,
+               num_sites: int | None = None):
+    """The ServerApp's result record for a run on in-memory sites or built-in partitions."""
+    with site_nodes(sites, labels, num_sites) as node_configs:
+        return serve_in_process(node_configs, run_config)
 
 
 def simulate(
@@ -190,7 +232,8 @@ def simulate(
     labels : list of 1-D arrays, optional
         Per-site labels, kept at the sites (evaluation only).
     init_centroids : (k, d) array, optional
-        Start from these centroids instead of the ``init`` round.
+        Start from these centroids instead of the ``init`` round (in the scaled space
+        when ``scale`` is set).
     site_min_cluster_size : list of int, optional
         Each site's own privacy floor (its node config ``min-cluster-size``).
     record_replies : list, optional
@@ -207,38 +250,18 @@ def simulate(
     """
     run_config = {key.replace("_", "-"): value for key, value in config.items()}
     run_config.setdefault("output-dir", "")
-    if sites is not None:
-        token = uuid.uuid4().hex
-        site_data = []
-        for i, X in enumerate(sites):
-            y = None if labels is None else np.asarray(labels[i])
-            source = f"site {i}"
-            site_data.append(SiteData(check_site_array(np.asarray(X), source), None, y, source))
-        client_module.MEMORY_SITES[token] = site_data
-        node_configs = [
-            {"data-path": f"{client_module.MEMORY_PREFIX}{token}/{i}", "site-id": str(i)}
-            for i in range(len(sites))
-        ]
-    else:
-        if num_sites is None:
-            raise ValueError("give either `sites` (arrays) or `num_sites` (built-in dataset)")
-        token = None
-        node_configs = [
-            {"partition-id": i, "num-partitions": num_sites} for i in range(num_sites)
-        ]
-    if site_min_cluster_size is not None:
-        for cfg, floor in zip(node_configs, site_min_cluster_size, strict=True):
-            cfg["min-cluster-size"] = int(floor)
+    if run_config.get("k-range"):
+        raise ValueError("a k-range run gives one model per k: use fedcluster.choose_k")
     if true_centres is not None:
         true_centres = np.asarray(true_centres, dtype=np.float64)
         k = run_config.get("n-clusters", run_config_defaults()["n-clusters"])
         if true_centres.ndim != 2 or true_centres.shape[0] != k:
             raise ValueError(f"true_centres must be a ({k}, d) array, got {true_centres.shape}")
-    try:
+    with site_nodes(sites, labels, num_sites) as node_configs:
+        if site_min_cluster_size is not None:
+            for cfg, floor in zip(node_configs, site_min_cluster_size, strict=True):
+                cfg["min-cluster-size"] = int(floor)
         result = run_in_process(node_configs, run_config, init_centroids, record_replies)
-    finally:
-        if token is not None:
-            client_module.MEMORY_SITES.pop(token, None)
     if true_centres is not None:
         result.metrics.update(knowledge_gap(result.centroids, true_centres))
     return result

@@ -7,6 +7,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import choose_k_s1  # noqa: E402
 import ffcm_paper  # noqa: E402
 import report  # noqa: E402
 
@@ -30,3 +31,18 @@ def test_ffcm_paper_writes_its_table(tmp_path):
     assert len(row.strip("|").split("|")) == 18  # setting, 3 methods x 5, 2 round counts
     assert "(0.3588)" in row and "(3.7041)" in row  # the paper's numbers beside ours
     assert "Made by `python" in text and "cores" in text
+
+
+def test_choose_k_s1_writes_its_table(tmp_path):
+    if not (report.SHARED_DATA / "sipu" / "s1.data.gz").exists():
+        import pytest
+
+        pytest.skip("SIPU s1 not available")
+    out = tmp_path / "BENCHMARKS.md"
+    choose_k_s1.main(["--k-range", "13:16", "--splits", "iid", "--modes", "warm", "--out", str(out),
+                      "--plot", str(tmp_path / "ck.png")])
+    text = out.read_text()
+    assert "## Choosing k on SIPU s1" in text
+    row = next(line for line in text.splitlines() if line.startswith("| iid | warm"))
+    assert row.split("|")[3].strip().endswith("/ 15 / 15 / 15")  # picks, k = 13..16
+    assert (tmp_path / "ck.png").stat().st_size > 10_000

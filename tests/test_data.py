@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcluster.common import data
+from fedcluster.common import data, tabular
 from fedcluster.common.data import (
     BUILTIN_DATASETS,
     SiteData,
@@ -307,7 +307,7 @@ def test_good_csv_takes_the_fast_path(tmp_path, monkeypatch):
     def no_scan(*args, **kwargs):
         raise AssertionError("the csv-module scan must only run for bad files")
 
-    monkeypatch.setattr(data, "_scan_csv", no_scan)
+    monkeypatch.setattr(tabular, "_scan_csv", no_scan)
     site = load_site_file(path, cache_dir=tmp_path / "c", label_column="l")
     assert np.array_equal(site.X, [[1, 2], [3, 4]]) and list(site.labels) == [0, 1]
 
@@ -341,7 +341,7 @@ def test_second_load_maps_the_cache_without_parsing(tmp_path, monkeypatch):
     def no_parse(*args, **kwargs):
         raise AssertionError("the CSV must not be parsed again")
 
-    monkeypatch.setattr(data, "_parse_csv", no_parse)
+    monkeypatch.setattr(tabular, "parse_csv", no_parse)
     monkeypatch.setattr(np, "loadtxt", no_parse)
     second = load_site_file(path, cache_dir=cache)
     assert isinstance(second.X, np.memmap) and Path(second.X.filename) == cache / f"{key}.npy"

@@ -36,6 +36,28 @@ class ConfigError(ValueError):
     """A configuration key is unknown or its value is invalid."""
 
 
+def parse_k_range(value: str) -> tuple[int, int] | None:
+    """Parse ``k-range`` ``"LO:HI"`` into (LO, HI); ``""`` means no range (None).
+
+    Every criterion needs at least 2 clusters and the elbow at least 3 values of k,
+    hence 2 <= LO and LO + 2 <= HI.
+    """
+    if value == "":
+        return None
+    lo_text, sep, hi_text = str(value).partition(":")
+    try:
+        lo, hi = int(lo_text), int(hi_text)
+    except ValueError:
+        lo = hi = None
+    if not sep or lo is None:
+        raise ValueError(f"{value!r} is not of the form 'LO:HI' with integers, e.g. '2:15'")
+    if lo < 2:
+        raise ValueError(f"{value!r} starts below 2; the criteria need at least 2 clusters")
+    if hi < lo + 2:
+        raise ValueError(f"{value!r} needs HI >= LO + 2 (at least 3 values of k for the elbow)")
+    return lo, hi
+
+
 def _kebab(name: str) -> str:
     return name.replace("_", "-")
 
@@ -84,6 +106,13 @@ class RunConfig(_Strict):
     consensus: Literal["best-site", "kmeans"] = "best-site"
     round_timeout: float = Field(600.0, gt=0.0)
     eval_every: int = Field(0, ge=0, description="an exact evaluation every N training rounds")
+    # Federated preprocessing: one statistics round fixes a global per-feature transform.
+    scale: Literal["none", "standard", "minmax"] = Field(
+        "none", description="global feature scaling from one federated statistics round")
+    # Choosing k: run the federation for every k in LO..HI ("" = one run with n-clusters).
+    k_range: str = Field("", description="LO:HI, e.g. 2:15: run and evaluate every k in LO..HI")
+    k_warm_start: bool = Field(
+        True, description="k-range: start k+1 from k's centroids with the largest cluster split")
     # Simulation only: which built-in dataset the simulated sites partition.
     dataset: str = "digits"
     partitioning: str = "dirichlet:0.3"
@@ -106,6 +135,12 @@ class RunConfig(_Strict):
         from fedcluster.common.topology import parse_topology
 
         parse_topology(value)
+        return value
+
+    @field_validator("k_range")
+    @classmethod
+    def _k_range_valid(cls, value: str) -> str:
+        parse_k_range(value)
         return value
 
     @model_validator(mode="after")
@@ -134,6 +169,11 @@ class RunConfig(_Strict):
         return self.k_local or self.n_clusters
 
     @property
+    def k_bounds(self) -> tuple[int, int] | None:
+        """``k-range`` as (lo, hi), both included; None when no range is set."""
+        return parse_k_range(self.k_range)
+
+    @property
     def seeds(self) -> list[int]:
         """One seed per n-init repetition."""
         return [self.seed + i for i in range(self.n_init)]
@@ -150,15 +190,33 @@ class NodeConfig(_Strict):
     label_column: str | None = None
     min_cluster_size: int = Field(1, ge=1, description="the site's own privacy floor")
     cache_dir: str | None = None
+    # CSV column selection: `columns` (comma-separated header names, in this order) and an
+    # `id-column` that is dropped before anything else.
+    columns: tuple[str, ...] | None = None
+    id_column: str | None = None
     site_id: str | None = None
     # Set by Flower's simulation engine.
     partition_id: int | None = None
     num_partitions: int | None = None
 
-    @field_validator("site_id", "data_path", "label_column", "cache_dir", mode="before")
+    @field_validator("site_id", "data_path", "label_column", "cache_dir", "id_column", mode="before")
     @classmethod
     def _text(cls, value: Any) -> str | None:
         return None if value is None or value == "" else str(value)
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _column_list(cls, value: Any) -> tuple[str, ...] | None:
+        # Flower's node config holds scalars only, so the list is one comma-separated string.
+        if value is None or value == "":
+            return None
+        names = [str(name).strip() for name in (value.split(",") if isinstance(value, str) else value)]
+        if any(not name for name in names):
+            raise ValueError(f"{value!r} has an empty column name; write names separated by commas")
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"{value!r} names {', '.join(duplicates)} more than once")
+        return tuple(names)
 
 
 def _format(err: ValidationError, what: str) -> str:

@@ -10,14 +10,12 @@ relayed to the server operator.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import logging
 import math
 import os
 import tempfile
-import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -30,7 +28,6 @@ BUILTIN_DATASETS: tuple[str, ...] = ("digits", "blobs")
 SUPPORTED_SUFFIXES: tuple[str, ...] = (".csv", ".tsv", ".npy")
 CACHE_FORMAT = "fedcluster-site-cache-v1"  # in the key: a format change invalidates old caches
 MAX_DIRICHLET_ATTEMPTS = 100
-_DELIMITERS = {".csv": ",", ".tsv": "\t"}
 
 
 class SiteDataError(ValueError):
@@ -253,153 +250,18 @@ def load_partition(dataset: str, partitioning: str, partition_id: int, num_parti
     return SiteData(X=X_site, feature_names=names, labels=y_site, source=source)
 
 
-# ---------------------------------------------------------------- CSV parsing
-
-def _strict_float(cell: str) -> float:
-    # float() also takes '1_000'; loadtxt does not, and both parsers must agree.
-    if "_" in cell:
-        raise ValueError(cell)
-    return float(cell)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        _strict_float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _read_header(path: Path, delimiter: str) -> list[str]:
-    source = str(path)
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: Excel writes a BOM
-            header = next(csv.reader(f, delimiter=delimiter), None)
-    except UnicodeDecodeError as error:
-        raise SiteDataError(f"{source}: is not UTF-8 text ({error.reason}); save it as UTF-8") from None
-    if header is None:
-        raise SiteDataError(f"{source}: the file is empty")
-    names = [name.strip() for name in header]
-    if not any(names):
-        raise SiteDataError(f"{source}: line 1 is empty; a header row with column names is required")
-    if len(names) == 1:
-        other = next((d for d in ";\t," if d != delimiter and d in names[0]), None)
-        if other:
-            raise SiteDataError(f"{source}: the header has one column {names[0]!r}; the file seems to "
-                                f"be separated by {other!r}, but {delimiter!r} is expected")
-    if all(_is_number(name) for name in names):
-        raise SiteDataError(f"{source}: line 1 {header!r} looks like data; a header row with "
-                            "column names is required")
-    if "" in names:
-        raise SiteDataError(f"{source}: column {names.index('') + 1} of the header has no name")
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise SiteDataError(f"{source}: duplicate column names in the header: {', '.join(duplicates)}")
-    return names
-
-
-def _scan_csv(path: Path, names: list[str], delimiter: str, label_index: int | None,
-              label_codes: dict[str, int]) -> tuple[np.ndarray, list[int]]:
-    """Parse with the csv module, raising on the first bad row with its exact position."""
-    source, n_fields = str(path), len(names)
-    rows: list[list[float]] = []
-    codes: list[int] = []
-    label_codes.clear()
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter=delimiter)
-        next(reader)
-        try:
-            for record in reader:
-                if not record:  # blank line, skipped as np.loadtxt does
-                    continue
-                where = f"{source}: data row {len(rows) + 1} (line {reader.line_num})"
-                if len(record) != n_fields:
-                    raise SiteDataError(f"{where} has {len(record)} field{'s' * (len(record) != 1)}; "
-                                        f"the header has {n_fields}")
-                values = []
-                for j, cell in enumerate(record):
-                    text = cell.strip()
-                    if not text:
-                        raise SiteDataError(f"{where}, column {names[j]!r}: the cell is empty")
-                    if j == label_index:
-                        codes.append(label_codes.setdefault(text, len(label_codes)))
-                        continue
-                    try:
-                        value = _strict_float(text)
-                    except ValueError:
-                        raise SiteDataError(f"{where}, column {names[j]!r}: {cell!r} is not a number") from None
-                    if not math.isfinite(value):
-                        raise SiteDataError(f"{where}, column {names[j]!r}: {cell!r} is not a finite number")
-                    values.append(value)
-                rows.append(values)
-        except UnicodeDecodeError as error:
-            raise SiteDataError(f"{source}: after data row {len(rows)} (line {reader.line_num}): "
-                                f"not UTF-8 text ({error.reason})") from None
-    return np.array(rows, dtype=np.float64).reshape(len(rows), n_fields - (label_index is not None)), codes
-
-
-def _encode_labels(first_seen: list[str], codes: np.ndarray) -> tuple[np.ndarray, tuple[str, ...] | None]:
-    """Map labels (given as codes into `first_seen`) to int64: integers stay, others are coded
-    0..m-1 in sorted order (numeric order when all are numbers) and their names returned."""
-    numbers = [float(s) for s in first_seen] if all(map(_is_number, first_seen)) else None
-    if numbers is not None and all(v.is_integer() and abs(v) < 2**53 for v in numbers):
-        return np.asarray(numbers, dtype=np.int64)[codes], None
-    order = sorted(range(len(first_seen)), key=(lambda i: numbers[i]) if numbers else (lambda i: first_seen[i]))
-    final = np.empty(len(first_seen), dtype=np.int64)
-    final[order] = np.arange(len(order))
-    return final[codes], tuple(first_seen[i] for i in order)
-
-
-def _parse_csv(path: Path, label_column: str | None):
-    """Parse a delimited text file -> (X, feature_names, labels, label_names)."""
-    source, delimiter = str(path), _DELIMITERS[path.suffix.lower()]
-    names = _read_header(path, delimiter)
-    label_index = None
-    if label_column is not None:
-        if label_column not in names:
-            raise SiteDataError(f"{source}: label-column {label_column!r} is not in the header "
-                                f"(columns: {', '.join(names)})")
-        label_index = names.index(label_column)
-    seen: dict[str, int] = {}
-
-    def label_code(cell: str) -> float:
-        text = cell.strip()
-        if not text:
-            raise ValueError("empty label")
-        return float(seen.setdefault(text, len(seen)))
-
-    try:  # fast path: numpy's C parser; any problem is re-found by _scan_csv with its position
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "input contained no data": reported below, clearer
-            table = np.loadtxt(path, delimiter=delimiter, skiprows=1, ndmin=2, dtype=np.float64,
-                               comments=None, quotechar='"', encoding="utf-8-sig",
-                               converters={label_index: label_code} if label_index is not None else None)
-        # loadtxt only checks that rows agree with each other, not with the header
-        fast_ok = table.shape[0] == 0 or (table.shape[1] == len(names) and np.isfinite(table).all())
-    except ValueError:
-        fast_ok = False
-    if not fast_ok:
-        table, codes = _scan_csv(path, names, delimiter, label_index, seen)
-    elif label_index is not None and table.shape[0]:
-        codes = table[:, label_index].astype(np.int64)
-        table = np.delete(table, label_index, axis=1)
-    if table.shape[0] == 0:
-        raise SiteDataError(f"{source}: has a header row but no data rows")
-    feature_names = tuple(n for j, n in enumerate(names) if j != label_index)
-    if label_index is None:
-        return table, feature_names, None, None
-    labels, label_names = _encode_labels(list(seen), np.asarray(codes, dtype=np.int64))
-    return table, feature_names, labels, label_names
-
-
 # ---------------------------------------------------------------- file loading + cache
 
-def cache_key(path: str | os.PathLike, label_column: str | None = None) -> str:
-    """Cache key of a data file: sha256 of its real path, size and mtime (ns), and of the label
-    column, so an edited file or another label column gets a fresh cache entry."""
+def cache_key(path: str | os.PathLike, label_column: str | None = None,
+              columns: tuple[str, ...] | None = None, id_column: str | None = None) -> str:
+    """Cache key of a data file: sha256 of its real path, size and mtime (ns), and of the
+    column keys (label, selection, id), so an edited file or another choice of columns gets
+    a fresh cache entry."""
     real = os.path.realpath(path)
     stat = os.stat(real)
     text = f"{CACHE_FORMAT}\0{real}\0{stat.st_size}\0{stat.st_mtime_ns}\0{label_column!r}"
+    if columns is not None or id_column is not None:  # keeps the keys of older entries valid
+        text += f"\0{columns!r}\0{id_column!r}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -443,12 +305,12 @@ def _read_cache(base: Path, source: str) -> SiteData | None:
                     label_names=tuple(label_names) if label_names else None)
 
 
-def _write_cache(base: Path, data: SiteData, real_path: str, label_column: str | None) -> None:
+def _write_cache(base: Path, data: SiteData, real_path: str, columns: dict) -> None:
     base.parent.mkdir(parents=True, exist_ok=True)
     if data.labels is not None:
         _write_atomic(_sibling(base, ".labels.npy"), lambda f: np.save(f, data.labels))
     _write_atomic(_sibling(base, ".npy"), lambda f: np.save(f, np.ascontiguousarray(data.X)))
-    meta = {"format": CACHE_FORMAT, "source": real_path, "label_column": label_column,
+    meta = {"format": CACHE_FORMAT, "source": real_path, **columns,
             "shape": list(data.X.shape), "feature_names": data.feature_names,
             "has_labels": data.labels is not None, "label_names": data.label_names}
     _write_atomic(_sibling(base, ".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
@@ -472,11 +334,13 @@ def _open_npy(path: Path) -> np.ndarray:
 
 
 def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
-                   label_column: str | None = None, min_rows: int = 1) -> SiteData:
+                   label_column: str | None = None, min_rows: int = 1,
+                   columns: tuple[str, ...] | None = None, id_column: str | None = None) -> SiteData:
     """Load a site's data file (deployment path), through a memory-mapped cache.
 
-    A ``.csv`` (``.tsv``) needs a header row; all columns must be numeric except
-    `label_column`, which is kept as labels. A ``.npy`` must hold a 2-D int or float array;
+    A ``.csv`` (``.tsv``) needs a header row. `id_column` is dropped unread, `label_column`
+    is kept as labels, and the features are `columns` (header names, in that order) or
+    else every other column; all features must be numeric (see ``tabular.py``). A ``.npy`` must hold a 2-D int or float array;
     a float64 C-order one is memory-mapped in place. Anything else is parsed once and cached
     as float64 ``.npy`` in `cache_dir` (default ``$FEDCLUSTER_CACHE_DIR``, else
     ``~/.cache/fedcluster``), keyed by `cache_key`; later calls map the cache read-only without
@@ -497,8 +361,9 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
     if suffix not in SUPPORTED_SUFFIXES:
         raise SiteDataError(f"{source}: unsupported file type {suffix or '(none)'!r}; "
                             f"supported: {', '.join(SUPPORTED_SUFFIXES)}")
-    if suffix == ".npy" and label_column is not None:
-        raise SiteDataError(f"{source}: label-column needs a CSV file; a .npy holds features only")
+    for key, value in (("label-column", label_column), ("columns", columns), ("id-column", id_column)):
+        if suffix == ".npy" and value is not None:
+            raise SiteDataError(f"{source}: {key} needs a CSV file; a .npy holds features only")
     if not os.access(path, os.R_OK):
         raise SiteDataError(f"{source}: the file is not readable by this process")
     if suffix == ".npy":
@@ -506,7 +371,8 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
         if mapped.dtype == np.float64 and mapped.flags.c_contiguous:
             return SiteData(X=check_site_array(mapped, source, min_rows), feature_names=None,
                             labels=None, source=source)
-    base = Path(cache_dir if cache_dir is not None else _default_cache_dir()) / cache_key(path, label_column)
+    key = cache_key(path, label_column, columns, id_column)
+    base = Path(cache_dir if cache_dir is not None else _default_cache_dir()) / key
     cached = _read_cache(base, source)
     if cached is not None:
         _check_shape_and_rows(cached.X, source, min_rows)  # values were checked before caching
@@ -514,11 +380,14 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
     if suffix == ".npy":
         X, names, labels, label_names = mapped, None, None, None
     else:
-        X, names, labels, label_names = _parse_csv(path, label_column)
+        from fedcluster.common.tabular import parse_csv  # tabular.py raises SiteDataError
+
+        X, names, labels, label_names = parse_csv(path, label_column, columns, id_column)
     X = check_site_array(X, source, min_rows)
     data = SiteData(X=X, feature_names=names, labels=labels, source=source, label_names=label_names)
     try:
-        _write_cache(base, data, os.path.realpath(path), label_column)
+        _write_cache(base, data, os.path.realpath(path),
+                     {"label_column": label_column, "columns": columns, "id_column": id_column})
     except OSError as error:
         logger.warning("%s: cannot write the data cache in %s (%s); parsing in memory every round",
                        source, base.parent, error)

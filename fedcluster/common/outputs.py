@@ -1,10 +1,12 @@
 """What a run leaves behind and shows: progress lines, the summary, and the files
-``model.json``, ``history.csv`` and ``convergence.png`` in ``output-dir/<run-name>/``.
+``model.json``, ``history.csv`` and ``convergence.png`` in ``output-dir/<run-name>/``;
+for a k-range run ``choose-k.json``, ``choose-k.png`` and ``model-k<k>.json``.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -165,3 +167,49 @@ def write_outputs(directory: Path, model: Model) -> None:
     model.save(directory / "model.json")
     write_history(directory / "history.csv", model.history)
     plot_convergence(directory / "convergence.png", model)
+
+
+def plot_choose_k(path: Path, result: dict) -> None:
+    """The four criteria against k, each with the k it picks marked; the elbow panel also
+    shows kneedle's chord."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = [int(k) for k in result["per-k"]]
+    rows = list(result["per-k"].values())
+    panels = [
+        ("inertia", "elbow", "inertia (sum of squared distances)", "elbow (kneedle)"),
+        ("simplified-silhouette", "simplified-silhouette", "simplified silhouette", "largest"),
+        ("davies-bouldin", "davies-bouldin", "Davies-Bouldin index", "smallest"),
+        ("calinski-harabasz", "calinski-harabasz", "Calinski-Harabasz index", "largest"),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    for ax, (metric, criterion, label, rule) in zip(axes.ravel(), panels):
+        values = [row.get(metric, float("nan")) for row in rows]
+        ax.plot(ks, values, marker="o", markersize=4)
+        best = result["best"].get(criterion)
+        if metric == "inertia":
+            ax.plot([ks[0], ks[-1]], [values[0], values[-1]], color="0.6", linestyle=":",
+                    label="chord")
+        if best is not None:
+            ax.axvline(best, color="C3", linestyle="--", label=f"{rule}: k = {best}")
+            ax.plot([best], [values[ks.index(best)]], "o", color="C3")
+        ax.set(xlabel="k", ylabel=label, title=label)
+        ax.set_xticks(ks[:: math.ceil(len(ks) / 15)])
+        ax.legend(fontsize=8)
+    fig.suptitle(f"choose k: {result['algorithm']}, scale {result['scale']}, k = {ks[0]}..{ks[-1]}\n"
+                 "every figure computed federatedly (exact pooled values)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_choose_k(directory: Path, result: dict, models: dict) -> None:
+    """choose-k.json, choose-k.png and one model-k<k>.json per k into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "choose-k.json").write_text(json.dumps(result, indent=1))
+    plot_choose_k(directory / "choose-k.png", result)
+    for k, model in models.items():
+        model.save(directory / f"model-k{k}.json")

@@ -12,6 +12,11 @@ Tasks (the ``task`` config key):
 
 ``describe``
     Size, width and feature names, so the server can check that sites agree.
+``stats``
+    Per-feature aggregates over all rows for the global scaling (``scale``): mean, sum of
+    deviations and M2 (``standard``) or minimum and maximum (``minmax``); see
+    ``common/scaling.py``. Every later task carries the resulting ``transform``, and
+    :func:`run_task` hands it the scaled rows.
 ``bounds``
     Per-feature minimum and maximum (random initialisation in the federated box).
 ``local_kmeans``
@@ -44,6 +49,7 @@ Tasks (the ``task`` config key):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -53,7 +59,7 @@ import numpy as np
 
 from flwr.common.logger import log
 
-from fedcluster.common import kernels, local
+from fedcluster.common import kernels, local, scaling
 from fedcluster.common.data import SiteData
 
 Scalar = bool | int | float | str
@@ -122,6 +128,20 @@ def describe(site: SiteData, arrays, params, floor: int) -> TaskReply:
         )
     names = list(site.feature_names) if site.feature_names is not None else []
     return TaskReply(metrics={"n-features": site.n_features, "feature-names": json.dumps(names)})
+
+
+def stats(site: SiteData, arrays, params, floor: int) -> TaskReply:
+    """The statistics round: per-feature aggregates over ALL rows (never a row), refused
+    by a site with fewer rows than the privacy floor."""
+    if site.n_rows < floor:
+        raise TaskError(f"the site has {site.n_rows} rows, fewer than the privacy floor {floor}; "
+                        "it sends no statistics")
+    kind = params.get("scale")
+    if kind == "standard":
+        return TaskReply(arrays=list(scaling.site_moments(site.X)))
+    if kind == "minmax":
+        return TaskReply(arrays=list(scaling.site_range(site.X)))
+    raise TaskError(f"task parameter 'scale' must be 'standard' or 'minmax', got {kind!r}")
 
 
 def bounds(site: SiteData, arrays, params, floor: int) -> TaskReply:
@@ -390,6 +410,7 @@ TaskFn = Callable[[SiteData, list, dict, int], TaskReply]
 
 TASKS: dict[str, TaskFn] = {
     "describe": describe,
+    "stats": stats,
     "bounds": bounds,
     "local_kmeans": local_kmeans_task,
     "lloyd": lloyd_task,
@@ -405,12 +426,19 @@ TASKS: dict[str, TaskFn] = {
 
 
 def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor: int) -> TaskReply:
-    """Run the task named by ``params['task']`` with floor max(server's p, site's p)."""
+    """Run the task named by ``params['task']`` with floor max(server's p, site's p), on
+    the rows scaled by ``params['transform']`` when the run has one."""
     name = params.get("task")
     if name not in TASKS:
         raise TaskError(f"unknown task {name!r}; this site knows {sorted(TASKS)}")
     server_floor = _param(params, "min-cluster-size", int, default=1)
     floor = max(server_floor, site_floor, 1)
+    if "transform" in params:  # the run's global scaling: the task sees the scaled rows
+        try:
+            X = scaling.scaled_rows(site.X, site.source, str(params["transform"]))
+        except ValueError as err:
+            raise TaskError(f"task parameter 'transform': {err}") from None
+        site = dataclasses.replace(site, X=X)
     reply = TASKS[name](site, arrays, params, floor)
     reply.metrics.setdefault("n-rows", site.n_rows)
     return reply

@@ -8,6 +8,10 @@ Every federated round is a Flower fit round carrying a *task* (see
    loaded, or whose ``site-id`` duplicates another's is rejected with a logged reason
    and the run goes on with the rest (or stops with that reason if fewer than
    ``min-sites`` remain).
+   With ``scale`` set, a ``stats`` round follows (all usable sites): per-feature
+   aggregates give the global transform (``common/scaling.py``), which every later task
+   carries so that the sites cluster scaled rows; a site that gives no valid statistics
+   is dropped (the transform must cover every row that is clustered).
 2. ``init`` (one round per n-init repetition): the algorithm's initialisation task.
 3. ``train`` (up to ``num-rounds`` rounds): sampled sites (fraction C, seeded) run the
    algorithm's site step; the subclass reduces the replies to new centroids. The
@@ -39,7 +43,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from fedcluster.common import metrics
+from fedcluster.common import metrics, scaling
 from fedcluster.common.config import RunConfig
 from fedcluster.strategies.validation import Expect, Reply, ReplyError, validate
 
@@ -106,6 +110,9 @@ class ClusteringStrategy(Strategy):
         self.config = config
         self.k = config.n_clusters
         self.initial_centroids = initial_centroids
+        # Choose-k's warm start: the first repetition starts here, the others (n-init) cold.
+        self.warm_start: np.ndarray | None = None
+        self.transform: scaling.FeatureTransform | None = None
         self.sites: dict[str, Site] = {}
         self.rejected: dict[str, str] = {}
         # Per site key: every failed or dropped reply, "round N (task): reason".
@@ -157,13 +164,13 @@ class ClusteringStrategy(Strategy):
         return True
 
     def max_server_rounds(self) -> int:
-        """The most server rounds a run can take (the workflow's loop bound): describe,
-        then per repetition init + rounds + interim evaluations + evaluate (+ extras),
-        then Davies-Bouldin's distances round."""
+        """The most server rounds a run can take (the workflow's loop bound): describe and
+        statistics (scale), then per repetition init + rounds + interim evaluations +
+        evaluate (+ extras), then Davies-Bouldin's distances round."""
         config = self.config
         interim = config.num_rounds // config.eval_every if config.eval_every else 0
         per_repetition = config.num_rounds + interim + 2 + self.extra_rounds_per_repetition
-        return 2 + config.n_init * per_repetition
+        return 3 + config.n_init * per_repetition
 
     def begin_resume(self) -> None:
         """Continue a checkpointed run: a describe round first (node ids change when
@@ -224,6 +231,8 @@ class ClusteringStrategy(Strategy):
             targets = {s.node_id: available[str(s.node_id)] for s in usable}
             keys = {s.node_id: s.key for s in usable}
         base = {"task": plan.task, "min-cluster-size": self.config.min_cluster_size, **plan.params}
+        if self.transform is not None and plan.task not in ("describe", "stats"):
+            base["transform"] = self.transform.encode()
         shared = ndarrays_to_parameters(plan.arrays)
         self._pending = (plan, keys)
 
@@ -290,6 +299,8 @@ class ClusteringStrategy(Strategy):
 
     # --------------------------------------------------------------- phases
     def _plan_for_phase(self) -> TaskPlan:
+        if self.phase == "stats":
+            return TaskPlan("stats", params={"scale": self.config.scale})
         if self.phase == "init":
             return self.init_task()
         if self.phase == "train":
@@ -320,6 +331,7 @@ class ClusteringStrategy(Strategy):
             max_rows=plan.max_rows,
             floor=self.config.min_cluster_size,
             declared_rows=site.n_rows if site else None,
+            scale=plan.params.get("scale"),
         )
         typed = validate(arrays, metrics, int(n_rows), expect)
         return Reply(key, node_id, int(n_rows), typed, metrics)
@@ -343,6 +355,13 @@ class ClusteringStrategy(Strategy):
             return {"sites-usable": len(self.sites)}
         if plan.task == "describe":
             self._admit_sites(replies)
+            if self.config.scale == "none":
+                self._begin_repetition()
+            else:
+                self.phase = "stats"
+            return {"sites-usable": len(self.sites)}
+        if plan.task == "stats":
+            self._fix_transform(replies)
             self._begin_repetition()
             return {"sites-usable": len(self.sites)}
         self._require_sites(replies, plan.task)
@@ -381,10 +400,39 @@ class ClusteringStrategy(Strategy):
 
     def _begin_repetition(self) -> None:
         self._reset_repetition()
-        if self.initial_centroids is not None:
-            self._start_training(np.array(self.initial_centroids, dtype=np.float64))
+        start = self.initial_centroids
+        if start is None and self.repetition == 0:
+            start = self.warm_start
+        if start is not None:
+            self._start_training(np.array(start, dtype=np.float64))
         else:
             self.phase = "init"
+
+    def _fix_transform(self, replies: list[Reply]) -> None:
+        """The global transform from the statistics round; sites without valid statistics
+        leave the run (their rows would be clustered unscaled by the others' transform)."""
+        answered = {r.site_key for r in replies}
+        for key in [k for k in self.sites if k not in answered]:
+            del self.sites[key]
+            self.rejected[key] = "no valid reply to the statistics round (scale)"
+            log(logging.ERROR, "site %s rejected: %s", key, self.rejected[key])
+        if len(self.sites) < self.config.min_sites or not replies:
+            raise FederationError(self._too_few(f"{len(self.sites)} site(s) sent statistics"))
+        counts = [r.n_rows for r in replies]
+        if self.config.scale == "standard":
+            means, deviations, m2s = zip(*(r.arrays for r in replies))
+            self.transform = scaling.standard_transform(counts, means, deviations, m2s)
+        else:
+            minima, maxima = zip(*(r.arrays for r in replies))
+            self.transform = scaling.minmax_transform(minima, maxima)
+
+    def continue_from(self, previous: "ClusteringStrategy") -> None:
+        """Skip ``describe`` and ``stats``: take the sites, rejections and transform of a
+        finished run on the same federation (choose-k runs one strategy per k)."""
+        self.sites = dict(previous.sites)
+        self.rejected = dict(previous.rejected)
+        self.transform = previous.transform
+        self._begin_repetition()
 
     def _start_training(self, centroids: np.ndarray) -> None:
         if centroids.shape != (self.k, self.n_features):

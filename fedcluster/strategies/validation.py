@@ -18,9 +18,11 @@ import numpy as np
 # "list" = [(m, d) centroids, (m,) counts], m <= the rows asked for (clusters under the
 # privacy floor are left out, so m may be 0); "sizes" = [(k,) counts]; "bounds" =
 # [(d,) minima, (d,) maxima]; "per-set" = [(s,) one SSE per centroid set sent, s given as
-# ``max_rows``]; None = no arrays.
+# ``max_rows``]; "stats" = per-feature aggregates, by ``scale`` (see ``_statistics``);
+# None = no arrays.
 LAYOUT = {
     "describe": None,
+    "stats": "stats",
     "bounds": "bounds",
     "lloyd": "per-cluster",
     "minibatch": "per-cluster",
@@ -60,6 +62,7 @@ class Expect:
     max_rows: int | None = None  # rows of the centroid array (at most), for local_kmeans
     floor: int = 1
     declared_rows: int | None = None  # the size the site declared in its first reply
+    scale: str | None = None  # the statistics round's kind: "standard" or "minmax"
 
 
 def _finite(name: str, a: np.ndarray) -> None:
@@ -110,6 +113,8 @@ def validate(
     d, k = expect.n_features, expect.n_clusters
     if expect.task == "evaluate":
         return _evaluation(arrays, metrics, expect, n_rows)
+    if expect.task == "stats":
+        return _statistics(arrays, expect, n_rows)
     if "sse" in metrics or expect.task == "lloyd":
         sse = metrics.get("sse")
         if not isinstance(sse, (int, float)) or not np.isfinite(sse) or sse < 0:
@@ -173,6 +178,29 @@ def validate(
     if layout == "list" and np.any(counts == 0):
         raise ReplyError("sent a local centroid with no members")
     return [centroids.astype(np.float64), counts]
+
+
+def _statistics(arrays, expect: Expect, n_rows: int) -> list[np.ndarray]:
+    """The statistics round: ``standard`` = [(d,) means, (d,) deviation sums, (d,) M2 >= 0];
+    ``minmax`` = [(d,) minima, (d,) maxima], minima <= maxima. A site under the privacy
+    floor refuses (an ``error`` reply), so a reply here is from a site with enough rows."""
+    names = {"standard": ("means", "deviation sums", "M2"), "minmax": ("minima", "maxima")}
+    if expect.scale not in names:
+        raise ReplyError(f"no statistics layout for scale {expect.scale!r}")
+    if n_rows < expect.floor:
+        raise ReplyError(f"sent statistics of {n_rows} rows, under the privacy floor {expect.floor}")
+    wanted = names[expect.scale]
+    if len(arrays) != len(wanted):
+        raise ReplyError(f"sent {len(arrays)} arrays, expected {len(wanted)}")
+    for name, a in zip(wanted, arrays):
+        _shape(name, a, (expect.n_features,))
+        _finite(name, a)
+    arrays = [a.astype(np.float64) for a in arrays]
+    if expect.scale == "standard" and np.any(arrays[2] < 0):
+        raise ReplyError("M2 has a negative entry")
+    if expect.scale == "minmax" and np.any(arrays[0] > arrays[1]):
+        raise ReplyError("minima exceed maxima")
+    return arrays
 
 
 def _fuzzy_sums(metrics: dict, n_rows: int, k: int) -> None:
