@@ -1,0 +1,22 @@
+# The image that runs fedcluster's code: the ServerApp (next to the SuperLink) and each
+# site's ClientApps (next to its SuperNode), as Flower SuperExec processes.
+# Build from the repository root: docker build -f docker/superexec.Dockerfile -t fedcluster-superexec .
+FROM flwr/superexec:1.39.0
+
+WORKDIR /app
+COPY --chown=app:app docker/requirements.txt /app/requirements.txt
+RUN python -m pip install --no-cache-dir -r /app/requirements.txt
+
+COPY --chown=app:app pyproject.toml README.md /app/src/
+COPY --chown=app:app fedcluster /app/src/fedcluster
+RUN python -m pip install --no-cache-dir --no-deps /app/src
+
+# Numba's compiled kernels and the sites' parsed-data cache must be writable by the
+# image's user (app); every message starts a fresh ClientApp process, which would
+# otherwise compile the kernels again.
+ENV NUMBA_CACHE_DIR=/app/cache/numba \
+    FEDCLUSTER_CACHE_DIR=/app/cache/data \
+    MPLCONFIGDIR=/app/cache/matplotlib
+RUN mkdir -p /app/cache/numba /app/cache/data /app/cache/matplotlib /app/outputs
+
+ENTRYPOINT ["flower-superexec"]

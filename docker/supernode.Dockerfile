@@ -1,0 +1,7 @@
+# One site's SuperNode (its ClientApps run in the superexec image next to it, which is
+# where the site's data is mounted).
+FROM flwr/supernode:1.39.0
+
+WORKDIR /app
+EXPOSE 9094
+ENTRYPOINT ["flower-supernode"]
