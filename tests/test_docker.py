@@ -69,3 +69,25 @@ def test_every_service_flag_is_known_to_its_flower_executable(compose):
         assert not unknown, f"{compose.name} {name}: {unknown} not flags of {ENTRYPOINTS[image]}"
         if name.startswith("clientapp-"):  # the site's data: read-only, in the executor
             assert any(v.endswith(":/data:ro") for v in service["volumes"])
+
+
+def test_image_requirements_pin_every_runtime_dependency():
+    """The superexec image installs fedcluster with --no-deps on top of
+    docker/requirements.txt: every dependency of fedcluster (but flwr, which the base image
+    brings) must be there, pinned to the version installed here."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    lines = [line.split("#")[0].strip()
+             for line in (DOCKER / "requirements.txt").read_text().splitlines()]
+    pins = dict(line.split("==") for line in lines if line)
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.+-]*", line) for line in lines if line)
+    norm = {re.sub(r"[-_.]+", "-", name).lower(): v for name, v in pins.items()}
+    pyproject = tomllib.loads((DOCKER.parent / "pyproject.toml").read_text())
+    for dep in pyproject["project"]["dependencies"]:
+        name = re.sub(r"[-_.]+", "-", Requirement(dep).name).lower()
+        if name == "flwr":
+            continue
+        assert name in norm, f"{name} is not pinned in docker/requirements.txt"
+        assert norm[name] == version(name), (name, norm[name], version(name))

@@ -1,0 +1,143 @@
+"""Faults on real processes (a SuperLink and SuperNodes on loopback, gRPC): a site killed
+with SIGKILL in the middle of a run, and sites whose replies are corrupted (NaN, wrong
+shape, inflated counts) by a test-only wrapper around the real ClientApp. In both the
+run finishes, the output names what happened to which site, and the model equals (or is
+within 2% of) the run without those sites. (A site with a broken data file:
+tests/test_deployment.py; a restarted SuperLink: tests/test_secure_deployment.py.)"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fedcluster
+import flower_processes as fp
+from fedcluster.common.data import load_builtin, partition
+from test_deployment import py_kwargs, start_federation, write_site_csv
+
+APP_DIR = Path(__file__).resolve().parents[1]
+
+# The wrapper: the real ClientApp, then the reply spoiled as the node config's `corrupt`
+# says, for every task but `describe` (so the site joins and then sends garbage).
+CORRUPTING_CLIENT = '''
+import numpy as np
+from flwr.clientapp import ClientApp
+
+from fedcluster.client_app import SiteClient
+
+
+class CorruptingClient(SiteClient):
+    def __init__(self, context):
+        super().__init__(context)
+        self.mode = str(context.node_config.get("corrupt", ""))
+
+    def fit(self, parameters, config):
+        arrays, n_rows, metrics = super().fit(parameters, config)
+        if config.get("task") == "describe" or not arrays:
+            return arrays, n_rows, metrics
+        arrays = [np.array(a) for a in arrays]
+        if self.mode == "nan":
+            first = next(i for i, a in enumerate(arrays) if a.dtype.kind == "f")
+            arrays[first] = arrays[first] * np.nan
+        elif self.mode == "shape":
+            arrays[0] = arrays[0][:-1]
+        elif self.mode == "counts":
+            counts = [i for i, a in enumerate(arrays) if a.dtype.kind == "i"]
+            if counts:
+                arrays[counts[0]] = arrays[counts[0]] * 1000 + 1
+            else:  # a task without counts (Davies-Bouldin's pass): the site's size, then
+                n_rows = n_rows * 1000 + 1
+        return arrays, n_rows, metrics
+
+
+app = ClientApp(client_fn=lambda context: CorruptingClient(context).to_client())
+'''
+
+
+@pytest.fixture()
+def bed(tmp_path, tmp_path_factory):
+    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"
+    numba_cache.mkdir(exist_ok=True)
+    with fp.sandbox(tmp_path, NUMBA_CACHE_DIR=numba_cache,
+                    FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache") as sandbox:
+        yield sandbox
+
+
+def site_files(tmp_path: Path, n_sites: int, seed: int) -> tuple[list[np.ndarray], dict[str, Path]]:
+    X, y = load_builtin("blobs", seed=seed)
+    arrays = [X[rows] for rows in partition(y, n_sites, "iid", seed=seed)]
+    return arrays, {str(i): write_site_csv(tmp_path / f"site-{i}.csv", Xi)
+                    for i, Xi in enumerate(arrays)}
+
+
+def test_site_killed_mid_run(bed, tmp_path):
+    arrays, paths = site_files(tmp_path, 4, seed=6)
+    start_federation(bed, "faults", paths)
+    victim = next(p for p in bed.processes if p.name == "supernode-3")
+    config = {"algorithm": "dwf", "n-clusters": 5, "num-rounds": 8, "tol": 0.0, "seed": 6,
+              "min-sites": 3, "round-timeout": 45.0, "init": "random"}
+    out = tmp_path / "outputs"
+    log = bed.log_dir / "flwr-run-kill.log"
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(bed.run, APP_DIR, "faults",
+                          {**config, "output-dir": str(out), "run-name": "kill"},
+                          timeout=600, log_name="flwr-run-kill")
+        deadline = time.monotonic() + 300
+        while not re.search(r"round +4 \[lloyd", log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline and not run.done(), "the run never reached round 4"
+            time.sleep(0.2)
+        os.killpg(victim.pid, signal.SIGKILL)  # the site, its SuperExec and its ClientApp
+        run.result()
+    model = fedcluster.Model.load(out / "kill" / "model.json")
+    failures = model.metrics["site-failures"]
+    assert list(failures) == ["3"], failures  # named by its site id
+    assert any(h["sites-failed"] and "site 3:" in h["failures"] for h in model.history)
+    assert sorted(model.metrics["per-site"]) == ["0", "1", "2"]  # evaluated without it
+    without = fedcluster.simulate(arrays[:3], **py_kwargs(config))
+    assert abs(model.metrics["score"] / without.metrics["score"] - 1) < 0.02
+
+
+def test_corrupt_replies_are_dropped_with_reasons(bed, tmp_path):
+    # The app as deployed, with the corrupting ClientApp as its client component.
+    app = tmp_path / "app"
+    app.mkdir()
+    shutil.copytree(APP_DIR / "fedcluster", app / "fedcluster",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(APP_DIR / "README.md", app)
+    pyproject = (APP_DIR / "pyproject.toml").read_text()
+    assert 'clientapp = "fedcluster.client_app:app"' in pyproject
+    (app / "pyproject.toml").write_text(pyproject.replace(
+        'clientapp = "fedcluster.client_app:app"', 'clientapp = "corrupting_client:app"'))
+    (app / "corrupting_client.py").write_text(CORRUPTING_CLIENT)
+
+    arrays, paths = site_files(tmp_path, 2, seed=2)
+    bad = {"7": "nan", "8": "shape", "9": "counts"}  # ordered after the good sites
+    link = bed.superlink(simulation=False)
+    nodes = {f"supernode-{key}": {"data-path": str(path), "site-id": key}
+             for key, path in paths.items()}
+    nodes.update({f"supernode-{key}": {"data-path": str(paths["0"]), "site-id": key,
+                                       "corrupt": mode} for key, mode in bad.items()})
+    bed.supernodes(link, nodes)
+    bed.connect("faults", link.control_address)
+    config = {"algorithm": "dwf", "n-clusters": 4, "num-rounds": 3, "min-sites": 2, "seed": 2}
+    out = tmp_path / "outputs"
+    bed.run(app, "faults", {**config, "output-dir": str(out), "run-name": "corrupt"},
+            timeout=600, log_name="flwr-run-corrupt")
+    model = fedcluster.Model.load(out / "corrupt" / "model.json")
+    clean = fedcluster.simulate(arrays, **py_kwargs(config))
+    np.testing.assert_allclose(model.centroids, clean.centroids, rtol=0, atol=1e-9)
+    failures = model.metrics["site-failures"]
+    assert sorted(failures) == ["7", "8", "9"]
+    assert all("non-finite" in event for event in failures["7"]), failures
+    assert all("shape" in event or "sent" in event for event in failures["8"]), failures
+    assert all("more than the site's" in event or "rows now but" in event
+               for event in failures["9"]), failures
+    assert sorted(model.metrics["per-site"]) == ["0", "1"]
