@@ -34,12 +34,8 @@ def test_ffcm_paper_writes_its_table(tmp_path):
 
 
 def test_choose_k_s1_writes_its_table(tmp_path):
-    if not (report.SHARED_DATA / "sipu" / "s1.data.gz").exists():
-        import pytest
-
-        pytest.skip("SIPU s1 not available")
     out = tmp_path / "BENCHMARKS.md"
-    choose_k_s1.main(["--k-range", "13:16", "--splits", "iid", "--modes", "warm", "--out", str(out),
+    choose_k_s1.main(["--data", str(Path(__file__).resolve().parent / "data" / "sipu"), "--k-range", "13:16", "--splits", "iid", "--modes", "warm", "--out", str(out),
                       "--plot", str(tmp_path / "ck.png")])
     text = out.read_text()
     assert "## Choosing k on SIPU s1" in text
