@@ -96,7 +96,8 @@ class SiteClient(NumPyClient):
         try:
             self.node = parse_node_config(dict(context.node_config))
         except ConfigError as err:
-            self.node = NodeConfig()
+            # The site still answers (with this error) under its own name, if it gave one.
+            self.node = NodeConfig(site_id=context.node_config.get("site-id"))
             self._load_error = str(err)
         self.key = site_key(self.node, self.node_id)
 

@@ -23,8 +23,8 @@ from fedcluster.simulation import run_in_process, site_nodes
 from test_deployment import write_site_csv
 
 APP_DIR = Path(__file__).resolve().parents[1]
-# A short dwf run: a min/max round (init "random"), three training rounds, evaluation.
-CONFIG = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 3, "tol": 0.0, "seed": 4,
+# A short dwf run: a min/max round (init "random"), two training rounds, evaluation.
+CONFIG = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 2, "tol": 0.0, "seed": 4,
           "min-sites": 1, "init": "random"}
 
 
@@ -110,10 +110,10 @@ def test_max_rounds_counts_answered_task_rounds_in_process():
     answered = [(h["task"], h["sites-answered"]) for h in result.history]
     # describe (not counted), bounds + one lloyd answered by all, then site 1 stops
     assert answered == [("describe", 3), ("bounds", 3), ("lloyd", 3), ("lloyd", 2),
-                        ("lloyd", 2), ("evaluate", 2), ("evaluate_distances", 2)]
+                        ("evaluate", 2), ("evaluate_distances", 2)]
     failures = result.metrics["site-failures"]
     assert list(failures) == ["1"]
-    assert len(failures["1"]) == 4
+    assert len(failures["1"]) == 3
     assert all("site policy max-rounds=2 reached" in event for event in failures["1"])
     assert sorted(result.metrics["per-site"]) == ["0", "2"]
 
@@ -125,6 +125,14 @@ def test_allowed_algorithm_runs_and_refused_one_is_rejected_in_process():
     assert list(refused.metrics["rejected-sites"]) == ["0"]
     assert "allow-algorithms=fkm refuses algorithm 'dwf'" in refused.metrics["rejected-sites"]["0"]
     assert refused.metrics["n-sites"] == 2
+
+
+def test_site_with_a_bad_policy_value_is_rejected_naming_the_key():
+    """A mistyped policy must not silently lift the limit: the site answers nothing."""
+    result = _policy_run({2: {"max-rounds": 0}}, CONFIG)
+    assert list(result.metrics["rejected-sites"]) == ["2"]
+    assert "node-config key 'max-rounds'" in result.metrics["rejected-sites"]["2"]
+    assert result.metrics["n-sites"] == 2
 
 
 # -------------------------------------------------------- real site processes
@@ -161,10 +169,10 @@ def test_site_policies_on_real_site_processes(bed, tmp_path):
     # Site 1 answered bounds and the first lloyd round, then refused the rest: the
     # count persisted across the fresh ClientApp process of every message.
     assert sorted(failures) == ["1", "2"]
-    assert len(failures["1"]) == 4, failures["1"]
+    assert len(failures["1"]) == 3, failures["1"]
     assert all("site policy max-rounds=2 reached" in event for event in failures["1"])
     assert re.match(r"round 4 \(lloyd\)", failures["1"][0]), failures["1"]
-    assert [h["sites-answered"] for h in model.history] == [2, 2, 2, 1, 1, 1, 1]
+    assert [h["sites-answered"] for h in model.history] == [2, 2, 2, 1, 1, 1]
     assert sorted(model.metrics["per-site"]) == ["0"]
     # each refusing site says so in its own log (its ClientApp processes log there)
     assert re.search(r"ERROR.*site 1: task lloyd refused: site policy max-rounds=2 reached",
