@@ -125,7 +125,8 @@ def _metric_problems(metrics: dict, views):
                 yield f"metric {key!r} is a list of values, not of names"
         elif not isinstance(value, (bool, int, float)):
             yield f"metric {key!r} is a {type(value).__name__}, not a scalar"
-        elif isinstance(value, float) and np.any(np.abs(values - value) <= 1e-12 * (1 + abs(value))):
+        elif isinstance(value, float) and np.any(np.abs(values - value)
+                                                 <= 1e-12 * (1 + abs(value))):
             yield f"metric {key!r} = {value!r} is a value of the site's data"
 
 

@@ -154,7 +154,8 @@ def test_site_policies_on_real_site_processes(bed, tmp_path):
     for i, X in enumerate(arrays):
         key = str(i)
         path = write_site_csv(tmp_path / f"site-{key}.csv", X)
-        nodes[f"supernode-{key}"] = {"data-path": str(path), "site-id": key, **policies.get(key, {})}
+        nodes[f"supernode-{key}"] = {"data-path": str(path), "site-id": key,
+                                     **policies.get(key, {})}
     link = bed.superlink(simulation=False)
     procs = dict(zip(nodes, bed.supernodes(link, nodes)))
     bed.connect("policy", link.control_address)
