@@ -11,6 +11,8 @@ The site's data comes from its node config:
 
 A site whose data cannot be loaded does not crash the round: it answers every task with
 an error reply naming the problem (file, row, column), logs it, and the server drops it.
+The site's own policy (``allow-algorithms``, ``max-rounds``; see
+``common/site_policy.py``) is refused the same way, before the data are touched.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from flwr.clientapp import ClientApp
 from flwr.common import Context
 from flwr.common.logger import log
 
-from fedcluster.common.config import ConfigError, NodeConfig, parse_node_config
+from fedcluster.common import site_policy
+from fedcluster.common.config import ConfigError, NodeConfig, parse_node_config, run_config_defaults
 from fedcluster.common.data import SiteData, SiteDataError, load_partition, load_site_file
 from fedcluster.common.tasks import TaskError, run_task
 
@@ -83,6 +86,9 @@ class SiteClient(NumPyClient):
 
     def __init__(self, context: Context) -> None:
         self.node_id = context.node_id
+        self.run_id = context.run_id
+        # Kept by the SuperNode between the per-message ClientApp processes of a run.
+        self.state = context.state
         self.run_config = dict(context.run_config)
         self._site: SiteData | None = None
         self._provenance: dict = {}
@@ -90,7 +96,8 @@ class SiteClient(NumPyClient):
         try:
             self.node = parse_node_config(dict(context.node_config))
         except ConfigError as err:
-            self.node = NodeConfig()
+            # The site still answers (with this error) under its own name, if it gave one.
+            self.node = NodeConfig(site_id=context.node_config.get("site-id"))
             self._load_error = str(err)
         self.key = site_key(self.node, self.node_id)
 
@@ -108,14 +115,22 @@ class SiteClient(NumPyClient):
     def get_parameters(self, config):
         return []
 
+    def _check_policy(self, task: str) -> None:
+        """Raise PolicyRefusal if the site's own policy refuses this task."""
+        algorithm = str(self.run_config.get("algorithm", run_config_defaults()["algorithm"]))
+        site_policy.check_algorithm(self.node, algorithm)
+        site_policy.check_rounds(self.node, self.state, self.run_id, task)
+
     def fit(self, parameters, config):
         task = str(config.get("task", "?"))
         try:
+            self._check_policy(task)
             site = self._load()
             reply = run_task(site, [np.asarray(a) for a in parameters], dict(config), self.node.min_cluster_size)
-        except (SiteDataError, TaskError) as err:
+        except (site_policy.PolicyRefusal, SiteDataError, TaskError) as err:
             log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
             return [], 0, {"site-key": self.key, "error": str(err)}
+        site_policy.count_round(self.state, self.run_id, task)
         metrics = dict(reply.metrics)
         metrics["site-key"] = self.key
         if task == "describe":

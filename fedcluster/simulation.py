@@ -111,6 +111,7 @@ class InProcessGrid(Grid):
             {
                 "node-id": instruction.metadata.dst_node_id,
                 "task": fitins.config.get("task"),
+                "params": dict(fitins.config),
                 "sent": parameters_to_ndarrays(fitins.parameters),
                 "arrays": parameters_to_ndarrays(fitres.parameters),
                 "metrics": dict(fitres.metrics),
@@ -239,7 +240,8 @@ def simulate(
     record_replies : list, optional
         If given, every reply that leaves a site is appended to it as a dict (``task``,
         ``arrays``, ``metrics``, ``num-examples``, ``node-id``): what a site discloses;
-        ``sent`` holds the arrays the site received for that task.
+        ``sent`` and ``params`` hold the arrays and the task parameters (the scaling
+        ``transform`` included) the site received for that task.
     true_centres : (k, d) array, optional
         The centres the data were generated from. Adds FFCM's ``knowledge-gap`` (sum of
         distances under the optimal one-to-one matching) and ``ngap`` (gap / sqrt(d)) to

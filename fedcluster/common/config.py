@@ -195,6 +195,10 @@ class NodeConfig(_Strict):
     columns: tuple[str, ...] | None = None
     id_column: str | None = None
     site_id: str | None = None
+    # Site policy (fedcluster/common/site_policy.py): the most task rounds of one run the
+    # site answers (describe excluded), and the algorithms it takes part in (None: all).
+    max_rounds: int | None = Field(None, ge=1, description="task rounds answered per run")
+    allow_algorithms: tuple[str, ...] | None = None
     # Set by Flower's simulation engine.
     partition_id: int | None = None
     num_partitions: int | None = None
@@ -217,6 +221,33 @@ class NodeConfig(_Strict):
         if duplicates:
             raise ValueError(f"{value!r} names {', '.join(duplicates)} more than once")
         return tuple(names)
+
+
+    @field_validator("max_rounds", mode="before")
+    @classmethod
+    def _not_bool(cls, value: Any) -> Any:
+        # pydantic would read `true` as 1; a policy limit must be written as a number.
+        if isinstance(value, bool):
+            raise ValueError("must be a whole number of rounds >= 1, not a boolean")
+        return value
+
+    @field_validator("allow_algorithms", mode="before")
+    @classmethod
+    def _algorithm_list(cls, value: Any) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        names = [str(n).strip() for n in (value.split(",") if isinstance(value, str) else value)]
+        if not any(names):
+            # An empty list would refuse every run; leaving the key out allows all.
+            raise ValueError("is empty; name at least one algorithm, or leave the key out "
+                             "to allow every algorithm")
+        if any(not name for name in names):
+            raise ValueError(f"{value!r} has an empty algorithm name; separate names by commas")
+        unknown = [name for name in names if name not in ALGORITHMS]
+        if unknown:
+            raise ValueError(f"unknown algorithm(s) {', '.join(map(repr, unknown))}; "
+                             f"known: {', '.join(ALGORITHMS)}")
+        return tuple(dict.fromkeys(names))
 
 
 def _format(err: ValidationError, what: str) -> str:

@@ -365,7 +365,8 @@ def fuzzy_evaluation_sums(X: np.ndarray, C: np.ndarray, m: float) -> tuple[float
 
 def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
     """Pass 1 of the exact metrics (see ``common/metrics.py``); clusters and
-    contingency cells under the floor are left out (zeros) and flagged ``hidden``."""
+    contingency cells under the floor are left out (zeros) and flagged ``hidden``, and
+    labels with no cell at or above the floor are not named."""
     C = _centroids(arrays, site)
     sums, counts, sqnorms, sse, silhouette = kernels.evaluation_stats(site.X, C)
     # The site's own figures, unfiltered, stay in the site's own log.
@@ -390,8 +391,12 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
         table = np.zeros((len(codes), C.shape[0]), dtype=np.int64)
         np.add.at(table, (truth, labels), 1)
         table[table < floor] = 0
-        reply.arrays.append(table)
-        reply.metrics["label-names"] = json.dumps(_label_names(site))
+        # A label with no cell at or above the floor is left out: its row would be zeros
+        # (no metric changes), but its name would tell that the site holds rows of it.
+        shown = table.any(axis=1)
+        reply.arrays.append(table[shown])
+        names = [name for name, keep in zip(_label_names(site), shown) if keep]
+        reply.metrics["label-names"] = json.dumps(names)
     return reply
 
 

@@ -1,0 +1,91 @@
+"""Site policy: limits a site sets in its own node config and enforces itself.
+
+``allow-algorithms``
+    The algorithms (run-config ``algorithm``) the site takes part in; a run of any other
+    is refused at every task, the ``describe`` handshake included, so the server rejects
+    the site at once (``rejected-sites``).
+``max-rounds``
+    The most task rounds of ONE run the site answers. Every task but ``describe``
+    counts (statistics, initialisation, training and evaluation rounds alike: each
+    discloses aggregates of the rows; ``describe`` discloses only the number of rows
+    and the width, and counting it would let a site be admitted that then answers
+    nothing). Only answered tasks count; once N are answered, every later task of the
+    run is refused (the server records it under ``site-failures`` and goes on without
+    the site). A new run (a resumed run included) starts a new count.
+
+The ``min-cluster-size`` floor is the third site policy; it is applied in
+``common/tasks.py``.
+
+The count must survive between messages: in a deployment Flower starts a fresh ClientApp
+process per message, but the SuperNode keeps one ``Context.state`` per run (series) and
+hands it to each process, storing back what the process changed (flwr 1.39:
+``supernode/servicer/runtime/runtime_handlers.py``, ``push_task_output``). The count is
+kept there, tagged with the run id, so a state shared by several runs of one series
+still counts each run on its own.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, RecordDict
+
+from fedcluster.common.config import NodeConfig
+
+#: The ``Context.state`` config record that holds the round count.
+STATE_RECORD = "fedcluster-site-policy"
+
+
+class PolicyRefusal(Exception):
+    """The site's own policy refuses this task; the message names the policy."""
+
+
+def check_algorithm(node: NodeConfig, algorithm: str) -> None:
+    """Refuse a run of an algorithm the site does not allow.
+
+    Raises
+    ------
+    PolicyRefusal
+        Naming the algorithm and the allowed list.
+    """
+    allowed = node.allow_algorithms
+    if allowed is not None and algorithm not in allowed:
+        listed = ",".join(allowed)
+        raise PolicyRefusal(
+            f"site policy allow-algorithms={listed} refuses algorithm {algorithm!r} "
+            f"(this site takes part only in: {', '.join(allowed)})"
+        )
+
+
+def rounds_answered(state: RecordDict, run_id: int) -> int:
+    """How many counted task rounds of run ``run_id`` this site has answered."""
+    record = state.config_records.get(STATE_RECORD)
+    if record is None or record.get("run-id") != str(run_id):
+        return 0  # a new run starts a new count
+    return int(record.get("answered", 0))
+
+
+def check_rounds(node: NodeConfig, state: RecordDict, run_id: int, task: str) -> None:
+    """Refuse a counted task once ``max-rounds`` tasks of this run were answered.
+
+    Raises
+    ------
+    PolicyRefusal
+        Naming the policy and its limit.
+    """
+    if node.max_rounds is None or task == "describe":
+        return
+    answered = rounds_answered(state, run_id)
+    if answered >= node.max_rounds:
+        raise PolicyRefusal(
+            f"site policy max-rounds={node.max_rounds} reached: this site answered "
+            f"{answered} task rounds of run {run_id} and answers no more"
+        )
+
+
+def count_round(state: RecordDict, run_id: int, task: str) -> None:
+    """Record one answered task of run ``run_id`` (``describe`` is not counted)."""
+    if task == "describe":
+        return
+    state.config_records[STATE_RECORD] = ConfigRecord(
+        # The run id as text: Flower's run ids are unsigned 64-bit, a record's ints signed.
+        {"run-id": str(run_id), "answered": rounds_answered(state, run_id) + 1}
+    )

@@ -1,0 +1,186 @@
+"""Site policy in the node config (``max-rounds``, ``allow-algorithms``): parsing, the
+count kept in Flower's ``Context.state``, enforcement in the in-process harness, and one
+real deployment (a SuperLink and three SuperNode processes on loopback, gRPC) in which
+one site stops after two rounds and another refuses the run's algorithm; the run
+finishes with the third, model.json names both sites with their policy, and each
+refusing site's own log says why."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+from flwr.common.serde import context_from_proto, context_to_proto
+
+import fedcluster
+import flower_processes as fp
+from fedcluster.common import site_policy
+from fedcluster.common.config import ConfigError, parse_node_config
+from fedcluster.simulation import run_in_process, site_nodes
+from test_deployment import write_site_csv
+
+APP_DIR = Path(__file__).resolve().parents[1]
+# A short dwf run: a min/max round (init "random"), two training rounds, evaluation.
+CONFIG = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 2, "tol": 0.0, "seed": 4,
+          "min-sites": 1, "init": "random"}
+
+
+def _sites(n_sites: int = 3, rows: int = 40) -> list[np.ndarray]:
+    rng = np.random.default_rng(4)
+    centres = np.array([[0.0, 0.0], [6.0, 0.0], [0.0, 6.0]])
+    return [centres[rng.integers(0, 3, rows)] + rng.normal(size=(rows, 2)) for _ in range(n_sites)]
+
+
+# ------------------------------------------------------------------- parsing
+
+
+def test_policy_keys_parse():
+    node = parse_node_config({"max-rounds": 3, "allow-algorithms": " fkm, dwf ,fkm"})
+    assert node.max_rounds == 3
+    assert node.allow_algorithms == ("fkm", "dwf")  # stripped, duplicates dropped, in order
+    default = parse_node_config({})
+    assert default.max_rounds is None and default.allow_algorithms is None  # no limit
+
+
+@pytest.mark.parametrize(
+    ("values", "key", "says"),
+    [
+        ({"max-rounds": 0}, "max-rounds", "greater than or equal to 1"),
+        ({"max-rounds": -2}, "max-rounds", "greater than or equal to 1"),
+        ({"max-rounds": 2.5}, "max-rounds", "fractional part"),
+        ({"max-rounds": "two"}, "max-rounds", "valid integer"),
+        ({"max-rounds": True}, "max-rounds", "not a boolean"),
+        ({"allow-algorithms": ""}, "allow-algorithms", "leave the key out"),
+        ({"allow-algorithms": "fkm,,dwf"}, "allow-algorithms", "empty algorithm name"),
+        ({"allow-algorithms": "fkm,kmeans"}, "allow-algorithms", "unknown algorithm(s) 'kmeans'"),
+    ],
+)
+def test_bad_policy_values_name_the_key(values, key, says):
+    with pytest.raises(ConfigError) as err:
+        parse_node_config(values)
+    assert f"node-config key '{key}'" in str(err.value)
+    assert says in str(err.value)
+
+
+# ------------------------------------------------------- the count in the state
+
+
+def test_round_count_survives_the_supernodes_serialisation():
+    """The SuperNode sends the Context to each ClientApp process and stores back what
+    it returns (as protobuf); the count must survive that round trip, per run."""
+    node = parse_node_config({"max-rounds": 2})
+    context = Context(run_id=2**64 - 5, node_id=1, node_config={}, state=RecordDict(),
+                      run_config={})  # run ids are unsigned 64-bit
+    for task in ("describe", "bounds", "lloyd"):  # describe is not counted
+        site_policy.check_rounds(node, context.state, context.run_id, task)
+        site_policy.count_round(context.state, context.run_id, task)
+        context = context_from_proto(context_to_proto(context))  # next process
+    assert site_policy.rounds_answered(context.state, context.run_id) == 2
+    with pytest.raises(site_policy.PolicyRefusal, match=r"site policy max-rounds=2 reached"):
+        site_policy.check_rounds(node, context.state, context.run_id, "lloyd")
+    site_policy.check_rounds(node, context.state, context.run_id, "describe")  # still answered
+    # another run (e.g. a resumed one) sharing the state starts its own count
+    site_policy.check_rounds(node, context.state, 7, "lloyd")
+    assert site_policy.rounds_answered(context.state, 7) == 0
+
+
+def test_allow_algorithms_names_algorithm_and_list():
+    node = parse_node_config({"allow-algorithms": "fkm,kfed"})
+    site_policy.check_algorithm(node, "kfed")
+    with pytest.raises(site_policy.PolicyRefusal) as err:
+        site_policy.check_algorithm(node, "dwf")
+    assert "allow-algorithms=fkm,kfed" in str(err.value) and "'dwf'" in str(err.value)
+
+
+# --------------------------------------------------------- in-process harness
+
+
+def _policy_run(policies: dict[int, dict], config: dict):
+    with site_nodes(_sites()) as nodes:
+        for index, policy in policies.items():
+            nodes[index].update(policy)
+        return run_in_process(nodes, {**config, "output-dir": ""})
+
+
+def test_max_rounds_counts_answered_task_rounds_in_process():
+    result = _policy_run({1: {"max-rounds": 2}}, CONFIG)
+    answered = [(h["task"], h["sites-answered"]) for h in result.history]
+    # describe (not counted), bounds + one lloyd answered by all, then site 1 stops
+    assert answered == [("describe", 3), ("bounds", 3), ("lloyd", 3), ("lloyd", 2),
+                        ("evaluate", 2), ("evaluate_distances", 2)]
+    failures = result.metrics["site-failures"]
+    assert list(failures) == ["1"]
+    assert len(failures["1"]) == 3
+    assert all("site policy max-rounds=2 reached" in event for event in failures["1"])
+    assert sorted(result.metrics["per-site"]) == ["0", "2"]
+
+
+def test_allowed_algorithm_runs_and_refused_one_is_rejected_in_process():
+    allowed = _policy_run({0: {"allow-algorithms": "dwf,fkm"}}, CONFIG)
+    assert allowed.metrics["rejected-sites"] == {} and allowed.metrics["n-sites"] == 3
+    refused = _policy_run({0: {"allow-algorithms": "fkm"}}, CONFIG)
+    assert list(refused.metrics["rejected-sites"]) == ["0"]
+    assert "allow-algorithms=fkm refuses algorithm 'dwf'" in refused.metrics["rejected-sites"]["0"]
+    assert refused.metrics["n-sites"] == 2
+
+
+def test_site_with_a_bad_policy_value_is_rejected_naming_the_key():
+    """A mistyped policy must not silently lift the limit: the site answers nothing."""
+    result = _policy_run({2: {"max-rounds": 0}}, CONFIG)
+    assert list(result.metrics["rejected-sites"]) == ["2"]
+    assert "node-config key 'max-rounds'" in result.metrics["rejected-sites"]["2"]
+    assert result.metrics["n-sites"] == 2
+
+
+# -------------------------------------------------------- real site processes
+
+
+@pytest.fixture()
+def bed(tmp_path, tmp_path_factory):
+    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"
+    numba_cache.mkdir(exist_ok=True)
+    with fp.sandbox(tmp_path, NUMBA_CACHE_DIR=numba_cache,
+                    FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache") as sandbox:
+        yield sandbox
+
+
+def test_site_policies_on_real_site_processes(bed, tmp_path):
+    arrays = _sites()
+    nodes = {}
+    policies = {"1": {"max-rounds": 2}, "2": {"allow-algorithms": "fkm"}}
+    for i, X in enumerate(arrays):
+        key = str(i)
+        path = write_site_csv(tmp_path / f"site-{key}.csv", X)
+        nodes[f"supernode-{key}"] = {"data-path": str(path), "site-id": key,
+                                     **policies.get(key, {})}
+    link = bed.superlink(simulation=False)
+    procs = dict(zip(nodes, bed.supernodes(link, nodes)))
+    bed.connect("policy", link.control_address)
+    out = tmp_path / "outputs"
+    bed.run(APP_DIR, "policy", {**CONFIG, "output-dir": str(out), "run-name": "policy"},
+            timeout=300, log_name="flwr-run-policy")
+
+    model = fedcluster.Model.load(out / "policy" / "model.json")
+    rejected, failures = model.metrics["rejected-sites"], model.metrics["site-failures"]
+    assert list(rejected) == ["2"]
+    assert "site policy allow-algorithms=fkm refuses algorithm 'dwf'" in rejected["2"]
+    # Site 1 answered bounds and the first lloyd round, then refused the rest: the
+    # count persisted across the fresh ClientApp process of every message.
+    assert sorted(failures) == ["1", "2"]
+    assert len(failures["1"]) == 3, failures["1"]
+    assert all("site policy max-rounds=2 reached" in event for event in failures["1"])
+    assert re.match(r"round 4 \(lloyd\)", failures["1"][0]), failures["1"]
+    assert [h["sites-answered"] for h in model.history] == [2, 2, 2, 1, 1, 1]
+    assert sorted(model.metrics["per-site"]) == ["0"]
+    # each refusing site says so in its own log (its ClientApp processes log there)
+    assert re.search(r"ERROR.*site 1: task lloyd refused: site policy max-rounds=2 reached",
+                     procs["supernode-1"].log_text())
+    assert re.search(r"ERROR.*site 2: task describe refused: site policy allow-algorithms=fkm "
+                     r"refuses algorithm 'dwf'", procs["supernode-2"].log_text())
+    assert "refused" not in procs["supernode-0"].log_text()
+    # the run equals the in-process harness with the same policies
+    harness = _policy_run({1: {"max-rounds": 2}, 2: {"allow-algorithms": "fkm"}}, CONFIG)
+    np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
