@@ -60,10 +60,14 @@ def fit_round(grid: Grid, context: LegacyContext) -> None:
         for proxy, fitins in instructions
     ]
     replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    # Pushing gave each message its id. A reply is matched to its site through the id it
+    # answers, not its sender: the SuperLink itself sends the error reply for a site it
+    # considers gone (src_node_id = the SuperLink's).
+    addressee = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
     results, failures = [], []
     answered = set()
     for msg in replies:
-        node_id = msg.metadata.src_node_id
+        node_id = addressee.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
         answered.add(node_id)
         if msg.has_error():
             failures.append(SiteFailure(node_id, f"error reply: {msg.error.reason}"))

@@ -20,6 +20,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 PREFIX = "fcx"  # every namespace and interface made here starts with it
+# What this process made (another test run on the same machine makes its own: the leak
+# check must neither see nor delete those).
+MADE_NAMESPACES: set[str] = set()
+MADE_LINKS: set[str] = set()
 
 
 class NetnsError(RuntimeError):
@@ -48,16 +52,17 @@ def unavailable() -> str | None:
 
 
 def namespaces() -> list[str]:
-    """The namespaces made by this module that exist now."""
+    """The namespaces made by this module in this process that exist now."""
     out = _ip("netns", "list", check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+    return [line.split()[0] for line in out.splitlines()
+            if line.split() and line.split()[0] in MADE_NAMESPACES]
 
 
 def links() -> list[str]:
-    """Interfaces of the root namespace made by this module that exist now."""
+    """Interfaces of the root namespace made by this module in this process that exist now."""
     out = _ip("-o", "link", "show", check=False).stdout
     names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
-    return [name for name in names if name.startswith(PREFIX)]
+    return [name for name in names if name in MADE_LINKS]
 
 
 @dataclass
@@ -75,12 +80,19 @@ class Lan:
 
 
 @contextlib.contextmanager
-def lan(hosts: list[str], subnet: str = "10.231.0") -> Iterator[Lan]:
-    """Namespaces for ``hosts`` (addresses ``subnet``.1, .2, ...; the operator is .254)."""
+def lan(hosts: list[str], subnet: str | None = None) -> Iterator[Lan]:
+    """Namespaces for ``hosts`` (addresses ``subnet``.1, .2, ...; the operator is .254).
+    The default subnet is a random 10.231-254.x.0/24, so that concurrent test runs on one
+    machine do not put the same operator address on two interfaces."""
     tag = uuid.uuid4().hex[:5]
+    if subnet is None:
+        octets = uuid.UUID(int=uuid.uuid4().int).bytes
+        subnet = f"10.{231 + octets[0] % 24}.{octets[1]}"
     hub = f"{PREFIX}{tag}hub"
     made: list[str] = []
     root_end = f"{PREFIX}{tag}op"
+    MADE_NAMESPACES.update([hub, *(f"{PREFIX}{tag}h{i}" for i in range(1, len(hosts) + 1))])
+    MADE_LINKS.add(root_end)
     try:
         _ip("netns", "add", hub)
         made.append(hub)
