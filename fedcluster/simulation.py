@@ -11,6 +11,7 @@ Python API::
 
 from __future__ import annotations
 
+import copy
 import itertools
 import uuid
 from collections.abc import Iterable
@@ -95,6 +96,10 @@ class InProcessGrid(Grid):
             if msg is None:
                 continue
             context = self.contexts[msg.metadata.dst_node_id]
+            # A real transport serialises each message: the site gets its own copy (a
+            # ServerApp may send one content object to several nodes, as SecAgg+ does,
+            # and Flower's secaggplus_mod mutates what it receives).
+            msg = copy.deepcopy(msg)
             try:
                 reply = self.client_app(msg, context)
             except Exception as err:  # a site crash is a failed reply, as in Flower
