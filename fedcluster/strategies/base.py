@@ -257,14 +257,14 @@ class ClusteringStrategy(Strategy):
     def aggregate_fit(self, server_round, results, failures):
         plan, keys = self._pending
         replies, failed = [], []
+        if plan.secure is not None:  # SecAgg+'s failures carry no node id: see below
+            replies = self._secure_replies(server_round, plan, keys, results, failures, failed)
+            results, failures = [], []
         for failure in failures:
             key, reason = self._failure_reason(failure, keys)
             failed.append(f"site {key}: {reason}")
             self.site_failures.setdefault(key, []).append(
                 f"round {server_round + self.round_offset} ({plan.task}): {reason}")
-        if plan.secure is not None:
-            replies = self._secure_replies(plan, keys, results, failed)
-            results = []
         for proxy, res in results:
             node_id = int(proxy.node_id)
             metrics = dict(res.metrics)
@@ -322,7 +322,8 @@ class ClusteringStrategy(Strategy):
                                     self.config.secagg_data_bound, n_max, means)
         return names, scales
 
-    def _secure_replies(self, plan: TaskPlan, keys: dict[int, str], results, failed) -> list[Reply]:
+    def _secure_replies(self, server_round: int, plan: TaskPlan, keys: dict[int, str], results,
+                        failures, failed) -> list[Reply]:
         """The decoded sum of a secure round as ONE reply standing for its N sites (the
         reductions then run unchanged), or none when the aggregate fails validation.
 
@@ -330,10 +331,18 @@ class ClusteringStrategy(Strategy):
         own, so the aggregate is (finite, shapes, counts within the rows of the sites that
         contributed, the row total equal to theirs); a site that sends bad values makes
         the whole round unusable, and cannot be named."""
+        contributors = [keys[int(proxy.node_id)] for proxy, _ in results]
+        errors = "; ".join(self._failure_reason(f, keys)[1] for f in failures)
+        if errors:
+            log(logging.WARNING, "secure round (%s): SecAgg+ failures: %s", plan.task, errors)
+        for key in sorted(set(keys.values()) - set(contributors), key=site_order):
+            reason = "left out of the secure sum (no masked reply; see the site's log)"
+            failed.append(f"site {key}: {reason}")
+            self.site_failures.setdefault(key, []).append(
+                f"round {server_round + self.round_offset} ({plan.task}): {reason}")
         if not results:
             return []
         names, scales = plan.secure
-        contributors = [keys[int(proxy.node_id)] for proxy, _ in results]
         n_sites = len(contributors)
         n_rows = sum(self.sites[key].n_rows for key in contributors)
         aggregate = parameters_to_ndarrays(results[0][1].parameters)
