@@ -164,8 +164,13 @@ def test_secure_run_equals_plain(digits, algorithm, extra):
     plain = fedcluster.simulate(sites, labels=labels, record_replies=plain_records, **config)
     sec = fedcluster.simulate(sites, labels=labels, record_replies=secure_records,
                               secure_aggregation=True, secagg_data_bound=BOUND, **config)
-    # the same assignments in every round: exact counts, equal sizes
-    assert sec.metrics["cluster-sizes"] == plain.metrics["cluster-sizes"]
+    if algorithm == "ffcm":
+        # Fuzzy c-means is continuous in the centres: each round's error carries into the
+        # next (no assignment snaps it back), so a row on a boundary may change sides.
+        sizes = np.subtract(sec.metrics["cluster-sizes"], plain.metrics["cluster-sizes"])
+        assert np.abs(sizes).sum() <= 2
+    else:  # the same assignments in every round: exact counts, equal sizes
+        assert sec.metrics["cluster-sizes"] == plain.metrics["cluster-sizes"]
     assert [h["task"] for h in sec.history] == [h["task"] for h in plain.history]
     assert all(h["sites-answered"] == 3 for h in sec.history)
     # centroids: within the quantisation error, and not bit-equal (really quantised)
