@@ -264,3 +264,30 @@ def test_dwf_under_secagg_over_real_grpc_equals_plain(tmp_path, tmp_path_factory
     diff = np.abs(model.centroids - plain.centroids).max(axis=1)
     assert np.all(diff <= dwf_bound(sent, W, n_max, 3)), (diff, dwf_bound(sent, W, n_max, 3))
     assert abs(model.metrics["score"] - plain.metrics["score"]) <= score_bound(sites, plain.centroids)
+
+
+def test_secure_aggregate_is_validated_as_a_whole():
+    """Under SecAgg+ only the sum can be checked: a row total that differs from what the
+    contributing sites declared, counts beyond their rows, or a non-finite entry make
+    the round's sum unusable (the strategy drops it; no site can be named)."""
+    from fedcluster.strategies import make_strategy
+    from fedcluster.strategies.base import Site, TaskPlan
+    from fedcluster.strategies.validation import ReplyError
+
+    config = parse_run_config({"algorithm": "dwf", "n-clusters": 2, "secure-aggregation": True,
+                               "secagg-data-bound": 1.0})
+    strategy = make_strategy(config)
+    strategy.sites = {str(i): Site(str(i), i, 10, 3, [], {}) for i in range(3)}
+    C = np.zeros((2, 3))
+    plan = TaskPlan("lloyd", arrays=[C], secure=(["wc", "w-int", "sse", "n"], [1.0] * 4))
+    good = {"wc": np.ones((2, 3)), "w-int": np.array([12.0, 18.0]), "sse": np.array([5.0]),
+            "n": np.array([30.0])}
+    reply = strategy._sum_reply(plan, good, 3, 30)
+    assert reply.n_sites == 3 and reply.n_rows == 30 and reply.metrics["sse"] == 5.0
+    np.testing.assert_allclose(reply.arrays[0], [[1 / 12] * 3, [1 / 18] * 3])
+    for bad, reason in [({"n": np.array([31.0])}, "declared 30"),
+                        ({"w-int": np.array([12.0, 31.0])}, r"outside \[0, 30\]"),
+                        ({"wc": np.full((2, 3), np.nan)}, "not finite"),
+                        ({"wc": np.ones((3, 3))}, "shape")]:
+        with pytest.raises(ReplyError, match=reason):
+            strategy._sum_reply(plan, {**good, **bad}, 3, 30)

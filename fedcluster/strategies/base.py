@@ -27,6 +27,11 @@ live in pure functions (``aggregate.py``), replies are validated before they are
 
 Replies are always reduced in a stable site order (sorted site keys), so the in-process
 harness, Flower's simulation engine and a real deployment give the same numbers.
+
+With ``secure-aggregation`` the train, evaluate and distances rounds run under SecAgg+
+(``fedcluster/secure.py``): the server sends each task with the terms to sum and their
+agreed scales (:meth:`_secure_terms`), gets only the sum, validates it as a whole and
+reduces it as ONE reply standing for the N sites that took part (:meth:`_sum_reply`).
 """
 
 from __future__ import annotations
