@@ -25,6 +25,7 @@ from flwr.clientapp import ClientApp
 from flwr.common import Context
 from flwr.common.logger import log
 
+from fedcluster import secure
 from fedcluster.common import site_policy
 from fedcluster.common.config import ConfigError, NodeConfig, parse_node_config, run_config_defaults
 from fedcluster.common.data import SiteData, SiteDataError, load_partition, load_site_file
@@ -129,8 +130,22 @@ class SiteClient(NumPyClient):
             reply = run_task(site, [np.asarray(a) for a in parameters], dict(config), self.node.min_cluster_size)
         except (site_policy.PolicyRefusal, SiteDataError, TaskError) as err:
             log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
+            if secure.SECURE_PARAM in config:
+                # Under SecAgg+ an empty reply would be summed with the others: fail the
+                # message instead (the protocol then drops this site from the sum).
+                raise
             return [], 0, {"site-key": self.key, "error": str(err)}
         site_policy.count_round(self.state, self.run_id, task)
+        if secure.SECURE_PARAM in config:
+            # Secure round: only the encoded terms leave the site, masked by SecAgg+;
+            # num_examples is SecAgg+'s weight factor (1) and no per-site metric is sent.
+            try:
+                arrays = secure.encode(task, reply.arrays, reply.metrics, site.n_rows,
+                                       str(config[secure.SECURE_PARAM]))
+            except secure.SecureAggregationError as err:
+                log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
+                raise
+            return arrays, secure.WEIGHT, {"site-key": self.key}
         metrics = dict(reply.metrics)
         metrics["site-key"] = self.key
         if task == "describe":
@@ -145,4 +160,6 @@ def client_fn(context: Context) -> Client:
     return SiteClient(context).to_client()
 
 
-app = ClientApp(client_fn=client_fn)
+# secure_mod: Flower's secaggplus_mod for SecAgg+ messages; every other message passes
+# through unchanged (plain rounds and plain runs).
+app = ClientApp(client_fn=client_fn, mods=[secure.secure_mod])

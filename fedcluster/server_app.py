@@ -30,6 +30,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedcluster.checkpoint import load_checkpoint, save_checkpoint
 from fedcluster.common.config import RunConfig, parse_run_config
 from fedcluster.common.model import Model
+from fedcluster.secure import make_fit_workflow
 from fedcluster.common.outputs import progress_line, summary_table, write_outputs
 from fedcluster.strategies import ClusteringStrategy, FederationError, make_strategy
 from fedcluster.strategies.base import SiteFailure
@@ -239,7 +240,8 @@ def main(grid: Grid, context: Context) -> None:
     directory = Path(config.output_dir) / run_name(config) if config.output_dir else None
     legacy = LegacyContext(context=context, config=ServerConfig(), strategy=strategy)
     log(logging.INFO, "fedcluster: %s, k = %s, up to %s rounds", config.algorithm, config.n_clusters, config.num_rounds)
-    ClusteringWorkflow(checkpoint_dir=directory)(grid, legacy)
+    fit_workflow = make_fit_workflow(config, fit_round)
+    ClusteringWorkflow(fit_workflow, checkpoint_dir=directory)(grid, legacy)
 
     central = central_score(strategy) if config.central_baseline else None
     model = build_model(strategy, config, central)

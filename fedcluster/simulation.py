@@ -11,6 +11,7 @@ Python API::
 
 from __future__ import annotations
 
+import copy
 import itertools
 import uuid
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
 from flwr.common import parameters_to_ndarrays
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
@@ -95,6 +97,10 @@ class InProcessGrid(Grid):
             if msg is None:
                 continue
             context = self.contexts[msg.metadata.dst_node_id]
+            # A real transport serialises each message: the site gets its own copy (a
+            # ServerApp may send one content object to several nodes, as SecAgg+ does,
+            # and Flower's secaggplus_mod mutates what it receives).
+            msg = copy.deepcopy(msg)
             try:
                 reply = self.client_app(msg, context)
             except Exception as err:  # a site crash is a failed reply, as in Flower
@@ -105,6 +111,13 @@ class InProcessGrid(Grid):
         return replies
 
     def _record(self, instruction: Message, reply: Message) -> None:
+        # SecAgg+'s protocol messages (secure-aggregation): keys, shares, masked sums.
+        secagg = reply.content.config_records.get(RECORD_KEY_CONFIGS)
+        if "fitins.config" not in instruction.content.config_records:
+            self.recorder.append(
+                {"node-id": instruction.metadata.dst_node_id, "task": None, "params": {}, "sent": [],
+                 "arrays": [], "metrics": {}, "num-examples": None, "secagg": dict(secagg or {})})
+            return
         fitins = compat.recorddict_to_fitins(instruction.content, keep_input=True)
         fitres = compat.recorddict_to_fitres(reply.content, keep_input=True)
         self.recorder.append(
@@ -116,6 +129,7 @@ class InProcessGrid(Grid):
                 "arrays": parameters_to_ndarrays(fitres.parameters),
                 "metrics": dict(fitres.metrics),
                 "num-examples": fitres.num_examples,
+                "secagg": dict(secagg or {}),
             }
         )
 

@@ -31,6 +31,15 @@ ALLOWED_INIT = {
 }
 DEFAULT_WEIGHTED = {"kfed": False, "fkm": True}
 
+# Why an algorithm cannot run under secure-aggregation (its server step is not a sum).
+SECURE_REFUSED = {
+    "fkm": "its server step runs weighted k-means on every site's own centroids (and the "
+           "sites prune clusters), which needs each site's reply, not their sum",
+    "kfed": "its server clusters the union of every site's local centroids, not a sum",
+    "gtv": "each site exchanges its own centroids with its graph neighbours; there is no "
+           "sum over sites to protect",
+}
+
 
 class ConfigError(ValueError):
     """A configuration key is unknown or its value is invalid."""
@@ -120,6 +129,14 @@ class RunConfig(_Strict):
     output_dir: str = "outputs"
     run_name: str = ""
     resume_from: str = Field("", description="a checkpoint (file or run directory) to continue")
+    # Secure aggregation (Flower's SecAgg+) of the sum-only rounds; see fedcluster/secure.py.
+    secure_aggregation: bool = False
+    secagg_data_bound: float = Field(
+        0.0, ge=0.0, description="|every feature of every (scaled) row| <= this; required with secure-aggregation")
+    secagg_quantization_range: int = Field(2**24, ge=2, lt=2**31)
+    secagg_num_shares: float = Field(1.0, gt=0.0, le=1.0, description="fraction of the round's sites")
+    secagg_reconstruction_threshold: float = Field(0.67, gt=0.0, le=1.0,
+                                                   description="fraction of the shares")
 
     @field_validator("partitioning")
     @classmethod
@@ -152,9 +169,37 @@ class RunConfig(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _secure_aggregation_applies(self) -> "RunConfig":
+        if not self.secure_aggregation:
+            return self
+        why = SECURE_REFUSED.get(self.algorithm)
+        if self.algorithm == "ffcm" and self.aggregation == "avg2":
+            why = ("FFCM's avg2 runs k-means on the set of every site's centres, which a sum "
+                   "cannot give; use aggregation = \"avg1\"")
+        if why is not None:
+            raise ValueError(f"secure-aggregation = true does not apply to algorithm "
+                             f"'{self.algorithm}': {why}")
+        if self.init == "kfed":
+            raise ValueError("secure-aggregation = true needs a sum-only initialisation: init "
+                             "'kfed' sends each site's local centroids; use init = \"random\"")
+        if self.k_range:
+            raise ValueError("secure-aggregation = true is not supported with k-range")
+        if self.secagg_data_bound <= 0:
+            raise ValueError("secure-aggregation = true needs 'secagg-data-bound' > 0, a bound B "
+                             "with |x| <= B for every feature of every row the sites cluster "
+                             "(after scale): the agreed scale of the secure sums")
+        if self.min_sites < 2:
+            raise ValueError("secure-aggregation = true needs 'min-sites' >= 2 (a sum over one "
+                             "site is that site's reply)")
+        return self
+
     @property
     def resolved_init(self) -> str:
-        """The initialisation actually used (``auto`` resolved per algorithm)."""
+        """The initialisation actually used (``auto`` resolved per algorithm; under
+        secure aggregation ``random``, the only sum-compatible one)."""
+        if self.init == "auto" and self.secure_aggregation:
+            return "random"
         return DEFAULT_INIT[self.algorithm] if self.init == "auto" else self.init
 
     @property

@@ -27,6 +27,11 @@ live in pure functions (``aggregate.py``), replies are validated before they are
 
 Replies are always reduced in a stable site order (sorted site keys), so the in-process
 harness, Flower's simulation engine and a real deployment give the same numbers.
+
+With ``secure-aggregation`` the train, evaluate and distances rounds run under SecAgg+
+(``fedcluster/secure.py``): the server sends each task with the terms to sum and their
+agreed scales (:meth:`_secure_terms`), gets only the sum, validates it as a whole and
+reduces it as ONE reply standing for the N sites that took part (:meth:`_sum_reply`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from fedcluster import secure
 from fedcluster.common import metrics, scaling
 from fedcluster.common.config import RunConfig
 from fedcluster.strategies.validation import Expect, Reply, ReplyError, validate
@@ -90,6 +96,9 @@ class TaskPlan:
     # Arrays that differ per site (GTV: each site's own and its neighbours' centroids),
     # keyed by site key; a site not in it gets ``arrays``.
     per_site_arrays: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    # Secure aggregation: the terms the sites encode and their agreed scales (set by
+    # configure_fit for a secure round; None: a plain round).
+    secure: tuple[list[str], list[float]] | None = None
 
 
 def site_order(key: str) -> tuple:
@@ -231,6 +240,10 @@ class ClusteringStrategy(Strategy):
             targets = {s.node_id: available[str(s.node_id)] for s in usable}
             keys = {s.node_id: s.key for s in usable}
         base = {"task": plan.task, "min-cluster-size": self.config.min_cluster_size, **plan.params}
+        if self.config.secure_aggregation and self.phase in secure.SECURE_PHASES:
+            plan.secure = self._secure_terms(plan, [self.sites[k] for k in keys.values()])
+            base[secure.SECURE_PARAM] = json.dumps(
+                {"terms": plan.secure[0], "scales": plan.secure[1]})
         if self.transform is not None and plan.task not in ("describe", "stats"):
             base["transform"] = self.transform.encode()
         shared = ndarrays_to_parameters(plan.arrays)
@@ -249,6 +262,9 @@ class ClusteringStrategy(Strategy):
     def aggregate_fit(self, server_round, results, failures):
         plan, keys = self._pending
         replies, failed = [], []
+        if plan.secure is not None:  # SecAgg+'s failures carry no node id: see below
+            replies = self._secure_replies(server_round, plan, keys, results, failures, failed)
+            results, failures = [], []
         for failure in failures:
             key, reason = self._failure_reason(failure, keys)
             failed.append(f"site {key}: {reason}")
@@ -279,14 +295,114 @@ class ClusteringStrategy(Strategy):
                 "repetition": self.repetition,
                 "task": plan.task,
                 "sites-asked": len(keys),
-                "sites-answered": len(replies),
-                "sites-failed": len(keys) - len(replies),
+                "sites-answered": sum(r.n_sites for r in replies),
+                "sites-failed": len(keys) - sum(r.n_sites for r in replies),
                 "failures": "; ".join(failed),
             }
         )
         self.history.append(row)
         out = [] if self.centroids is None else [self.centroids]
         return ndarrays_to_parameters(out), {}
+
+    # ---------------------------------------------------- secure aggregation
+    def _secure_terms(self, plan: TaskPlan, sites: list[Site]) -> tuple[list[str], list[float]]:
+        """The terms a secure round sums and their agreed scales (``fedcluster.secure``)."""
+        if plan.task not in secure.SECURE_TASKS:
+            raise FederationError(f"task {plan.task} is not a sum; it cannot run under "
+                                  "secure-aggregation")
+        n_max = max((s.n_rows for s in sites), default=1)
+        why = secure.check_protocol_range(len(sites), n_max, self.config.secagg_quantization_range)
+        if why is not None:
+            raise FederationError(f"secure aggregation: {why}")
+        batch = self.config.batch_size
+        names = secure.term_names(
+            plan.task,
+            dynamic=getattr(self, "dynamic", True),
+            fuzzy_eval="fuzzifier" in plan.params,
+            with_sse=plan.task == "lloyd" or (plan.task == "minibatch" and (
+                batch == 0 or batch >= min((s.n_rows for s in sites), default=0))),
+        )
+        means = plan.arrays[1] if plan.task == "evaluate_distances" else None
+        scales = secure.term_bounds(names, np.asarray(plan.arrays[0]),
+                                    self.config.secagg_data_bound, n_max, means)
+        return names, scales
+
+    def _secure_replies(self, server_round: int, plan: TaskPlan, keys: dict[int, str], results,
+                        failures, failed) -> list[Reply]:
+        """The decoded sum of a secure round as ONE reply standing for its N sites (the
+        reductions then run unchanged), or none when the aggregate fails validation.
+
+        SecAgg+ gives the server the sum only: a site's reply cannot be validated on its
+        own, so the aggregate is (finite, shapes, counts within the rows of the sites that
+        contributed, the row total equal to theirs); a site that sends bad values makes
+        the whole round unusable, and cannot be named."""
+        contributors = [keys[int(proxy.node_id)] for proxy, _ in results]
+        errors = "; ".join(self._failure_reason(f, keys)[1] for f in failures)
+        if errors:
+            log(logging.WARNING, "secure round (%s): SecAgg+ failures: %s", plan.task, errors)
+        for key in sorted(set(keys.values()) - set(contributors), key=site_order):
+            reason = "left out of the secure sum (no masked reply; see the site's log)"
+            failed.append(f"site {key}: {reason}")
+            self.site_failures.setdefault(key, []).append(
+                f"round {server_round + self.round_offset} ({plan.task}): {reason}")
+        if not results:
+            return []
+        names, scales = plan.secure
+        n_sites = len(contributors)
+        n_rows = sum(self.sites[key].n_rows for key in contributors)
+        aggregate = parameters_to_ndarrays(results[0][1].parameters)
+        try:
+            sums = secure.decode(aggregate, names, scales, n_sites)
+            reply = self._sum_reply(plan, sums, n_sites, n_rows)
+        except ReplyError as err:
+            reason = f"secure sum of sites {', '.join(sorted(contributors, key=site_order))}: {err}"
+            failed.append(reason)
+            log(logging.ERROR, "secure round (%s) unusable: %s", plan.task, reason)
+            return []
+        except ValueError as err:
+            failed.append(f"secure sum: {err}")
+            return []
+        return [reply]
+
+    def _sum_reply(self, plan: TaskPlan, sums: dict, n_sites: int, n_rows: int) -> Reply:
+        k = self.k
+        d = self.n_features
+        for name, value in sums.items():
+            if not np.all(np.isfinite(value)):
+                raise ReplyError(f"term {name} is not finite")
+        if int(sums["n"][0]) != n_rows:
+            raise ReplyError(f"the sites' rows sum to {int(sums['n'][0])}, but they declared {n_rows}")
+        expect = {"wc": (k, d), "c": (k, d), "w": (k,), "w-int": (k,), "counts": (k,),
+                  "sums": (k, d), "sqnorms": (k,), "hidden": (k,), "distances": (k,)}
+        for name, shape in expect.items():
+            if name in sums and sums[name].shape != shape:
+                raise ReplyError(f"term {name} has shape {sums[name].shape}, expected {shape}")
+        for name in ("w-int", "counts", "hidden"):
+            if name in sums and (np.any(sums[name] < 0) or np.any(sums[name] > n_rows)):
+                raise ReplyError(f"term {name} is outside [0, {n_rows}]")
+        metrics_out = {key: float(sums[key][0]) for key in
+                       ("sse", "silhouette-sum", "all-sq-dist", "partition-sum") if key in sums}
+        if plan.task in ("lloyd", "minibatch", "fcm"):
+            C = np.asarray(plan.arrays[0], dtype=np.float64)
+            if "c" in sums:  # EWF: the plain mean of the sites' centroids
+                local, weights = sums["c"] / n_sites, np.zeros(k)
+            else:
+                weights = sums["w-int"] if "w-int" in sums else sums["w"]
+                # A fuzzy weight within the quantisation error of 0 counts as 0.
+                noise = 0.0 if "w-int" in sums else secure.quantisation_error(
+                    plan.secure[1][plan.secure[0].index("w")], n_sites,
+                    self.config.secagg_quantization_range)
+                has = weights > noise
+                local = C.copy()
+                local[has] = sums["wc"][has] / weights[has, None]
+                weights = np.where(has, weights, 0.0)
+            arrays = [local, weights]
+        elif plan.task == "evaluate":
+            arrays = [sums["counts"].astype(np.int64), sums["sums"], sums["sqnorms"],
+                      sums["hidden"].astype(np.int64)]
+        else:
+            arrays = [sums["distances"]]
+        return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)
 
     def configure_evaluate(self, server_round, parameters, client_manager):
         return []  # evaluation is a fit-round task (see module docstring)
@@ -529,15 +645,18 @@ class ClusteringStrategy(Strategy):
     def _require_sites(self, replies: list[Reply], task: str) -> None:
         if not replies:
             log(logging.WARNING, "task %s: no valid reply this round", task)
-        if task != "lloyd" and len(replies) < min(self.config.min_sites, len(self.sites)):
+        answered = sum(r.n_sites for r in replies)
+        if task != "lloyd" and answered < min(self.config.min_sites, len(self.sites)):
             raise FederationError(
-                f"task {task}: only {len(replies)} valid replies, min-sites = "
+                f"task {task}: only {answered} valid replies, min-sites = "
                 f"{self.config.min_sites}"
             )
 
     def _finish_repetition(self, replies: list[Reply]) -> dict:
         stats = metrics.pool([_site_stats(r) for r in replies])
-        per_site = {r.site_key: _site_report(r, self.config.min_cluster_size) for r in replies}
+        # Under secure aggregation there is no site's own reply to report.
+        per_site = {r.site_key: _site_report(r, self.config.min_cluster_size)
+                    for r in replies if r.n_sites == 1 and not self.config.secure_aggregation}
         score = stats.sse / stats.n_rows
         self.repetitions.append(
             {

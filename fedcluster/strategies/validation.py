@@ -50,6 +50,8 @@ class Reply:
     n_rows: int
     arrays: list[np.ndarray]
     metrics: dict = field(default_factory=dict)
+    # How many sites this reply stands for: 1, or N for the decoded sum of a secure round.
+    n_sites: int = 1
 
 
 @dataclass(frozen=True)

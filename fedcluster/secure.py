@@ -1,0 +1,233 @@
+"""Secure aggregation: the sum-only rounds under Flower's SecAgg+ (``secure-aggregation``).
+
+What Flower's SecAgg+ computes (flwr 1.39, ``SecAggPlusWorkflow`` + ``secaggplus_mod``):
+every site of the round clips each entry of each of its arrays to [-c, c], maps it to
+(x + c) T / (2c) and rounds it *stochastically* to an integer in [0, T] (T = the
+quantisation range), multiplies nothing (weight factor: ``num_examples / max_weight``;
+here both are 1, so the factor is exactly 1), adds pairwise and private masks mod M =
+2**32 and uploads. The server adds the masked vectors mod M, removes the masks (the
+sites' Shamir shares) and dequantises: for N contributing sites it passes
+(sum_i q_i 2c/T - N c) / N -- the MEAN of the dequantised values -- to
+``Strategy.aggregate_fit``, as the parameters of every site's FitRes (all alike).
+
+So SecAgg+ gives sums if the sites' values are scaled into [-c, c] with a scale agreed
+beforehand. The encoding here (c = 1):
+
+- the server sends, with the task, the names of the *terms* it needs and one scale
+  s_a per term, s_a a bound on |x| for every entry x of that term at every site of the
+  round (``term_bounds``);
+- a site computes the task as usual, forms the terms (per-cluster sums w_j c_j, counts
+  w_j, ...), divides each by its scale and sends them with ``num_examples`` = 1; a value
+  outside [-1, 1] would be clipped, so the site refuses instead (error reply, naming
+  ``secagg-data-bound``);
+- the server multiplies Flower's mean by N and by s_a: the sum of the term over the N
+  sites (``decode``), then rounds the integer terms (counts).
+
+Error bound. Stochastic rounding moves each site's encoded entry by less than one
+quantisation step 2c/T, so a decoded sum differs from the exact sum by less than
+``N * 2 * s_a / T`` (``quantisation_error``). Counts are exact after rounding when that
+is < 1/2, i.e. when n_max < T / (4 N) (checked every round: ``check_exact_counts``).
+The masks cancel exactly only while the integer sum stays below M: N T < 2**32
+(checked every round too).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable
+
+import numpy as np
+from flwr.app import Context, Message
+from flwr.client.mod import secaggplus_mod
+from flwr.common.logger import log
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+# Encoded values lie in [-CLIP, CLIP] (Flower's clipping range); the scales carry the units.
+CLIP = 1.0
+# The masks' modulus (Flower's default and largest: masks are drawn below it).
+MODULUS = 2**32
+# Flower's weight factor is num_examples / max_weight: 1 / 1, exactly 1 for every site.
+WEIGHT = 1
+
+# The tasks a secure round may carry and, per task, the terms the server may ask for.
+SECURE_TASKS = ("lloyd", "minibatch", "fcm", "evaluate", "evaluate_distances")
+# Terms whose sums are integers (rounded after decoding; exact, see check_exact_counts).
+INTEGER_TERMS = {"n", "w-int", "counts", "hidden"}
+# The phases whose round is a secure sum; describe, stats and init (bounds) run plain.
+SECURE_PHASES = ("train", "evaluate", "interim", "distances")
+
+SECURE_PARAM = "secure"  # the task parameter that asks a site for encoded terms
+
+
+class SecureAggregationError(ValueError):
+    """A site cannot encode its terms within the agreed scales (or the request is bad)."""
+
+
+# ------------------------------------------------------------------- site side
+def site_terms(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int) -> dict[str, np.ndarray]:
+    """Every term a site can contribute for ``task``, from its plain reply."""
+    terms: dict[str, np.ndarray] = {"n": np.array([float(n_rows)])}
+    for key in ("sse", "silhouette-sum", "all-sq-dist", "partition-sum"):
+        if key in metrics:
+            terms[key] = np.array([float(metrics[key])])
+    if task in ("lloyd", "minibatch", "fcm"):
+        centroids = np.asarray(arrays[0], dtype=np.float64)
+        weights = np.asarray(arrays[1], dtype=np.float64)
+        terms["wc"] = weights[:, None] * centroids  # sum over members (local-iters 1)
+        terms["w-int" if task != "fcm" else "w"] = weights
+        terms["c"] = centroids
+    elif task == "evaluate":
+        for name, value in zip(("counts", "sums", "sqnorms", "hidden"), arrays[:4]):
+            terms[name] = np.asarray(value, dtype=np.float64)
+    elif task == "evaluate_distances":
+        terms["distances"] = np.asarray(arrays[0], dtype=np.float64)
+    return terms
+
+
+def encode(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int, request: str) -> list[np.ndarray]:
+    """The arrays a site hands to SecAgg+: each requested term divided by its scale."""
+    try:
+        wanted = json.loads(request)
+        names, scales = list(wanted["terms"]), [float(s) for s in wanted["scales"]]
+    except (ValueError, KeyError, TypeError):
+        raise SecureAggregationError(f"bad task parameter '{SECURE_PARAM}': {request!r}") from None
+    if len(names) != len(scales) or any(not (s > 0 and math.isfinite(s)) for s in scales):
+        raise SecureAggregationError(f"bad task parameter '{SECURE_PARAM}': {request!r}")
+    terms = site_terms(task, arrays, metrics, n_rows)
+    out = []
+    for name, scale in zip(names, scales):
+        if name not in terms:
+            raise SecureAggregationError(f"task {task} has no term {name!r} to sum")
+        value = np.asarray(terms[name], dtype=np.float64) / scale
+        if not np.all(np.isfinite(value)):
+            raise SecureAggregationError(f"term {name!r} is not finite")
+        if np.any(np.abs(value) > CLIP):
+            # Clipping would corrupt the sum silently: refuse. The message names no value.
+            raise SecureAggregationError(
+                f"term {name!r} exceeds its agreed scale {scale:g}: this site's data lie "
+                "outside [-secagg-data-bound, secagg-data-bound]; raise the run-config key "
+                "'secagg-data-bound'")
+        out.append(value)
+    return out
+
+
+def secure_mod(msg: Message, context: Context, call_next: Callable) -> Message:
+    """Flower's ``secaggplus_mod`` for the SecAgg+ protocol's messages only.
+
+    ``secaggplus_mod`` handles every TRAIN message and fails on one without its
+    ``secaggplus`` config record; the plain rounds (and plain runs) carry none, so they
+    go straight to the ClientApp, unchanged.
+    """
+    if RECORD_KEY_CONFIGS not in msg.content.config_records:
+        return call_next(msg, context)
+    return secaggplus_mod(msg, context, call_next)
+
+
+# ----------------------------------------------------------------- server side
+def term_names(task: str, dynamic: bool = True, fuzzy_eval: bool = False,
+               with_sse: bool = True) -> list[str]:
+    """The terms the server needs for ``task`` (nothing more is summed)."""
+    if task in ("lloyd", "minibatch", "fcm"):
+        if task == "lloyd" and not dynamic:  # EWF: the plain mean of the sites' centroids
+            names = ["c"]
+        else:
+            names = ["wc", "w" if task == "fcm" else "w-int"]
+        return names + (["sse"] if with_sse else []) + ["n"]
+    if task == "evaluate":
+        names = ["counts", "sums", "sqnorms", "hidden", "sse", "silhouette-sum", "n"]
+        return names + (["all-sq-dist", "partition-sum"] if fuzzy_eval else [])
+    if task == "evaluate_distances":
+        return ["distances", "n"]
+    raise ValueError(f"task {task!r} is not a sum")
+
+
+def term_bounds(names: list[str], centroids: np.ndarray, data_bound: float, n_max: int,
+                means: np.ndarray | None = None) -> list[float]:
+    """A bound on |x| for every entry x of each term at any site of the round.
+
+    B = ``data-bound`` (|every feature of every row| <= B), n_max = the most rows of a
+    site in the round, d = width, k = clusters, R = max(B, max |C|) (a local centroid is
+    a mean of rows or the centroid it received), G = B + max |C| (|x - c| per feature).
+    """
+    k, d = centroids.shape
+    B = float(data_bound)
+    cmax = float(np.max(np.abs(centroids))) if centroids.size else 0.0
+    R, G = max(B, cmax), B + cmax
+    mmax = float(np.max(np.abs(means))) if means is not None and means.size else 0.0
+    table = {
+        "n": n_max, "w-int": n_max, "w": n_max, "counts": n_max, "hidden": 1.0,
+        "wc": n_max * R, "c": R, "sums": n_max * B,
+        "sqnorms": n_max * d * B * B, "sse": n_max * d * G * G,
+        "silhouette-sum": n_max, "partition-sum": n_max,
+        "all-sq-dist": n_max * k * d * G * G,
+        "distances": n_max * math.sqrt(d) * (B + mmax),
+    }
+    # A zero bound (no data, all-zero data) still needs a positive scale.
+    return [max(float(table[name]), 1e-300) for name in names]
+
+
+def quantisation_error(scale: float, n_sites: int, quantization_range: int) -> float:
+    """The bound on |decoded sum - exact sum| per entry: N * 2c/T in encoded units."""
+    return n_sites * 2.0 * CLIP / quantization_range * scale
+
+
+def check_protocol_range(n_sites: int, n_max: int, quantization_range: int) -> str | None:
+    """Why a secure round of ``n_sites`` sites would not be exact, or None."""
+    if n_sites * quantization_range >= MODULUS:
+        return (f"{n_sites} sites x secagg-quantization-range {quantization_range} must stay "
+                f"below the SecAgg+ modulus 2**32; lower 'secagg-quantization-range'")
+    if quantisation_error(n_max, n_sites, quantization_range) >= 0.5:
+        return (f"counts would not be exact: {n_sites} sites with up to {n_max} rows need "
+                f"'secagg-quantization-range' > {4 * n_sites * n_max}")
+    return None
+
+
+def decode(aggregate: list[np.ndarray], names: list[str], scales: list[float],
+           n_sites: int) -> dict[str, np.ndarray]:
+    """The sums over the ``n_sites`` contributing sites from what SecAgg+ passes on (the
+    mean of the encoded terms): x N x scale, integer terms rounded."""
+    if len(aggregate) != len(names):
+        raise ValueError(f"the secure aggregate has {len(aggregate)} arrays, expected {len(names)}")
+    out = {}
+    for name, scale, value in zip(names, scales, aggregate):
+        total = np.asarray(value, dtype=np.float64) * n_sites * scale
+        out[name] = np.rint(total) if name in INTEGER_TERMS else total
+    return out
+
+
+def make_fit_workflow(config, plain_round: Callable) -> Callable:
+    """The fit workflow of a run: ``plain_round`` or, with ``secure-aggregation``,
+    Flower's SecAgg+ workflow for the rounds whose task is a sum."""
+    if not config.secure_aggregation:
+        return plain_round
+    from flwr.server.workflow import SecAggPlusWorkflow
+
+    secagg = SecAggPlusWorkflow(
+        num_shares=float(config.secagg_num_shares),
+        reconstruction_threshold=float(config.secagg_reconstruction_threshold),
+        max_weight=float(WEIGHT),
+        clipping_range=CLIP,
+        quantization_range=int(config.secagg_quantization_range),
+        modulus_range=MODULUS,
+        timeout=float(config.round_timeout),
+    )
+
+    def fit(grid, context) -> None:
+        strategy = context.strategy
+        if strategy.phase not in SECURE_PHASES:
+            plain_round(grid, context)
+            return
+        rows_before = len(strategy.history)
+        secagg(grid, context)
+        if len(strategy.history) == rows_before:  # SecAgg+ halted before aggregate_fit
+            from fedcluster.strategies.base import FederationError
+
+            log(logging.ERROR, "secure aggregation halted in phase %s", strategy.phase)
+            raise FederationError(
+                f"secure aggregation halted ({strategy.phase} round): fewer than 2 sites, or "
+                "too few sites answered to reach the reconstruction threshold "
+                "(secagg-reconstruction-threshold); see the log above")
+
+    return fit
