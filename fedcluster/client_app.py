@@ -16,6 +16,7 @@ an error reply naming the problem (file, row, column), logs it, and the server d
 from __future__ import annotations
 
 import logging
+import zlib
 
 import numpy as np
 from flwr.client import Client, NumPyClient
@@ -105,6 +106,18 @@ class SiteClient(NumPyClient):
                 raise
         return self._site
 
+    def _noise_seed(self, config) -> list[int] | None:
+        """The seed of this round's DP noise. In simulation (partitions of a built-in
+        data set, or the in-process harness's arrays) it is derived from the run's seed,
+        the site key and the round, so that runs are reproducible. A deployed site draws
+        fresh OS entropy (None): a seed the server knows would let it subtract the noise."""
+        simulated = self.node.partition_id is not None or (
+            self.node.data_path is not None and self.node.data_path.startswith(MEMORY_PREFIX))
+        if not simulated or "dp-rho" not in config:
+            return None
+        key = zlib.crc32(self.key.encode())
+        return [int(self.run_config.get("seed", 0)) % 2**32, key, int(config.get("dp-round", 0))]
+
     def get_parameters(self, config):
         return []
 
@@ -112,7 +125,8 @@ class SiteClient(NumPyClient):
         task = str(config.get("task", "?"))
         try:
             site = self._load()
-            reply = run_task(site, [np.asarray(a) for a in parameters], dict(config), self.node.min_cluster_size)
+            reply = run_task(site, [np.asarray(a) for a in parameters], dict(config),
+                             self.node.min_cluster_size, noise_seed=self._noise_seed(config))
         except (SiteDataError, TaskError) as err:
             log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
             return [], 0, {"site-key": self.key, "error": str(err)}
