@@ -257,3 +257,22 @@ def test_missing_bounds_warn_and_come_from_a_bounds_round():
     assert result.metrics["dp-bounds-from-data"] is True
     with pytest.raises(Exception, match="data-bounds"):
         _run(sites, dp_epsilon=5.0, data_bounds="", init_centroids=np.ones((3, 2)))
+
+
+def test_noise_is_seeded_in_simulation_and_fresh_entropy_in_deployment():
+    from flwr.app import Context, RecordDict
+
+    from fedcluster.client_app import SiteClient
+
+    def client(node_config):
+        return SiteClient(Context(run_id=1, node_id=7, node_config=node_config,
+                                  state=RecordDict(), run_config={"seed": 3}))
+
+    task = {"task": "lloyd", "dp-rho": 0.1, "dp-round": 5}
+    simulated = client({"partition-id": 1, "num-partitions": 3})
+    seed = simulated._noise_seed(task)
+    assert seed is not None and seed[0] == 3 and seed[2] == 5
+    assert seed != simulated._noise_seed({**task, "dp-round": 6})
+    assert seed != client({"partition-id": 2, "num-partitions": 3})._noise_seed(task)
+    assert client({"data-path": "/data/site.csv"})._noise_seed(task) is None  # deployment
+    assert simulated._noise_seed({"task": "lloyd"}) is None  # no DP, no noise
