@@ -18,6 +18,7 @@ The site's own policy (``allow-algorithms``, ``max-rounds``; see
 from __future__ import annotations
 
 import logging
+import zlib
 
 import numpy as np
 from flwr.client import Client, NumPyClient
@@ -113,6 +114,18 @@ class SiteClient(NumPyClient):
                 raise
         return self._site
 
+    def _noise_seed(self, config) -> list[int] | None:
+        """The seed of this round's DP noise. In simulation (partitions of a built-in
+        data set, or the in-process harness's arrays) it is derived from the run's seed,
+        the site key and the round, so that runs are reproducible. A deployed site draws
+        fresh OS entropy (None): a seed the server knows would let it subtract the noise."""
+        simulated = self.node.partition_id is not None or (
+            self.node.data_path is not None and self.node.data_path.startswith(MEMORY_PREFIX))
+        if not simulated or "dp-rho" not in config:
+            return None
+        key = zlib.crc32(self.key.encode())
+        return [int(self.run_config.get("seed", 0)) % 2**32, key, int(config.get("dp-round", 0))]
+
     def get_parameters(self, config):
         return []
 
@@ -127,7 +140,8 @@ class SiteClient(NumPyClient):
         try:
             self._check_policy(task)
             site = self._load()
-            reply = run_task(site, [np.asarray(a) for a in parameters], dict(config), self.node.min_cluster_size)
+            reply = run_task(site, [np.asarray(a) for a in parameters], dict(config),
+                             self.node.min_cluster_size, noise_seed=self._noise_seed(config))
         except (site_policy.PolicyRefusal, SiteDataError, TaskError) as err:
             log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
             if secure.SECURE_PARAM in config:

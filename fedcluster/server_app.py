@@ -32,7 +32,7 @@ from fedcluster.common.config import RunConfig, parse_run_config
 from fedcluster.common.model import Model
 from fedcluster.secure import make_fit_workflow
 from fedcluster.common.outputs import progress_line, summary_table, write_outputs
-from fedcluster.strategies import ClusteringStrategy, FederationError, make_strategy
+from fedcluster.strategies import ClusteringStrategy, FederationError, make_strategy, private
 from fedcluster.strategies.base import SiteFailure
 
 # Keys of the ServerApp's Context state used by the in-process harness.
@@ -183,7 +183,7 @@ def central_score(strategy: ClusteringStrategy) -> float | None:
 def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float | None) -> Model:
     best = strategy.best
     metrics = {
-        **strategy.final_metrics,
+        **private.private_metrics(config, strategy.final_metrics),
         "n-rows": best["stats"].n_rows,
         "n-sites": len(strategy.sites),
         "rounds": best["rounds"],
@@ -192,6 +192,7 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
         "per-site": best["per-site"],
         "rejected-sites": dict(strategy.rejected),
         "site-failures": {key: list(v) for key, v in strategy.site_failures.items()},
+        **private.accounting(config, strategy.history, strategy.box, strategy.bounds_from_data),
     }
     if central is not None:
         metrics["central-score"] = central

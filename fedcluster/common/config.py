@@ -67,6 +67,52 @@ def parse_k_range(value: str) -> tuple[int, int] | None:
     return lo, hi
 
 
+# Why an algorithm cannot run under DP: its site step is not one release of per-cluster
+# sums and counts of bounded rows, so no sensitivity bounds what one row can change.
+DP_REFUSED = {
+    "kfed": "its sites send local k-means centroids run to convergence, which one row "
+            "can move arbitrarily (no bounded sensitivity)",
+    "fkm": "its sites send k-means++ seeds' clusters and several local Lloyd iterations, "
+           "which have no bounded sensitivity",
+    "gtv": "its sites run many local updates and share their own models with neighbours, "
+           "which have no bounded sensitivity",
+    "minibatch": "its sites' batch-by-batch updates are not a sum over rows (with one full "
+                 "batch, epochs 1 and beta 1 it is DWF: use algorithm 'dwf')",
+    "ffcm": "its fuzzy sums are not privatised yet (avg2 also clusters the sites' centres)",
+}
+
+
+def dp_problems(config: "RunConfig") -> list[str]:
+    """Why this configuration cannot run under differential privacy (empty: it can).
+    Only DWF and EWF with local-iters 1 send one release of per-cluster sums and counts
+    per round, whose sensitivity the clipping box bounds."""
+    if not config.dp_epsilon > 0:
+        return []
+    problems = []
+    if config.algorithm in DP_REFUSED:
+        problems.append(f"key 'dp-epsilon' > 0: algorithm '{config.algorithm}' cannot "
+                        f"run under differential privacy: {DP_REFUSED[config.algorithm]}; "
+                        "use 'dwf' or 'ewf' with local-iters 1")
+    if config.local_iters != 1:
+        problems.append(f"key 'local-iters' must be 1 under dp-epsilon (got "
+                        f"{config.local_iters}): after several local iterations a site's "
+                        "centroids are no longer sums with a bounded sensitivity")
+    if config.init not in ("auto", "random"):
+        problems.append(f"key 'init' must be 'random' (or 'auto') under dp-epsilon, "
+                        f"got '{config.init}': k-FED's local centroids are not private")
+    if config.scale != "none":
+        problems.append("key 'scale' must be 'none' under dp-epsilon: its statistics "
+                        "round is not private; scale with known constants at the sites")
+    if config.k_range:
+        problems.append("key 'k-range' cannot be used with dp-epsilon: choosing k "
+                        "runs one federation per k, each spending the budget")
+    if config.secure_aggregation:
+        problems.append("keys 'dp-epsilon' and 'secure-aggregation' cannot be combined yet: "
+                        "distributed DP (each site adding a share of the noise to the secure "
+                        "sum) is not wired; use one or the other")
+    return problems
+
+
 def _kebab(name: str) -> str:
     return name.replace("_", "-")
 
@@ -122,6 +168,13 @@ class RunConfig(_Strict):
     k_range: str = Field("", description="LO:HI, e.g. 2:15: run and evaluate every k in LO..HI")
     k_warm_start: bool = Field(
         True, description="k-range: start k+1 from k's centroids with the largest cluster split")
+    # Differential privacy (README "Differential privacy", common/privacy.py).
+    dp_epsilon: float = Field(
+        0.0, ge=0.0, description="the whole run's DP budget epsilon; 0 = no DP")
+    dp_delta: float = Field(1e-5, gt=0.0, lt=1.0, description="the whole run's DP delta")
+    data_bounds: str = Field(
+        "", description="'LO:HI' (every feature) or 'LO:HI,LO:HI,...' (per feature): "
+        "the sites clip their rows to this box; DP's sensitivity comes from it")
     # Simulation only: which built-in dataset the simulated sites partition.
     dataset: str = "digits"
     partitioning: str = "dirichlet:0.3"
@@ -160,6 +213,27 @@ class RunConfig(_Strict):
         parse_k_range(value)
         return value
 
+    @field_validator("data_bounds")
+    @classmethod
+    def _data_bounds_valid(cls, value: str) -> str:
+        from fedcluster.common.privacy import parse_data_bounds
+
+        parse_data_bounds(value)
+        return value
+
+    @model_validator(mode="after")
+    def _bounds_fit_scale(self) -> "RunConfig":
+        if self.data_bounds and self.scale != "none":
+            raise ValueError("key 'data-bounds' cannot be combined with 'scale': the box is in "
+                             "the data's own units, the sites would cluster scaled rows")
+        return self
+
+    @model_validator(mode="after")
+    def _private_run_possible(self) -> "RunConfig":
+        for problem in dp_problems(self):
+            raise ValueError(problem)
+        return self
+
     @model_validator(mode="after")
     def _init_fits_algorithm(self) -> "RunConfig":
         if self.init != "auto" and self.init not in ALLOWED_INIT[self.algorithm]:
@@ -195,10 +269,16 @@ class RunConfig(_Strict):
         return self
 
     @property
+    def private(self) -> bool:
+        """Whether the run is differentially private (``dp-epsilon`` > 0)."""
+        return self.dp_epsilon > 0
+
+    @property
     def resolved_init(self) -> str:
         """The initialisation actually used (``auto`` resolved per algorithm; under
-        secure aggregation ``random``, the only sum-compatible one)."""
-        if self.init == "auto" and self.secure_aggregation:
+        secure aggregation ``random``, the only sum-compatible one; under DP ``random``,
+        the only one without a non-private data round)."""
+        if self.init == "auto" and (self.secure_aggregation or self.private):
             return "random"
         return DEFAULT_INIT[self.algorithm] if self.init == "auto" else self.init
 

@@ -28,6 +28,8 @@ HISTORY_COLUMNS = [
     "score",
     "seconds",
     "failures",
+    # differential privacy only: the epsilon spent so far
+    "dp-epsilon-spent",
     # GTV only (empty otherwise)
     "gtv-per-edge",
     "local-score-mean",
@@ -50,6 +52,7 @@ def progress_line(row: dict, max_rounds: int) -> str:
         f"sites {row['sites-answered']}/{row['sites-asked']} "
         f"(failed {row['sites-failed']}) movement {num('movement', '.3e')} "
         f"score {num('score', '.6g')} {num('seconds', '.2f')}s"
+        + (f" epsilon spent {row['dp-epsilon-spent']:.4g}" if "dp-epsilon-spent" in row else "")
     )
 
 
@@ -72,6 +75,17 @@ def summary_table(metrics: dict) -> str:
     for name, value in rows:
         text = f"{value:.6g}" if isinstance(value, float) else str(value)
         lines.append(f"  {name:<32}{text:>12}")
+    if "dp-epsilon" in metrics:
+        lines.append(
+            f"  differential privacy: epsilon {metrics['dp-epsilon-spent']:.4g} spent of "
+            f"{metrics['dp-epsilon']:.4g} (delta {metrics['dp-delta']:.3g}) over "
+            f"{metrics['dp-rounds']} of {metrics['dp-rounds-planned']} planned data rounds, "
+            f"noise sigma {metrics.get('dp-sigma-sums', float('nan')):.4g} per sum and "
+            f"{metrics.get('dp-sigma-counts', float('nan')):.4g} per count; score and sizes "
+            "are noisy")
+        if metrics.get("dp-bounds-from-data"):
+            lines.append("  WARNING: the clipping box came from the sites' data (no data-bounds): "
+                         "their minima and maxima were disclosed outside the DP guarantee")
     per_site = metrics.get("per-site", {})
     if per_site:
         lines.append("  per site (sizes under the privacy floor show as <p):")

@@ -430,9 +430,15 @@ TASKS: dict[str, TaskFn] = {
 }
 
 
-def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor: int) -> TaskReply:
+def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor: int,
+             noise_seed=None) -> TaskReply:
     """Run the task named by ``params['task']`` with floor max(server's p, site's p), on
-    the rows scaled by ``params['transform']`` when the run has one."""
+    the rows scaled by ``params['transform']`` when the run has one and clipped to
+    ``params['data-bounds']`` when given. Under DP (``dp-rho``) the task's private
+    version runs (``common/private_tasks.py``), its noise drawn from
+    ``np.random.default_rng(noise_seed)`` (None: fresh OS entropy)."""
+    from fedcluster.common import private_tasks, privacy
+
     name = params.get("task")
     if name not in TASKS:
         raise TaskError(f"unknown task {name!r}; this site knows {sorted(TASKS)}")
@@ -444,6 +450,15 @@ def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor:
         except ValueError as err:
             raise TaskError(f"task parameter 'transform': {err}") from None
         site = dataclasses.replace(site, X=X)
-    reply = TASKS[name](site, arrays, params, floor)
+    dp = private_tasks.task_privacy(params, site.n_features)
+    box = private_tasks.site_bounds(params, site.n_features) if name != "describe" else None
+    if box is not None:  # data-bounds: every task sees the clipped rows
+        site = dataclasses.replace(site, X=privacy.clip_rows(site.X, *box))
+    reply = None
+    if dp is not None:
+        rng = np.random.default_rng(noise_seed)
+        reply = private_tasks.run_private(name, site, arrays, params, floor, dp, rng)
+    if reply is None:
+        reply = TASKS[name](site, arrays, params, floor)
     reply.metrics.setdefault("n-rows", site.n_rows)
     return reply

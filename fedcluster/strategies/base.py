@@ -51,6 +51,7 @@ from flwr.server.strategy import Strategy
 from fedcluster import secure
 from fedcluster.common import metrics, scaling
 from fedcluster.common.config import RunConfig
+from fedcluster.strategies import private
 from fedcluster.strategies.validation import Expect, Reply, ReplyError, validate
 
 
@@ -113,6 +114,10 @@ class ClusteringStrategy(Strategy):
     has_training = True
     #: Rounds a repetition adds to init + training + evaluate (GTV scores every site).
     extra_rounds_per_repetition = 0
+    #: Class defaults of the data-bounds/DP state (set per instance in __init__), so that
+    #: a checkpoint written before they existed still loads.
+    box: tuple[np.ndarray, np.ndarray] | None = None
+    bounds_from_data = False
 
     def __init__(self, config: RunConfig, initial_centroids: np.ndarray | None = None) -> None:
         super().__init__()
@@ -137,6 +142,11 @@ class ClusteringStrategy(Strategy):
         # described themselves again, and the rounds run before (history numbering).
         self._resume_phase: str | None = None
         self.round_offset = 0
+        # data-bounds / differential privacy (strategies/private.py): the clipping box,
+        # whether it came from the sites' data, and the zCDP share of each data round.
+        self.box: tuple[np.ndarray, np.ndarray] | None = None
+        self.bounds_from_data = False
+        self.dp_rho_round = private.rho_per_round(config)
         self._reset_repetition()
 
     # ----------------------------------------------------------------- hooks
@@ -147,6 +157,10 @@ class ClusteringStrategy(Strategy):
     def reduce_init(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
         """Initial (k, d) centroids from the init round's replies."""
         raise NotImplementedError
+
+    def init_without_round(self) -> np.ndarray | None:
+        """Initial centroids that need no site round (None: run ``init_task``)."""
+        return None
 
     def train_task(self) -> TaskPlan:
         """One training round's task, given ``self.centroids``."""
@@ -246,6 +260,7 @@ class ClusteringStrategy(Strategy):
                 {"terms": plan.secure[0], "scales": plan.secure[1]})
         if self.transform is not None and plan.task not in ("describe", "stats"):
             base["transform"] = self.transform.encode()
+        base.update(private.task_params(self, plan.task, server_round))
         shared = ndarrays_to_parameters(plan.arrays)
         self._pending = (plan, keys)
 
@@ -301,6 +316,7 @@ class ClusteringStrategy(Strategy):
             }
         )
         self.history.append(row)
+        row.update(private.round_accounting(self.config, self.history))
         out = [] if self.centroids is None else [self.centroids]
         return ndarrays_to_parameters(out), {}
 
@@ -448,6 +464,7 @@ class ClusteringStrategy(Strategy):
             floor=self.config.min_cluster_size,
             declared_rows=site.n_rows if site else None,
             scale=plan.params.get("scale"),
+            private=self.config.private,
         )
         typed = validate(arrays, metrics, int(n_rows), expect)
         return Reply(key, node_id, int(n_rows), typed, metrics)
@@ -516,9 +533,17 @@ class ClusteringStrategy(Strategy):
 
     def _begin_repetition(self) -> None:
         self._reset_repetition()
+        if self.box is None:
+            self.box = private.declared_box(self.config, self.n_features)
         start = self.initial_centroids
         if start is None and self.repetition == 0:
             start = self.warm_start
+        if start is None:
+            start = self.init_without_round()
+        if self.config.private and self.box is None and start is not None:
+            raise FederationError(
+                "dp-epsilon without data-bounds takes the clipping box from the init round "
+                "(init 'random'), which a run from given centroids skips; set data-bounds")
         if start is not None:
             self._start_training(np.array(start, dtype=np.float64))
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedcluster.strategies import private
 from fedcluster.strategies.aggregate import bounding_box_init, kmeans_on_centroids
 from fedcluster.strategies.base import ClusteringStrategy, FederationError, TaskPlan
 from fedcluster.strategies.validation import Reply
@@ -44,6 +45,13 @@ class KFedOrRandomInit:
     ``init = "kfed"`` runs the k-FED round; ``"random"`` draws k points uniformly in the
     federated bounding box (per-site minima and maxima)."""
 
+    def init_without_round(self) -> np.ndarray | None:
+        """``init = "random"`` with ``data-bounds``: k points uniform in the declared
+        box, drawn by the server (no site round, nothing disclosed)."""
+        if self.config.resolved_init == "random" and self.box is not None and not self.bounds_from_data:
+            return bounding_box_init(self.box[0][None], self.box[1][None], self.k, self.seed)
+        return None
+
     def init_task(self) -> TaskPlan:
         if self.config.resolved_init == "kfed":
             return kfed_plan(self, self.config.resolved_k_local)
@@ -54,6 +62,8 @@ class KFedOrRandomInit:
             return kfed_reduce(replies, self.k, self.seed, self.config.resolved_weighted)
         mins = np.stack([r.arrays[0] for r in replies])
         maxs = np.stack([r.arrays[1] for r in replies])
+        if self.config.private and self.box is None:
+            self.box, self.bounds_from_data = private.box_from_data(mins, maxs), True
         return bounding_box_init(mins, maxs, self.k, self.seed)
 
 

@@ -65,6 +65,7 @@ class Expect:
     floor: int = 1
     declared_rows: int | None = None  # the size the site declared in its first reply
     scale: str | None = None  # the statistics round's kind: "standard" or "minmax"
+    private: bool = False  # a DP run: a lloyd reply carries no SSE (it would not be private)
 
 
 def _finite(name: str, a: np.ndarray) -> None:
@@ -117,7 +118,7 @@ def validate(
         return _evaluation(arrays, metrics, expect, n_rows)
     if expect.task == "stats":
         return _statistics(arrays, expect, n_rows)
-    if "sse" in metrics or expect.task == "lloyd":
+    if "sse" in metrics or (expect.task == "lloyd" and not expect.private):
         sse = metrics.get("sse")
         if not isinstance(sse, (int, float)) or not np.isfinite(sse) or sse < 0:
             raise ReplyError(f"sse {sse!r} is not a finite non-negative number")

@@ -1,0 +1,140 @@
+"""The site tasks under differential privacy (``dp-epsilon`` > 0; README "Differential
+privacy", the maths in ``common/privacy.py``).
+
+The server sends, with every task of a DP run, ``data-bounds`` (the clipping box),
+``dp-rho`` (this round's zCDP share of the run's budget) and ``dp-noise-share`` (1 for
+local DP). The site clips its rows to the box (in :func:`fedcluster.common.tasks.run_task`),
+computes sigma ITSELF from the box and ``dp-rho`` and adds the noise before anything
+leaves it. Only these tasks run under DP:
+
+``lloyd`` (DWF/EWF, ``local-iters`` 1)
+    Per-cluster sums and counts against the received centroids, noised jointly (L2
+    sensitivity = the box's diameter), post-processed into the ordinary reply
+    [means (k, d), counts (k,)]: counts rounded, clamped at 0 and to the site's size,
+    the privacy floor applied to the NOISY counts, means clipped into the box. No SSE
+    is sent.
+``evaluate``
+    Per-cluster counts and the SSE (each row's term capped at D^2), noised jointly;
+    sums, squared norms, the silhouette and the labels' contingency table are NOT sent
+    (zeros), so under DP the run reports the score and the cluster sizes only.
+``evaluate_distances``
+    Zeros, without touching the data (Davies-Bouldin is not computed under DP).
+``describe``, ``bounds``
+    As without DP: the size and width are public; ``bounds`` (sent only when the run
+    has no ``data-bounds``) discloses the per-feature minima and maxima outside the DP
+    guarantee, and the server says so with a PrivacyLeakWarning.
+
+Every other task is refused: its reply is not a sum of bounded per-row terms with a
+known sensitivity (see ``RunConfig``'s check for the reasons per algorithm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedcluster.common import kernels, privacy
+from fedcluster.common.data import SiteData
+from fedcluster.common.tasks import TaskError, TaskReply, _centroids, _param
+
+#: Tasks a site runs under DP; the others are refused.
+DP_TASKS = ("describe", "bounds", "lloyd", "evaluate", "evaluate_distances")
+
+
+@dataclass(frozen=True)
+class SitePrivacy:
+    """This round's DP parameters, as the site reads them from the task."""
+
+    rho: float
+    lo: np.ndarray
+    hi: np.ndarray
+    noise_share: float = 1.0
+
+
+def task_privacy(params: dict, n_features: int) -> SitePrivacy | None:
+    """The DP parameters of a task (None when the run is not private).
+
+    Raises
+    ------
+    TaskError
+        When ``dp-rho`` is given without ``data-bounds``, or a value is out of range.
+    """
+    if "dp-rho" not in params:
+        return None
+    rho = _param(params, "dp-rho", float)
+    share = _param(params, "dp-noise-share", float, default=1.0)
+    if not rho > 0 or not 0 < share <= 1:
+        raise TaskError(f"bad DP parameters: dp-rho {rho}, dp-noise-share {share}")
+    box = site_bounds(params, n_features)
+    if box is None:
+        raise TaskError("task parameter 'data-bounds' is missing: a DP task needs the clipping box")
+    return SitePrivacy(rho, box[0], box[1], share)
+
+
+def site_bounds(params: dict, n_features: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The clipping box of ``data-bounds`` for this site's width (None when absent)."""
+    if not params.get("data-bounds"):
+        return None
+    try:
+        parsed = privacy.parse_data_bounds(str(params["data-bounds"]))
+        return privacy.bounds_for(parsed, n_features)
+    except ValueError as err:
+        raise TaskError(f"task parameter 'data-bounds': {err}") from None
+
+
+def private_lloyd(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
+                  rng: np.random.Generator) -> TaskReply:
+    C = _centroids(arrays, site)
+    local_iters = _param(params, "local-iters", int)
+    if local_iters != 1:
+        raise TaskError(f"under DP the lloyd task needs local-iters 1, got {local_iters}")
+    sums, counts, _ = kernels.lloyd_stats(site.X, C)
+    sigma = privacy.sums_counts_sigma(dp.lo, dp.hi, dp.rho)
+    noisy_sums, noisy_counts = privacy.noisy_sums_counts(
+        sums, counts, dp.lo, dp.hi, sigma, rng, dp.noise_share)
+    released = privacy.release_counts(noisy_counts, site.n_rows, floor)
+    means = privacy.release_means(noisy_sums, released, dp.lo, dp.hi, C)
+    return TaskReply(arrays=[means, released])
+
+
+def private_evaluate(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
+                     rng: np.random.Generator) -> TaskReply:
+    C = _centroids(arrays, site)
+    k = C.shape[0]
+    labels, sq_dist = kernels.assign(site.X, C)
+    sigma_counts, sigma_sse, cap = privacy.evaluation_sigmas(dp.lo, dp.hi, dp.rho)
+    counts = np.bincount(labels, minlength=k).astype(np.float64)
+    sse = float(np.minimum(sq_dist, cap).sum())
+    noisy_counts = counts + rng.normal(0.0, dp.noise_share * sigma_counts, size=k)
+    noisy_sse = sse + rng.normal(0.0, dp.noise_share * sigma_sse)
+    released = privacy.release_counts(noisy_counts, site.n_rows, floor)
+    hidden = (released == 0) & (np.rint(noisy_counts) >= 1)
+    return TaskReply(
+        arrays=[released, np.zeros((k, site.n_features)), np.zeros(k), hidden.astype(np.int64)],
+        metrics={"sse": max(noisy_sse, 0.0), "silhouette-sum": 0.0},
+    )
+
+
+def private_distances(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
+                      rng: np.random.Generator) -> TaskReply:
+    C = _centroids(arrays, site)
+    return TaskReply(arrays=[np.zeros(C.shape[0])])
+
+
+PRIVATE_TASKS = {
+    "lloyd": private_lloyd,
+    "evaluate": private_evaluate,
+    "evaluate_distances": private_distances,
+}
+
+
+def run_private(name: str, site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
+                rng: np.random.Generator):
+    """The DP version of task ``name``; None for the tasks that run unchanged
+    (``describe``, ``bounds``). Refuses every task outside :data:`DP_TASKS`."""
+    if name not in DP_TASKS:
+        raise TaskError(f"task {name!r} has no differentially private version; under "
+                        f"dp-epsilon a site runs only {', '.join(DP_TASKS)}")
+    fn = PRIVATE_TASKS.get(name)
+    return None if fn is None else fn(site, arrays, params, floor, dp, rng)

@@ -1,0 +1,278 @@
+"""Differential privacy: calibration, clipping, sensitivity, accounting, config errors,
+and DP runs through the real ServerApp/ClientApp (in-process harness)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import fedcluster
+from fedcluster.common import privacy
+from fedcluster.common.config import ConfigError, parse_run_config
+from fedcluster.common.data import SiteData
+from fedcluster.common.tasks import TaskError, run_task
+
+BOX = (np.zeros(64), np.full(64, 16.0))  # the digits' pixel range, D = 16 * 8 = 128
+
+
+# ------------------------------------------------------------------ calibration
+def test_rho_from_epsilon_matches_an_independent_inversion():
+    """rho from (epsilon, delta) against bisection on the forward bound
+    epsilon(rho) = rho + 2 sqrt(rho ln(1/delta)) (Bun & Steinke, Prop. 1.3)."""
+    for epsilon, delta in [(0.1, 1e-6), (1.0, 1e-5), (10.0, 1e-5), (50.0, 1e-3)]:
+        lo, hi = 0.0, epsilon
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            if mid + 2 * math.sqrt(mid * math.log(1 / delta)) < epsilon:
+                lo = mid
+            else:
+                hi = mid
+        assert privacy.rho_from_epsilon(epsilon, delta) == pytest.approx(lo, rel=1e-9)
+        assert privacy.epsilon_from_rho(lo, delta) == pytest.approx(epsilon, rel=1e-9)
+
+
+def test_sigma_is_the_formula_for_the_box_and_the_rounds():
+    rho_total = privacy.rho_from_epsilon(1.0, 1e-5)
+    rho_round = privacy.rho_per_round(1.0, 1e-5, 11)
+    assert rho_round == pytest.approx(rho_total / 11)
+    # Independently: Delta = ||hi - lo|| = 16 sqrt(64) = 128, sigma = Delta / sqrt(2 rho).
+    expected = 128.0 / math.sqrt(2 * rho_total / 11)
+    assert privacy.sums_counts_sigma(*BOX, rho_round) == pytest.approx(expected, rel=1e-12)
+    assert privacy.gaussian_rho(128.0, expected) == pytest.approx(rho_round)
+
+
+def test_empirical_noise_matches_the_calibrated_sigma():
+    """Many draws of the mechanism on fixed sums: the noise on the sums has std sigma,
+    on the counts 2 sigma / D, mean 0; with noise_share 1/sqrt(n), the SUM of n sites'
+    noise has std sigma (distributed DP)."""
+    lo, hi = np.zeros(4), np.full(4, 2.0)  # D = 4, centre 1
+    sigma = privacy.sums_counts_sigma(lo, hi, rho=0.05)
+    sums = np.array([[3.0, 3.0, 3.0, 3.0]] * 3)  # 3 rows of ones per cluster: centred 0
+    counts = np.array([3.0, 3.0, 3.0])
+    rng = np.random.default_rng(1)
+    draws = [privacy.noisy_sums_counts(sums, counts, lo, hi, sigma, rng) for _ in range(20000)]
+    noise_sums = np.stack([d[0] for d in draws]).ravel()  # centred sums are 0 exactly
+    noise_counts = np.stack([d[1] for d in draws]).ravel() - 3.0
+    assert np.std(noise_sums) == pytest.approx(sigma, rel=0.02)
+    assert abs(np.mean(noise_sums)) < 0.02 * sigma
+    assert np.std(noise_counts) == pytest.approx(2 * sigma / 4.0, rel=0.02)
+    n = 4
+    shared = [sum(privacy.noisy_sums_counts(sums, counts, lo, hi, sigma, rng, 1 / math.sqrt(n))[0]
+                  for _ in range(n)) for _ in range(5000)]
+    assert np.std(np.stack(shared).ravel()) == pytest.approx(sigma, rel=0.03)
+    with pytest.raises(ValueError, match="noise_share"):
+        privacy.noisy_sums_counts(sums, counts, lo, hi, sigma, rng, 0.0)
+
+
+def test_joint_sensitivity_of_sums_and_scaled_counts_is_the_diameter():
+    """Replace one row by another anywhere in the box, same or another cluster: the
+    released vector (centred sums, D/2 * counts) moves by at most D, and by exactly D
+    for opposite corners."""
+    rng = np.random.default_rng(0)
+    d, k = 3, 4
+    lo, hi = np.array([-1.0, 0.0, 2.0]), np.array([1.0, 5.0, 3.0])
+    D = privacy.l2_diameter(lo, hi)
+    centre, gamma = (lo + hi) / 2, D / 2
+
+    def vector(X, labels):
+        sums = np.zeros((k, d))
+        np.add.at(sums, labels, X - centre)
+        return np.concatenate([sums.ravel(), gamma * np.bincount(labels, minlength=k)])
+
+    worst = 0.0
+    for trial in range(2000):
+        X = lo + rng.random((10, d)) * (hi - lo)
+        labels = rng.integers(0, k, 10)
+        corner = np.where(rng.random(d) < 0.5, lo, hi)
+        X2, labels2 = X.copy(), labels.copy()
+        X2[0], labels2[0] = corner, rng.integers(0, k)
+        if trial % 2:
+            X[0] = lo + hi - corner  # the opposite corner
+        worst = max(worst, np.linalg.norm(vector(X, labels) - vector(X2, labels2)))
+    assert worst <= D * (1 + 1e-12)
+    X = np.array([lo, lo])
+    X2 = np.array([hi, lo])
+    assert np.linalg.norm(vector(X, np.array([0, 1])) - vector(X2, np.array([0, 1]))) == pytest.approx(D)
+
+
+# --------------------------------------------------------------- bounds, clipping
+def test_parse_data_bounds_forms_and_errors():
+    lo, hi = privacy.parse_data_bounds("0:16")
+    assert lo.tolist() == [0.0] and hi.tolist() == [16.0]
+    lo, hi = privacy.parse_data_bounds("-1:1, 0:2.5")
+    assert lo.tolist() == [-1.0, 0.0] and hi.tolist() == [1.0, 2.5]
+    assert privacy.parse_data_bounds("") is None
+    assert [a.tolist() for a in privacy.bounds_for((np.array([0.0]), np.array([1.0])), 3)] == [[0.0] * 3, [1.0] * 3]
+    for bad, why in [("16:0", "LO < HI"), ("0-16", "LO:HI"), ("a:b", "LO:HI"), ("0:inf", "finite")]:
+        with pytest.raises(ValueError, match=why):
+            privacy.parse_data_bounds(bad)
+    with pytest.raises(ValueError, match="2 ranges but the data has 3"):
+        privacy.bounds_for(privacy.parse_data_bounds("0:1,0:1"), 3)
+    round_trip = privacy.parse_data_bounds(privacy.encode_bounds(np.array([0.1, -3.0]), np.array([0.7, 1e-9])))
+    assert round_trip[0].tolist() == [0.1, -3.0] and round_trip[1].tolist() == [0.7, 1e-9]
+
+
+def test_clip_rows_and_the_site_sees_only_clipped_rows():
+    X = np.array([[-5.0, 0.5], [0.2, 9.0], [0.3, 0.4]])
+    np.testing.assert_array_equal(privacy.clip_rows(X, np.zeros(2), np.ones(2)),
+                                  [[0.0, 0.5], [0.2, 1.0], [0.3, 0.4]])
+    site = SiteData(X, None, None, "test")
+    reply = run_task(site, [], {"task": "bounds", "data-bounds": "0:1"}, 1)
+    np.testing.assert_array_equal(reply.arrays[0], [0.0, 0.4])
+    np.testing.assert_array_equal(reply.arrays[1], [0.3, 1.0])
+    with pytest.raises(TaskError, match="data-bounds"):
+        run_task(site, [], {"task": "bounds", "data-bounds": "0:1,0:1,0:1"}, 1)
+
+
+def test_release_counts_post_processing():
+    counts = privacy.release_counts(np.array([-3.2, 0.4, 1.6, 7.4, 250.0]), n_rows=100, floor=3)
+    assert counts.dtype == np.int64
+    assert counts.sum() <= 100
+    assert counts[0] == counts[1] == counts[2] == 0  # negative, rounded to 0, under the floor
+    assert counts[3] in (0, 7) and counts[4] > 90
+
+
+# ------------------------------------------------------------------ accounting
+def test_budget_is_split_over_the_data_rounds_and_adds_up():
+    assert privacy.data_rounds(10, 0, 1) == 11
+    assert privacy.data_rounds(10, 5, 2) == 2 * (10 + 2 + 1)
+    rho_round = privacy.rho_per_round(3.0, 1e-6, 26)
+    assert rho_round * 26 == pytest.approx(privacy.rho_from_epsilon(3.0, 1e-6))
+    assert privacy.spent(rho_round, 26, 1e-6)["dp-epsilon-spent"] == pytest.approx(3.0)
+    half = privacy.spent(rho_round, 13, 1e-6)
+    assert half["dp-rho-spent"] == pytest.approx(rho_round * 13)
+    assert half["dp-epsilon-spent"] < 3.0
+
+
+# ------------------------------------------------------------------ config
+@pytest.mark.parametrize(
+    "values, key",
+    [
+        ({"dp-epsilon": -1.0}, "'dp-epsilon'"),
+        ({"dp-delta": 1.0}, "'dp-delta'"),
+        ({"dp-delta": 0.0}, "'dp-delta'"),
+        ({"data-bounds": "3:1"}, "'data-bounds'"),
+        ({"dp-epsilon": 1.0, "algorithm": "kfed"}, "'dp-epsilon' > 0: algorithm 'kfed'"),
+        ({"dp-epsilon": 1.0, "algorithm": "fkm"}, "'dp-epsilon' > 0: algorithm 'fkm'"),
+        ({"dp-epsilon": 1.0, "algorithm": "gtv"}, "'dp-epsilon' > 0: algorithm 'gtv'"),
+        ({"dp-epsilon": 1.0, "algorithm": "ffcm"}, "'dp-epsilon' > 0: algorithm 'ffcm'"),
+        ({"dp-epsilon": 1.0, "algorithm": "minibatch"}, "'dp-epsilon' > 0: algorithm 'minibatch'"),
+        ({"dp-epsilon": 1.0, "local-iters": 3}, "'local-iters' must be 1"),
+        ({"dp-epsilon": 1.0, "init": "kfed"}, "'init' must be 'random'"),
+        ({"dp-epsilon": 1.0, "scale": "standard"}, "'scale' must be 'none'"),
+        ({"dp-epsilon": 1.0, "k-range": "2:5"}, "'k-range' cannot"),
+        ({"data-bounds": "0:1", "scale": "minmax"}, "'data-bounds' cannot be combined"),
+    ],
+)
+def test_config_errors_name_the_key(values, key):
+    with pytest.raises(ConfigError, match=key):
+        parse_run_config(values)
+
+
+def test_dp_config_accepted_and_init_resolves_to_random():
+    config = parse_run_config({"dp-epsilon": 2.0, "data-bounds": "0:16", "algorithm": "ewf"})
+    assert config.private and config.resolved_init == "random"
+    assert parse_run_config({}).resolved_init == "kfed" and not parse_run_config({}).private
+
+
+def test_a_site_refuses_non_private_tasks_under_dp():
+    site = SiteData(np.random.default_rng(0).random((20, 2)), None, None, "test")
+    params = {"task": "local_kmeans", "k-local": 2, "seed": 0, "dp-rho": 0.1, "data-bounds": "0:1"}
+    with pytest.raises(TaskError, match="no differentially private version"):
+        run_task(site, [], params, 1)
+    with pytest.raises(TaskError, match="data-bounds"):
+        run_task(site, [np.zeros((2, 2))], {"task": "lloyd", "local-iters": 1, "tol": 0.0,
+                                            "dp-rho": 0.1}, 1)
+    with pytest.raises(TaskError, match="local-iters 1"):
+        run_task(site, [np.zeros((2, 2))], {"task": "lloyd", "local-iters": 2, "tol": 0.0,
+                                            "dp-rho": 0.1, "data-bounds": "0:1"}, 1)
+
+
+# ------------------------------------------------------------------ DP runs
+def _blobs():
+    rng = np.random.default_rng(3)
+    centres = np.array([[1.0, 1.0], [4.0, 4.0], [1.0, 4.0]])
+    X = np.concatenate([c + 0.3 * rng.standard_normal((300, 2)) for c in centres])
+    rng.shuffle(X)
+    return np.array_split(X, 3), centres
+
+
+def _run(sites, **config):
+    defaults = dict(n_clusters=3, algorithm="dwf", num_rounds=8, tol=0.0, seed=1,
+                    data_bounds="0:5", init="random", central_baseline=False)
+    return fedcluster.simulate(sites, **{**defaults, **config})
+
+
+def test_dp_run_approaches_the_non_private_run_as_epsilon_grows():
+    sites, _ = _blobs()
+    plain = _run(sites).centroids
+    gaps = {eps: np.linalg.norm(_run(sites, dp_epsilon=eps).centroids - plain)
+            for eps in (0.5, 20.0, 1e6)}
+    assert gaps[1e6] < 1e-2
+    assert gaps[1e6] < gaps[20.0] < gaps[0.5]
+
+
+def test_dp_run_is_reproducible_accounted_and_sends_no_sse():
+    sites, _ = _blobs()
+    replies = []
+    first = _run(sites, dp_epsilon=5.0, record_replies=replies)
+    again = _run(sites, dp_epsilon=5.0)
+    other_seed = _run(sites, dp_epsilon=5.0, seed=2)
+    np.testing.assert_array_equal(first.centroids, again.centroids)
+    assert not np.array_equal(first.centroids, other_seed.centroids)
+    metrics = first.metrics
+    rho_round = privacy.rho_per_round(5.0, 1e-5, 9)  # 8 training rounds + the evaluation
+    assert metrics["dp-rounds"] == 9 and metrics["dp-rounds-planned"] == 9
+    assert metrics["dp-rho-spent"] == pytest.approx(9 * rho_round)
+    assert metrics["dp-epsilon-spent"] == pytest.approx(5.0)
+    assert metrics["dp-delta"] == 1e-5 and metrics["dp-bounds-from-data"] is False
+    assert metrics["dp-sigma-sums"] == pytest.approx(5 * math.sqrt(2) / math.sqrt(2 * rho_round))
+    assert "simplified-silhouette" not in metrics and "davies-bouldin" not in metrics
+    spent = [row["dp-epsilon-spent"] for row in first.history]
+    assert spent == sorted(spent) and spent[0] == 0.0
+    assert spent[-1] == pytest.approx(metrics["dp-epsilon-spent"])
+    tasks = [r["task"] for r in replies]
+    assert "bounds" not in tasks and "local_kmeans" not in tasks  # init drawn in the box
+    for reply in replies:
+        if reply["task"] == "lloyd":
+            assert "sse" not in reply["metrics"]
+            counts = reply["arrays"][1]
+            assert np.all((counts == 0) | (counts >= 2))  # the floor on noisy counts
+            assert np.all((reply["arrays"][0] >= 0) & (reply["arrays"][0] <= 5))
+
+
+def test_early_stop_spends_less_than_the_budget():
+    sites, _ = _blobs()
+    result = _run(sites, dp_epsilon=1e6, tol=0.5, num_rounds=30)
+    assert result.metrics["dp-rounds"] < 31
+    assert result.metrics["dp-epsilon-spent"] < 1e6
+
+
+def test_missing_bounds_warn_and_come_from_a_bounds_round():
+    sites, _ = _blobs()
+    with pytest.warns(privacy.PrivacyLeakWarning, match="without data-bounds"):
+        result = _run(sites, dp_epsilon=5.0, data_bounds="")
+    assert result.metrics["dp-bounds-from-data"] is True
+    with pytest.raises(Exception, match="data-bounds"):
+        _run(sites, dp_epsilon=5.0, data_bounds="", init_centroids=np.ones((3, 2)))
+
+
+def test_noise_is_seeded_in_simulation_and_fresh_entropy_in_deployment():
+    from flwr.app import Context, RecordDict
+
+    from fedcluster.client_app import SiteClient
+
+    def client(node_config):
+        return SiteClient(Context(run_id=1, node_id=7, node_config=node_config,
+                                  state=RecordDict(), run_config={"seed": 3}))
+
+    task = {"task": "lloyd", "dp-rho": 0.1, "dp-round": 5}
+    simulated = client({"partition-id": 1, "num-partitions": 3})
+    seed = simulated._noise_seed(task)
+    assert seed is not None and seed[0] == 3 and seed[2] == 5
+    assert seed != simulated._noise_seed({**task, "dp-round": 6})
+    assert seed != client({"partition-id": 2, "num-partitions": 3})._noise_seed(task)
+    assert client({"data-path": "/data/site.csv"})._noise_seed(task) is None  # deployment
+    assert simulated._noise_seed({"task": "lloyd"}) is None  # no DP, no noise
