@@ -276,3 +276,11 @@ def test_noise_is_seeded_in_simulation_and_fresh_entropy_in_deployment():
     assert seed != client({"partition-id": 2, "num-partitions": 3})._noise_seed(task)
     assert client({"data-path": "/data/site.csv"})._noise_seed(task) is None  # deployment
     assert simulated._noise_seed({"task": "lloyd"}) is None  # no DP, no noise
+
+
+def test_dp_and_secure_aggregation_together_are_refused_naming_both_keys():
+    from fedcluster.common.config import ConfigError, parse_run_config
+
+    with pytest.raises(ConfigError, match="'dp-epsilon' and 'secure-aggregation'"):
+        parse_run_config({"algorithm": "dwf", "dp-epsilon": 1.0, "data-bounds": "0:1",
+                          "secure-aggregation": True, "secagg-data-bound": 1.0, "min-sites": 2})
