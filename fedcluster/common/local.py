@@ -109,9 +109,21 @@ def kmeans_plusplus(X, k: int, seed) -> np.ndarray:
         else:
             # Every row coincides with a chosen centre: pick uniformly.
             candidates = rng.integers(n, size=1)
-        updated = kernels.min_sq_dist_update(X, X[candidates], closest)
-        best = int(np.argmin(updated.sum(axis=1)))
-        closest = updated[best]
+        del cumulative
+        # The candidates are scored one at a time: each potential is the same pairwise
+        # sum as a row of a (trials x n) matrix would give, but only two rows of n floats
+        # are alive at once. On a large memory-mapped site that matrix was the biggest
+        # temporary of the k-FED round (bench/scale.py measures the site's peak memory).
+        # The first smallest potential wins, as np.argmin; the potentials are finite.
+        best, best_potential = 0, np.inf
+        for t, row in enumerate(candidates):
+            trial = kernels.min_sq_dist_update(X, X[row], closest)
+            trial_potential = trial.sum()
+            if t == 0 or trial_potential < best_potential:
+                best, best_potential, best_closest = t, trial_potential, trial
+            del trial
+        closest = best_closest
+        del best_closest
         centres[c] = X[candidates[best]]
     return centres
 
