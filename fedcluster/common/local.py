@@ -23,7 +23,19 @@ import numpy as np
 
 from fedcluster.common import kernels
 
-__all__ = ["kmeans_plusplus", "lloyd", "local_kmeans"]
+__all__ = ["frobenius", "kmeans_plusplus", "lloyd", "local_kmeans"]
+
+
+def frobenius(A) -> float:
+    """The Frobenius norm of ``A`` (how far centroids moved), without BLAS.
+
+    ``np.linalg.norm`` of a matrix is a BLAS dot product, and OpenBLAS runs it on
+    several threads from ~10,000 elements on: on a busy machine every call then waits
+    for a descheduled thread (measured: 9.6 ms instead of 0.3 ms for 40 x 784 on 2 busy
+    cores), once per Lloyd iteration and per round.
+    """
+    A = np.asarray(A, dtype=np.float64)
+    return float(np.sqrt(np.sum(A * A)))
 
 
 def _check_data(X) -> np.ndarray:
@@ -186,7 +198,7 @@ def lloyd(X, C0, max_iter: int, tol: float) -> tuple[np.ndarray, np.ndarray, int
     for n_iter in range(1, max_iter + 1):
         sums, counts, _ = kernels.lloyd_stats(X, C)
         new = update_centroids(C, sums, counts)
-        shift = float(np.linalg.norm(new - C))
+        shift = frobenius(new - C)
         C = new
         if shift < tol:
             break

@@ -41,6 +41,7 @@ from flwr.server.strategy import Strategy
 
 from fedcluster.common import metrics
 from fedcluster.common.config import RunConfig
+from fedcluster.common.local import frobenius
 from fedcluster.strategies.validation import Expect, Reply, ReplyError, validate
 
 
@@ -126,7 +127,7 @@ class ClusteringStrategy(Strategy):
 
     def movement(self, new: np.ndarray, old: np.ndarray) -> float:
         """How far the centroids moved this round (compared with ``tol``)."""
-        return float(np.linalg.norm(new - old))
+        return frobenius(new - old)
 
     def evaluation_params(self) -> dict:
         """Extra parameters of the ``evaluate`` task (FFCM asks for its fuzzy figures)."""
