@@ -29,9 +29,9 @@ Usage::
 
 On 2 cores the runs can be split over processes and merged into the table::
 
-    python bench/dwf_paper.py --splits non-iid --results a.json &
-    python bench/dwf_paper.py --splits iid,half-iid --methods ewf,dwf,kfed --results b.json &
-    python bench/dwf_paper.py --results all.json --merge a.json b.json
+    python bench/dwf_paper.py --splits non-iid --runs 5 --results a.json &
+    python bench/dwf_paper.py --splits non-iid --runs 5 --first-run 5 --results b.json &
+    python bench/dwf_paper.py --splits non-iid --runs 10 --results all.json --merge a.json b.json
 """
 
 from __future__ import annotations
@@ -182,6 +182,8 @@ def main(argv=None) -> None:
                         help="num-rounds for EWF/DWF (default: fedcluster's default)")
     parser.add_argument("--results", type=Path, default=None,
                         help="JSON file to keep per-run scores in (and resume from)")
+    parser.add_argument("--first-run", type=int, default=0,
+                        help="seed of the first run (to split the runs over processes)")
     parser.add_argument("--merge", type=Path, nargs="*", default=[],
                         help="results files of other invocations (e.g. one per split, run in "
                         "parallel) to add to --results before running what is missing")
@@ -199,9 +201,13 @@ def main(argv=None) -> None:
     results: dict = {}
     if args.results is not None and args.results.exists():
         results = json.loads(args.results.read_text())
-    for path in args.merge:
+    for path in args.merge:  # in the order given: their runs are appended
         for kind, per_method in json.loads(path.read_text()).items():
-            results.setdefault(kind, {}).update(per_method)
+            for method, entry in per_method.items():
+                mine = results.setdefault(kind, {}).setdefault(
+                    method, {"scores": [], "rounds": [], "seconds": []})
+                for key in mine:
+                    mine[key] = mine[key] + entry[key]
     # Central k-means does not depend on the split: runs made for one split serve all.
     central_runs = max((results[k]["central"] for k in results if "central" in results[k]),
                        key=lambda e: len(e["scores"]), default=None)
@@ -214,18 +220,19 @@ def main(argv=None) -> None:
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
 
-    for run in range(args.runs):
+    for run in range(args.first_run, args.first_run + args.runs):
+        done = run - args.first_run  # runs before this one in this results file
         central = None
         for kind in splits:
             per_method = results.setdefault(kind, {})
-            if all(len(per_method.get(m, {}).get("scores", [])) > run for m in methods):
+            if all(len(per_method.get(m, {}).get("scores", [])) > done for m in methods):
                 continue  # resumed
             parts = make_split(X, args.sites, kind, seed=run) if set(methods) - {"central"} else None
             sites = [X[p] for p in parts if len(p)] if parts is not None else None
             init = None
             for method in methods:
                 entry = per_method.setdefault(method, {"scores": [], "rounds": [], "seconds": []})
-                if len(entry["scores"]) > run:
+                if len(entry["scores"]) > done:
                     continue
                 start = time.perf_counter()
                 if method == "central":
