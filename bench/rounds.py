@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,9 @@ K = 5
 TARGET = 1.001
 ALGORITHMS = ("dwf", "ewf", "minibatch", "fkm", "kfed")
 TRAIN_TASKS = {"lloyd", "minibatch", "prune_lloyd"}
+# One line of this script's output per run (see main).
+LOG_LINE = re.compile(r"\[ *[\d.]+s\] seed (?P<seed>\d+) (?P<kind>iid|non-iid) +(?P<name>.+): rounds "
+                      r"(?P<hit>None|\d+) \(ran (?P<ran>\d+)\), score / central (?P<ratio>[\d.]+)$")
 # The DWF paper's own experiment setting (sec. 3.4), shown beside the defaults.
 PAPER_DWF = {"learning_rate": 0.01, "momentum": 0.8, "local_iters": 5}
 
@@ -107,6 +111,10 @@ def main(argv=None) -> None:
     parser.add_argument("--paper-setting", action=argparse.BooleanOptionalAction, default=True,
                         help="also run DWF with the paper's eta 0.01, mu 0.8, 5 local iterations")
     parser.add_argument("--paper-max-rounds", type=int, default=300)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--from-logs", type=Path, nargs="*", default=[],
+                        help="build the table from the output of earlier invocations (e.g. "
+                        "seeds split over processes) instead of running")
     parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
     args = parser.parse_args(argv)
     from flwr.common.logger import FLOWER_LOGGER
@@ -122,7 +130,16 @@ def main(argv=None) -> None:
         variants.append(("dwf (paper: eta 0.01, mu 0.8, 5 local iters)", "dwf", PAPER_DWF,
                          args.paper_max_rounds))
     table = {}  # (variant, split) -> list of (rounds, rounds run, ratio)
-    for seed in range(args.seeds):
+    names = {name for name, *_ in variants}
+    for log_path in args.from_logs:  # runs already made (by other invocations), in order
+        for line in log_path.read_text().splitlines():
+            match = LOG_LINE.match(line)
+            if match and match["name"] in names:
+                hit = None if match["hit"] == "None" else int(match["hit"])
+                table.setdefault((match["name"], match["kind"]), []).append(
+                    (hit, int(match["ran"]), float(match["ratio"])))
+    seeds = range(args.first_seed, args.first_seed + args.seeds) if not args.from_logs else []
+    for seed in seeds:
         X, _ = load_builtin("blobs", seed)
         central = central_score(X, seed)
         for kind in ("iid", "non-iid"):
@@ -134,10 +151,11 @@ def main(argv=None) -> None:
                 print(f"[{time.perf_counter() - t0:6.1f}s] seed {seed} {kind:7s} {name}: rounds "
                       f"{hit} (ran {ran}), score / central {out['score'] / central:.5f}", flush=True)
 
+    n_seeds = len(next(iter(table.values())))
     defaults = run_config_defaults()
     text = [report.header("Rounds to 1.001 x central: the DWF paper's synthetic benchmark"), ""]
     text.append(
-        f"{args.sites} sites, k = {K}, all sites sampled every round, {args.seeds} seeds (each "
+        f"{args.sites} sites, k = {K}, all sites sampled every round, {n_seeds} seeds (each "
         "redraws the data, the split and the algorithm's seeds). rounds = the initialisation "
         "round + the training rounds until the global centroids first score <= 1.001 x the "
         "central KMeans score (n_init 10, run to convergence); the describe and evaluation "
@@ -163,7 +181,12 @@ def main(argv=None) -> None:
             text.append(f"| {name} | {hits} | {median} | {worst} | "
                         f"{np.median([r[1] for r in runs]):g} | {np.mean([r[2] for r in runs]):.5f} |")
         text.append("")
-    text.append(f"Total time {time.perf_counter() - t0:.0f} s.")
+    if args.from_logs:
+        text.append(f"The runs were made by {len(args.from_logs)} invocations of this script "
+                    "with `--first-seed`/`--seeds` (in parallel); this table was built from "
+                    "their output with `--from-logs`.")
+    else:
+        text.append(f"Total time {time.perf_counter() - t0:.0f} s.")
     path = report.write_section("rounds", "\n".join(text), args.out)
     print(f"wrote {path}")
 
