@@ -183,8 +183,8 @@ def main(argv=None) -> None:
         text.append("")
     if args.from_logs:
         text.append(f"The runs were made by {len(args.from_logs)} invocations of this script "
-                    "with `--first-seed`/`--seeds` (in parallel); this table was built from "
-                    "their output with `--from-logs`.")
+                    "(the seeds split with `--first-seed`/`--seeds`); this table was built from "
+                    "their output (the logs named in the command) with `--from-logs`.")
     else:
         text.append(f"Total time {time.perf_counter() - t0:.0f} s.")
     path = report.write_section("rounds", "\n".join(text), args.out)
