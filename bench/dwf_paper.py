@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import time
 from pathlib import Path
@@ -189,11 +188,9 @@ def main(argv=None) -> None:
                         "parallel) to add to --results before running what is missing")
     parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
     args = parser.parse_args(argv)
-    from flwr.common.logger import FLOWER_LOGGER
-
     from fedcluster.common.config import run_config_defaults
 
-    FLOWER_LOGGER.setLevel(logging.WARNING)
+    report.quiet_flower()
     max_rounds = args.max_rounds or run_config_defaults()["num-rounds"]
     splits = args.splits.split(",")
     methods = args.methods.split(",")

@@ -29,7 +29,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import logging
 import re
 import sys
 import time
@@ -117,9 +116,7 @@ def main(argv=None) -> None:
                         "seeds split over processes) instead of running")
     parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
     args = parser.parse_args(argv)
-    from flwr.common.logger import FLOWER_LOGGER
-
-    FLOWER_LOGGER.setLevel(logging.WARNING)
+    report.quiet_flower()
     t0 = time.perf_counter()
     variants = [(a, a, {}, args.max_rounds) for a in args.algorithms.split(",")]
     # The initialisation DWF had before its defaults were chosen from this benchmark:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -69,12 +68,6 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
-def _quiet_flower() -> None:
-    from flwr.common.logger import FLOWER_LOGGER
-
-    FLOWER_LOGGER.setLevel(logging.WARNING)
-
-
 def _run_child(args: list[str], env: dict | None = None) -> dict:
     """Run this script in child mode; its last stdout line is a JSON result."""
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args],
@@ -87,7 +80,7 @@ def _run_child(args: list[str], env: dict | None = None) -> dict:
 # ----------------------------------------------------------- 1 + 2: the harness (child)
 def child_harness(spec: dict) -> dict:
     """Timed harness runs with R1 and R2 rounds; the process's peak RSS."""
-    _quiet_flower()
+    report.quiet_flower()
     import fedcluster
 
     config = dict(algorithm="dwf", init="random", tol=0.0, min_sites=2,
