@@ -29,6 +29,16 @@ def machine() -> str:
     )
 
 
+def quiet_flower() -> None:
+    """Flower's logger at WARNING: a benchmark prints its own line per run, not Flower's and
+    fedcluster's report of every round."""
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    FLOWER_LOGGER.setLevel(logging.WARNING)
+
+
 def header(title: str) -> str:
     command = "python " + " ".join([Path(sys.argv[0]).as_posix().split(str(ROOT) + "/")[-1],
                                     *sys.argv[1:]])

@@ -321,6 +321,38 @@ def test_fastmath_flags():
     for impl in (kernels._assign_impl, kernels._lloyd_stats_impl, kernels._min_sq_dist_update_impl):
         assert impl.targetoptions["fastmath"] == kernels.FASTMATH
         assert impl.targetoptions["parallel"] is True
+    for impl, twin in kernels._SERIAL.items():
+        assert impl.targetoptions["parallel"] is True
+        assert twin.targetoptions["fastmath"] == kernels.FASTMATH
+        assert not twin.targetoptions.get("parallel")
+        assert twin.py_func.__code__ is impl.py_func.__code__  # the same code
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 101, 2048])
+def test_one_block_runs_the_serial_twin_with_the_same_bits(dtype, n):
+    """Up to one block of rows the wrappers call the serial twin (no thread pool to
+    wait for); it gives exactly what the parallel kernel gives."""
+    rng = np.random.default_rng(n)
+    X = rng.standard_normal((n, 5)).astype(dtype)
+    C = np.ascontiguousarray(X[[0, -1, n // 2]])
+    block = kernels.block_rows(n)
+    assert kernels._for_rows(kernels._lloyd_stats_impl, n) is kernels._SERIAL[kernels._lloyd_stats_impl]
+    assert kernels._for_rows(kernels._lloyd_stats_impl, n + 2048) is kernels._lloyd_stats_impl
+    for impl, args in ((kernels._lloyd_stats_impl, (X, C, block)),
+                       (kernels._assign_impl, (X, C, block)),
+                       (kernels._evaluation_stats_impl, (X, C, block)),
+                       (kernels._fcm_stats_impl, (X, C, 2.0, block)),
+                       (kernels._min_sq_dist_update_impl, (X, C, np.full(n, np.inf)))):
+        parallel, serial = impl(*args), kernels._SERIAL[impl](*args)
+        for a, b in zip(parallel if isinstance(parallel, tuple) else (parallel,),
+                        serial if isinstance(serial, tuple) else (serial,)):
+            np.testing.assert_array_equal(a, b)
+    sums, counts, sse = kernels.lloyd_stats(X, C)
+    want = kernels._lloyd_stats_impl(X, C, block)
+    np.testing.assert_array_equal(sums, want[0])
+    np.testing.assert_array_equal(counts, want[1])
+    assert sse == want[2]
 
 
 # --------------------------------------------------------------------------
@@ -336,21 +368,23 @@ CACHE_SCRIPT = textwrap.dedent(
     impls = ("_assign_impl", "_lloyd_stats_impl", "_min_sq_dist_update_impl")
     t0 = time.perf_counter()
     for dtype in (np.float32, np.float64):
-        X = np.random.default_rng(0).standard_normal((300, 3)).astype(dtype)
-        C = X[:4]
-        K.assign(X, C)
-        K.lloyd_stats(X, C)
-        K.min_sq_dist_update(X, C, np.full(len(X), np.inf))
+        # one block (the serial twins) and several blocks (the parallel kernels)
+        for n in (300, 5000):
+            X = np.random.default_rng(0).standard_normal((n, 3)).astype(dtype)
+            C = X[:4]
+            K.assign(X, C)
+            K.lloyd_stats(X, C)
+            K.min_sq_dist_update(X, C, np.full(len(X), np.inf))
     seconds = time.perf_counter() - t0
     out = {"seconds": seconds}
     for name in impls:
-        f = getattr(K, name)
-        out[name] = {
-            "parallel": f.targetoptions.get("parallel"),
-            "hits": sum(f.stats.cache_hits.values()),
-            "misses": sum(f.stats.cache_misses.values()),
-            "signatures": len(f.signatures),
-        }
+        for label, f in ((name, getattr(K, name)), (name + "_serial", K._SERIAL[getattr(K, name)])):
+            out[label] = {
+                "parallel": bool(f.targetoptions.get("parallel")),
+                "hits": sum(f.stats.cache_hits.values()),
+                "misses": sum(f.stats.cache_misses.values()),
+                "signatures": len(f.signatures),
+            }
     print(json.dumps(out))
     """
 )
@@ -373,11 +407,14 @@ def test_parallel_kernels_load_from_cache_in_a_fresh_process(tmp_path):
     second = run()
     impls = ("_assign_impl", "_lloyd_stats_impl", "_min_sq_dist_update_impl")
     for name in impls:
-        assert first[name]["parallel"] is True
-        # fresh cache: both dtype specialisations compiled, nothing loaded
-        assert first[name] == {"parallel": True, "hits": 0, "misses": 2, "signatures": 2}, first
-        # second process: both loaded from disk, nothing compiled
-        assert second[name] == {"parallel": True, "hits": 2, "misses": 0, "signatures": 2}, second
+        for label, parallel in ((name, True), (name + "_serial", False)):
+            # fresh cache: both dtype specialisations compiled, nothing loaded
+            assert first[label] == {"parallel": parallel, "hits": 0, "misses": 2,
+                                    "signatures": 2}, first
+            # second process: both loaded from disk, nothing compiled (the twin has its
+            # own cache entry: never the parallel kernel's)
+            assert second[label] == {"parallel": parallel, "hits": 2, "misses": 0,
+                                     "signatures": 2}, second
     assert any(p.suffix == ".nbi" for p in (tmp_path / "numba-cache").rglob("*"))
     print(f"first call: {first['seconds']:.2f} s compiling, {second['seconds']:.2f} s from cache")
 

@@ -204,11 +204,28 @@ def test_kfed_on_few_clusters_per_site_within_5_percent_of_central():
 def test_dwf_kfed_init_is_the_kfed_round():
     rng = np.random.default_rng(8)
     sites = [rng.normal(i, 1.0, (100, 2)) for i in range(3)]
-    kfed = fedcluster.simulate(sites, algorithm="kfed", n_clusters=4, seed=5, min_sites=3)
+    # As an initialisation the k-FED round defaults to 2k local clusters and a weighted
+    # server k-means (fewer rounds: bench/rounds.py); with those settings k-FED itself
+    # gives the same centroids.
+    kfed = fedcluster.simulate(sites, algorithm="kfed", n_clusters=4, k_local=8, weighted=True,
+                               seed=5, min_sites=3)
     dwf = fedcluster.simulate(sites, algorithm="dwf", init="kfed", n_clusters=4, seed=5,
                               num_rounds=1, learning_rate=1e-12, min_sites=3)
     assert dwf.history[1]["task"] == "local_kmeans"
     np.testing.assert_allclose(dwf.centroids, kfed.centroids, atol=1e-9)
+
+
+def test_kfed_round_defaults_per_algorithm():
+    from fedcluster.common.config import parse_run_config
+
+    for algorithm in ("dwf", "ewf", "minibatch"):
+        config = parse_run_config({"algorithm": algorithm, "n-clusters": 4})
+        assert (config.resolved_k_local, config.resolved_weighted) == (8, True)
+    kfed = parse_run_config({"algorithm": "kfed", "n-clusters": 4})  # k-FED proper
+    assert (kfed.resolved_k_local, kfed.resolved_weighted) == (4, False)
+    explicit = parse_run_config({"algorithm": "dwf", "n-clusters": 4, "k-local": 5,
+                                 "weighted": False})
+    assert (explicit.resolved_k_local, explicit.resolved_weighted) == (5, False)
 
 
 def test_fkm_site_with_only_tiny_clusters_is_not_a_failure():

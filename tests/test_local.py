@@ -278,3 +278,27 @@ def test_local_kmeans_deterministic_and_thread_invariant():
         b = local.local_kmeans(X, 8, seed=5)
     for x, y in zip(a, b):
         assert np.array_equal(x, y)
+
+
+def test_kmeans_plusplus_on_a_memory_mapped_site_is_chunked_with_the_same_result(tmp_path, monkeypatch):
+    """On a read-only memory-mapped site k-means++ passes over the rows in chunks and drops
+    each chunk's pages (so the rows and its n-vectors are not all resident at once); the
+    centres are the same bits as on the array in memory."""
+    from fedcluster.common import data
+
+    rng = np.random.default_rng(3)
+    X = np.vstack([rng.normal(c, 0.5, (5_000, 6)) for c in (0.0, 3.0, 6.0, 9.0)])
+    path = tmp_path / "site.npy"
+    np.save(path, X)
+    mapped = data.load_site_file(path).X
+    assert data.read_only_mapping(mapped) is not None
+    assert data.read_only_mapping(X) is None
+    monkeypatch.setattr(local, "MAPPED_CHUNK_ROWS", 4_096)  # 4 chunks, the last takes the rest
+    released = []
+    monkeypatch.setattr(local, "release_pages", lambda A: released.append(A.shape))
+    centres = local.kmeans_plusplus(mapped, 7, 11)
+    assert len(released) == 4 * (1 + 6 * (2 + int(np.log(7))))  # 4 chunks x 19 passes
+    np.testing.assert_array_equal(centres, local.kmeans_plusplus(X, 7, 11))
+    np.testing.assert_array_equal(local.local_kmeans(mapped, 7, 11)[0], local.local_kmeans(X, 7, 11)[0])
+    data.release_pages(mapped)  # the rows come back from the page cache when read again
+    np.testing.assert_array_equal(mapped, X)

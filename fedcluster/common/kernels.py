@@ -18,7 +18,19 @@ That is obtained by construction, not by luck:
 * a ``prange`` over blocks writes each block's partial sums / counts / SSE
   into its own slot of a slab (``n_blocks x k x d`` ...); threads only decide
   *who* computes a block, not *what* is added to what;
-* the slab is then reduced serially, in block order.
+* the slab is then reduced serially, in block order;
+* distances are computed in register tiles of 8 rows x 2 centroids
+  (:func:`_tile_sq_dists`); the rows of a tile are consecutive rows of one
+  block (past the block's end the last row is repeated and its results are
+  ignored) and k is padded to even by repeating the last centroid, so every
+  (row, centroid) distance goes through the same compiled loop and comes out
+  the same wherever the row sits.
+
+Speed: the tiles load each centroid element once per 8 rows and each row
+element once per 2 centroids, so a Lloyd iteration is bound by the FMA
+units, not by streaming the centroids from L2 for every row; with this it
+runs faster than scikit-learn's GEMM-based Lloyd iteration in float64
+(``bench/kernels.py``; figures in BENCHMARKS.md).
 
 Kernels that produce one value per row (:func:`assign`,
 :func:`min_sq_dist_update`) have no reduction at all, so a plain ``prange``
@@ -50,7 +62,10 @@ SSE NaN, which callers can detect.  The wrappers do not scan for NaN.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
+
 from numba import njit, prange
 
 __all__ = [
@@ -101,6 +116,13 @@ FASTMATH = {"nsz", "contract", "reassoc"}
 MIN_BLOCK_ROWS = 2048
 MAX_BLOCKS = 256
 
+# Every assignment computes distances in register tiles of TILE_ROWS rows x
+# TILE_CENTROIDS centroids (see _tile_sq_dists, which is unrolled by hand for
+# exactly these sizes: change both together).  8 x 2 was the fastest of
+# 4x2, 4x3, 4x4, 6x2, 8x2, 8x4 on the shapes of bench/kernels.py.
+TILE_ROWS = 8
+TILE_CENTROIDS = 2
+
 
 def block_rows(n_rows: int) -> int:
     """Number of rows per block for a data set of `n_rows` rows.
@@ -145,14 +167,10 @@ def _sq_dist(X, i, C, c):
 
     Computed as a plain sum of squared differences in float64, even for
     float32 input: each float32 element is widened before subtracting.
-    Why float64: labels then agree with a float64 reference up to the
-    rounding of the centroids to X's dtype, the returned distances and the
-    SSE need no second pass, and near-ties are not decided by float32
-    rounding noise (a float32 sum of d=784 terms can be off by up to
-    d * 6e-8 ~ 5e-5 relatively).  The cost is small: on float32 data,
-    float32 differences were only 5-10 % faster (1 thread, d=64 and d=784).
     The difference form (not ||x||^2 - 2 x.c + ||c||^2) avoids cancellation
     and gives exactly 0 for a row against itself, which k-means++ relies on.
+    Used where one distance at a time is wanted (k-means++ potentials,
+    distances to other centres); assignments use :func:`_tile_sq_dists`.
     """
     acc = 0.0
     for j in range(X.shape[1]):
@@ -161,36 +179,123 @@ def _sq_dist(X, i, C, c):
     return acc
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
-def _nearest(X, i, C):
-    """Index of and squared distance to the centroid nearest row `i` of `X`.
+@njit(cache=True, nogil=True)
+def _pad_centroids(C):
+    """``C`` with its last row repeated up to a multiple of TILE_CENTROIDS rows, so
+    every centroid goes through the same tile code (the padding rows are never
+    chosen: argmins only look at the first k columns)."""
+    k, d = C.shape
+    padded = ((k + TILE_CENTROIDS - 1) // TILE_CENTROIDS) * TILE_CENTROIDS
+    P = np.empty((padded, d), dtype=C.dtype)
+    P[:k] = C
+    for c in range(k, padded):
+        P[c] = C[k - 1]
+    return P
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _contiguous_rows(rows, start, stop):
+    """Fill the tile's row indices with ``start, start + 1, ...``; positions past
+    ``stop`` repeat row ``stop - 1`` (computed, then ignored)."""
+    for r in range(TILE_ROWS):
+        rows[r] = min(start + r, stop - 1)
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def _tile_sq_dists(X, rows, P, c, D):
+    """Register tile: squared distances of the 8 rows ``X[rows]`` to centroids
+    ``P[c]`` and ``P[c + 1]``, into ``D[0:8, c:c + 2]``.
+
+    Why a tile: a row-by-row scan streams every centroid from L2 once per row
+    (at d = 784, k = 20 that is 125 kB per row and the kernel is bound by L2
+    bandwidth); here each centroid element is loaded once per 8 rows and each
+    row element once per 2 centroids, and the 16 independent accumulators keep
+    both FMA pipes busy.  The loop over features is what LLVM vectorises (with
+    "reassoc"); every accumulator goes through the same compiled loop, so the
+    distance of a (row, centroid) pair does not depend on its place in the tile,
+    on the block, or on the thread count.  Arithmetic in float64 whatever X's
+    dtype: labels agree with a float64 reference, and the chosen distance is the
+    SSE term (no second pass); a row equal to a centroid gets exactly 0.
+    Hand-unrolled because Numba keeps scalars, not small arrays, in registers.
+    """
+    i0 = rows[0]; i1 = rows[1]; i2 = rows[2]; i3 = rows[3]  # noqa: E702
+    i4 = rows[4]; i5 = rows[5]; i6 = rows[6]; i7 = rows[7]  # noqa: E702
+    a00 = 0.0; a01 = 0.0  # noqa: E702
+    a10 = 0.0; a11 = 0.0  # noqa: E702
+    a20 = 0.0; a21 = 0.0  # noqa: E702
+    a30 = 0.0; a31 = 0.0  # noqa: E702
+    a40 = 0.0; a41 = 0.0  # noqa: E702
+    a50 = 0.0; a51 = 0.0  # noqa: E702
+    a60 = 0.0; a61 = 0.0  # noqa: E702
+    a70 = 0.0; a71 = 0.0  # noqa: E702
+    for j in range(X.shape[1]):
+        y0 = np.float64(P[c, j])
+        y1 = np.float64(P[c + 1, j])
+        x = np.float64(X[i0, j]); t = x - y0; a00 += t * t; t = x - y1; a01 += t * t  # noqa: E702
+        x = np.float64(X[i1, j]); t = x - y0; a10 += t * t; t = x - y1; a11 += t * t  # noqa: E702
+        x = np.float64(X[i2, j]); t = x - y0; a20 += t * t; t = x - y1; a21 += t * t  # noqa: E702
+        x = np.float64(X[i3, j]); t = x - y0; a30 += t * t; t = x - y1; a31 += t * t  # noqa: E702
+        x = np.float64(X[i4, j]); t = x - y0; a40 += t * t; t = x - y1; a41 += t * t  # noqa: E702
+        x = np.float64(X[i5, j]); t = x - y0; a50 += t * t; t = x - y1; a51 += t * t  # noqa: E702
+        x = np.float64(X[i6, j]); t = x - y0; a60 += t * t; t = x - y1; a61 += t * t  # noqa: E702
+        x = np.float64(X[i7, j]); t = x - y0; a70 += t * t; t = x - y1; a71 += t * t  # noqa: E702
+    D[0, c] = a00; D[0, c + 1] = a01  # noqa: E702
+    D[1, c] = a10; D[1, c + 1] = a11  # noqa: E702
+    D[2, c] = a20; D[2, c + 1] = a21  # noqa: E702
+    D[3, c] = a30; D[3, c + 1] = a31  # noqa: E702
+    D[4, c] = a40; D[4, c + 1] = a41  # noqa: E702
+    D[5, c] = a50; D[5, c + 1] = a51  # noqa: E702
+    D[6, c] = a60; D[6, c + 1] = a61  # noqa: E702
+    D[7, c] = a70; D[7, c + 1] = a71  # noqa: E702
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def _tile_distances(X, rows, P, D):
+    """``D[r, c]`` = squared distance of row ``rows[r]`` to ``P[c]``, all c."""
+    for c in range(0, P.shape[0], TILE_CENTROIDS):
+        _tile_sq_dists(X, rows, P, c, D)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _nearest_in(D, r, k):
+    """Index of and distance to the nearest of the first `k` centroids in row `r`
+    of a distance tile.
 
     Ties go to the lowest centroid index: the scan starts from centroid 0
     and only a strictly smaller distance replaces the incumbent.  Starting
     from centroid 0's distance (rather than +inf) makes a NaN row come out
     as (0, NaN), so the NaN reaches the SSE instead of being hidden.
     """
-    best = _sq_dist(X, i, C, 0)
+    best = D[r, 0]
     label = 0
-    for c in range(1, C.shape[0]):
-        dist = _sq_dist(X, i, C, c)
-        if dist < best:
-            best = dist
+    for c in range(1, k):
+        if D[r, c] < best:
+            best = D[r, c]
             label = c
     return label, best
 
 
 @njit(cache=True, fastmath=FASTMATH, parallel=True)
-def _assign_impl(X, C):
+def _assign_impl(X, C, block):
     n = X.shape[0]
+    k = C.shape[0]
+    P = _pad_centroids(C)
+    n_blocks = (n + block - 1) // block
     labels = np.empty(n, dtype=np.int64)
     dists = np.empty(n, dtype=np.float64)
     # One independent result per row: no reduction, so any schedule gives
     # the same bits.
-    for i in prange(n):
-        label, dist = _nearest(X, i, C)
-        labels[i] = label
-        dists[i] = dist
+    for b in prange(n_blocks):
+        stop = min(n, (b + 1) * block)
+        rows = np.empty(TILE_ROWS, dtype=np.int64)
+        D = np.empty((TILE_ROWS, P.shape[0]), dtype=np.float64)
+        for start in range(b * block, stop, TILE_ROWS):
+            _contiguous_rows(rows, start, stop)
+            _tile_distances(X, rows, P, D)
+            for r in range(min(TILE_ROWS, stop - start)):
+                label, dist = _nearest_in(D, r, k)
+                labels[start + r] = label
+                dists[start + r] = dist
     return labels, dists
 
 
@@ -198,6 +303,7 @@ def _assign_impl(X, C):
 def _lloyd_stats_impl(X, C, block):
     n, d = X.shape
     k = C.shape[0]
+    P = _pad_centroids(C)
     n_blocks = (n + block - 1) // block
     # Per-block partial results: one slot per block, written by exactly one
     # prange iteration.
@@ -205,15 +311,19 @@ def _lloyd_stats_impl(X, C, block):
     counts_slab = np.zeros((n_blocks, k), dtype=np.int64)
     sse_slab = np.zeros(n_blocks, dtype=np.float64)
     for b in prange(n_blocks):
-        start = b * block
-        stop = min(n, start + block)
+        stop = min(n, (b + 1) * block)
+        rows = np.empty(TILE_ROWS, dtype=np.int64)
+        D = np.empty((TILE_ROWS, P.shape[0]), dtype=np.float64)
         sse = 0.0
-        for i in range(start, stop):
-            label, dist = _nearest(X, i, C)
-            counts_slab[b, label] += 1
-            sse += dist
-            for j in range(d):
-                sums_slab[b, label, j] += np.float64(X[i, j])
+        for start in range(b * block, stop, TILE_ROWS):
+            _contiguous_rows(rows, start, stop)
+            _tile_distances(X, rows, P, D)
+            for r in range(min(TILE_ROWS, stop - start)):
+                label, dist = _nearest_in(D, r, k)
+                counts_slab[b, label] += 1
+                sse += dist
+                for j in range(d):
+                    sums_slab[b, label, j] += np.float64(X[start + r, j])
         sse_slab[b] = sse
     # Serial reduction in block order: the order of the additions is fixed
     # by n alone, hence bit-identical for any thread count.
@@ -234,7 +344,9 @@ def _min_sq_dist_update_impl(X, centres, current):
     n = X.shape[0]
     m = centres.shape[0]
     out = np.empty((m, n), dtype=np.float64)
-    # Per-row results only: deterministic under any schedule.
+    # Per-row results only: deterministic under any schedule.  m is small
+    # (2 + log k candidates) and k-means++ needs the exact 0 of a row against
+    # itself, so this stays a plain difference-form scan.
     for i in prange(n):
         cur = current[i]
         for t in range(m):
@@ -255,16 +367,26 @@ def _minibatch_epoch_impl(X, order, batch, gamma, beta, lam):
     k, d = gamma.shape
     sums = np.zeros((k, d), dtype=np.float64)
     counts = np.zeros(k, dtype=np.int64)
+    P = _pad_centroids(gamma)
+    rows = np.empty(TILE_ROWS, dtype=np.int64)
+    D = np.empty((TILE_ROWS, P.shape[0]), dtype=np.float64)
     for start in range(0, n, batch):
         stop = min(n, start + batch)
         sums[:] = 0.0
         counts[:] = 0
-        for t in range(start, stop):
-            i = order[t]
-            label, _ = _nearest(X, i, gamma)
-            counts[label] += 1
-            for j in range(d):
-                sums[label, j] += np.float64(X[i, j])
+        P[:k] = gamma
+        for c in range(k, P.shape[0]):
+            P[c] = gamma[k - 1]
+        for t0 in range(start, stop, TILE_ROWS):
+            for r in range(TILE_ROWS):
+                rows[r] = order[min(t0 + r, stop - 1)]
+            _tile_distances(X, rows, P, D)
+            for r in range(min(TILE_ROWS, stop - t0)):
+                i = rows[r]
+                label, _ = _nearest_in(D, r, k)
+                counts[label] += 1
+                for j in range(d):
+                    sums[label, j] += np.float64(X[i, j])
         for c in range(k):
             if counts[c] > 0:
                 lam[c] += counts[c]
@@ -278,6 +400,7 @@ def _minibatch_epoch_impl(X, order, batch, gamma, beta, lam):
 def _evaluation_stats_impl(X, C, block):
     n, d = X.shape
     k = C.shape[0]
+    P = _pad_centroids(C)
     n_blocks = (n + block - 1) // block
     sums_slab = np.zeros((n_blocks, k, d), dtype=np.float64)
     counts_slab = np.zeros((n_blocks, k), dtype=np.int64)
@@ -285,37 +408,42 @@ def _evaluation_stats_impl(X, C, block):
     sse_slab = np.zeros(n_blocks, dtype=np.float64)
     sil_slab = np.zeros(n_blocks, dtype=np.float64)
     for b in prange(n_blocks):
-        start = b * block
-        stop = min(n, start + block)
+        stop = min(n, (b + 1) * block)
+        rows = np.empty(TILE_ROWS, dtype=np.int64)
+        D = np.empty((TILE_ROWS, P.shape[0]), dtype=np.float64)
         sse = 0.0
         sil = 0.0
-        for i in range(start, stop):
-            # nearest and second nearest centroid (simplified silhouette)
-            best = np.inf
-            second = np.inf
-            label = 0
-            for c in range(k):
-                dist = _sq_dist(X, i, C, c)
-                if dist < best:
-                    second = best
-                    best = dist
-                    label = c
-                elif dist < second:
-                    second = dist
-            counts_slab[b, label] += 1
-            sse += best
-            a = np.sqrt(best)
-            if k > 1:
-                bb = np.sqrt(second)
-                top = max(a, bb)
-                if top > 0.0:
-                    sil += (bb - a) / top
-            norm = 0.0
-            for j in range(d):
-                x = np.float64(X[i, j])
-                sums_slab[b, label, j] += x
-                norm += x * x
-            sqnorm_slab[b, label] += norm
+        for start in range(b * block, stop, TILE_ROWS):
+            _contiguous_rows(rows, start, stop)
+            _tile_distances(X, rows, P, D)
+            for r in range(min(TILE_ROWS, stop - start)):
+                i = start + r
+                # nearest and second nearest centroid (simplified silhouette)
+                best = np.inf
+                second = np.inf
+                label = 0
+                for c in range(k):
+                    dist = D[r, c]
+                    if dist < best:
+                        second = best
+                        best = dist
+                        label = c
+                    elif dist < second:
+                        second = dist
+                counts_slab[b, label] += 1
+                sse += best
+                a = np.sqrt(best)
+                if k > 1:
+                    bb = np.sqrt(second)
+                    top = max(a, bb)
+                    if top > 0.0:
+                        sil += (bb - a) / top
+                norm = 0.0
+                for j in range(d):
+                    x = np.float64(X[i, j])
+                    sums_slab[b, label, j] += x
+                    norm += x * x
+                sqnorm_slab[b, label] += norm
         sse_slab[b] = sse
         sil_slab[b] = sil
     sums = np.zeros((k, d), dtype=np.float64)
@@ -338,14 +466,21 @@ def _evaluation_stats_impl(X, C, block):
 def _distance_to_means_impl(X, C, means, block):
     n = X.shape[0]
     k = C.shape[0]
+    P = _pad_centroids(C)
     n_blocks = (n + block - 1) // block
     slab = np.zeros((n_blocks, k), dtype=np.float64)
     counts_slab = np.zeros((n_blocks, k), dtype=np.int64)
     for b in prange(n_blocks):
-        for i in range(b * block, min(n, (b + 1) * block)):
-            label, _ = _nearest(X, i, C)
-            slab[b, label] += np.sqrt(_sq_dist(X, i, means, label))
-            counts_slab[b, label] += 1
+        stop = min(n, (b + 1) * block)
+        rows = np.empty(TILE_ROWS, dtype=np.int64)
+        D = np.empty((TILE_ROWS, P.shape[0]), dtype=np.float64)
+        for start in range(b * block, stop, TILE_ROWS):
+            _contiguous_rows(rows, start, stop)
+            _tile_distances(X, rows, P, D)
+            for r in range(min(TILE_ROWS, stop - start)):
+                label, _ = _nearest_in(D, r, k)
+                slab[b, label] += np.sqrt(_sq_dist(X, start + r, means, label))
+                counts_slab[b, label] += 1
     out = np.zeros(k, dtype=np.float64)
     counts = np.zeros(k, dtype=np.int64)
     for b in range(n_blocks):
@@ -356,25 +491,31 @@ def _distance_to_means_impl(X, C, means, block):
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
-def _memberships(X, i, C, exponent, u):
-    """Bezdek memberships of row i in u (k,): u_j = 1 / sum_l (d_j / d_l)^exponent with
-    d the squared distances and exponent = 1 / (m - 1); a row on a centre belongs to
-    it alone (the first such centre)."""
-    k = C.shape[0]
+def _memberships(D, r, k, m, u):
+    """Bezdek memberships of tile row r into u (k,): u_j = 1 / sum_l (d_j / d_l)^(1/(m-1))
+    with d the squared distances, computed as d_j^(-1/(m-1)) normalised; a row on a
+    centre belongs to it alone (the first such centre). For m = 2 (the default) the
+    powers are a reciprocal, which is several times cheaper than pow()."""
     hit = -1
     for c in range(k):
-        u[c] = _sq_dist(X, i, C, c)
-        if u[c] == 0.0 and hit < 0:
+        if D[r, c] == 0.0:
             hit = c
+            break
     if hit >= 0:
         for c in range(k):
             u[c] = 0.0
         u[hit] = 1.0
         return
     total = 0.0
-    for c in range(k):
-        u[c] = u[c] ** (-exponent)
-        total += u[c]
+    if m == 2.0:
+        for c in range(k):
+            u[c] = 1.0 / D[r, c]
+            total += u[c]
+    else:
+        exponent = -1.0 / (m - 1.0)
+        for c in range(k):
+            u[c] = D[r, c] ** exponent
+            total += u[c]
     for c in range(k):
         u[c] /= total
 
@@ -383,24 +524,50 @@ def _memberships(X, i, C, exponent, u):
 def _fcm_stats_impl(X, C, m, block):
     n, d = X.shape
     k = C.shape[0]
+    P = _pad_centroids(C)
     n_blocks = (n + block - 1) // block
-    exponent = 1.0 / (m - 1.0)
     sums_slab = np.zeros((n_blocks, k, d), dtype=np.float64)
     weights_slab = np.zeros((n_blocks, k), dtype=np.float64)
     hard_slab = np.zeros((n_blocks, k), dtype=np.int64)
     for b in prange(n_blocks):
-        u = np.empty(k, dtype=np.float64)
-        for i in range(b * block, min(n, (b + 1) * block)):
-            _memberships(X, i, C, exponent, u)
-            best = 0
+        stop = min(n, (b + 1) * block)
+        rows = np.empty(TILE_ROWS, dtype=np.int64)
+        D = np.empty((TILE_ROWS, P.shape[0]), dtype=np.float64)
+        # u^m of the tile's rows (0 for the padding rows past `stop`)
+        W = np.zeros((TILE_ROWS, k), dtype=np.float64)
+        for start in range(b * block, stop, TILE_ROWS):
+            _contiguous_rows(rows, start, stop)
+            _tile_distances(X, rows, P, D)
+            valid = min(TILE_ROWS, stop - start)
+            for r in range(valid):
+                _memberships(D, r, k, m, W[r])
+                best = 0
+                u_best = W[r, 0]
+                for c in range(k):
+                    u = W[r, c]
+                    if u > u_best:
+                        best = c
+                        u_best = u
+                    w = u * u if m == 2.0 else u ** m
+                    W[r, c] = w
+                    weights_slab[b, c] += w
+                hard_slab[b, best] += 1
+            for r in range(valid, TILE_ROWS):
+                W[r, :] = 0.0
+            # sum_r w_rc x_r for the 8 rows at once: one pass over each cluster's
+            # row of the slab per tile instead of one per row.
+            i0 = rows[0]; i1 = rows[1]; i2 = rows[2]; i3 = rows[3]  # noqa: E702
+            i4 = rows[4]; i5 = rows[5]; i6 = rows[6]; i7 = rows[7]  # noqa: E702
             for c in range(k):
-                if u[c] > u[best]:
-                    best = c
-                w = u[c] ** m
-                weights_slab[b, c] += w
+                w0 = W[0, c]; w1 = W[1, c]; w2 = W[2, c]; w3 = W[3, c]  # noqa: E702
+                w4 = W[4, c]; w5 = W[5, c]; w6 = W[6, c]; w7 = W[7, c]  # noqa: E702
                 for j in range(d):
-                    sums_slab[b, c, j] += w * np.float64(X[i, j])
-            hard_slab[b, best] += 1
+                    sums_slab[b, c, j] += (
+                        w0 * np.float64(X[i0, j]) + w1 * np.float64(X[i1, j])
+                        + w2 * np.float64(X[i2, j]) + w3 * np.float64(X[i3, j])
+                        + w4 * np.float64(X[i4, j]) + w5 * np.float64(X[i5, j])
+                        + w6 * np.float64(X[i6, j]) + w7 * np.float64(X[i7, j])
+                    )
     sums = np.zeros((k, d), dtype=np.float64)
     weights = np.zeros(k, dtype=np.float64)
     hard = np.zeros(k, dtype=np.int64)
@@ -414,12 +581,21 @@ def _fcm_stats_impl(X, C, m, block):
 
 
 @njit(cache=True, fastmath=FASTMATH, parallel=True)
-def _fcm_memberships_impl(X, C, m):
+def _fcm_memberships_impl(X, C, m, block):
     n = X.shape[0]
-    out = np.empty((n, C.shape[0]), dtype=np.float64)
-    exponent = 1.0 / (m - 1.0)
-    for i in prange(n):  # one row each: no reduction
-        _memberships(X, i, C, exponent, out[i])
+    k = C.shape[0]
+    P = _pad_centroids(C)
+    n_blocks = (n + block - 1) // block
+    out = np.empty((n, k), dtype=np.float64)
+    for b in prange(n_blocks):  # one row each: no reduction
+        stop = min(n, (b + 1) * block)
+        rows = np.empty(TILE_ROWS, dtype=np.int64)
+        D = np.empty((TILE_ROWS, P.shape[0]), dtype=np.float64)
+        for start in range(b * block, stop, TILE_ROWS):
+            _contiguous_rows(rows, start, stop)
+            _tile_distances(X, rows, P, D)
+            for r in range(min(TILE_ROWS, stop - start)):
+                _memberships(D, r, k, m, out[start + r])
     return out
 
 
@@ -471,6 +647,54 @@ def _gtv_m_step_impl(W, N, sums, counts, alpha, floor):
                 local_sum = sums[c, f] if counts[c] >= floor else 0.0
                 W_new[c, f] = (local_sum + alpha * nb_sums[c, f]) / den
     return W_new, gtv
+
+
+# --------------------------------------------------------------------------
+# Serial twins: the same kernels compiled without ``parallel``, for one block.
+# --------------------------------------------------------------------------
+#
+# A parallel kernel starts Numba's thread pool at every call, and the call
+# returns only when every worker has checked in.  With a single block (at
+# most MIN_BLOCK_ROWS rows: most federated sites, every k-FED local k-means)
+# there is nothing to share, and on a busy machine a worker that is not
+# scheduled makes the call wait for a scheduler time slice: measured on 2
+# busy cores, lloyd_stats on 101 x 2 rows took ~5 ms per call instead of
+# 0.03 ms, which made a 100-site in-process round take seconds.  Below
+# SERIAL_MAX_ROWS rows the wrappers therefore call the serial twin, compiled
+# from the same Python function (prange runs as range): the same blocks in
+# the same order, so the thread-invariance contract is unchanged (the choice
+# depends on n alone).
+SERIAL_MAX_ROWS = MIN_BLOCK_ROWS
+
+
+def _serial_twin(kernel):
+    """``kernel`` (a ``parallel=True`` dispatcher) compiled without ``parallel``, under
+    its own name (``<name>_serial``) so the two never share an on-disk cache entry."""
+    f = kernel.py_func
+    twin = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial",
+                              f.__defaults__, f.__closure__)
+    twin.__qualname__ = f.__qualname__ + "_serial"
+    twin.__module__ = f.__module__
+    return njit(cache=True, fastmath=FASTMATH, nogil=True)(twin)
+
+
+_SERIAL = {
+    kernel: _serial_twin(kernel)
+    for kernel in (_assign_impl, _lloyd_stats_impl, _min_sq_dist_update_impl,
+                   _evaluation_stats_impl, _distance_to_means_impl, _fcm_stats_impl,
+                   _fcm_memberships_impl)
+}
+
+
+def _for_rows(kernel, n_rows: int):
+    """The kernel to call for ``n_rows`` rows: its serial twin for one block."""
+    return _SERIAL[kernel] if n_rows <= SERIAL_MAX_ROWS else kernel
+
+
+def _blocked(kernel, X, *args):
+    """``kernel(X, *args, block_rows(n))`` through :func:`_for_rows`."""
+    n = X.shape[0]
+    return _for_rows(kernel, n)(X, *args, block_rows(n))
 
 
 # --------------------------------------------------------------------------
@@ -528,7 +752,7 @@ def assign(X, C) -> tuple[np.ndarray, np.ndarray]:
     """
     X = _check_X(X)
     C = _check_centres(C, X)
-    return _assign_impl(X, C)
+    return _blocked(_assign_impl, X, C)
 
 
 def lloyd_stats(X, C) -> tuple[np.ndarray, np.ndarray, float]:
@@ -560,7 +784,7 @@ def lloyd_stats(X, C) -> tuple[np.ndarray, np.ndarray, float]:
     """
     X = _check_X(X)
     C = _check_centres(C, X)
-    sums, counts, sse = _lloyd_stats_impl(X, C, block_rows(X.shape[0]))
+    sums, counts, sse = _blocked(_lloyd_stats_impl, X, C)
     return sums, counts, float(sse)
 
 
@@ -595,7 +819,7 @@ def min_sq_dist_update(X, centres, current) -> np.ndarray:
         raise ValueError(
             f"current must have shape ({X.shape[0]},), got {current.shape}"
         )
-    out = _min_sq_dist_update_impl(X, centres, current)
+    out = _for_rows(_min_sq_dist_update_impl, X.shape[0])(X, centres, current)
     return out[0] if single else out
 
 
@@ -650,7 +874,7 @@ def evaluation_stats(X, C):
     """
     X = _check_X(X)
     C = _check_centres(C, X)
-    sums, counts, sqnorms, sse, sil = _evaluation_stats_impl(X, C, block_rows(X.shape[0]))
+    sums, counts, sqnorms, sse, sil = _blocked(_evaluation_stats_impl, X, C)
     return sums, counts, sqnorms, float(sse), float(sil)
 
 
@@ -663,7 +887,7 @@ def distance_to_means(X, C, means):
     means = _check_centres(means, X, name="means")
     if means.shape[0] != C.shape[0]:
         raise ValueError("means must have one row per centroid")
-    return _distance_to_means_impl(X, C, means, block_rows(X.shape[0]))
+    return _blocked(_distance_to_means_impl, X, C, means)
 
 
 def fcm_stats(X, C, m: float):
@@ -678,7 +902,7 @@ def fcm_stats(X, C, m: float):
     C = _check_centres(C, X)
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
-    return _fcm_stats_impl(X, C, float(m), block_rows(X.shape[0]))
+    return _blocked(_fcm_stats_impl, X, C, float(m))
 
 
 def fcm_memberships(X, C, m: float) -> np.ndarray:
@@ -688,7 +912,7 @@ def fcm_memberships(X, C, m: float) -> np.ndarray:
     C = _check_centres(C, X)
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
-    return _fcm_memberships_impl(X, C, float(m))
+    return _blocked(_fcm_memberships_impl, X, C, float(m))
 
 
 def gtv_update(X, W, N, alpha: float, floor: int = 1):
@@ -727,6 +951,6 @@ def gtv_update(X, W, N, alpha: float, floor: int = 1):
         raise ValueError(f"N must be (deg, k, {W.shape[1]}), got shape {N.shape}")
     if not alpha >= 0.0:
         raise ValueError(f"alpha must be >= 0, got {alpha}")
-    sums, counts, sse = _lloyd_stats_impl(X, _check_centres(W, X), block_rows(X.shape[0]))
+    sums, counts, sse = _blocked(_lloyd_stats_impl, X, _check_centres(W, X))
     W_new, gtv = _gtv_m_step_impl(W, N, sums, counts, float(alpha), int(floor))
     return W_new, counts, float(sse), float(gtv)

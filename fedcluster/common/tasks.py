@@ -165,7 +165,7 @@ def _continue_lloyd(X, C, sums, counts, local_iters: int, tol: float):
     (``sums``, ``counts`` against ``C``) are already known; return the centroids and
     the sizes of the last assignment."""
     local_C = local.update_centroids(C, sums, counts)
-    if local_iters > 1 and np.linalg.norm(local_C - C) >= tol:
+    if local_iters > 1 and local.frobenius(local_C - C) >= tol:
         local_C, counts, _ = local.lloyd(X, local_C, local_iters - 1, tol)
     return local_C, counts
 

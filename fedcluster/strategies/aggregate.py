@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 from sklearn.cluster import KMeans
 
+from fedcluster.common.local import frobenius
+
 
 def site_weighted_mean(
     site_centroids: np.ndarray, site_weights: np.ndarray, dynamic: bool
@@ -111,7 +113,7 @@ def weighted_lloyd(
         C[moved] = sums[moved] / mass[moved, None]
         if empty is not None:
             C[~moved] = empty[~moved]
-        if np.linalg.norm(C - previous) <= tol:
+        if frobenius(C - previous) <= tol:
             break
     return C
 

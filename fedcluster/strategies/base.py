@@ -51,6 +51,7 @@ from flwr.server.strategy import Strategy
 from fedcluster import secure
 from fedcluster.common import metrics, scaling
 from fedcluster.common.config import RunConfig
+from fedcluster.common.local import frobenius
 from fedcluster.strategies import private
 from fedcluster.strategies.validation import Expect, Reply, ReplyError, validate
 
@@ -172,7 +173,7 @@ class ClusteringStrategy(Strategy):
 
     def movement(self, new: np.ndarray, old: np.ndarray) -> float:
         """How far the centroids moved this round (compared with ``tol``)."""
-        return float(np.linalg.norm(new - old))
+        return frobenius(new - old)
 
     def evaluation_params(self) -> dict:
         """Extra parameters of the ``evaluate`` task (FFCM asks for its fuzzy figures)."""

@@ -27,6 +27,7 @@ import logging
 import numpy as np
 from flwr.common.logger import log
 
+from fedcluster.common.local import frobenius
 from fedcluster.common.topology import TopologyError, build_topology, edges
 from fedcluster.strategies.aggregate import gtv_distance, kmeans_on_centroids
 from fedcluster.strategies.base import ClusteringStrategy, FederationError, TaskPlan
@@ -109,7 +110,7 @@ class GTVKMeans(ClusteringStrategy):
             self.site_centroids[r.site_key] = r.arrays[0]
             self.local_scores[r.site_key] = r.metrics["sse"] / r.n_rows
             if old is not None:
-                moves.append(float(np.linalg.norm(r.arrays[0] - old)))
+                moves.append(frobenius(r.arrays[0] - old))
         scores = list(self.local_scores.values())
         self.last_round = {
             "gtv-per-edge": self.gtv_per_edge(),

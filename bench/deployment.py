@@ -1,0 +1,231 @@
+"""Deployment overhead: seconds per round of a real SuperLink + 3 SuperNodes on loopback,
+split into Flower's own time (polling, transport, process start-up) and fedcluster's.
+
+1. **Deployment**: ``flower-superlink`` (gRPC Fleet API) and three ``flower-supernode``
+   processes on 127.0.0.1 (``tests/flower_processes.py``, as the deployment tests start
+   them), each site reading its own ``.npy`` through its node config's ``data-path``
+   (memory-mapped, no copy); ``flwr run`` runs DWF. Seconds per round = the ServerApp's
+   own wall time of each training round (the history's ``seconds``: send the task, wait
+   for the three replies, aggregate), median over the training rounds.
+2. **fedcluster's time**: the same run (same files, node configs, run config and seed)
+   through the in-process harness (``fedcluster.simulation.run_in_process``): the real
+   ServerApp and ClientApp code, messages passed by function call, no network, no
+   polling, no process start. Its seconds per training round = the three site tasks (run
+   one after the other, so an upper bound for three parallel sites) + opening the site's
+   file + (de)serialisation of the messages + the server's aggregation. The site task
+   alone (``tasks.run_task``, ``lloyd``) and the opening of a site's file are also timed
+   on their own; the rest of the in-process round is (de)serialisation and aggregation.
+3. **A ClientApp process start**: Flower's deployment runs every message in a fresh
+   ``flwr-clientapp`` process. Its imports are timed in a fresh interpreter: Flower's
+   ClientApp modules alone, then fedcluster's ClientApp on top (numpy, numba, the
+   compiled kernels from Numba's on-disk cache at their first call).
+
+Flower's share = deployment seconds per round - fedcluster's in-process seconds per round.
+The SuperExecs poll for work every 0.2 s here (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, as the
+deployment tests set it; Flower's default is 1 s, which adds up to ~1.6 s per round).
+
+Usage::
+
+    python bench/deployment.py [--rows 100000] [--d 16] [--k 10] [--rounds 10] [--out BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT / "tests"))
+import report  # noqa: E402
+
+N_SITES = 3
+TRAIN_TASK = "lloyd"
+
+
+def write_sites(directory: Path, rows: int, d: int, k: int) -> list[Path]:
+    """Three sites of Gaussian blobs (shared centres), float64 .npy each."""
+    rng = np.random.default_rng(0)
+    centres = rng.uniform(-10, 10, size=(k, d))
+    paths = []
+    for i in range(N_SITES):
+        X = centres[rng.integers(k, size=rows)] + rng.standard_normal((rows, d))
+        path = directory / f"site-{i}.npy"
+        np.save(path, X)
+        paths.append(path)
+    return paths
+
+
+def run_config(k: int, rounds: int) -> dict:
+    # random init and tol 0: every run trains for exactly `rounds` rounds
+    return {"algorithm": "dwf", "n-clusters": k, "num-rounds": rounds, "init": "random",
+            "tol": 0.0, "min-sites": N_SITES, "seed": 1}
+
+
+def node_configs(paths: list[Path], cache: Path) -> list[dict]:
+    return [{"data-path": str(p), "site-id": str(i), "cache-dir": str(cache)}
+            for i, p in enumerate(paths)]
+
+
+def train_seconds(history: list[dict]) -> list[float]:
+    return [float(h["seconds"]) for h in history if h["task"] == TRAIN_TASK]
+
+
+def deployment(paths: list[Path], config: dict, workdir: Path) -> tuple[list[float], dict]:
+    """One run on a real SuperLink + 3 SuperNodes; (training-round seconds, model metrics)."""
+    import flower_processes as fp
+
+    import fedcluster
+
+    os.environ["PATH"] = f"{fp.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+    numba_cache = Path(os.environ.get("NUMBA_CACHE_DIR") or workdir / "numba-cache")
+    numba_cache.mkdir(parents=True, exist_ok=True)
+    out = workdir / "outputs"
+    with fp.sandbox(workdir / "deploy", NUMBA_CACHE_DIR=numba_cache,
+                    FEDCLUSTER_CACHE_DIR=workdir / "site-cache") as bed:
+        link = bed.superlink(simulation=False)
+        bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i)}
+                              for i, p in enumerate(paths)})
+        bed.connect("bench", link.control_address)
+        # a first short run installs the app and fills Numba's cache (not measured)
+        bed.run(ROOT, "bench", {**config, "num-rounds": 1, "output-dir": ""}, timeout=600,
+                log_name="warm-up")
+        run = bed.run(ROOT, "bench", {**config, "output-dir": str(out), "run-name": "bench"},
+                      timeout=1800, log_name="bench")
+    model = fedcluster.Model.load(out / "bench" / "model.json")
+    return train_seconds(model.history), {"run-seconds": run.seconds, **model.metrics}
+
+
+def in_process(paths: list[Path], config: dict, workdir: Path) -> tuple[list[float], dict]:
+    from fedcluster.simulation import run_in_process
+
+    configs = node_configs(paths, workdir / "site-cache-inproc")
+    run_in_process(configs, {**config, "num-rounds": 1, "output-dir": ""})  # warm-up
+    result = run_in_process(configs, {**config, "output-dir": ""})
+    return train_seconds(result.history), result.metrics
+
+
+def parts(paths: list[Path], k: int, repeats: int = 5) -> dict[str, float]:
+    """The site task of a training round and the opening of a site's file, timed alone."""
+    from fedcluster.common.data import load_site_file
+    from fedcluster.common.tasks import run_task
+
+    sites = [load_site_file(p) for p in paths]
+    C = np.asarray(sites[0].X[:k], dtype=np.float64)
+    params = {"task": TRAIN_TASK, "local-iters": 1, "tol": 0.0, "min-cluster-size": 2}
+    run_task(sites[0], [C], params, 2)  # compile / load kernels
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    site_task = [best(lambda s=s: run_task(s, [C], params, 2)) for s in sites]
+    load = best(lambda: [load_site_file(p) for p in paths]) / len(paths)
+
+    return {"site task (lloyd), max of 3 sites": max(site_task),
+            "site task (lloyd), sum of 3 sites": sum(site_task),
+            "open the site's file (per site)": load}
+
+
+def child_imports(what: str) -> float:
+    """Seconds of a fresh interpreter's imports (and first kernel call for fedcluster)."""
+    code = {
+        "flower": "import flwr.clientapp, flwr.client",
+        "fedcluster": ("import flwr.clientapp, flwr.client; import fedcluster.client_app; "
+                       "import numpy as np; from fedcluster.common import local; "
+                       "X = np.random.default_rng(0).standard_normal((100, 4)); "
+                       "local.lloyd(X, X[:3].copy(), 1, 0.0)"),
+    }[what]
+    script = f"import time; t0 = time.perf_counter(); {code}; print(time.perf_counter() - t0)"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True, cwd=ROOT)
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=100_000, help="rows per site")
+    parser.add_argument("--d", type=int, default=16)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=10, help="training rounds per run")
+    parser.add_argument("--import-repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
+    args = parser.parse_args(argv)
+    t_start = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    config = run_config(args.k, args.rounds)
+    with tempfile.TemporaryDirectory(prefix="fcdeploy-") as tmp:
+        workdir = Path(tmp)
+        paths = write_sites(workdir, args.rows, args.d, args.k)
+        dep, dep_metrics = deployment(paths, config, workdir)
+        print(f"deployment: {dep}", flush=True)
+        inproc, in_metrics = in_process(paths, config, workdir)
+        print(f"in-process: {inproc}", flush=True)
+        pieces = parts(paths, args.k)
+        print(f"parts: {pieces}", flush=True)
+    imports = {what: min(child_imports(what) for _ in range(args.import_repeats))
+               for what in ("flower", "fedcluster")}
+    print(f"imports: {imports}", flush=True)
+    same = np.isclose(dep_metrics["score"], in_metrics["score"], rtol=1e-9)
+
+    dep_round, in_round = statistics.median(dep), statistics.median(inproc)
+    fc_imports = imports["fedcluster"] - imports["flower"]
+    flower = dep_round - in_round - fc_imports
+    text = [report.header("Deployment overhead: a real SuperLink + 3 sites on loopback"), ""]
+    text.append(
+        f"DWF, k = {args.k}, {args.rounds} training rounds (random init, tol 0), 3 sites of "
+        f"{args.rows:,} x {args.d} float64 rows each (.npy, memory-mapped). Seconds per round = "
+        "the ServerApp's wall time of a training round (history `seconds`), median over the "
+        "training rounds. fedcluster's time = the same run in-process (the real ServerApp and "
+        "ClientApp code, the same files; sites one after the other, so an upper bound) + what "
+        "fedcluster adds to the imports of the fresh ClientApp process Flower starts for every "
+        "message (numba and the compiled kernels; the sites' processes run in parallel, so "
+        "one process's imports are counted). Flower's = the rest (the SuperExecs' polling every "
+        "0.2 s as in the deployment tests, gRPC transport, starting the ClientApp process and "
+        "Flower's own imports in it). Same final score in both: "
+        f"{'yes' if same else 'NO'}.\n")
+    rest = (in_round - pieces["site task (lloyd), sum of 3 sites"]
+            - 3 * pieces["open the site's file (per site)"])
+    text += ["| per training round | seconds | share |", "|---|---|---|",
+             f"| deployment (SuperLink + 3 SuperNodes, gRPC on loopback) | {dep_round:.3f} | 100% |",
+             f"| **fedcluster** | **{in_round + fc_imports:.3f}** "
+             f"| **{(in_round + fc_imports) / dep_round:.1%}** |",
+             f"| &nbsp;&nbsp;the round in-process | {in_round:.3f} | {in_round / dep_round:.1%} |"]
+    for name, seconds in [*pieces.items(), ("(de)serialisation and the server's aggregation "
+                                            "(the rest of the in-process round)", rest)]:
+        text.append(f"| &nbsp;&nbsp;&nbsp;&nbsp;{name} | {seconds:.4f} | {seconds / dep_round:.1%} |")
+    text.append(f"| &nbsp;&nbsp;its imports in the fresh ClientApp process (numba, kernels) "
+                f"| {fc_imports:.3f} | {fc_imports / dep_round:.1%} |")
+    text.append(f"| **Flower** (polling, transport, ClientApp process start and Flower's imports: "
+                f"the rest) | **{flower:.3f}** | **{flower / dep_round:.1%}** |")
+    text += ["", "Imports of a fresh ClientApp process (Flower starts one per message; best of "
+             f"{args.import_repeats}):", "",
+             "| fresh interpreter imports | seconds |", "|---|---|",
+             f"| Flower's ClientApp modules (`flwr.clientapp`, `flwr.client`) "
+             f"| {imports['flower']:.2f} |",
+             f"| + fedcluster's ClientApp and its first kernel call (Numba cache) "
+             f"| {imports['fedcluster']:.2f} |",
+             f"| fedcluster's part | {imports['fedcluster'] - imports['flower']:.2f} |", ""]
+    text.append(
+        f"Deployment training rounds (s): {', '.join(f'{s:.2f}' for s in dep)}; in-process: "
+        f"{', '.join(f'{s:.3f}' for s in inproc)}. Load average (1 min) {load_before:.2f} at "
+        f"the start on {os.cpu_count()} cores; total time {time.perf_counter() - t_start:.0f} s.")
+    path = report.write_section("deployment", "\n".join(text), args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
