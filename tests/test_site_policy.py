@@ -1,9 +1,10 @@
-"""Site policy in the node config (``max-rounds``, ``allow-algorithms``): parsing, the
-count kept in Flower's ``Context.state``, enforcement in the in-process harness, and one
-real deployment (a SuperLink and three SuperNode processes on loopback, gRPC) in which
-one site stops after two rounds and another refuses the run's algorithm; the run
-finishes with the third, model.json names both sites with their policy, and each
-refusing site's own log says why."""
+"""Site policy in the node config (``max-rounds``, ``allow-algorithms``,
+``min-cluster-size``): parsing, the count kept in Flower's ``Context.state``, enforcement
+in the in-process harness, and one real deployment (a SuperLink and three SuperNode
+processes on loopback, gRPC) in which one site stops after two rounds, another refuses
+the run's algorithm and the third hides its small clusters under its own privacy floor;
+the run finishes with the third, model.json names both refusing sites with their policy,
+and each refusing site's own log says why."""
 
 from __future__ import annotations
 
@@ -150,7 +151,9 @@ def bed(tmp_path, tmp_path_factory):
 def test_site_policies_on_real_site_processes(bed, tmp_path):
     arrays = _sites()
     nodes = {}
-    policies = {"1": {"max-rounds": 2}, "2": {"allow-algorithms": "fkm"}}
+    # site 0's own privacy floor (10) is above the run's: its small clusters stay hidden
+    policies = {"0": {"min-cluster-size": 10}, "1": {"max-rounds": 2},
+                "2": {"allow-algorithms": "fkm"}}
     for i, X in enumerate(arrays):
         key = str(i)
         path = write_site_csv(tmp_path / f"site-{key}.csv", X)
@@ -182,5 +185,10 @@ def test_site_policies_on_real_site_processes(bed, tmp_path):
                      r"refuses algorithm 'dwf'", procs["supernode-2"].log_text())
     assert "refused" not in procs["supernode-0"].log_text()
     # the run equals the in-process harness with the same policies
-    harness = _policy_run({1: {"max-rounds": 2}, 2: {"allow-algorithms": "fkm"}}, CONFIG)
+    harness = _policy_run({0: {"min-cluster-size": 10}, 1: {"max-rounds": 2},
+                           2: {"allow-algorithms": "fkm"}}, CONFIG)
     np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
+    # site 0 enforced its own floor: a cluster under 10 is reported as "<10", never its size
+    sizes = model.metrics["per-site"]["0"]["cluster-sizes"]
+    assert "<10" in sizes and all(s == "<10" or s >= 10 for s in sizes), sizes
+    assert sizes == harness.metrics["per-site"]["0"]["cluster-sizes"]

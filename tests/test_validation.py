@@ -65,3 +65,13 @@ def test_fuzzy_evaluation_sums_checked(fuzzy, reason):
         return
     with pytest.raises(ReplyError, match=reason):
         validate(GOOD_EVALUATION, metrics, 10, EVALUATION)
+
+
+@pytest.mark.parametrize("floor, ok", [(1, True), (3, True), (0, False), (2.5, False), (True, False)])
+def test_evaluation_floor_is_an_integer_at_or_above_the_runs(floor, ok):
+    metrics = {"sse": 4.0, "silhouette-sum": 1.0, "floor": floor}
+    if ok:
+        validate(GOOD_EVALUATION, metrics, 10, EVALUATION)
+        return
+    with pytest.raises(ReplyError, match="floor"):
+        validate(GOOD_EVALUATION, metrics, 10, EVALUATION)

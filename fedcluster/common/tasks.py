@@ -376,7 +376,9 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
     counts[hidden], sums[hidden], sqnorms[hidden] = 0, 0.0, 0.0
     reply = TaskReply(
         arrays=[counts, sums, sqnorms, hidden.astype(np.int64)],
-        metrics={"sse": float(sse), "silhouette-sum": float(silhouette)},
+        # floor: the site's effective privacy floor (a policy, not data), so that the
+        # server can say what a hidden size is under ("<p" with the site's own p).
+        metrics={"sse": float(sse), "silhouette-sum": float(silhouette), "floor": int(floor)},
     )
     if "fuzzifier" in params:
         m = _param(params, "fuzzifier", float)

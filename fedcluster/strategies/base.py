@@ -738,8 +738,10 @@ def _site_stats(reply: Reply) -> dict:
 
 
 def _site_report(reply: Reply, floor: int) -> dict:
-    """What the server shows of one site: its score and sizes, "<p" where it hid one."""
+    """What the server shows of one site: its score and sizes, "<p" where it hid one (p
+    the site's own floor when it is above the server's)."""
     counts, hidden = reply.arrays[0], reply.arrays[3]
+    floor = max(floor, int(reply.metrics.get("floor", floor)))
     return {
         "n-rows": reply.n_rows,
         "score": reply.metrics["sse"] / reply.n_rows,

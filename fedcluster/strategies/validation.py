@@ -230,6 +230,9 @@ def _evaluation(arrays, metrics, expect: Expect, n_rows: int) -> list[np.ndarray
             raise ReplyError(f"{key} {value!r} is not a finite number")
     if metrics["sse"] < 0 or abs(metrics["silhouette-sum"]) > n_rows:
         raise ReplyError("sse or silhouette-sum out of range")
+    floor = metrics.get("floor", expect.floor)
+    if not isinstance(floor, int) or isinstance(floor, bool) or floor < expect.floor:
+        raise ReplyError(f"floor {floor!r} is not an integer at or above the run's {expect.floor}")
     if ("all-sq-dist" in metrics) != ("partition-sum" in metrics):
         raise ReplyError("sent only one of all-sq-dist and partition-sum")
     if "all-sq-dist" in metrics:
