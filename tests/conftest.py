@@ -41,3 +41,14 @@ def nothing_left_behind(request):
     if problems:
         pytest.fail(f"{request.module.__name__} left behind:\n  " + "\n  ".join(problems),
                     pytrace=False)
+
+
+@pytest.fixture()
+def bed(tmp_path, tmp_path_factory):
+    """A sandbox for real Flower processes (tests/flower_processes.py) in this test's
+    directory, with a Numba cache shared by the session and a per-test site cache."""
+    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"
+    numba_cache.mkdir(exist_ok=True)
+    with fp.sandbox(tmp_path, NUMBA_CACHE_DIR=numba_cache,
+                    FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache") as sandbox:
+        yield sandbox

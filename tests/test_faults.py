@@ -16,10 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import fedcluster
-import flower_processes as fp
 from fedcluster.common.data import load_builtin, partition
 from test_deployment import py_kwargs, start_federation, write_site_csv
 
@@ -60,15 +58,6 @@ class CorruptingClient(SiteClient):
 
 app = ClientApp(client_fn=lambda context: CorruptingClient(context).to_client())
 '''
-
-
-@pytest.fixture()
-def bed(tmp_path, tmp_path_factory):
-    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"
-    numba_cache.mkdir(exist_ok=True)
-    with fp.sandbox(tmp_path, NUMBA_CACHE_DIR=numba_cache,
-                    FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache") as sandbox:
-        yield sandbox
 
 
 def site_files(tmp_path: Path, n_sites: int, seed: int) -> tuple[list[np.ndarray], dict[str, Path]]:

@@ -17,7 +17,6 @@ from flwr.app import Context, RecordDict
 from flwr.common.serde import context_from_proto, context_to_proto
 
 import fedcluster
-import flower_processes as fp
 from fedcluster.common import site_policy
 from fedcluster.common.config import ConfigError, parse_node_config
 from fedcluster.simulation import run_in_process, site_nodes
@@ -137,15 +136,6 @@ def test_site_with_a_bad_policy_value_is_rejected_naming_the_key():
 
 
 # -------------------------------------------------------- real site processes
-
-
-@pytest.fixture()
-def bed(tmp_path, tmp_path_factory):
-    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"
-    numba_cache.mkdir(exist_ok=True)
-    with fp.sandbox(tmp_path, NUMBA_CACHE_DIR=numba_cache,
-                    FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache") as sandbox:
-        yield sandbox
 
 
 def test_site_policies_on_real_site_processes(bed, tmp_path):
