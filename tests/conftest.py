@@ -52,3 +52,16 @@ def bed(tmp_path, tmp_path_factory):
     with fp.sandbox(tmp_path, NUMBA_CACHE_DIR=numba_cache,
                     FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache") as sandbox:
         yield sandbox
+
+
+# The modules that run real Flower processes, longest first. Two xdist workers take one
+# module at a time in collection order: these must start first, or one of them ends the
+# run alone on one worker while the other sits idle.
+SLOW_MODULES = ["test_flower_algorithms", "test_faults", "test_deployment",
+                "test_secure_deployment", "test_secure_aggregation", "test_site_policy",
+                "test_parity"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.module.__name__, len(SLOW_MODULES)))

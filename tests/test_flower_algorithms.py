@@ -22,7 +22,7 @@ ALGORITHMS = {
     "ffcm": {"aggregation": "avg2", "local-iters": 2, "fuzzifier": 1.8},
     "gtv": {"topology": "ring", "local-iters": 2},
 }
-COMMON = {"n-clusters": 6, "num-rounds": 3, "seed": 2, "min-sites": 3}
+COMMON = {"n-clusters": 6, "num-rounds": 2, "seed": 2, "min-sites": 3}
 
 
 @pytest.fixture(scope="module")
