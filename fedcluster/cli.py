@@ -73,34 +73,37 @@ def _add_site_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from fedcluster.simulation import run_in_process, site_nodes
+    from fedcluster.simulation import run_in_process
 
     config = _run_config(args)
     if config.get("k-range"):
         raise ValueError("--k-range runs every k: use `fedcluster choose-k`")
-    if args.data:
-        result = run_in_process(_data_nodes(args), config)
-    else:
-        with site_nodes(None, num_sites=args.num_sites) as nodes:
-            result = run_in_process(nodes, config)
+    result = _on_sites(args, run_in_process, config)
     print(f"score {result.metrics['score']:.6g} after {result.metrics['rounds']} rounds")
     return 0
+
+
+def _on_sites(args: argparse.Namespace, run, config: dict):
+    """``run(nodes, config)`` on the sites of ``--data`` files or, without them, on
+    ``--num-sites`` partitions of the built-in data set."""
+    from fedcluster.simulation import site_nodes
+
+    if args.data:
+        return run(_data_nodes(args), config)
+    with site_nodes(None, num_sites=args.num_sites) as nodes:
+        return run(nodes, config)
 
 
 def cmd_choose_k(args: argparse.Namespace) -> int:
     import json
 
     from fedcluster.k_selection import summary
-    from fedcluster.simulation import serve_in_process, site_nodes
+    from fedcluster.simulation import serve_in_process
 
     config = _run_config(args)
     if not config.get("k-range"):
         raise ValueError("choose-k needs --k-range LO:HI, e.g. --k-range 2:15")
-    if args.data:
-        record = serve_in_process(_data_nodes(args), config)
-    else:
-        with site_nodes(None, num_sites=args.num_sites) as nodes:
-            record = serve_in_process(nodes, config)
+    record = _on_sites(args, serve_in_process, config)
     result = json.loads(str(record["choose-k"]))
     print(summary(result))
     return 0

@@ -201,34 +201,19 @@ class RunConfig(_Strict):
     secagg_reconstruction_threshold: float = Field(0.67, gt=0.0, le=1.0,
                                                    description="fraction of the shares")
 
-    @field_validator("partitioning")
+    @field_validator("partitioning", "topology", "k_range", "data_bounds")
     @classmethod
-    def _partitioning_known(cls, value: str) -> str:
+    def _spec_parses(cls, value: str, info) -> str:
+        # Each of these keys is a small language with its parser in the module that uses
+        # it (imported here, when needed, to keep the config light); the parser's error
+        # says what is wrong.
         from fedcluster.common.data import parse_partitioning
-
-        parse_partitioning(value)
-        return value
-
-    @field_validator("topology")
-    @classmethod
-    def _topology_known(cls, value: str) -> str:
+        from fedcluster.common.privacy import parse_data_bounds
         from fedcluster.common.topology import parse_topology
 
-        parse_topology(value)
-        return value
-
-    @field_validator("k_range")
-    @classmethod
-    def _k_range_valid(cls, value: str) -> str:
-        parse_k_range(value)
-        return value
-
-    @field_validator("data_bounds")
-    @classmethod
-    def _data_bounds_valid(cls, value: str) -> str:
-        from fedcluster.common.privacy import parse_data_bounds
-
-        parse_data_bounds(value)
+        parsers = {"partitioning": parse_partitioning, "topology": parse_topology,
+                   "k_range": parse_k_range, "data_bounds": parse_data_bounds}
+        parsers[info.field_name](value)
         return value
 
     @model_validator(mode="after")
