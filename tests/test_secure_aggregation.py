@@ -180,7 +180,12 @@ def test_secure_run_equals_plain(digits, algorithm, extra):
         n_max = max(len(X) for X in sites)
         sent, W = lloyd_weights(plain_records)[-1]
         assert np.all(diff.max(axis=1) <= dwf_bound(sent, W, n_max, 3))
-    assert abs(sec.metrics["score"] - plain.metrics["score"]) <= score_bound(sites, plain.centroids)
+    # The decoded score is within the quantisation bound of the exact score of the secure
+    # run's own centroids (FFCM's centroids differ from the plain run's by the carried
+    # error, and with them the score, by more than one round's bound).
+    pooled = np.vstack(sites)
+    exact = float((((pooled[:, None, :] - sec.centroids[None]) ** 2).sum(-1)).min(1).mean())
+    assert abs(sec.metrics["score"] - exact) <= score_bound(sites, sec.centroids)
     for key in ("davies-bouldin", "calinski-harabasz", "simplified-silhouette"):
         assert sec.metrics[key] == pytest.approx(plain.metrics[key], rel=1e-4)
     # no per-site report and no label metrics (they need each site's own figures)
