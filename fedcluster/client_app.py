@@ -155,7 +155,7 @@ class SiteClient(NumPyClient):
             # num_examples is SecAgg+'s weight factor (1) and no per-site metric is sent.
             try:
                 arrays = secure.encode(task, reply.arrays, reply.metrics, site.n_rows,
-                                       str(config[secure.SECURE_PARAM]))
+                                       str(config[secure.SECURE_PARAM]), reply.terms)
             except secure.SecureAggregationError as err:
                 log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
                 raise

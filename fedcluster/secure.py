@@ -29,6 +29,12 @@ quantisation step 2c/T, so a decoded sum differs from the exact sum by less than
 is < 1/2, i.e. when n_max < T / (4 N) (checked every round: ``check_exact_counts``).
 The masks cancel exactly only while the integer sum stays below M: N T < 2**32
 (checked every round too).
+
+Distributed DP (``dp-epsilon`` with ``secure-aggregation``): a site's terms are its noisy
+per-cluster sums and counts, formed by the task itself (``site_terms``'s ``own``); the
+server widens their scales by ``NOISE_MARGIN`` standard deviations of one site's noise
+and asks the sites to clip rather than refuse (``encode``); SecAgg+'s stochastic
+rounding then applies to the noisy values, after the noise.
 """
 
 from __future__ import annotations
@@ -59,6 +65,10 @@ INTEGER_TERMS = {"n", "w-int", "counts", "hidden"}
 SECURE_PHASES = ("train", "evaluate", "interim", "distances")
 
 SECURE_PARAM = "secure"  # the task parameter that asks a site for encoded terms
+# Distributed DP: a noisy term's scale is widened by this many standard deviations of one
+# site's share of the noise (P(|N(0, 1)| > 10) = 1.5e-23), so clipping is never hit in
+# practice (``encode``).
+NOISE_MARGIN = 10.0
 
 
 class SecureAggregationError(ValueError):
@@ -66,12 +76,18 @@ class SecureAggregationError(ValueError):
 
 
 # ------------------------------------------------------------------- site side
-def site_terms(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int) -> dict[str, np.ndarray]:
-    """Every term a site can contribute for ``task``, from its plain reply."""
+def site_terms(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int,
+               own: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Every term a site can contribute for ``task``, from its plain reply, or ``own``:
+    the terms a task formed itself (distributed DP: its noisy per-cluster sums and
+    counts, which no plain reply carries; ``common/private_tasks.py``)."""
     terms: dict[str, np.ndarray] = {"n": np.array([float(n_rows)])}
     for key in ("sse", "silhouette-sum", "all-sq-dist", "partition-sum"):
         if key in metrics:
             terms[key] = np.array([float(metrics[key])])
+    if own is not None:
+        terms.update({name: np.asarray(value, dtype=np.float64) for name, value in own.items()})
+        return terms
     if task in ("lloyd", "minibatch", "fcm"):
         centroids = np.asarray(arrays[0], dtype=np.float64)
         weights = np.asarray(arrays[1], dtype=np.float64)
@@ -86,16 +102,28 @@ def site_terms(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int) 
     return terms
 
 
-def encode(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int, request: str) -> list[np.ndarray]:
-    """The arrays a site hands to SecAgg+: each requested term divided by its scale."""
+def encode(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int, request: str,
+           own: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    """The arrays a site hands to SecAgg+: each requested term divided by its scale.
+
+    A term outside its scale makes the site refuse the round, except in a private run
+    (the request's ``clip``, sent with distributed DP): there the server widened every
+    noisy term's scale by a margin of ``NOISE_MARGIN`` standard deviations of one
+    site's noise, and the rows are clipped to a box inside the data bound, so only the
+    noise can carry a value past it (probability < 2e-23 per entry). Such a value is
+    clipped: refusing would tell the server that this site's noisy value was extreme,
+    one bit that depends on the data and is outside the DP guarantee, while clipping
+    changes the sum's distribution by at most that probability (folded into delta).
+    """
     try:
         wanted = json.loads(request)
         names, scales = list(wanted["terms"]), [float(s) for s in wanted["scales"]]
-    except (ValueError, KeyError, TypeError):
+        clip = bool(wanted.get("clip", False))
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise SecureAggregationError(f"bad task parameter '{SECURE_PARAM}': {request!r}") from None
     if len(names) != len(scales) or any(not (s > 0 and math.isfinite(s)) for s in scales):
         raise SecureAggregationError(f"bad task parameter '{SECURE_PARAM}': {request!r}")
-    terms = site_terms(task, arrays, metrics, n_rows)
+    terms = site_terms(task, arrays, metrics, n_rows, own)
     out = []
     for name, scale in zip(names, scales):
         if name not in terms:
@@ -103,7 +131,9 @@ def encode(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int, requ
         value = np.asarray(terms[name], dtype=np.float64) / scale
         if not np.all(np.isfinite(value)):
             raise SecureAggregationError(f"term {name!r} is not finite")
-        if np.any(np.abs(value) > CLIP):
+        if clip:
+            value = np.clip(value, -CLIP, CLIP)
+        elif np.any(np.abs(value) > CLIP):
             # Clipping would corrupt the sum silently: refuse. The message names no value.
             raise SecureAggregationError(
                 f"term {name!r} exceeds its agreed scale {scale:g}: this site's data lie "
@@ -166,6 +196,25 @@ def term_bounds(names: list[str], centroids: np.ndarray, data_bound: float, n_ma
     }
     # A zero bound (no data, all-zero data) still needs a positive scale.
     return [max(float(table[name]), 1e-300) for name in names]
+
+
+def reconstruction_threshold(n_sites: int, num_shares: float, threshold: float) -> int:
+    """t: how many of a round's ``n_sites`` sites must contribute for SecAgg+ to produce
+    the sum at all, for the run-config fractions ``secagg-num-shares`` and
+    ``secagg-reconstruction-threshold`` (passed to Flower as floats).
+
+    Flower's rule (``SecAggPlusWorkflow.setup_stage``, flwr 1.39; kept in step by a
+    test): shares s = round(num_shares n), made odd when below n, n when at most 2;
+    threshold = max(round(threshold s), 2). Every site's neighbourhood (s sites) must
+    keep ``threshold`` active members through masking and unmasking, or the round halts
+    before the sum is formed; so a produced sum has at least ``threshold`` contributors.
+    """
+    shares = round(float(num_shares) * n_sites)
+    if shares < n_sites and shares % 2 == 0:
+        shares += 1
+    if shares <= 2:
+        shares = n_sites
+    return max(round(float(threshold) * shares), 2)
 
 
 def quantisation_error(scale: float, n_sites: int, quantization_range: int) -> float:

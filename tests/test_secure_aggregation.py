@@ -128,6 +128,14 @@ def test_site_refuses_values_outside_the_agreed_scale():
     assert np.allclose(encoded[0], [[0.75, 1.0]]) and np.allclose(encoded[1], [1.0])
     with pytest.raises(secure.SecureAggregationError, match="secagg-data-bound"):
         secure.encode("lloyd", [centroids * 2, weights], {}, 10, request)
+    # Distributed DP: a noisy value past its (noise-widened) scale is clipped, not refused
+    # (a refusal would disclose that the site's value was extreme); a task's own terms
+    # replace those derived from its arrays.
+    noisy = {"wc": np.array([[-50.0, 3.0]]), "w-int": np.array([-2.5])}
+    clipped = secure.encode("lloyd", [], {}, 10, json.dumps({**json.loads(request), "clip": True}),
+                            noisy)
+    assert np.allclose(clipped[0], [[-1.0, 0.075]]) and np.allclose(clipped[1], [-0.25])
+    assert np.allclose(clipped[2], [1.0])  # n, from the site's row count
 
 
 def test_secure_mod_passes_plain_messages_through():

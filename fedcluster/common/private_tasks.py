@@ -24,6 +24,16 @@ leaves it. Only these tasks run under DP:
     has no ``data-bounds``) discloses the per-feature minima and maxima outside the DP
     guarantee, and the server says so with a PrivacyLeakWarning.
 
+Distributed DP (the task also carries ``secure``: the round is a SecAgg+ sum). The site
+adds only its share of the noise, ``dp-noise-share`` x sigma with the share 1/sqrt(t) (t
+the sites that must contribute for the sum to be formed), and sends its noisy statistics
+RAW: the centred per-cluster sums and counts of ``lloyd`` as the terms ``wc`` and
+``w-int``, the per-cluster counts and SSE of ``evaluate``. No rounding, clamping, floor or
+mean at the site: each of those is a nonlinear step on a value that carries only this
+site's share of the noise, and the sum of such steps is not the sum plus the full noise,
+so the guarantee would fall to that of one share (sigma / sqrt(t)). The server
+post-processes the SUM instead (``strategies/private.py``), which is free under DP.
+
 Every other task is refused: its reply is not a sum of bounded per-row terms with a
 known sensitivity (see ``RunConfig``'s check for the reasons per algorithm).
 """
@@ -34,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedcluster import secure
 from fedcluster.common import kernels, privacy
 from fedcluster.common.data import SiteData
 from fedcluster.common.tasks import TaskError, TaskReply, _centroids, _param
@@ -93,6 +104,8 @@ def private_lloyd(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
     sigma = privacy.sums_counts_sigma(dp.lo, dp.hi, dp.rho)
     noisy_sums, noisy_counts = privacy.noisy_sums_counts(
         sums, counts, dp.lo, dp.hi, sigma, rng, dp.noise_share)
+    if secure.SECURE_PARAM in params:  # distributed DP: linear, the server post-processes
+        return TaskReply(terms={"wc": noisy_sums, "w-int": noisy_counts})
     released = privacy.release_counts(noisy_counts, site.n_rows, floor)
     means = privacy.release_means(noisy_sums, released, dp.lo, dp.hi, C)
     return TaskReply(arrays=[means, released])
@@ -108,10 +121,14 @@ def private_evaluate(site: SiteData, arrays, params, floor: int, dp: SitePrivacy
     sse = float(np.minimum(sq_dist, cap).sum())
     noisy_counts = counts + rng.normal(0.0, dp.noise_share * sigma_counts, size=k)
     noisy_sse = sse + rng.normal(0.0, dp.noise_share * sigma_sse)
+    nothing = [np.zeros((k, site.n_features)), np.zeros(k)]  # sums, squared norms: not sent
+    if secure.SECURE_PARAM in params:  # distributed DP: linear, the server post-processes
+        return TaskReply(arrays=[noisy_counts, *nothing, np.zeros(k)],
+                         metrics={"sse": noisy_sse, "silhouette-sum": 0.0})
     released = privacy.release_counts(noisy_counts, site.n_rows, floor)
     hidden = (released == 0) & (np.rint(noisy_counts) >= 1)
     return TaskReply(
-        arrays=[released, np.zeros((k, site.n_features)), np.zeros(k), hidden.astype(np.int64)],
+        arrays=[released, *nothing, hidden.astype(np.int64)],
         metrics={"sse": max(noisy_sse, 0.0), "silhouette-sum": 0.0},
     )
 

@@ -67,10 +67,13 @@ Scalar = bool | int | float | str
 
 @dataclass
 class TaskReply:
-    """What a site sends back: arrays (aggregates) and scalar metrics."""
+    """What a site sends back: arrays (aggregates) and scalar metrics; ``terms``, when
+    set, are the sums a secure round takes instead of those derived from the arrays
+    (``fedcluster.secure.site_terms``; distributed DP's noisy linear statistics)."""
 
     arrays: list[np.ndarray] = field(default_factory=list)
     metrics: dict[str, Scalar] = field(default_factory=dict)
+    terms: dict[str, np.ndarray] | None = None
 
 
 class TaskError(ValueError):
