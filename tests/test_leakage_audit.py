@@ -213,6 +213,21 @@ def test_nothing_leaks(name):
     assert audit(records, SITES, P, LABELS) == []
 
 
+def test_distributed_dp_sends_only_masked_vectors():
+    """DWF under distributed DP (dp-epsilon with secure-aggregation): every DP round is a
+    SecAgg+ sum, so what leaves a site there is its masked vector alone (no array, no
+    metric but its key); the plain rounds (describe) pass the audit as above."""
+    config = {"algorithm": "dwf", "init": "random", "dp_epsilon": 2.0, "data_bounds": "-4:12",
+              "secure_aggregation": True, "secagg_data_bound": 12.0}
+    records, result = recorded_run(config)
+    assert result.metrics["dp-mode"] == "distributed" and not result.metrics["site-failures"]
+    replies = [rec for rec in records if rec["task"]]  # the others: SecAgg+'s keys and shares
+    private = [rec for rec in replies if "dp-rho" in rec["params"]]
+    assert {rec["task"] for rec in private} == {"lloyd", "evaluate", "evaluate_distances"}
+    assert all(rec["arrays"] == [] and set(rec["metrics"]) == {"site-key"} for rec in private)
+    assert audit(replies, SITES, P, LABELS) == []
+
+
 # ------------------------------------------------------- the audit can fail
 
 

@@ -3,12 +3,14 @@ and DP runs through the real ServerApp/ClientApp (in-process harness)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 
 import fedcluster
+from fedcluster import secure
 from fedcluster.common import privacy
 from fedcluster.common.config import ConfigError, parse_run_config
 from fedcluster.common.data import SiteData
@@ -278,9 +280,130 @@ def test_noise_is_seeded_in_simulation_and_fresh_entropy_in_deployment():
     assert simulated._noise_seed({"task": "lloyd"}) is None  # no DP, no noise
 
 
-def test_dp_and_secure_aggregation_together_are_refused_naming_both_keys():
-    from fedcluster.common.config import ConfigError, parse_run_config
+# ------------------------------------------------------------- distributed DP
+SECURE_BOX = "0:5"  # _blobs' box; secagg-data-bound 5 contains it
 
-    with pytest.raises(ConfigError, match="'dp-epsilon' and 'secure-aggregation'"):
-        parse_run_config({"algorithm": "dwf", "dp-epsilon": 1.0, "data-bounds": "0:1",
-                          "secure-aggregation": True, "secagg-data-bound": 1.0, "min-sites": 2})
+
+def _secure_params(task: str, share: float, rho: float = 0.05) -> dict:
+    request = {"terms": ["n"], "scales": [1.0], "clip": True}
+    return {"task": task, "local-iters": 1, "tol": 0.0, "dp-rho": rho, "data-bounds": "0:2",
+            "dp-noise-share": share, secure.SECURE_PARAM: json.dumps(request)}
+
+
+def test_a_site_under_secure_aggregation_adds_its_share_and_sends_raw_linear_terms():
+    """Distributed DP at the site: the noise on the lloyd sums, counts and the
+    evaluation's counts and SSE has std (calibrated sigma) / sqrt(t), mean 0, and the
+    statistics are sent raw (no rounding, clamping, floor or mean)."""
+    t = 3
+    X = np.array([[1.0, 1.0], [1.0, 1.0], [0.0, 2.0], [2.0, 0.0]])  # centre (1, 1), D = sqrt 8
+    site = SiteData(X, None, None, "test")
+    C = np.array([[1.0, 1.0], [9.0, 9.0]])  # every row in cluster 0; its centred sum is 0
+    D = math.sqrt(8.0)
+    sigma = D / math.sqrt(2 * 0.05)  # independently of privacy.sums_counts_sigma
+    params = _secure_params("lloyd", 1 / math.sqrt(t))
+    draws = [run_task(site, [C], params, 1, noise_seed=[seed]).terms for seed in range(4000)]
+    sums = np.stack([d["wc"] for d in draws])
+    counts = np.stack([d["w-int"] for d in draws]) - np.array([4.0, 0.0])
+    assert np.std(sums) == pytest.approx(sigma / math.sqrt(t), rel=0.02)
+    assert abs(np.mean(sums)) < 0.02 * sigma
+    assert np.std(counts) == pytest.approx(2 * sigma / D / math.sqrt(t), rel=0.02)
+    assert (counts < -4).any() and not np.all(counts == np.rint(counts))  # raw: not released
+    evaluations = [run_task(site, [C], _secure_params("evaluate", 1 / math.sqrt(t)), 1,
+                            noise_seed=[seed]) for seed in range(4000)]
+    box = privacy.bounds_for(privacy.parse_data_bounds("0:2"), 2)
+    sigma_counts, sigma_sse, cap = privacy.evaluation_sigmas(*box, 0.05)
+    assert cap == pytest.approx(8.0) and sigma_counts == pytest.approx(2 / math.sqrt(0.1))
+    eval_counts = np.stack([r.arrays[0] for r in evaluations]) - np.array([4.0, 0.0])
+    sse = np.array([r.metrics["sse"] for r in evaluations]) - 4.0  # two rows at distance^2 2
+    assert np.std(eval_counts) == pytest.approx(sigma_counts / math.sqrt(t), rel=0.02)
+    assert np.std(sse) == pytest.approx(sigma_sse / math.sqrt(t), rel=0.03)
+    assert (sse < -4.0).any()  # not clamped at the site
+
+
+def test_the_noise_share_follows_flowers_reconstruction_threshold(monkeypatch):
+    """dp-noise-share = 1 / sqrt(t), t the threshold Flower's SecAggPlusWorkflow really
+    sends the sites (captured from its setup message), for fractions that make t differ
+    from the number of sites; and the rule against hand-worked values."""
+    from flwr.common.secure_aggregation.secaggplus_constants import Key, Stage
+
+    thresholds = []
+    original = secure.secaggplus_mod
+
+    def spy(msg, context, call_next):
+        cfg = msg.content.config_records[secure.RECORD_KEY_CONFIGS]
+        if cfg[Key.STAGE] == Stage.SETUP:
+            thresholds.append(cfg[Key.THRESHOLD])
+        return original(msg, context, call_next)
+
+    monkeypatch.setattr(secure, "secaggplus_mod", spy)
+    X = np.concatenate(_blobs()[0])
+    replies = []
+    _run(np.array_split(X, 5), dp_epsilon=5.0, secure_aggregation=True, secagg_data_bound=5.0,
+         min_sites=5, num_rounds=2, secagg_num_shares=0.8, secagg_reconstruction_threshold=0.7,
+         record_replies=replies)
+    shares = {r["params"]["dp-noise-share"] for r in replies if "dp-noise-share" in r["params"]}
+    assert set(thresholds) == {4} and shares == {0.5}  # s = round(4.0) -> odd 5, t = round(3.5)
+    assert secure.reconstruction_threshold(5, 0.8, 0.7) == 4
+    assert secure.reconstruction_threshold(5, 0.8, 0.5) == 2  # Python's round: half to even
+    assert secure.reconstruction_threshold(3, 1.0, 0.67) == 2
+    assert secure.reconstruction_threshold(10, 1.0, 0.67) == 7
+    assert secure.reconstruction_threshold(10, 0.5, 1.0) == 5
+    assert secure.reconstruction_threshold(4, 0.1, 0.1) == 2  # s <= 2 -> n; t at least 2
+
+
+def test_distributed_dp_run_is_accounted_and_matches_the_plain_run_at_huge_epsilon():
+    sites, _ = _blobs()
+    secure_dp = dict(secure_aggregation=True, secagg_data_bound=5.0, min_sites=3)
+    plain = _run(sites)
+    replies = []
+    result = _run(sites, dp_epsilon=5.0, record_replies=replies, **secure_dp)
+    metrics = result.metrics
+    assert metrics["dp-mode"] == "distributed" and metrics["dp-rounds"] == 9
+    assert metrics["dp-epsilon-spent"] == pytest.approx(5.0)
+    assert result.history[-1]["dp-epsilon-spent"] == pytest.approx(5.0)
+    assert all(h["sites-answered"] == 3 for h in result.history)
+    assert "davies-bouldin" not in metrics and metrics["per-site"] == {}
+    # every DP round was a secure sum: a masked vector only, each site adding 1/sqrt(2)
+    # of sigma (3 sites, threshold round(0.67 x 3) = 2)
+    dp_rounds = [r for r in replies if "dp-rho" in r["params"]]
+    assert {r["task"] for r in dp_rounds} == {"lloyd", "evaluate", "evaluate_distances"}
+    assert all(r["arrays"] == [] and r["params"]["dp-noise-share"] == 1 / math.sqrt(2)
+               for r in dp_rounds)
+    assert _run(sites, dp_epsilon=5.0).metrics["dp-mode"] == "local"
+    huge = _run(sites, dp_epsilon=1e6, **secure_dp)
+    assert np.linalg.norm(huge.centroids - plain.centroids) < 1e-2
+    assert huge.metrics["score"] == pytest.approx(plain.metrics["score"], rel=1e-2)
+    assert sum(huge.metrics["cluster-sizes"]) == 900
+
+
+def test_the_server_post_processes_the_noisy_sum():
+    """release_sum: the decoded noisy sum becomes counts >= 0 under the floor, means in
+    the box (a withheld cluster keeps its centroid), a non-negative SSE."""
+    from fedcluster.strategies import private
+
+    box = (np.zeros(2), np.full(2, 4.0))  # centre (2, 2)
+    C = np.array([[1.0, 1.0], [3.0, 3.0], [2.0, 0.0]])
+    noisy = {"w-int": np.array([10.0, -3.0, 1.0]),
+             "wc": np.array([[5.0, -10.0], [1.0, 1.0], [0.5, 0.5]])}
+    (means, counts), metrics = private.release_sum("lloyd", noisy, 20, 2, box, C)
+    assert counts.tolist() == [10, 0, 0] and metrics == {}
+    np.testing.assert_allclose(means, [[2.5, 1.0], [3.0, 3.0], [2.0, 0.0]])
+    arrays, metrics = private.release_sum(
+        "evaluate", {"counts": np.array([30.0, -2.0, 4.0]), "sse": np.array([-7.0])}, 20, 2, box, C)
+    assert arrays[0].tolist() == [17, 0, 2] and metrics["sse"] == 0.0  # scaled to <= 20 rows
+    assert not np.any(arrays[1]) and not np.any(arrays[3])
+
+
+def test_dp_with_secure_aggregation_is_accepted_and_the_other_constraints_stay():
+    both = {"algorithm": "dwf", "dp-epsilon": 1.0, "data-bounds": "0:1",
+            "secure-aggregation": True, "secagg-data-bound": 1.0, "min-sites": 2}
+    config = parse_run_config(both)
+    assert config.private and config.secure_aggregation and config.resolved_init == "random"
+    for extra, key in [({"algorithm": "ewf"}, "need algorithm 'dwf'"),
+                       ({"data-bounds": "-2:1"}, "'data-bounds' must lie within"),
+                       ({"local-iters": 2}, "'local-iters' must be 1"),
+                       ({"init": "kfed"}, "'init' must be 'random'"),
+                       ({"algorithm": "ffcm"}, "algorithm 'ffcm'"),
+                       ({"min-sites": 1}, "'min-sites' >= 2")]:
+        with pytest.raises(ConfigError, match=key):
+            parse_run_config({**both, **extra})

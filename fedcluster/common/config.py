@@ -117,9 +117,29 @@ def dp_problems(config: "RunConfig") -> list[str]:
         problems.append("key 'k-range' cannot be used with dp-epsilon: choosing k "
                         "runs one federation per k, each spending the budget")
     if config.secure_aggregation:
-        problems.append("keys 'dp-epsilon' and 'secure-aggregation' cannot be combined yet: "
-                        "distributed DP (each site adding a share of the noise to the secure "
-                        "sum) is not wired; use one or the other")
+        problems += _distributed_dp_problems(config)
+    return problems
+
+
+def _distributed_dp_problems(config: "RunConfig") -> list[str]:
+    """Why dp-epsilon with secure-aggregation (distributed DP) cannot run: the sites
+    must send linear noisy sums, which the server post-processes (README "Differential
+    privacy")."""
+    from fedcluster.common.privacy import parse_data_bounds
+
+    problems = []
+    if config.algorithm == "ewf":
+        problems.append("keys 'dp-epsilon' and 'secure-aggregation' together need algorithm "
+                        "'dwf': EWF averages every site's own centroids, a ratio a site would "
+                        "form from its share of the noise before the sum (a nonlinear step "
+                        "that voids the distributed guarantee)")
+    box = parse_data_bounds(config.data_bounds)
+    bound = config.secagg_data_bound  # 0: missing, which the secure-aggregation check names
+    if box is not None and bound > 0 and max(abs(box[0]).max(), abs(box[1]).max()) > bound:
+        problems.append("key 'data-bounds' must lie within [-secagg-data-bound, "
+                        "secagg-data-bound] under dp-epsilon with secure-aggregation (the "
+                        "agreed scales of the secure sums come from that bound); raise "
+                        "'secagg-data-bound'")
     return problems
 
 

@@ -77,7 +77,8 @@ def summary_table(metrics: dict) -> str:
         lines.append(f"  {name:<32}{text:>12}")
     if "dp-epsilon" in metrics:
         lines.append(
-            f"  differential privacy: epsilon {metrics['dp-epsilon-spent']:.4g} spent of "
+            f"  differential privacy ({metrics.get('dp-mode', 'local')}): epsilon "
+            f"{metrics['dp-epsilon-spent']:.4g} spent of "
             f"{metrics['dp-epsilon']:.4g} (delta {metrics['dp-delta']:.3g}) over "
             f"{metrics['dp-rounds']} of {metrics['dp-rounds-planned']} planned data rounds, "
             f"noise sigma {metrics.get('dp-sigma-sums', float('nan')):.4g} per sum and "

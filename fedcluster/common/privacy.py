@@ -181,6 +181,13 @@ def sums_counts_sigma(lo: np.ndarray, hi: np.ndarray, rho: float) -> float:
     return gaussian_sigma(l2_diameter(lo, hi), rho)
 
 
+def sums_counts_sigmas(lo: np.ndarray, hi: np.ndarray, rho: float) -> tuple[float, float]:
+    """(sigma on each sum entry, sigma on each count) of that joint release: the counts
+    are released as (D/2) n, so their noise is sigma / (D/2)."""
+    sigma = sums_counts_sigma(lo, hi, rho)
+    return sigma, sigma * 2.0 / l2_diameter(lo, hi)
+
+
 def noisy_sums_counts(
     sums: np.ndarray,
     counts: np.ndarray,

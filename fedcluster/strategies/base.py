@@ -257,11 +257,12 @@ class ClusteringStrategy(Strategy):
         base = {"task": plan.task, "min-cluster-size": self.config.min_cluster_size, **plan.params}
         if self.config.secure_aggregation and self.phase in secure.SECURE_PHASES:
             plan.secure = self._secure_terms(plan, [self.sites[k] for k in keys.values()])
+            # clip: distributed DP's noise-margin case (secure.encode says why)
             base[secure.SECURE_PARAM] = json.dumps(
-                {"terms": plan.secure[0], "scales": plan.secure[1]})
+                {"terms": plan.secure[0], "scales": plan.secure[1], "clip": self.config.private})
         if self.transform is not None and plan.task not in ("describe", "stats"):
             base["transform"] = self.transform.encode()
-        base.update(private.task_params(self, plan.task, server_round))
+        base.update(private.task_params(self, plan.task, server_round, len(keys)))
         shared = ndarrays_to_parameters(plan.arrays)
         self._pending = (plan, keys)
 
@@ -336,13 +337,15 @@ class ClusteringStrategy(Strategy):
             plan.task,
             dynamic=getattr(self, "dynamic", True),
             fuzzy_eval="fuzzifier" in plan.params,
-            with_sse=plan.task == "lloyd" or (plan.task == "minibatch" and (
-                batch == 0 or batch >= min((s.n_rows for s in sites), default=0))),
+            # under DP a training round sends no SSE (README "Differential privacy")
+            with_sse=(plan.task == "lloyd" and not self.config.private) or (
+                plan.task == "minibatch" and (
+                    batch == 0 or batch >= min((s.n_rows for s in sites), default=0))),
         )
         means = plan.arrays[1] if plan.task == "evaluate_distances" else None
         scales = secure.term_bounds(names, np.asarray(plan.arrays[0]),
                                     self.config.secagg_data_bound, n_max, means)
-        return names, scales
+        return names, private.secure_scales(self, plan.task, names, scales, len(sites))
 
     def _secure_replies(self, server_round: int, plan: TaskPlan, keys: dict[int, str], results,
                         failures, failed) -> list[Reply]:
@@ -382,18 +385,13 @@ class ClusteringStrategy(Strategy):
         return [reply]
 
     def _sum_reply(self, plan: TaskPlan, sums: dict, n_sites: int, n_rows: int) -> Reply:
+        self._check_sum(sums, n_rows)
+        if self.config.private:  # distributed DP: the noisy sum is post-processed here
+            arrays, metrics_out = private.release_sum(
+                plan.task, sums, n_rows, self.config.min_cluster_size, self.box,
+                np.asarray(plan.arrays[0], dtype=np.float64))
+            return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)
         k = self.k
-        d = self.n_features
-        for name, value in sums.items():
-            if not np.all(np.isfinite(value)):
-                raise ReplyError(f"term {name} is not finite")
-        if int(sums["n"][0]) != n_rows:
-            raise ReplyError(f"the sites' rows sum to {int(sums['n'][0])}, but they declared {n_rows}")
-        expect = {"wc": (k, d), "c": (k, d), "w": (k,), "w-int": (k,), "counts": (k,),
-                  "sums": (k, d), "sqnorms": (k,), "hidden": (k,), "distances": (k,)}
-        for name, shape in expect.items():
-            if name in sums and sums[name].shape != shape:
-                raise ReplyError(f"term {name} has shape {sums[name].shape}, expected {shape}")
         for name in ("w-int", "counts", "hidden"):
             if name in sums and (np.any(sums[name] < 0) or np.any(sums[name] > n_rows)):
                 raise ReplyError(f"term {name} is outside [0, {n_rows}]")
@@ -420,6 +418,21 @@ class ClusteringStrategy(Strategy):
         else:
             arrays = [sums["distances"]]
         return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)
+
+    def _check_sum(self, sums: dict, n_rows: int) -> None:
+        """A decoded sum's entries are finite, its terms of the expected shapes, and its
+        row count that of the contributing sites (ReplyError otherwise)."""
+        k, d = self.k, self.n_features
+        for name, value in sums.items():
+            if not np.all(np.isfinite(value)):
+                raise ReplyError(f"term {name} is not finite")
+        if int(sums["n"][0]) != n_rows:
+            raise ReplyError(f"the sites' rows sum to {int(sums['n'][0])}, but they declared {n_rows}")
+        expect = {"wc": (k, d), "c": (k, d), "w": (k,), "w-int": (k,), "counts": (k,),
+                  "sums": (k, d), "sqnorms": (k,), "hidden": (k,), "distances": (k,)}
+        for name, shape in expect.items():
+            if name in sums and sums[name].shape != shape:
+                raise ReplyError(f"term {name} has shape {sums[name].shape}, expected {shape}")
 
     def configure_evaluate(self, server_round, parameters, client_manager):
         return []  # evaluation is a fit-round task (see module docstring)

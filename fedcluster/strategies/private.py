@@ -12,16 +12,26 @@ equally over the most data rounds the run can take (``privacy.data_rounds``), fi
 front from ``num-rounds``, ``eval-every`` and ``n-init``. A run that stops early (on
 ``tol``) spends less; the model reports what was spent, for every site (a site not
 sampled in a round spends nothing in it; the figure is the worst case).
+
+The mode: *local* DP (each site adds the full noise sigma and post-processes its own
+release) or, with ``secure-aggregation``, *distributed* DP: each site adds the share
+sigma / sqrt(t) (``noise_share``; t the sites SecAgg+ needs to form the sum at all) and
+sends its noisy statistics raw; the server widens the agreed scales by a noise margin
+(``secure_scales``) and post-processes the decoded SUM (``release_sum``): the sum of at
+least t shares carries noise of std at least sigma, so it is as private as one site's
+local-DP release, and the accounting is the same.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 
 import numpy as np
 from flwr.common.logger import log
 
+from fedcluster import secure
 from fedcluster.common import privacy
 from fedcluster.common.config import RunConfig
 
@@ -69,20 +79,99 @@ def box_from_data(mins: np.ndarray, maxs: np.ndarray) -> tuple[np.ndarray, np.nd
     return lo, hi
 
 
-def task_params(strategy, task: str, server_round: int) -> dict:
-    """The parameters a round adds to the task: ``data-bounds`` (every task but
-    ``describe`` and ``stats``, when the box is known) and, under DP, ``dp-rho``,
-    ``dp-noise-share`` (1: local DP) and ``dp-round`` (names the round; the noise seed
-    in simulation)."""
+def dp_mode(config: RunConfig) -> str:
+    """``distributed`` (with secure aggregation) or ``local`` DP."""
+    return "distributed" if config.secure_aggregation else "local"
+
+
+def noise_share(config: RunConfig, n_sites: int) -> float:
+    """The share of sigma each of a round's ``n_sites`` sites adds: 1 for local DP;
+    1 / sqrt(t) for distributed DP, t the sites that must contribute for SecAgg+ to form
+    the sum (``secure.reconstruction_threshold``). A formed sum of m >= t shares then
+    has noise of std sigma sqrt(m / t) >= sigma."""
+    if not config.secure_aggregation:
+        return 1.0
+    t = secure.reconstruction_threshold(n_sites, config.secagg_num_shares,
+                                        config.secagg_reconstruction_threshold)
+    return 1.0 / math.sqrt(t)
+
+
+def task_params(strategy, task: str, server_round: int, n_sites: int) -> dict:
+    """The parameters a round of ``n_sites`` sites adds to the task: ``data-bounds``
+    (every task but ``describe`` and ``stats``, when the box is known) and, under DP,
+    ``dp-rho``, ``dp-noise-share`` (``noise_share``) and ``dp-round`` (names the round;
+    the noise seed in simulation)."""
     if task in ("describe", "stats", "bounds") or strategy.box is None:
         if strategy.config.private and task in DP_PARAM_TASKS:
             raise RuntimeError(f"a DP {task} round without a clipping box")
         return {}
     out = {"data-bounds": privacy.encode_bounds(*strategy.box)}
     if strategy.config.private and task in DP_PARAM_TASKS:
-        out.update({"dp-rho": strategy.dp_rho_round, "dp-noise-share": 1.0,
+        out.update({"dp-rho": strategy.dp_rho_round,
+                    "dp-noise-share": noise_share(strategy.config, n_sites),
                     "dp-round": server_round + strategy.round_offset})
     return out
+
+
+# ------------------------------------------------------------- distributed DP
+def noise_sigmas(task: str, box, rho: float) -> dict[str, float]:
+    """The std of the whole noise (sigma, before the sites' shares) per entry of each
+    noisy term of a DP task, by term name (``fedcluster.secure``); the site draws it in
+    ``common/private_tasks.py`` from the same functions."""
+    if task == "lloyd":
+        sigma_sums, sigma_counts = privacy.sums_counts_sigmas(*box, rho)
+        return {"wc": sigma_sums, "w-int": sigma_counts}
+    if task == "evaluate":
+        sigma_counts, sigma_sse, _ = privacy.evaluation_sigmas(*box, rho)
+        return {"counts": sigma_counts, "sse": sigma_sse}
+    return {}
+
+
+def secure_scales(strategy, task: str, names: list[str], scales: list[float],
+                  n_sites: int) -> list[float]:
+    """The agreed scales of a secure round, under distributed DP widened by
+    ``secure.NOISE_MARGIN`` standard deviations of one site's share of the noise (a
+    site's noisy term exceeds its data bound by the noise), unchanged otherwise.
+
+    Raises
+    ------
+    FederationError
+        When the clipping box does not lie within [-secagg-data-bound,
+        secagg-data-bound]: the noiseless terms could then exceed their scales, and a
+        site under DP clips instead of refusing (``secure.encode``), which would bias
+        the sum silently.
+    """
+    if not strategy.config.private:
+        return scales
+    bound = strategy.config.secagg_data_bound
+    if float(np.max(np.abs(strategy.box))) > bound:
+        from fedcluster.strategies.base import FederationError
+
+        raise FederationError(f"the clipping box (data-bounds) reaches beyond "
+                              f"secagg-data-bound {bound:g}; raise 'secagg-data-bound'")
+    sigmas = noise_sigmas(task, strategy.box, strategy.dp_rho_round)
+    margin = secure.NOISE_MARGIN * noise_share(strategy.config, n_sites)
+    return [scale + margin * sigmas.get(name, 0.0) for name, scale in zip(names, scales)]
+
+
+def release_sum(task: str, sums: dict, n_rows: int, floor: int, box,
+                centroids: np.ndarray) -> tuple[list[np.ndarray], dict]:
+    """The reply (arrays, metrics) that stands for a distributed-DP round's decoded
+    noisy SUM over sites with ``n_rows`` rows, post-processed as a local-DP site does
+    its own release (free under DP): counts rounded, clamped at 0, scaled to at most
+    ``n_rows`` and the privacy floor applied to the noisy aggregate; means = noisy
+    centred sums / counts + the box's centre, clipped into the box, a withheld or empty
+    cluster keeping its ``centroids`` row; the SSE clamped at 0; what a site does not
+    release under DP (sums, squared norms, hidden flags, silhouette) zeros."""
+    if task == "lloyd":
+        counts = privacy.release_counts(sums["w-int"], n_rows, floor)
+        return [privacy.release_means(sums["wc"], counts, *box, centroids), counts], {}
+    if task == "evaluate":
+        counts = privacy.release_counts(sums["counts"], n_rows, floor)
+        k, d = np.shape(centroids)
+        arrays = [counts, np.zeros((k, d)), np.zeros(k), np.zeros(k, dtype=np.int64)]
+        return arrays, {"sse": max(float(sums["sse"][0]), 0.0), "silhouette-sum": 0.0}
+    return [sums["distances"]], {}
 
 
 def accounting(config: RunConfig, history: list[dict], box, bounds_from_data: bool) -> dict:
@@ -93,14 +182,13 @@ def accounting(config: RunConfig, history: list[dict], box, bounds_from_data: bo
     rho_round = rho_per_round(config)
     rounds_run = sum(1 for row in history if row["task"] in NOISED_TASKS)
     out = {"dp-epsilon": config.dp_epsilon, "dp-delta": config.dp_delta,
-           "dp-rho-per-round": rho_round,
+           "dp-mode": dp_mode(config), "dp-rho-per-round": rho_round,
            "dp-rounds-planned": privacy.data_rounds(config.num_rounds, config.eval_every,
                                                      config.n_init),
            **privacy.spent(rho_round, rounds_run, config.dp_delta),
            "dp-bounds-from-data": bounds_from_data}
     if box is not None:
-        out["dp-sigma-sums"] = privacy.sums_counts_sigma(box[0], box[1], rho_round)
-        out["dp-sigma-counts"] = out["dp-sigma-sums"] * 2.0 / privacy.l2_diameter(*box)
+        out["dp-sigma-sums"], out["dp-sigma-counts"] = privacy.sums_counts_sigmas(*box, rho_round)
     return out
 
 
