@@ -8,6 +8,7 @@ test fails with the list (so a leak is a red test, not a silent slowdown)."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -43,12 +44,19 @@ def nothing_left_behind(request):
                     pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def numba_cache(tmp_path_factory) -> Path:
+    """One Numba cache directory for the real Flower processes of a session (worker):
+    each fresh ClientApp process then loads the kernels instead of compiling them."""
+    path = tmp_path_factory.getbasetemp() / "numba-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture()
-def bed(tmp_path, tmp_path_factory):
+def bed(tmp_path, numba_cache):
     """A sandbox for real Flower processes (tests/flower_processes.py) in this test's
     directory, with a Numba cache shared by the session and a per-test site cache."""
-    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"
-    numba_cache.mkdir(exist_ok=True)
     with fp.sandbox(tmp_path, NUMBA_CACHE_DIR=numba_cache,
                     FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache") as sandbox:
         yield sandbox
@@ -57,7 +65,7 @@ def bed(tmp_path, tmp_path_factory):
 # The modules that run real Flower processes, longest first. Two xdist workers take one
 # module at a time in collection order: these must start first, or one of them ends the
 # run alone on one worker while the other sits idle.
-SLOW_MODULES = ["test_flower_algorithms", "test_faults", "test_deployment",
+SLOW_MODULES = ["test_flower_algorithms", "test_flower_engine", "test_faults", "test_deployment",
                 "test_secure_deployment", "test_secure_aggregation", "test_site_policy",
                 "test_parity"]
 

@@ -67,12 +67,9 @@ def digits_sites(module_dir) -> tuple[list[np.ndarray], list[Path]]:
 
 
 @pytest.fixture()
-def sandbox(tmp_path, module_dir, tmp_path_factory):
+def sandbox(tmp_path, module_dir, numba_cache):
     """A sandbox for this test's processes: module FLWR_HOME, session Numba cache, the
     sites' parsed-data cache in this test's tmp dir."""
-    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"
-    numba_cache.mkdir(exist_ok=True)
-
     def make():
         return fp.sandbox(
             tmp_path,

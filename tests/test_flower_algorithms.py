@@ -1,13 +1,12 @@
-"""Every algorithm (k-means family, FFCM, GTV) through Flower for real: `flwr run` on the
-simulation engine (equal to the in-process harness to 1e-12), and one run each over the
-gRPC Fleet API of a real SuperLink with three SuperNodes (equal to 1e-9)."""
+"""Every algorithm (k-means family, FFCM, GTV) through Flower for real: one run each over
+the gRPC Fleet API of a real SuperLink with three SuperNodes, equal to the in-process
+harness to 1e-9. The same runs on Flower's simulation engine: test_flower_engine.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import fedcluster
 import flower_processes as fp
@@ -23,33 +22,6 @@ ALGORITHMS = {
     "gtv": {"topology": "ring", "local-iters": 2},
 }
 COMMON = {"n-clusters": 6, "num-rounds": 2, "seed": 2, "min-sites": 3}
-
-
-@pytest.fixture(scope="module")
-def numba_cache(tmp_path_factory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "numba-cache"
-    path.mkdir(exist_ok=True)
-    return path
-
-
-def test_each_algorithm_on_the_simulation_engine(tmp_path, numba_cache):
-    out = tmp_path / "outputs"
-    config = {**COMMON, "partitioning": "dirichlet:0.5"}
-    with fp.sandbox(tmp_path / "engine", NUMBA_CACHE_DIR=numba_cache) as bed:
-        link = bed.superlink(simulation=True)
-        bed.connect("sim", link.control_address)
-        for algorithm, extra in ALGORITHMS.items():
-            bed.run(APP_DIR, "sim",
-                    {**config, **extra, "algorithm": algorithm, "output-dir": str(out),
-                     "run-name": algorithm},
-                    {"num-supernodes": 4}, timeout=300, log_name=f"flwr-run-{algorithm}")
-    for algorithm, extra in ALGORITHMS.items():
-        engine = fedcluster.Model.load(out / algorithm / "model.json")
-        harness = fedcluster.simulate(num_sites=4, algorithm=algorithm,
-                                      **py_kwargs({**config, **extra}))
-        assert engine.algorithm == algorithm
-        np.testing.assert_allclose(engine.centroids, harness.centroids, rtol=0, atol=1e-12)
-        assert [h["task"] for h in engine.history] == [h["task"] for h in harness.history]
 
 
 def test_each_algorithm_over_grpc(tmp_path, numba_cache):

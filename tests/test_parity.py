@@ -39,11 +39,9 @@ def module_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine_run(module_dir, tmp_path_factory):
+def engine_run(module_dir, numba_cache):
     """One run through the simulation SuperLink: (model, flwr run, output dir)."""
     out = module_dir / "outputs"
-    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"  # shared by the session
-    numba_cache.mkdir(exist_ok=True)
     with fp.sandbox(module_dir / "engine", home=module_dir / "flwr-home",
                     NUMBA_CACHE_DIR=numba_cache) as bed:
         link = bed.superlink(simulation=True)

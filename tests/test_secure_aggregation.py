@@ -239,7 +239,7 @@ def test_one_site_dropping_out_is_recovered(digits):
 
 
 # ------------------------------------------------------------ real gRPC
-def test_dwf_under_secagg_over_real_grpc_equals_plain(tmp_path, tmp_path_factory, digits):
+def test_dwf_under_secagg_over_real_grpc_equals_plain(tmp_path, numba_cache, digits):
     """Must-show: SecAgg+ DWF over real gRPC (flower-superlink + 3 flower-supernode
     processes on loopback) equals the plain run within the stated error."""
     import flower_processes as fp
@@ -251,8 +251,6 @@ def test_dwf_under_secagg_over_real_grpc_equals_plain(tmp_path, tmp_path_factory
     # masked vectors, unmask) with a fresh ClientApp process per message at each site.
     config = {"algorithm": "dwf", "n-clusters": 6, "num-rounds": 1, "init": "random",
               "tol": 0.0, "seed": 3, "min-sites": 3, "round-timeout": 120.0}
-    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"
-    numba_cache.mkdir(exist_ok=True)
     out = tmp_path / "outputs"
     started = time.monotonic()
     with fp.sandbox(tmp_path, NUMBA_CACHE_DIR=numba_cache,

@@ -93,10 +93,8 @@ class Federation:
 
 
 @pytest.fixture(scope="module")
-def federation(tmp_path_factory):
+def federation(tmp_path_factory, numba_cache):
     workdir = tmp_path_factory.mktemp("secure")
-    numba_cache = tmp_path_factory.getbasetemp() / "numba-cache"
-    numba_cache.mkdir(exist_ok=True)
     hosts = ["superlink", *SITES, "rogue"]
     with netns.lan(hosts) as net, fp.sandbox(workdir, NUMBA_CACHE_DIR=numba_cache,
                                               FEDCLUSTER_CACHE_DIR=workdir / "site-cache") as bed:

@@ -1,0 +1,37 @@
+"""Every algorithm (k-means family, FFCM, GTV) through Flower's simulation engine for real
+(`flwr run` against a simulation SuperLink), equal to the in-process harness to 1e-12.
+Its own module (not test_flower_algorithms.py, the gRPC runs) so that the two, the
+longest real-Flower tests, run on different xdist workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+import fedcluster
+import flower_processes as fp
+from test_deployment import py_kwargs
+from test_flower_algorithms import ALGORITHMS, COMMON
+
+APP_DIR = Path(__file__).resolve().parents[1]
+
+
+def test_each_algorithm_on_the_simulation_engine(tmp_path, numba_cache):
+    out = tmp_path / "outputs"
+    config = {**COMMON, "partitioning": "dirichlet:0.5"}
+    with fp.sandbox(tmp_path / "engine", NUMBA_CACHE_DIR=numba_cache) as bed:
+        link = bed.superlink(simulation=True)
+        bed.connect("sim", link.control_address)
+        for algorithm, extra in ALGORITHMS.items():
+            bed.run(APP_DIR, "sim",
+                    {**config, **extra, "algorithm": algorithm, "output-dir": str(out),
+                     "run-name": algorithm},
+                    {"num-supernodes": 4}, timeout=300, log_name=f"flwr-run-{algorithm}")
+    for algorithm, extra in ALGORITHMS.items():
+        engine = fedcluster.Model.load(out / algorithm / "model.json")
+        harness = fedcluster.simulate(num_sites=4, algorithm=algorithm,
+                                      **py_kwargs({**config, **extra}))
+        assert engine.algorithm == algorithm
+        np.testing.assert_allclose(engine.centroids, harness.centroids, rtol=0, atol=1e-12)
+        assert [h["task"] for h in engine.history] == [h["task"] for h in harness.history]
