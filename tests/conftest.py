@@ -62,9 +62,10 @@ def bed(tmp_path, numba_cache):
         yield sandbox
 
 
-# The modules that run real Flower processes, longest first. Two xdist workers take one
-# module at a time in collection order: these must start first, or one of them ends the
-# run alone on one worker while the other sits idle.
+# The modules that run real Flower processes, longest first. The xdist workers take one
+# module at a time in collection order (pyproject's --no-loadscope-reorder: by default
+# xdist puts the modules with the most tests first, which left these single-test modules
+# to the end, one worker running them alone while the other sat idle).
 SLOW_MODULES = ["test_flower_algorithms", "test_flower_engine", "test_faults", "test_deployment",
                 "test_secure_deployment", "test_secure_aggregation", "test_site_policy",
                 "test_parity"]

@@ -71,7 +71,7 @@ def test_site_killed_mid_run(bed, tmp_path):
     arrays, paths = site_files(tmp_path, 4, seed=6)
     start_federation(bed, "faults", paths)
     victim = next(p for p in bed.processes if p.name == "supernode-3")
-    config = {"algorithm": "dwf", "n-clusters": 5, "num-rounds": 8, "tol": 0.0, "seed": 6,
+    config = {"algorithm": "dwf", "n-clusters": 5, "num-rounds": 5, "tol": 0.0, "seed": 6,
               "min-sites": 3, "round-timeout": 45.0, "init": "random"}
     out = tmp_path / "outputs"
     log = bed.log_dir / "flwr-run-kill.log"
