@@ -46,10 +46,12 @@ def nothing_left_behind(request):
 
 @pytest.fixture(scope="session")
 def numba_cache(tmp_path_factory) -> Path:
-    """One Numba cache directory for the real Flower processes of a session (worker):
-    each fresh ClientApp process then loads the kernels instead of compiling them."""
+    """One Numba cache directory, and one FLWR_HOME (``fp.SESSION_HOME``), for the real
+    Flower processes of a session (worker): each fresh ClientApp process then loads the
+    kernels instead of compiling them."""
     path = tmp_path_factory.getbasetemp() / "numba-cache"
     path.mkdir(exist_ok=True)
+    fp.SESSION_HOME = tmp_path_factory.getbasetemp() / "flwr-home"  # see its comment
     return path
 
 

@@ -670,17 +670,27 @@ class FlowerSandbox:
         )
 
 
+# One FLWR_HOME for every sandbox of a test session (set by conftest's numba_cache
+# fixture, per xdist worker; a worker runs one test at a time, so its connections never
+# race). A ClientApp imports the app from FLWR_HOME/apps/<name>.<version>.<FAB hash>, and
+# Numba keys its on-disk cache on that path: with one home, the same app's kernels are
+# compiled once per session instead of once per test module, at every site at once (a
+# first round could then miss its timeout on a loaded machine).
+SESSION_HOME: Path | None = None
+
+
 @contextlib.contextmanager
 def sandbox(
     workdir: Path, *, home: Path | None = None, **extra_env: str | os.PathLike
 ) -> Iterator[FlowerSandbox]:
     """Everything one test needs to run Flower processes, and its cleanup.
 
-    ``FLWR_HOME`` is ``home`` (default ``workdir/flwr-home``; never ``~/.flwr``): the
-    ``flwr`` CLI's connections, and where the SuperLink and SuperNodes install the app
-    (FAB) that their ServerApp and ClientApps then import. ``RAY_TMPDIR`` is a fresh short
-    dir, logs go to ``workdir/logs``, the SuperExecs poll for tasks every 0.2 s instead of
-    1 s (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``; speed only), ``extra_env`` is added.
+    ``FLWR_HOME`` is ``home`` (default :data:`SESSION_HOME`, else ``workdir/flwr-home``;
+    never ``~/.flwr``): the ``flwr`` CLI's connections, and where the SuperLink and
+    SuperNodes install the app (FAB) that their ServerApp and ClientApps then import.
+    ``RAY_TMPDIR`` is a fresh short dir, logs go to ``workdir/logs``, the SuperExecs poll
+    for tasks every 0.2 s instead of 1 s (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``; speed
+    only), ``extra_env`` is added.
 
     On exit, even after a failure: every process started through the sandbox is stopped
     (last started first), then the safety net kills any process left that carries the
@@ -690,7 +700,7 @@ def sandbox(
     workdir = Path(workdir)
     tag = new_tag()
     ray_tmp = short_tmp_dir("fcray-")
-    home = Path(home) if home is not None else workdir / "flwr-home"
+    home = Path(home) if home is not None else (SESSION_HOME or workdir / "flwr-home")
     home.mkdir(parents=True, exist_ok=True)
     env = child_env(
         tag,

@@ -67,13 +67,12 @@ def digits_sites(module_dir) -> tuple[list[np.ndarray], list[Path]]:
 
 
 @pytest.fixture()
-def sandbox(tmp_path, module_dir, numba_cache):
-    """A sandbox for this test's processes: module FLWR_HOME, session Numba cache, the
+def sandbox(tmp_path, numba_cache):
+    """A sandbox for this test's processes: session FLWR_HOME and Numba cache, the
     sites' parsed-data cache in this test's tmp dir."""
     def make():
         return fp.sandbox(
             tmp_path,
-            home=module_dir / "flwr-home",
             NUMBA_CACHE_DIR=numba_cache,
             FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache",
         )

@@ -72,7 +72,7 @@ def test_site_killed_mid_run(bed, tmp_path):
     start_federation(bed, "faults", paths)
     victim = next(p for p in bed.processes if p.name == "supernode-3")
     config = {"algorithm": "dwf", "n-clusters": 5, "num-rounds": 5, "tol": 0.0, "seed": 6,
-              "min-sites": 3, "round-timeout": 45.0, "init": "random"}
+              "min-sites": 3, "round-timeout": 120.0, "init": "random"}
     out = tmp_path / "outputs"
     log = bed.log_dir / "flwr-run-kill.log"
     with ThreadPoolExecutor(1) as pool:

@@ -42,8 +42,7 @@ def module_dir(tmp_path_factory) -> Path:
 def engine_run(module_dir, numba_cache):
     """One run through the simulation SuperLink: (model, flwr run, output dir)."""
     out = module_dir / "outputs"
-    with fp.sandbox(module_dir / "engine", home=module_dir / "flwr-home",
-                    NUMBA_CACHE_DIR=numba_cache) as bed:
+    with fp.sandbox(module_dir / "engine", NUMBA_CACHE_DIR=numba_cache) as bed:
         link = bed.superlink(simulation=True)
         bed.connect("sim", link.control_address)
         run = bed.run(
