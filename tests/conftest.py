@@ -7,6 +7,7 @@ test fails with the list (so a leak is a red test, not a silent slowdown)."""
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -46,12 +47,15 @@ def nothing_left_behind(request):
 
 @pytest.fixture(scope="session")
 def numba_cache(tmp_path_factory) -> Path:
-    """One Numba cache directory, and one FLWR_HOME (``fp.SESSION_HOME``), for the real
-    Flower processes of a session (worker): each fresh ClientApp process then loads the
-    kernels instead of compiling them."""
-    path = tmp_path_factory.getbasetemp() / "numba-cache"
+    """One Numba cache directory for the real Flower processes of the session, and one
+    FLWR_HOME (``fp.SESSION_HOME``) per worker: a fresh ClientApp process then loads the
+    kernels compiled for its path instead of compiling them."""
+    base = tmp_path_factory.getbasetemp()
+    # Shared by the xdist workers (Numba writes its cache files by atomic renames): a
+    # kernel compiled for a path by one worker's processes is loaded by the other's.
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "numba-cache"
     path.mkdir(exist_ok=True)
-    fp.SESSION_HOME = tmp_path_factory.getbasetemp() / "flwr-home"  # see its comment
+    fp.SESSION_HOME = base / "flwr-home"  # per worker: see its comment
     return path
 
 
@@ -68,7 +72,10 @@ def bed(tmp_path, numba_cache):
 # module at a time in collection order (pyproject's --no-loadscope-reorder: by default
 # xdist puts the modules with the most tests first, which left these single-test modules
 # to the end, one worker running them alone while the other sat idle).
-SLOW_MODULES = ["test_flower_algorithms", "test_flower_engine", "test_faults", "test_deployment",
+# Each worker starts with two modules (xdist's first handout): the gRPC runs and
+# test_deployment on one, the engine runs and test_faults on the other, whose corrupting
+# ClientApp imports the installed fedcluster the engine runs have compiled.
+SLOW_MODULES = ["test_flower_algorithms", "test_flower_engine", "test_deployment", "test_faults",
                 "test_secure_deployment", "test_secure_aggregation", "test_site_policy",
                 "test_parity"]
 
