@@ -144,15 +144,17 @@ def main() -> None:
                     for (r, e), (s, c) in sorted(sigmas.items())) + ".",
         "",
         "Reading: the DP pipeline's start (k points uniform in the box; k-FED's start is not "
-        "private) costs ~15 % without any noise. Local DP on a data set this small is "
-        "expensive on top: a site holds ~360 rows, ~36 per cluster, while the noise on one "
+        "private) costs 20-25 % without any noise (its spread over seeds is wide). Local DP "
+        "on a data set this small is expensive on top: a site holds ~360 rows, ~36 per "
+        "cluster, while the noise on one "
         "per-cluster sum is in the hundreds (epsilon 10) or thousands (epsilon 1) of pixel "
         "units. At epsilon 1 the noisy means land anywhere in the box and every row ends up "
-        "in one cluster (ARI 0); at epsilon 10 DWF finds part of the structure (ARI ~0.25). "
-        "Fewer rounds give each round more budget (4 rounds beat 10). Distributed DP (secure "
-        "aggregation, each site adding sigma / sqrt(n)) would cut the noise in the sum by "
-        "sqrt(5) at the same epsilon; larger sites shrink its effect on the means in "
-        "proportion to their size.",
+        "in one cluster (ARI 0); at epsilon 10 DWF finds part of the structure (ARI ~0.2). "
+        "Fewer rounds give each round more budget (4 rounds beat 10). Distributed DP "
+        "(`secure-aggregation = true`, each site adding sigma / sqrt(t), t the sites SecAgg+ "
+        "needs to form the sum) cuts the noise in the sum from sigma sqrt(n) to sigma "
+        "sqrt(n / t) at the same epsilon (not run here); larger sites shrink its effect on "
+        "the means in proportion to their size.",
     ]
     text = "\n".join(lines)
     print(text)
