@@ -68,13 +68,12 @@ def bed(tmp_path, numba_cache):
         yield sandbox
 
 
-# The modules that run real Flower processes, longest first. The xdist workers take one
-# module at a time in collection order (pyproject's --no-loadscope-reorder: by default
-# xdist puts the modules with the most tests first, which left these single-test modules
-# to the end, one worker running them alone while the other sat idle).
-# Each worker starts with two modules (xdist's first handout): the gRPC runs and
-# test_deployment on one, the engine runs and test_faults on the other, whose corrupting
-# ClientApp imports the installed fedcluster the engine runs have compiled.
+# The modules that run real Flower processes, longest first, collected before the rest.
+# xdist (with pyproject's --no-loadscope-reorder, which keeps this order instead of
+# putting the modules with the most tests first) hands each worker two modules to start:
+# the gRPC runs and test_deployment to one, the engine runs and test_faults to the other
+# (whose corrupting ClientApp imports the installed fedcluster the engine runs compiled),
+# so the long single-test modules never end the session on one worker alone.
 SLOW_MODULES = ["test_flower_algorithms", "test_flower_engine", "test_deployment", "test_faults",
                 "test_secure_deployment", "test_secure_aggregation", "test_site_policy",
                 "test_parity"]

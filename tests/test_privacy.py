@@ -261,6 +261,21 @@ def test_missing_bounds_warn_and_come_from_a_bounds_round():
         _run(sites, dp_epsilon=5.0, data_bounds="", init_centroids=np.ones((3, 2)))
 
 
+def test_distributed_dp_refuses_a_box_from_the_data_beyond_the_secure_bound():
+    """Without data-bounds the box comes from the bounds round; under distributed DP it
+    must lie within secagg-data-bound (a site clips a term past its scale), so a run
+    whose data reaches past it stops with a reason instead of biasing the sums."""
+    from fedcluster.strategies.base import FederationError
+
+    sites, _ = _blobs()  # values up to about 5
+    secure_dp = dict(dp_epsilon=5.0, data_bounds="", secure_aggregation=True, min_sites=3)
+    with pytest.raises(FederationError, match="beyond secagg-data-bound 3"):
+        _run(sites, secagg_data_bound=3.0, **secure_dp)
+    with pytest.warns(privacy.PrivacyLeakWarning):
+        result = _run(sites, secagg_data_bound=8.0, num_rounds=2, **secure_dp)
+    assert result.metrics["dp-mode"] == "distributed" and result.metrics["dp-bounds-from-data"]
+
+
 def test_noise_is_seeded_in_simulation_and_fresh_entropy_in_deployment():
     from flwr.app import Context, RecordDict
 

@@ -125,7 +125,7 @@ def _distributed_dp_problems(config: "RunConfig") -> list[str]:
     """Why dp-epsilon with secure-aggregation (distributed DP) cannot run: the sites
     must send linear noisy sums, which the server post-processes (README "Differential
     privacy")."""
-    from fedcluster.common.privacy import parse_data_bounds
+    from fedcluster.common.privacy import box_within, parse_data_bounds
 
     problems = []
     if config.algorithm == "ewf":
@@ -135,7 +135,7 @@ def _distributed_dp_problems(config: "RunConfig") -> list[str]:
                         "that voids the distributed guarantee)")
     box = parse_data_bounds(config.data_bounds)
     bound = config.secagg_data_bound  # 0: missing, which the secure-aggregation check names
-    if box is not None and bound > 0 and max(abs(box[0]).max(), abs(box[1]).max()) > bound:
+    if box is not None and bound > 0 and not box_within(*box, bound):
         problems.append("key 'data-bounds' must lie within [-secagg-data-bound, "
                         "secagg-data-bound] under dp-epsilon with secure-aggregation (the "
                         "agreed scales of the secure sums come from that bound); raise "

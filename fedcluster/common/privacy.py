@@ -109,6 +109,14 @@ def bounds_for(bounds: tuple[np.ndarray, np.ndarray], n_features: int) -> tuple[
     return lo, hi
 
 
+def box_within(lo: np.ndarray, hi: np.ndarray, bound: float) -> bool:
+    """Whether the box lies within [-bound, bound] in every feature. Under distributed
+    DP it must: the secure sums' agreed scales come from ``secagg-data-bound``, and a
+    site clips (rather than refuses) a term past its scale, which would bias the sum
+    silently if the noiseless terms could reach past it."""
+    return max(float(np.max(np.abs(lo))), float(np.max(np.abs(hi)))) <= bound
+
+
 def clip_rows(X: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Each value clipped into its feature's range (a new float64 array)."""
     return np.clip(np.asarray(X, dtype=np.float64), lo, hi)
@@ -268,6 +276,18 @@ def release_means(
     centre = (lo + hi) / 2.0
     out[has] = np.clip(noisy_centred_sums[has] / counts[has, None] + centre, lo, hi)
     return out
+
+
+def evaluation_reply(counts: np.ndarray, sse: float, n_features: int,
+                     hidden: np.ndarray | None = None) -> tuple[list[np.ndarray], dict]:
+    """The (arrays, metrics) of a DP evaluation reply, in the layout of the plain one
+    (``tasks.evaluate``): ``counts``, zero sums and squared norms (not released under
+    DP), the ``hidden`` flags (zeros when not given), ``sse`` and a zero silhouette sum.
+    A local-DP site and the server's release of a distributed-DP sum both use it."""
+    k = len(counts)
+    flags = np.zeros(k, dtype=np.int64) if hidden is None else np.asarray(hidden, dtype=np.int64)
+    return ([counts, np.zeros((k, n_features)), np.zeros(k), flags],
+            {"sse": float(sse), "silhouette-sum": 0.0})
 
 
 def evaluation_sigmas(lo: np.ndarray, hi: np.ndarray, rho: float) -> tuple[float, float, float]:

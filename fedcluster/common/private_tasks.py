@@ -47,7 +47,7 @@ import numpy as np
 from fedcluster import secure
 from fedcluster.common import kernels, privacy
 from fedcluster.common.data import SiteData
-from fedcluster.common.tasks import TaskError, TaskReply, _centroids, _param
+from fedcluster.common.tasks import TaskError, TaskReply, received_centroids, task_param
 
 #: Tasks a site runs under DP; the others are refused.
 DP_TASKS = ("describe", "bounds", "lloyd", "evaluate", "evaluate_distances")
@@ -73,8 +73,8 @@ def task_privacy(params: dict, n_features: int) -> SitePrivacy | None:
     """
     if "dp-rho" not in params:
         return None
-    rho = _param(params, "dp-rho", float)
-    share = _param(params, "dp-noise-share", float, default=1.0)
+    rho = task_param(params, "dp-rho", float)
+    share = task_param(params, "dp-noise-share", float, default=1.0)
     if not rho > 0 or not 0 < share <= 1:
         raise TaskError(f"bad DP parameters: dp-rho {rho}, dp-noise-share {share}")
     box = site_bounds(params, n_features)
@@ -96,8 +96,8 @@ def site_bounds(params: dict, n_features: int) -> tuple[np.ndarray, np.ndarray] 
 
 def private_lloyd(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
                   rng: np.random.Generator) -> TaskReply:
-    C = _centroids(arrays, site)
-    local_iters = _param(params, "local-iters", int)
+    C = received_centroids(arrays, site)
+    local_iters = task_param(params, "local-iters", int)
     if local_iters != 1:
         raise TaskError(f"under DP the lloyd task needs local-iters 1, got {local_iters}")
     sums, counts, _ = kernels.lloyd_stats(site.X, C)
@@ -113,7 +113,7 @@ def private_lloyd(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
 
 def private_evaluate(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
                      rng: np.random.Generator) -> TaskReply:
-    C = _centroids(arrays, site)
+    C = received_centroids(arrays, site)
     k = C.shape[0]
     labels, sq_dist = kernels.assign(site.X, C)
     sigma_counts, sigma_sse, cap = privacy.evaluation_sigmas(dp.lo, dp.hi, dp.rho)
@@ -121,21 +121,17 @@ def private_evaluate(site: SiteData, arrays, params, floor: int, dp: SitePrivacy
     sse = float(np.minimum(sq_dist, cap).sum())
     noisy_counts = counts + rng.normal(0.0, dp.noise_share * sigma_counts, size=k)
     noisy_sse = sse + rng.normal(0.0, dp.noise_share * sigma_sse)
-    nothing = [np.zeros((k, site.n_features)), np.zeros(k)]  # sums, squared norms: not sent
     if secure.SECURE_PARAM in params:  # distributed DP: linear, the server post-processes
-        return TaskReply(arrays=[noisy_counts, *nothing, np.zeros(k)],
-                         metrics={"sse": noisy_sse, "silhouette-sum": 0.0})
+        return TaskReply(*privacy.evaluation_reply(noisy_counts, noisy_sse, site.n_features))
     released = privacy.release_counts(noisy_counts, site.n_rows, floor)
     hidden = (released == 0) & (np.rint(noisy_counts) >= 1)
-    return TaskReply(
-        arrays=[released, *nothing, hidden.astype(np.int64)],
-        metrics={"sse": max(noisy_sse, 0.0), "silhouette-sum": 0.0},
-    )
+    return TaskReply(*privacy.evaluation_reply(released, max(noisy_sse, 0.0), site.n_features,
+                                               hidden))
 
 
 def private_distances(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
                       rng: np.random.Generator) -> TaskReply:
-    C = _centroids(arrays, site)
+    C = received_centroids(arrays, site)
     return TaskReply(arrays=[np.zeros(C.shape[0])])
 
 

@@ -80,7 +80,9 @@ class TaskError(ValueError):
     """The server asked for something this site cannot do (bad task or parameters)."""
 
 
-def _param(params: dict, key: str, kind: type, default=None):
+def task_param(params: dict, key: str, kind: type, default=None):
+    """Task parameter ``key`` as ``kind``; ``default`` when absent (a missing parameter
+    without a default, or one that does not convert, is a :class:`TaskError`)."""
     if key not in params:
         if default is None:
             raise TaskError(f"task parameter '{key}' is missing")
@@ -92,7 +94,9 @@ def _param(params: dict, key: str, kind: type, default=None):
         raise TaskError(f"task parameter '{key}' must be {kind.__name__}, got {value!r}") from None
 
 
-def _centroids(arrays: list[np.ndarray], site: SiteData) -> np.ndarray:
+def received_centroids(arrays: list[np.ndarray], site: SiteData) -> np.ndarray:
+    """The server's centroids (the task's first array), checked against this site's
+    width and for finiteness, as a contiguous float64 array."""
     if len(arrays) < 1:
         raise TaskError("the task needs the global centroids as its first array")
     C = np.asarray(arrays[0], dtype=np.float64)
@@ -154,8 +158,8 @@ def bounds(site: SiteData, arrays, params, floor: int) -> TaskReply:
 
 
 def local_kmeans_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    k_local = _param(params, "k-local", int)
-    seed = _param(params, "seed", int)
+    k_local = task_param(params, "k-local", int)
+    seed = task_param(params, "seed", int)
     if k_local < 1:
         raise TaskError(f"task parameter 'k-local' must be >= 1, got {k_local}")
     centroids, counts = local.local_kmeans(site.X, k_local, seed)
@@ -174,9 +178,9 @@ def _continue_lloyd(X, C, sums, counts, local_iters: int, tol: float):
 
 
 def lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    C = _centroids(arrays, site)
-    local_iters = _param(params, "local-iters", int)
-    tol = _param(params, "tol", float)
+    C = received_centroids(arrays, site)
+    local_iters = task_param(params, "local-iters", int)
+    tol = task_param(params, "tol", float)
     if local_iters < 1:
         raise TaskError(f"task parameter 'local-iters' must be >= 1, got {local_iters}")
     # The weights are counted against the RECEIVED centroids (DWF paper, Fig. 1); the
@@ -192,11 +196,11 @@ def lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
 
 
 def minibatch_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    C = _centroids(arrays, site)
-    epochs = _param(params, "epochs", int)
-    batch = _param(params, "batch-size", int)
-    beta = _param(params, "beta", float)
-    seed = _param(params, "seed", int)
+    C = received_centroids(arrays, site)
+    epochs = task_param(params, "epochs", int)
+    batch = task_param(params, "batch-size", int)
+    beta = task_param(params, "beta", float)
+    seed = task_param(params, "seed", int)
     if epochs < 1 or batch < 0 or not 0.0 < beta <= 1.0:
         raise TaskError(f"bad mini-batch parameters: epochs {epochs}, batch-size {batch}, beta {beta}")
     n = site.n_rows
@@ -223,8 +227,8 @@ def _means_of_kept(X: np.ndarray, seeds: np.ndarray, floor: int) -> TaskReply:
 
 
 def kmeanspp_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    k = _param(params, "k-local", int)
-    seed = _param(params, "seed", int)
+    k = task_param(params, "k-local", int)
+    seed = task_param(params, "seed", int)
     method = str(params.get("init", "kmeans++"))
     if k < 1:
         raise TaskError(f"task parameter 'k-local' must be >= 1, got {k}")
@@ -240,9 +244,9 @@ def kmeanspp_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
 
 
 def prune_lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    C = _centroids(arrays, site)
-    local_iters = _param(params, "local-iters", int)
-    tol = _param(params, "tol", float)
+    C = received_centroids(arrays, site)
+    local_iters = task_param(params, "local-iters", int)
+    tol = task_param(params, "tol", float)
     prune = bool(params.get("prune", True))
     if local_iters < 1:
         raise TaskError(f"task parameter 'local-iters' must be >= 1, got {local_iters}")
@@ -261,9 +265,9 @@ def fcm_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     """Local centres after ``local-iters`` fuzzy c-means iterations, and W_j = sum u^m
     against the last centres used. A centre whose hard (argmax) cluster has fewer than
     p members is withheld like a small k-means cluster (W = 0, the received centre)."""
-    C = _centroids(arrays, site)
-    m = _param(params, "fuzzifier", float)
-    local_iters = _param(params, "local-iters", int)
+    C = received_centroids(arrays, site)
+    m = task_param(params, "fuzzifier", float)
+    local_iters = task_param(params, "local-iters", int)
     if not m > 1.0 or local_iters < 1:
         raise TaskError(f"bad fuzzy c-means parameters: fuzzifier {m}, local-iters {local_iters}")
     centres = C.copy()
@@ -286,22 +290,22 @@ def gtv_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     Privacy floor: a cluster with fewer than p local members is updated from its
     neighbours only (kernel), and in round 0 a centroid that no p rows ever moved (still
     a k-means++ seed, i.e. a data row) is replaced by the mean of all local rows."""
-    alpha = _param(params, "alpha", float)
-    local_iters = _param(params, "local-iters", int)
-    tol = _param(params, "tol", float)
+    alpha = task_param(params, "alpha", float)
+    local_iters = task_param(params, "local-iters", int)
+    tol = task_param(params, "tol", float)
     if alpha < 0 or local_iters < 1 or tol < 0:
         raise TaskError(f"bad gtv parameters: alpha {alpha}, local-iters {local_iters}, tol {tol}")
     if site.n_rows < floor:
         raise TaskError(f"this site has {site.n_rows} rows, fewer than the privacy floor {floor}")
     first_round = not arrays
     if first_round:
-        k = _param(params, "n-clusters", int)
+        k = task_param(params, "n-clusters", int)
         if k > site.n_rows:
             raise TaskError(f"k = {k} clusters but this site has only {site.n_rows} rows")
-        W = local.kmeans_plusplus(site.X, k, _param(params, "seed", int)).astype(np.float64)
+        W = local.kmeans_plusplus(site.X, k, task_param(params, "seed", int)).astype(np.float64)
         neighbours = np.zeros((0, k, site.n_features))
     else:
-        W = _centroids(arrays[:1], site).astype(np.float64)
+        W = received_centroids(arrays[:1], site).astype(np.float64)
         neighbours = np.asarray(arrays[1]) if len(arrays) > 1 else np.zeros((0, *W.shape))
         if neighbours.ndim != 3 or neighbours.shape[1:] != W.shape:
             raise TaskError(f"neighbours' centroids of shape {neighbours.shape} do not fit "
@@ -331,7 +335,7 @@ def evaluate_sets_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     if len(arrays) != 1 or np.asarray(arrays[0]).ndim != 3:
         raise TaskError("evaluate_sets needs one (sets, k, d) array")
     sets = np.asarray(arrays[0])
-    sse = np.array([kernels.assign(site.X, _centroids([W], site))[1].sum() for W in sets])
+    sse = np.array([kernels.assign(site.X, received_centroids([W], site))[1].sum() for W in sets])
     return TaskReply(arrays=[sse.astype(np.float64)])
 
 
@@ -370,7 +374,7 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
     """Pass 1 of the exact metrics (see ``common/metrics.py``); clusters and
     contingency cells under the floor are left out (zeros) and flagged ``hidden``, and
     labels with no cell at or above the floor are not named."""
-    C = _centroids(arrays, site)
+    C = received_centroids(arrays, site)
     sums, counts, sqnorms, sse, silhouette = kernels.evaluation_stats(site.X, C)
     # The site's own figures, unfiltered, stay in the site's own log.
     log(logging.INFO, "site %s: score %.6g, cluster sizes %s", site.source,
@@ -384,7 +388,7 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
         metrics={"sse": float(sse), "silhouette-sum": float(silhouette), "floor": int(floor)},
     )
     if "fuzzifier" in params:
-        m = _param(params, "fuzzifier", float)
+        m = task_param(params, "fuzzifier", float)
         if not m > 1.0:
             raise TaskError(f"bad fuzzifier {m} for the fuzzy evaluation")
         all_sq_dist, partition_sum = fuzzy_evaluation_sums(site.X, C, m)
@@ -407,10 +411,10 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
 
 def evaluate_distances(site: SiteData, arrays, params, floor: int) -> TaskReply:
     """Pass 2 (Davies-Bouldin): per cluster of C, the summed distance to the pooled means."""
-    C = _centroids(arrays, site)
+    C = received_centroids(arrays, site)
     if len(arrays) != 2:
         raise TaskError("evaluate_distances needs the centroids and the pooled cluster means")
-    means = _centroids(arrays[1:], site)
+    means = received_centroids(arrays[1:], site)
     distances, counts = kernels.distance_to_means(site.X, C, means)
     distances[counts < floor] = 0.0
     return TaskReply(arrays=[distances])
@@ -447,7 +451,7 @@ def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor:
     name = params.get("task")
     if name not in TASKS:
         raise TaskError(f"unknown task {name!r}; this site knows {sorted(TASKS)}")
-    server_floor = _param(params, "min-cluster-size", int, default=1)
+    server_floor = task_param(params, "min-cluster-size", int, default=1)
     floor = max(server_floor, site_floor, 1)
     if "transform" in params:  # the run's global scaling: the task sees the scaled rows
         try:

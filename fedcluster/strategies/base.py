@@ -30,8 +30,8 @@ harness, Flower's simulation engine and a real deployment give the same numbers.
 
 With ``secure-aggregation`` the train, evaluate and distances rounds run under SecAgg+
 (``fedcluster/secure.py``): the server sends each task with the terms to sum and their
-agreed scales (:meth:`_secure_terms`), gets only the sum, validates it as a whole and
-reduces it as ONE reply standing for the N sites that took part (:meth:`_sum_reply`).
+agreed scales, gets only the sum, validates it as a whole and reduces it as ONE reply
+standing for the N sites that took part (``secure_sum.py``; :meth:`_secure_replies`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from fedcluster import secure
 from fedcluster.common import metrics, scaling
 from fedcluster.common.config import RunConfig
 from fedcluster.common.local import frobenius
-from fedcluster.strategies import private
+from fedcluster.strategies import private, secure_sum
 from fedcluster.strategies.validation import Expect, Reply, ReplyError, validate
 
 
@@ -256,7 +256,7 @@ class ClusteringStrategy(Strategy):
             keys = {s.node_id: s.key for s in usable}
         base = {"task": plan.task, "min-cluster-size": self.config.min_cluster_size, **plan.params}
         if self.config.secure_aggregation and self.phase in secure.SECURE_PHASES:
-            plan.secure = self._secure_terms(plan, [self.sites[k] for k in keys.values()])
+            plan.secure = secure_sum.terms_and_scales(self, plan, [self.sites[k] for k in keys.values()])
             # clip: distributed DP's noise-margin case (secure.encode says why)
             base[secure.SECURE_PARAM] = json.dumps(
                 {"terms": plan.secure[0], "scales": plan.secure[1], "clip": self.config.private})
@@ -323,30 +323,6 @@ class ClusteringStrategy(Strategy):
         return ndarrays_to_parameters(out), {}
 
     # ---------------------------------------------------- secure aggregation
-    def _secure_terms(self, plan: TaskPlan, sites: list[Site]) -> tuple[list[str], list[float]]:
-        """The terms a secure round sums and their agreed scales (``fedcluster.secure``)."""
-        if plan.task not in secure.SECURE_TASKS:
-            raise FederationError(f"task {plan.task} is not a sum; it cannot run under "
-                                  "secure-aggregation")
-        n_max = max((s.n_rows for s in sites), default=1)
-        why = secure.check_protocol_range(len(sites), n_max, self.config.secagg_quantization_range)
-        if why is not None:
-            raise FederationError(f"secure aggregation: {why}")
-        batch = self.config.batch_size
-        names = secure.term_names(
-            plan.task,
-            dynamic=getattr(self, "dynamic", True),
-            fuzzy_eval="fuzzifier" in plan.params,
-            # under DP a training round sends no SSE (README "Differential privacy")
-            with_sse=(plan.task == "lloyd" and not self.config.private) or (
-                plan.task == "minibatch" and (
-                    batch == 0 or batch >= min((s.n_rows for s in sites), default=0))),
-        )
-        means = plan.arrays[1] if plan.task == "evaluate_distances" else None
-        scales = secure.term_bounds(names, np.asarray(plan.arrays[0]),
-                                    self.config.secagg_data_bound, n_max, means)
-        return names, private.secure_scales(self, plan.task, names, scales, len(sites))
-
     def _secure_replies(self, server_round: int, plan: TaskPlan, keys: dict[int, str], results,
                         failures, failed) -> list[Reply]:
         """The decoded sum of a secure round as ONE reply standing for its N sites (the
@@ -373,7 +349,7 @@ class ClusteringStrategy(Strategy):
         aggregate = parameters_to_ndarrays(results[0][1].parameters)
         try:
             sums = secure.decode(aggregate, names, scales, n_sites)
-            reply = self._sum_reply(plan, sums, n_sites, n_rows)
+            reply = secure_sum.sum_reply(self, plan, sums, n_sites, n_rows)
         except ReplyError as err:
             reason = f"secure sum of sites {', '.join(sorted(contributors, key=site_order))}: {err}"
             failed.append(reason)
@@ -383,56 +359,6 @@ class ClusteringStrategy(Strategy):
             failed.append(f"secure sum: {err}")
             return []
         return [reply]
-
-    def _sum_reply(self, plan: TaskPlan, sums: dict, n_sites: int, n_rows: int) -> Reply:
-        self._check_sum(sums, n_rows)
-        if self.config.private:  # distributed DP: the noisy sum is post-processed here
-            arrays, metrics_out = private.release_sum(
-                plan.task, sums, n_rows, self.config.min_cluster_size, self.box,
-                np.asarray(plan.arrays[0], dtype=np.float64))
-            return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)
-        k = self.k
-        for name in ("w-int", "counts", "hidden"):
-            if name in sums and (np.any(sums[name] < 0) or np.any(sums[name] > n_rows)):
-                raise ReplyError(f"term {name} is outside [0, {n_rows}]")
-        metrics_out = {key: float(sums[key][0]) for key in
-                       ("sse", "silhouette-sum", "all-sq-dist", "partition-sum") if key in sums}
-        if plan.task in ("lloyd", "minibatch", "fcm"):
-            C = np.asarray(plan.arrays[0], dtype=np.float64)
-            if "c" in sums:  # EWF: the plain mean of the sites' centroids
-                local, weights = sums["c"] / n_sites, np.zeros(k)
-            else:
-                weights = sums["w-int"] if "w-int" in sums else sums["w"]
-                # A fuzzy weight within the quantisation error of 0 counts as 0.
-                noise = 0.0 if "w-int" in sums else secure.quantisation_error(
-                    plan.secure[1][plan.secure[0].index("w")], n_sites,
-                    self.config.secagg_quantization_range)
-                has = weights > noise
-                local = C.copy()
-                local[has] = sums["wc"][has] / weights[has, None]
-                weights = np.where(has, weights, 0.0)
-            arrays = [local, weights]
-        elif plan.task == "evaluate":
-            arrays = [sums["counts"].astype(np.int64), sums["sums"], sums["sqnorms"],
-                      sums["hidden"].astype(np.int64)]
-        else:
-            arrays = [sums["distances"]]
-        return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)
-
-    def _check_sum(self, sums: dict, n_rows: int) -> None:
-        """A decoded sum's entries are finite, its terms of the expected shapes, and its
-        row count that of the contributing sites (ReplyError otherwise)."""
-        k, d = self.k, self.n_features
-        for name, value in sums.items():
-            if not np.all(np.isfinite(value)):
-                raise ReplyError(f"term {name} is not finite")
-        if int(sums["n"][0]) != n_rows:
-            raise ReplyError(f"the sites' rows sum to {int(sums['n'][0])}, but they declared {n_rows}")
-        expect = {"wc": (k, d), "c": (k, d), "w": (k,), "w-int": (k,), "counts": (k,),
-                  "sums": (k, d), "sqnorms": (k,), "hidden": (k,), "distances": (k,)}
-        for name, shape in expect.items():
-            if name in sums and sums[name].shape != shape:
-                raise ReplyError(f"term {name} has shape {sums[name].shape}, expected {shape}")
 
     def configure_evaluate(self, server_round, parameters, client_manager):
         return []  # evaluation is a fit-round task (see module docstring)

@@ -63,7 +63,7 @@ class KFedOrRandomInit:
         mins = np.stack([r.arrays[0] for r in replies])
         maxs = np.stack([r.arrays[1] for r in replies])
         if self.config.private and self.box is None:
-            self.box, self.bounds_from_data = private.box_from_data(mins, maxs), True
+            self.box, self.bounds_from_data = private.box_from_data(self.config, mins, maxs), True
         return bounding_box_init(mins, maxs, self.k, self.seed)
 
 

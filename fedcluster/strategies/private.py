@@ -65,12 +65,28 @@ def declared_box(config: RunConfig, n_features: int) -> tuple[np.ndarray, np.nda
         raise FederationError(f"run-config key 'data-bounds' {err}") from None
 
 
-def box_from_data(mins: np.ndarray, maxs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def box_from_data(config: RunConfig, mins: np.ndarray,
+                  maxs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The box of the sites' own minima and maxima, with the leak warned about. A
     feature whose range is a single value gets a width of 1 (the box must have
-    positive width for the means to be clipped into it)."""
+    positive width for the means to be clipped into it).
+
+    Raises
+    ------
+    FederationError
+        Under distributed DP, when the box does not lie within [-secagg-data-bound,
+        secagg-data-bound] (``privacy.box_within``; a declared box is checked with the
+        run config).
+    """
     lo, hi = np.min(mins, axis=0), np.max(maxs, axis=0)
     hi = np.where(hi > lo, hi, lo + 1.0)
+    bound = config.secagg_data_bound
+    if config.secure_aggregation and not privacy.box_within(lo, hi, bound):
+        from fedcluster.strategies.base import FederationError
+
+        raise FederationError(f"the sites' data (the clipping box from the bounds round) reaches "
+                              f"beyond secagg-data-bound {bound:g}; raise 'secagg-data-bound' "
+                              f"or give data-bounds")
     message = ("dp-epsilon without data-bounds: the clipping box was computed from the sites' "
                "data (their per-feature minima and maxima, sent without noise), which leaks "
                "privacy outside the DP guarantee; give data-bounds from domain knowledge")
@@ -131,24 +147,11 @@ def secure_scales(strategy, task: str, names: list[str], scales: list[float],
                   n_sites: int) -> list[float]:
     """The agreed scales of a secure round, under distributed DP widened by
     ``secure.NOISE_MARGIN`` standard deviations of one site's share of the noise (a
-    site's noisy term exceeds its data bound by the noise), unchanged otherwise.
-
-    Raises
-    ------
-    FederationError
-        When the clipping box does not lie within [-secagg-data-bound,
-        secagg-data-bound]: the noiseless terms could then exceed their scales, and a
-        site under DP clips instead of refusing (``secure.encode``), which would bias
-        the sum silently.
-    """
+    site's noisy term exceeds its data bound by the noise), unchanged otherwise. The box
+    lies within the data bound (checked once, when it is set: the run config for
+    ``data-bounds``, ``box_from_data`` for a box from the data)."""
     if not strategy.config.private:
         return scales
-    bound = strategy.config.secagg_data_bound
-    if float(np.max(np.abs(strategy.box))) > bound:
-        from fedcluster.strategies.base import FederationError
-
-        raise FederationError(f"the clipping box (data-bounds) reaches beyond "
-                              f"secagg-data-bound {bound:g}; raise 'secagg-data-bound'")
     sigmas = noise_sigmas(task, strategy.box, strategy.dp_rho_round)
     margin = secure.NOISE_MARGIN * noise_share(strategy.config, n_sites)
     return [scale + margin * sigmas.get(name, 0.0) for name, scale in zip(names, scales)]
@@ -168,9 +171,8 @@ def release_sum(task: str, sums: dict, n_rows: int, floor: int, box,
         return [privacy.release_means(sums["wc"], counts, *box, centroids), counts], {}
     if task == "evaluate":
         counts = privacy.release_counts(sums["counts"], n_rows, floor)
-        k, d = np.shape(centroids)
-        arrays = [counts, np.zeros((k, d)), np.zeros(k), np.zeros(k, dtype=np.int64)]
-        return arrays, {"sse": max(float(sums["sse"][0]), 0.0), "silhouette-sum": 0.0}
+        return privacy.evaluation_reply(counts, max(float(sums["sse"][0]), 0.0),
+                                        np.shape(centroids)[1])
     return [sums["distances"]], {}
 
 

@@ -1,0 +1,110 @@
+"""The server's side of secure aggregation: what a secure round sums, and the decoded
+sum made into one reply (README "Secure aggregation"; the sites' side and the encoding
+are in ``fedcluster/secure.py``).
+
+A secure round sends each task with the terms to sum and their agreed scales
+(:func:`terms_and_scales`). SecAgg+ hands the server the SUM only, so a site's reply
+cannot be validated on its own: the aggregate is checked as a whole
+(:func:`check_sum`: finite, shapes, the row total equal to what the contributing sites
+declared) and becomes ONE reply standing for the N sites that took part
+(:func:`sum_reply`), which the strategies then reduce unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcluster import secure
+from fedcluster.strategies import private
+from fedcluster.strategies.validation import Reply, ReplyError
+
+
+def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
+    """The terms a secure round of ``plan`` over ``sites`` sums, and their agreed scales
+    (``secure.term_bounds``; under distributed DP widened by ``private.secure_scales``).
+
+    Raises
+    ------
+    FederationError
+        For a task that is not a sum, or a federation beyond the protocol's range
+        (``secure.check_protocol_range``).
+    """
+    from fedcluster.strategies.base import FederationError
+
+    config = strategy.config
+    if plan.task not in secure.SECURE_TASKS:
+        raise FederationError(f"task {plan.task} is not a sum; it cannot run under "
+                              "secure-aggregation")
+    n_max = max((s.n_rows for s in sites), default=1)
+    why = secure.check_protocol_range(len(sites), n_max, config.secagg_quantization_range)
+    if why is not None:
+        raise FederationError(f"secure aggregation: {why}")
+    batch = config.batch_size
+    names = secure.term_names(
+        plan.task,
+        dynamic=getattr(strategy, "dynamic", True),
+        fuzzy_eval="fuzzifier" in plan.params,
+        # under DP a training round sends no SSE (README "Differential privacy")
+        with_sse=(plan.task == "lloyd" and not config.private) or (
+            plan.task == "minibatch" and (
+                batch == 0 or batch >= min((s.n_rows for s in sites), default=0))),
+    )
+    means = plan.arrays[1] if plan.task == "evaluate_distances" else None
+    scales = secure.term_bounds(names, np.asarray(plan.arrays[0]), config.secagg_data_bound,
+                                n_max, means)
+    return names, private.secure_scales(strategy, plan.task, names, scales, len(sites))
+
+
+def check_sum(sums: dict, n_rows: int, k: int, d: int) -> None:
+    """A decoded sum's entries are finite, its terms of the expected shapes, and its
+    row count that of the contributing sites (ReplyError otherwise)."""
+    for name, value in sums.items():
+        if not np.all(np.isfinite(value)):
+            raise ReplyError(f"term {name} is not finite")
+    if int(sums["n"][0]) != n_rows:
+        raise ReplyError(f"the sites' rows sum to {int(sums['n'][0])}, but they declared {n_rows}")
+    expect = {"wc": (k, d), "c": (k, d), "w": (k,), "w-int": (k,), "counts": (k,),
+              "sums": (k, d), "sqnorms": (k,), "hidden": (k,), "distances": (k,)}
+    for name, shape in expect.items():
+        if name in sums and sums[name].shape != shape:
+            raise ReplyError(f"term {name} has shape {sums[name].shape}, expected {shape}")
+
+
+def sum_reply(strategy, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
+    """The reply that stands for a secure round's decoded ``sums`` over ``n_sites``
+    sites with ``n_rows`` rows, in the layout of one site's plain reply (ReplyError
+    when the sum does not validate). Under distributed DP the noisy sum is
+    post-processed here (``private.release_sum``)."""
+    config, k = strategy.config, strategy.k
+    check_sum(sums, n_rows, k, strategy.n_features)
+    if config.private:
+        arrays, metrics_out = private.release_sum(
+            plan.task, sums, n_rows, config.min_cluster_size, strategy.box,
+            np.asarray(plan.arrays[0], dtype=np.float64))
+        return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)
+    for name in ("w-int", "counts", "hidden"):
+        if name in sums and (np.any(sums[name] < 0) or np.any(sums[name] > n_rows)):
+            raise ReplyError(f"term {name} is outside [0, {n_rows}]")
+    metrics_out = {key: float(sums[key][0]) for key in
+                   ("sse", "silhouette-sum", "all-sq-dist", "partition-sum") if key in sums}
+    if plan.task in ("lloyd", "minibatch", "fcm"):
+        C = np.asarray(plan.arrays[0], dtype=np.float64)
+        if "c" in sums:  # EWF: the plain mean of the sites' centroids
+            local, weights = sums["c"] / n_sites, np.zeros(k)
+        else:
+            weights = sums["w-int"] if "w-int" in sums else sums["w"]
+            # A fuzzy weight within the quantisation error of 0 counts as 0.
+            noise = 0.0 if "w-int" in sums else secure.quantisation_error(
+                plan.secure[1][plan.secure[0].index("w")], n_sites,
+                config.secagg_quantization_range)
+            has = weights > noise
+            local = C.copy()
+            local[has] = sums["wc"][has] / weights[has, None]
+            weights = np.where(has, weights, 0.0)
+        arrays = [local, weights]
+    elif plan.task == "evaluate":
+        arrays = [sums["counts"].astype(np.int64), sums["sums"], sums["sqnorms"],
+                  sums["hidden"].astype(np.int64)]
+    else:
+        arrays = [sums["distances"]]
+    return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)
