@@ -107,6 +107,10 @@ def _array_problems(task: str, arrays: list[np.ndarray], n_rows: int, views, flo
             yield f"count array {i} has entries under the floor {floor}: {a.ravel().tolist()}"
         if i in flags and not np.isin(a, (0, 1)).all():
             yield f"flag array {i} holds values other than 0/1"
+        if i in flags and floor > 1 and not np.array_equal(a != 0, np.asarray(arrays[0]) == 0):
+            # A flag that sets a withheld cluster (1..p-1 members) apart from an empty
+            # one would say which clusters the site holds a few rows of.
+            yield f"flag array {i} says more than the zero counts: {a.ravel().tolist()}"
         if a.dtype.kind == "f" and a.ndim >= 1 and a.shape[-1] == D and _holds_a_row(a, views):
             yield f"array {i} {a.shape} contains one of the site's data rows"
 

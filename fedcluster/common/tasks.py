@@ -371,15 +371,19 @@ def fuzzy_evaluation_sums(X: np.ndarray, C: np.ndarray, m: float) -> tuple[float
 
 
 def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    """Pass 1 of the exact metrics (see ``common/metrics.py``); clusters and
-    contingency cells under the floor are left out (zeros) and flagged ``hidden``, and
-    labels with no cell at or above the floor are not named."""
+    """Pass 1 of the exact metrics (see ``common/metrics.py``); clusters under the floor
+    (empty ones included) are left out (zeros) and flagged ``hidden``, contingency cells
+    under it are left out, and labels with no cell at or above the floor are not named."""
     C = received_centroids(arrays, site)
     sums, counts, sqnorms, sse, silhouette = kernels.evaluation_stats(site.X, C)
     # The site's own figures, unfiltered, stay in the site's own log.
     log(logging.INFO, "site %s: score %.6g, cluster sizes %s", site.source,
         sse / site.n_rows, counts.tolist())
-    hidden = (counts > 0) & (counts < floor)
+    # Every cluster under the floor is flagged, an empty one too: flagging only those of
+    # 1..p-1 members would tell the server which clusters the site holds a few rows of.
+    # The flag then says no more than the zero count (it exists so that the report can
+    # say "<p" rather than 0).
+    hidden = counts < floor if floor > 1 else np.zeros(counts.shape, dtype=bool)
     counts[hidden], sums[hidden], sqnorms[hidden] = 0, 0.0, 0.0
     reply = TaskReply(
         arrays=[counts, sums, sqnorms, hidden.astype(np.int64)],
