@@ -162,11 +162,19 @@ class SiteClient(NumPyClient):
             return arrays, secure.WEIGHT, {"site-key": self.key}
         metrics = dict(reply.metrics)
         metrics["site-key"] = self.key
+        if self.node.max_rounds is not None and task != "describe":
+            # The site's own count (a policy figure, not data), which the server follows
+            # (under SecAgg+ the server counts the rounds itself).
+            metrics["rounds-left"] = (self.node.max_rounds
+                                      - site_policy.rounds_answered(self.state, self.run_id))
         if task == "describe":
             metrics.update(self._provenance)
             # Whether the site key is stable (site-id or partition-id) or a node id.
             metrics["site-id-given"] = (
                 self.node.site_id is not None or self.node.partition_id is not None)
+            if self.node.max_rounds is not None:
+                # A policy, not data: the server then stops asking once it is reached.
+                metrics["max-rounds"] = self.node.max_rounds
         return reply.arrays, site.n_rows, metrics
 
 

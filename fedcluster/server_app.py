@@ -192,6 +192,9 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
         "per-site": best["per-site"],
         "rejected-sites": dict(strategy.rejected),
         "site-failures": {key: list(v) for key, v in strategy.site_failures.items()},
+        # Sites that answered as many task rounds as their own policy allows.
+        "sites-at-max-rounds": {site.key: site.max_rounds for site in strategy.ordered_sites()
+                                if site.at_limit},
         **private.accounting(config, strategy.history, strategy.box, strategy.bounds_from_data),
     }
     if central is not None:

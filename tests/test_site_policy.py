@@ -18,7 +18,7 @@ from flwr.common.serde import context_from_proto, context_to_proto
 
 import fedcluster
 from fedcluster.common import site_policy
-from fedcluster.common.config import ConfigError, parse_node_config
+from fedcluster.common.config import ConfigError, parse_node_config, parse_run_config
 from fedcluster.simulation import run_in_process, site_nodes
 from test_deployment import write_site_csv
 
@@ -107,15 +107,52 @@ def _policy_run(policies: dict[int, dict], config: dict):
 
 def test_max_rounds_counts_answered_task_rounds_in_process():
     result = _policy_run({1: {"max-rounds": 2}}, CONFIG)
-    answered = [(h["task"], h["sites-answered"]) for h in result.history]
-    # describe (not counted), bounds + one lloyd answered by all, then site 1 stops
-    assert answered == [("describe", 3), ("bounds", 3), ("lloyd", 3), ("lloyd", 2),
-                        ("evaluate", 2), ("evaluate_distances", 2)]
-    failures = result.metrics["site-failures"]
-    assert list(failures) == ["1"]
-    assert len(failures["1"]) == 3
-    assert all("site policy max-rounds=2 reached" in event for event in failures["1"])
+    rounds = [(h["task"], h["sites-asked"], h["sites-answered"]) for h in result.history]
+    # describe (not counted), bounds + one lloyd answered by all; site 1 declared its
+    # limit, so the server does not ask it after that (no refusals, no failures)
+    assert rounds == [("describe", 3, 3), ("bounds", 3, 3), ("lloyd", 3, 3), ("lloyd", 2, 2),
+                      ("evaluate", 2, 2), ("evaluate_distances", 2, 2)]
+    assert result.metrics["site-failures"] == {}
+    assert result.metrics["sites-at-max-rounds"] == {"1": 2}
     assert sorted(result.metrics["per-site"]) == ["0", "2"]
+
+
+def test_a_site_at_its_limit_that_is_still_asked_refuses():
+    """The site enforces its limit whatever the server does: a server that ignores the
+    declared max-rounds (here: it forgets its count every round) gets refusals, recorded
+    under site-failures."""
+    from fedcluster.strategies import base
+
+    at_limit = base.Site.at_limit
+    base.Site.at_limit = property(lambda site: False)
+    try:
+        result = _policy_run({1: {"max-rounds": 2}}, CONFIG)
+    finally:
+        base.Site.at_limit = at_limit
+    failures = result.metrics["site-failures"]
+    assert list(failures) == ["1"] and len(failures["1"]) == 3
+    assert all("site policy max-rounds=2 reached" in event for event in failures["1"])
+    assert [h["sites-answered"] for h in result.history] == [3, 3, 3, 2, 2, 2]
+
+
+def test_the_server_follows_the_sites_own_count():
+    """rounds-left (the site's count) sets the server's; a reply without a valid one
+    counts as one more round; describe never counts."""
+    from fedcluster.strategies.base import Site
+    from fedcluster.strategies import make_strategy
+
+    strategy = make_strategy(parse_run_config({"algorithm": "dwf", "n-clusters": 2}))
+    strategy.sites = {"a": Site("a", 1, 10, 2, [], {}, max_rounds=5),
+                      "b": Site("b", 2, 10, 2, [], {})}
+    strategy._count_answer("a", "describe", 4)
+    assert strategy.sites["a"].rounds_answered == 0
+    strategy._count_answer("a", "lloyd", 2)  # the site counted 3 (a reply lost earlier)
+    assert strategy.sites["a"].rounds_answered == 3 and not strategy.sites["a"].at_limit
+    for bad in (None, -1, 5, "1", 2.0):
+        strategy._count_answer("a", "lloyd", bad)
+    assert strategy.sites["a"].rounds_answered == 8 and strategy.sites["a"].at_limit
+    strategy._count_answer("b", "lloyd", None)
+    assert strategy.sites["b"].rounds_answered == 1 and not strategy.sites["b"].at_limit
 
 
 def test_allowed_algorithm_runs_and_refused_one_is_rejected_in_process():
@@ -160,17 +197,16 @@ def test_site_policies_on_real_site_processes(bed, tmp_path):
     rejected, failures = model.metrics["rejected-sites"], model.metrics["site-failures"]
     assert list(rejected) == ["2"]
     assert "site policy allow-algorithms=fkm refuses algorithm 'dwf'" in rejected["2"]
-    # Site 1 answered bounds and the first lloyd round, then refused the rest: the
-    # count persisted across the fresh ClientApp process of every message.
-    assert sorted(failures) == ["1", "2"]
-    assert len(failures["1"]) == 3, failures["1"]
-    assert all("site policy max-rounds=2 reached" in event for event in failures["1"])
-    assert re.match(r"round 4 \(lloyd\)", failures["1"][0]), failures["1"]
+    # Site 1 answered bounds and the first lloyd round; it declared its limit, so the
+    # server did not ask it after that. The server follows the site's own count
+    # (rounds-left), so had the count not persisted across the fresh ClientApp process
+    # of every message, site 1 would have been asked (and answered) every round.
+    assert sorted(failures) == ["2"] and model.metrics["sites-at-max-rounds"] == {"1": 2}
     assert [h["sites-answered"] for h in model.history] == [2, 2, 2, 1, 1, 1]
+    assert [h["sites-asked"] for h in model.history] == [3, 2, 2, 1, 1, 1]
     assert sorted(model.metrics["per-site"]) == ["0"]
-    # each refusing site says so in its own log (its ClientApp processes log there)
-    assert re.search(r"ERROR.*site 1: task lloyd refused: site policy max-rounds=2 reached",
-                     procs["supernode-1"].log_text())
+    # the refusing site says so in its own log (its ClientApp processes log there)
+    assert "refused" not in procs["supernode-1"].log_text()
     assert re.search(r"ERROR.*site 2: task describe refused: site policy allow-algorithms=fkm "
                      r"refuses algorithm 'dwf'", procs["supernode-2"].log_text())
     assert "refused" not in procs["supernode-0"].log_text()

@@ -97,6 +97,9 @@ def summary_table(metrics: dict) -> str:
             lines.append(f"    ... {len(per_site) - MAX_SITE_LINES} more in model.json")
     for key, reason in metrics.get("rejected-sites", {}).items():
         lines.append(f"  rejected site {key}: {reason}")
+    for key, limit in metrics.get("sites-at-max-rounds", {}).items():
+        lines.append(f"  site {key} answered its max-rounds={limit} task rounds (its own policy) "
+                     "and was not asked after that")
     for key, events in metrics.get("site-failures", {}).items():
         lines.append(f"  site {key} failed {len(events)} time(s); first: {events[0]}; "
                      f"last: {events[-1]}")

@@ -10,8 +10,11 @@
     discloses aggregates of the rows; ``describe`` discloses only the number of rows
     and the width, and counting it would let a site be admitted that then answers
     nothing). Only answered tasks count; once N are answered, every later task of the
-    run is refused (the server records it under ``site-failures`` and goes on without
-    the site). A new run (a resumed run included) starts a new count.
+    run is refused. The site declares N in its describe reply (a policy, not data), so
+    the server counts the rounds too and stops asking it (``sites-at-max-rounds`` in
+    the model); a task that still reaches the site (a reply the server never got)
+    is refused and recorded under ``site-failures``. A new run (a resumed run
+    included) starts a new count.
 
 The ``min-cluster-size`` floor is the third site policy; it is applied in
 ``common/tasks.py``.

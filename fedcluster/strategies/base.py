@@ -80,6 +80,15 @@ class Site:
     n_features: int
     feature_names: list[str]
     provenance: dict
+    # The site's own policy max-rounds (None: no limit), and the counted task rounds it
+    # has answered in this run (every task but describe, as the site counts them:
+    # common/site_policy.py). A site at its limit is not asked again.
+    max_rounds: int | None = None
+    rounds_answered: int = 0
+
+    @property
+    def at_limit(self) -> bool:
+        return self.max_rounds is not None and self.rounds_answered >= self.max_rounds
 
 
 @dataclass
@@ -249,7 +258,8 @@ class ClusteringStrategy(Strategy):
             keys = {node_id: "" for node_id in targets}
         else:
             plan = self._plan_for_phase()
-            usable = [s for s in self.ordered_sites() if str(s.node_id) in available]
+            usable = [s for s in self.ordered_sites()
+                      if str(s.node_id) in available and not s.at_limit]
             if plan.sample:
                 usable = self._sample(usable)
             targets = {s.node_id: available[str(s.node_id)] for s in usable}
@@ -291,6 +301,8 @@ class ClusteringStrategy(Strategy):
             node_id = int(proxy.node_id)
             metrics = dict(res.metrics)
             key = str(metrics.get("site-key", keys.get(node_id) or f"node-{node_id}"))
+            if "error" not in metrics and keys.get(node_id) == key:
+                self._count_answer(key, plan.task, metrics.get("rounds-left"))
             arrays = parameters_to_ndarrays(res.parameters)
             try:
                 reply = self._validate(plan, node_id, key, keys, arrays, metrics, res.num_examples)
@@ -333,6 +345,8 @@ class ClusteringStrategy(Strategy):
         contributed, the row total equal to theirs); a site that sends bad values makes
         the whole round unusable, and cannot be named."""
         contributors = [keys[int(proxy.node_id)] for proxy, _ in results]
+        for key in contributors:
+            self._count_answer(key, plan.task)
         errors = "; ".join(self._failure_reason(f, keys)[1] for f in failures)
         if errors:
             log(logging.WARNING, "secure round (%s): SecAgg+ failures: %s", plan.task, errors)
@@ -408,6 +422,23 @@ class ClusteringStrategy(Strategy):
         )
         typed = validate(arrays, metrics, int(n_rows), expect)
         return Reply(key, node_id, int(n_rows), typed, metrics)
+
+    def _count_answer(self, key: str, task: str, rounds_left=None) -> None:
+        """Count a task round site ``key`` answered (as the site counts it: by its own
+        ``rounds-left`` when the reply carries a valid one, else one more); say so when
+        that reaches the max-rounds of its own policy (it is not asked again)."""
+        site = self.sites.get(key)
+        if site is None or task == "describe":
+            return
+        before = site.rounds_answered
+        if (site.max_rounds is not None and isinstance(rounds_left, int)
+                and 0 <= rounds_left < site.max_rounds):
+            site.rounds_answered = site.max_rounds - rounds_left
+        else:
+            site.rounds_answered += 1
+        if site.max_rounds is not None and before < site.max_rounds <= site.rounds_answered:
+            log(logging.WARNING, "site %s answered its max-rounds=%d task rounds (its own "
+                "policy); it is not asked again in this run", key, site.max_rounds)
 
     @staticmethod
     def _failure_reason(failure, keys: dict[int, str]) -> tuple[str, str]:
@@ -552,6 +583,7 @@ class ClusteringStrategy(Strategy):
                         for k in ("dataset", "partitioning", "num-partitions")
                         if k in r.metrics
                     },
+                    max_rounds=_declared_max_rounds(r),
                 )
                 continue
             log(logging.ERROR, "site %s rejected: %s", r.site_key, self.rejected[r.site_key])
@@ -575,6 +607,8 @@ class ClusteringStrategy(Strategy):
                           f"{site.n_features} in the checkpointed run")
             else:
                 site.node_id = r.node_id
+                # A resumed run is a new run to the site: its count starts again.
+                site.max_rounds, site.rounds_answered = _declared_max_rounds(r), 0
                 seen.add(r.site_key)
                 continue
             self.rejected[r.site_key] = reason
@@ -654,6 +688,12 @@ class ClusteringStrategy(Strategy):
     def best(self) -> dict:
         """The repetition with the lowest global score."""
         return min(self.repetitions, key=lambda r: r["score"])
+
+
+def _declared_max_rounds(reply: Reply) -> int | None:
+    """The policy max-rounds a site declared in its describe reply (None: no limit)."""
+    value = reply.metrics.get("max-rounds")
+    return None if value is None else int(value)
 
 
 def _site_stats(reply: Reply) -> dict:

@@ -127,6 +127,9 @@ def validate(
         n_features = metrics.get("n-features")
         if not isinstance(n_features, int) or n_features < 1:
             raise ReplyError(f"n-features {n_features!r} is not a positive integer")
+        max_rounds = metrics.get("max-rounds", 1)
+        if not isinstance(max_rounds, int) or isinstance(max_rounds, bool) or max_rounds < 1:
+            raise ReplyError(f"max-rounds {max_rounds!r} is not a positive integer")
         return arrays
 
     if expect.task not in LAYOUT:
