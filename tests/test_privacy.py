@@ -252,6 +252,21 @@ def test_early_stop_spends_less_than_the_budget():
     assert result.metrics["dp-epsilon-spent"] < 1e6
 
 
+def test_a_run_that_sends_minima_and_maxima_warns_and_one_that_does_not_is_silent():
+    """Without DP too: init 'random' without data-bounds runs a bounds round (the
+    sites' per-feature minima and maxima, each one person's value), and says so; with
+    data-bounds, or k-FED's start, nothing of the kind leaves a site and nothing is said."""
+    import warnings
+
+    sites, _ = _blobs()
+    with pytest.warns(privacy.PrivacyLeakWarning, match="init 'random' without data-bounds"):
+        _run(sites, data_bounds="", num_rounds=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", privacy.PrivacyLeakWarning)
+        _run(sites, num_rounds=2)  # data-bounds "0:5": the start is drawn in that box
+        _run(sites, data_bounds="", init="kfed", num_rounds=2)
+
+
 def test_missing_bounds_warn_and_come_from_a_bounds_round():
     sites, _ = _blobs()
     with pytest.warns(privacy.PrivacyLeakWarning, match="without data-bounds"):

@@ -56,8 +56,9 @@ import numpy as np
 
 
 class PrivacyLeakWarning(UserWarning):
-    """Something of the data is disclosed outside the differential-privacy guarantee
-    (diffprivlib's warning of the same name: bounds computed from the data)."""
+    """Single values of the data are disclosed (per-feature minima and maxima, each one
+    person's value), outside the differential-privacy guarantee under DP (diffprivlib's
+    warning of the same name: bounds computed from the data)."""
 
 
 # ----------------------------------------------------------------------- bounds

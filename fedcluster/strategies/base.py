@@ -535,6 +535,9 @@ class ClusteringStrategy(Strategy):
             means, deviations, m2s = zip(*(r.arrays for r in replies))
             self.transform = scaling.standard_transform(counts, means, deviations, m2s)
         else:
+            private.warn_leak("scale 'minmax': the sites sent their per-feature minima and "
+                              "maxima (each one person's value); scale 'standard' sends sums "
+                              "only")
             minima, maxima = zip(*(r.arrays for r in replies))
             self.transform = scaling.minmax_transform(minima, maxima)
 

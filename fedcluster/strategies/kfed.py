@@ -64,6 +64,11 @@ class KFedOrRandomInit:
         maxs = np.stack([r.arrays[1] for r in replies])
         if self.config.private and self.box is None:
             self.box, self.bounds_from_data = private.box_from_data(self.config, mins, maxs), True
+        else:
+            private.warn_leak("init 'random' without data-bounds: the sites sent their "
+                              "per-feature minima and maxima (each one person's value) for the "
+                              "bounding box the start is drawn in; give data-bounds, or use "
+                              "init 'kfed' (aggregates only)")
         return bounding_box_init(mins, maxs, self.k, self.seed)
 
 

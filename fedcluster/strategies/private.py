@@ -87,12 +87,18 @@ def box_from_data(config: RunConfig, mins: np.ndarray,
         raise FederationError(f"the sites' data (the clipping box from the bounds round) reaches "
                               f"beyond secagg-data-bound {bound:g}; raise 'secagg-data-bound' "
                               f"or give data-bounds")
-    message = ("dp-epsilon without data-bounds: the clipping box was computed from the sites' "
-               "data (their per-feature minima and maxima, sent without noise), which leaks "
-               "privacy outside the DP guarantee; give data-bounds from domain knowledge")
-    warnings.warn(message, privacy.PrivacyLeakWarning, stacklevel=2)
-    log(logging.WARNING, "%s", message)
+    warn_leak("dp-epsilon without data-bounds: the clipping box was computed from the sites' "
+              "data (their per-feature minima and maxima, sent without noise), which leaks "
+              "privacy outside the DP guarantee; give data-bounds from domain knowledge")
     return lo, hi
+
+
+def warn_leak(message: str) -> None:
+    """Say that a round disclosed single values of the data (per-feature minima and
+    maxima: each is one person's value): a PrivacyLeakWarning for the caller of
+    ``fedcluster.simulate`` and a warning in the server's log."""
+    warnings.warn(message, privacy.PrivacyLeakWarning, stacklevel=3)
+    log(logging.WARNING, "%s", message)
 
 
 def dp_mode(config: RunConfig) -> str:
