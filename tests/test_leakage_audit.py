@@ -232,6 +232,25 @@ def test_distributed_dp_sends_only_masked_vectors():
     assert audit(replies, SITES, P, LABELS) == []
 
 
+def test_choose_k_leaks_nothing():
+    """A k-range run (every k from 2 to 5 on the same federation, k + 1 warm-started from
+    k's centroids, n-init 2 so that cold starts run too) passes the same audit."""
+    from fedcluster.simulation import serve_in_process, site_nodes
+
+    records: list[dict] = []
+    run_config = {"algorithm": "dwf", "k-range": "2:5", "n-init": 2, "num-rounds": 3,
+                  "tol": 0.0, "seed": 0, "min-sites": 2, "min-cluster-size": P,
+                  "output-dir": ""}
+    with site_nodes(SITES, LABELS) as nodes:
+        record = serve_in_process(nodes, run_config, None, records)
+    per_k = json.loads(str(record["choose-k"]))["per-k"]
+    assert sorted(int(k) for k in per_k) == [2, 3, 4, 5]
+    assert {"describe", "local_kmeans", "lloyd", "evaluate", "evaluate_distances"} <= {
+        rec["task"] for rec in records}
+    assert {rec["metrics"]["site-key"] for rec in records} == {"0", "1", "2", "3"}
+    assert audit(records, SITES, P, LABELS) == []
+
+
 # ------------------------------------------------------- the audit can fail
 
 
