@@ -32,6 +32,16 @@ def assign(X, C) -> tuple[np.ndarray, np.ndarray]:
     return labels.astype(np.int64), d[np.arange(len(d)), labels]
 
 
+def simplified_silhouette(X, C) -> float:
+    """Mean over rows of (b - a) / max(a, b), a and b the distances to the nearest and
+    second nearest centroid (0 for a row where both are 0)."""
+    d = np.sqrt(sq_dists(X, C))
+    d.sort(axis=1)
+    a, b = d[:, 0], d[:, 1]
+    top = np.maximum(a, b)
+    return float(np.mean(np.where(top > 0, (b - a) / np.where(top > 0, top, 1), 0.0)))
+
+
 def lloyd_stats(X, C) -> tuple[np.ndarray, np.ndarray, float]:
     """Per-cluster sums (float64), counts and SSE of the assignment of X to C."""
     X64 = np.asarray(X, dtype=np.float64)

@@ -12,15 +12,9 @@ from fedcluster.cli import main
 from fedcluster.common.config import ConfigError, parse_run_config
 from fedcluster.common.criteria import best_k, cluster_sse, kneedle, split_largest_cluster
 from fedcluster.common.metrics import pool
+from reference import simplified_silhouette
 
 SIPU = Path(__file__).resolve().parent / "data" / "sipu"  # a copy of ../shared/data/sipu/s1.*
-
-
-def simplified_silhouette(X, C):
-    d = np.sqrt(((X[:, None, :] - C[None]) ** 2).sum(-1))
-    d.sort(axis=1)
-    a, b = d[:, 0], d[:, 1]
-    return float(np.mean((b - a) / np.maximum(a, b)))
 
 
 def test_choose_k_finds_15_on_s1_and_its_figures_are_the_pooled_ones():
