@@ -271,7 +271,7 @@ def make_fit_workflow(config, plain_round: Callable) -> Callable:
         rows_before = len(strategy.history)
         secagg(grid, context)
         if len(strategy.history) == rows_before:  # SecAgg+ halted before aggregate_fit
-            from fedcluster.strategies.base import FederationError
+            from fedcluster.strategies.errors import FederationError
 
             log(logging.ERROR, "secure aggregation halted in phase %s", strategy.phase)
             raise FederationError(

@@ -33,7 +33,7 @@ from fedcluster.common.model import Model
 from fedcluster.secure import make_fit_workflow
 from fedcluster.common.outputs import progress_line, summary_table, write_outputs
 from fedcluster.strategies import ClusteringStrategy, FederationError, make_strategy, private
-from fedcluster.strategies.base import SiteFailure
+from fedcluster.strategies.errors import SiteFailure
 
 # Keys of the ServerApp's Context state used by the in-process harness.
 INITIAL_CENTROIDS = "fedcluster.initial-centroids"

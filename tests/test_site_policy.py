@@ -18,7 +18,7 @@ from flwr.common.serde import context_from_proto, context_to_proto
 
 import fedcluster
 from fedcluster.common import site_policy
-from fedcluster.common.config import ConfigError, parse_node_config, parse_run_config
+from fedcluster.common.config import ConfigError, parse_node_config
 from fedcluster.simulation import run_in_process, site_nodes
 from test_deployment import write_site_csv
 
@@ -138,21 +138,19 @@ def test_a_site_at_its_limit_that_is_still_asked_refuses():
 def test_the_server_follows_the_sites_own_count():
     """rounds-left (the site's count) sets the server's; a reply without a valid one
     counts as one more round; describe never counts."""
-    from fedcluster.strategies.base import Site
-    from fedcluster.strategies import make_strategy
+    from fedcluster.strategies.sites import Site, count_answer
 
-    strategy = make_strategy(parse_run_config({"algorithm": "dwf", "n-clusters": 2}))
-    strategy.sites = {"a": Site("a", 1, 10, 2, [], {}, max_rounds=5),
-                      "b": Site("b", 2, 10, 2, [], {})}
-    strategy._count_answer("a", "describe", 4)
-    assert strategy.sites["a"].rounds_answered == 0
-    strategy._count_answer("a", "lloyd", 2)  # the site counted 3 (a reply lost earlier)
-    assert strategy.sites["a"].rounds_answered == 3 and not strategy.sites["a"].at_limit
+    a, b = Site("a", 1, 10, 2, [], {}, max_rounds=5), Site("b", 2, 10, 2, [], {})
+    count_answer(a, "describe", 4)
+    assert a.rounds_answered == 0
+    count_answer(a, "lloyd", 2)  # the site counted 3 (a reply lost earlier)
+    assert a.rounds_answered == 3 and not a.at_limit
     for bad in (None, -1, 5, "1", 2.0):
-        strategy._count_answer("a", "lloyd", bad)
-    assert strategy.sites["a"].rounds_answered == 8 and strategy.sites["a"].at_limit
-    strategy._count_answer("b", "lloyd", None)
-    assert strategy.sites["b"].rounds_answered == 1 and not strategy.sites["b"].at_limit
+        count_answer(a, "lloyd", bad)
+    assert a.rounds_answered == 8 and a.at_limit
+    count_answer(b, "lloyd", None)
+    count_answer(None, "lloyd", 1)  # a key the server does not know: nothing to count
+    assert b.rounds_answered == 1 and not b.at_limit
 
 
 def test_allowed_algorithm_runs_and_refused_one_is_rejected_in_process():

@@ -7,7 +7,7 @@ Every federated round is a Flower fit round carrying a *task* (see
    feature names. A site whose width differs from the majority, whose data cannot be
    loaded, or whose ``site-id`` duplicates another's is rejected with a logged reason
    and the run goes on with the rest (or stops with that reason if fewer than
-   ``min-sites`` remain).
+   ``min-sites`` remain): ``sites.py``.
    With ``scale`` set, a ``stats`` round follows (all usable sites): per-feature
    aggregates give the global transform (``common/scaling.py``), which every later task
    carries so that the sites cluster scaled rows; a site that gives no valid statistics
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,43 +51,10 @@ from fedcluster import secure
 from fedcluster.common import metrics, scaling
 from fedcluster.common.config import RunConfig
 from fedcluster.common.local import frobenius
-from fedcluster.strategies import private, secure_sum
+from fedcluster.strategies import private, secure_sum, sites
+from fedcluster.strategies.errors import FederationError, SiteFailure  # noqa: F401 (re-export)
+from fedcluster.strategies.sites import Site, site_order
 from fedcluster.strategies.validation import Expect, Reply, ReplyError, validate
-
-
-class FederationError(RuntimeError):
-    """The run cannot go on (e.g. fewer than ``min-sites`` usable sites); says why."""
-
-
-class SiteFailure(Exception):
-    """A site that was asked gave no usable reply (no reply in time, an error message);
-    the strategy names it by its site id."""
-
-    def __init__(self, node_id: int, reason: str) -> None:
-        super().__init__(f"node {node_id}: {reason}")
-        self.node_id = int(node_id)
-        self.reason = reason
-
-
-@dataclass
-class Site:
-    """What the server knows of a site: what it declared in the describe round."""
-
-    key: str
-    node_id: int
-    n_rows: int
-    n_features: int
-    feature_names: list[str]
-    provenance: dict
-    # The site's own policy max-rounds (None: no limit), and the counted task rounds it
-    # has answered in this run (every task but describe, as the site counts them:
-    # common/site_policy.py). A site at its limit is not asked again.
-    max_rounds: int | None = None
-    rounds_answered: int = 0
-
-    @property
-    def at_limit(self) -> bool:
-        return self.max_rounds is not None and self.rounds_answered >= self.max_rounds
 
 
 @dataclass
@@ -110,11 +76,6 @@ class TaskPlan:
     # Secure aggregation: the terms the sites encode and their agreed scales (set by
     # configure_fit for a secure round; None: a plain round).
     secure: tuple[list[str], list[float]] | None = None
-
-
-def site_order(key: str) -> tuple:
-    """Sort numeric site keys numerically, then the rest by name."""
-    return (0, int(key), "") if key.isdigit() else (1, 0, key)
 
 
 class ClusteringStrategy(Strategy):
@@ -204,6 +165,10 @@ class ClusteringStrategy(Strategy):
         interim = config.num_rounds // config.eval_every if config.eval_every else 0
         per_repetition = config.num_rounds + interim + 2 + self.extra_rounds_per_repetition
         return 3 + config.n_init * per_repetition
+
+    def admit_sites(self, replies: list[Reply]) -> None:
+        """Admit the sites of the describe round (``sites.admit``); GTV adds its graph."""
+        sites.admit(self, replies)
 
     def begin_resume(self) -> None:
         """Continue a checkpointed run: a describe round first (node ids change when
@@ -302,7 +267,7 @@ class ClusteringStrategy(Strategy):
             metrics = dict(res.metrics)
             key = str(metrics.get("site-key", keys.get(node_id) or f"node-{node_id}"))
             if "error" not in metrics and keys.get(node_id) == key:
-                self._count_answer(key, plan.task, metrics.get("rounds-left"))
+                sites.count_answer(self.sites.get(key), plan.task, metrics.get("rounds-left"))
             arrays = parameters_to_ndarrays(res.parameters)
             try:
                 reply = self._validate(plan, node_id, key, keys, arrays, metrics, res.num_examples)
@@ -346,7 +311,7 @@ class ClusteringStrategy(Strategy):
         the whole round unusable, and cannot be named."""
         contributors = [keys[int(proxy.node_id)] for proxy, _ in results]
         for key in contributors:
-            self._count_answer(key, plan.task)
+            sites.count_answer(self.sites.get(key), plan.task)
         errors = "; ".join(self._failure_reason(f, keys)[1] for f in failures)
         if errors:
             log(logging.WARNING, "secure round (%s): SecAgg+ failures: %s", plan.task, errors)
@@ -423,23 +388,6 @@ class ClusteringStrategy(Strategy):
         typed = validate(arrays, metrics, int(n_rows), expect)
         return Reply(key, node_id, int(n_rows), typed, metrics)
 
-    def _count_answer(self, key: str, task: str, rounds_left=None) -> None:
-        """Count a task round site ``key`` answered (as the site counts it: by its own
-        ``rounds-left`` when the reply carries a valid one, else one more); say so when
-        that reaches the max-rounds of its own policy (it is not asked again)."""
-        site = self.sites.get(key)
-        if site is None or task == "describe":
-            return
-        before = site.rounds_answered
-        if (site.max_rounds is not None and isinstance(rounds_left, int)
-                and 0 <= rounds_left < site.max_rounds):
-            site.rounds_answered = site.max_rounds - rounds_left
-        else:
-            site.rounds_answered += 1
-        if site.max_rounds is not None and before < site.max_rounds <= site.rounds_answered:
-            log(logging.WARNING, "site %s answered its max-rounds=%d task rounds (its own "
-                "policy); it is not asked again in this run", key, site.max_rounds)
-
     @staticmethod
     def _failure_reason(failure, keys: dict[int, str]) -> tuple[str, str]:
         """(site key, reason) of a failed reply."""
@@ -452,13 +400,13 @@ class ClusteringStrategy(Strategy):
 
     def _reduce(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
         if plan.task == "describe" and self._resume_phase is not None:
-            self._readmit_sites(replies)
+            sites.readmit(self, replies)
             self.phase, self._resume_phase = self._resume_phase, None
             log(logging.INFO, "resumed from a checkpoint after round %s, phase %s",
                 self.round_offset, self.phase)
             return {"sites-usable": len(self.sites)}
         if plan.task == "describe":
-            self._admit_sites(replies)
+            self.admit_sites(replies)
             if self.config.scale == "none":
                 self._begin_repetition()
             else:
@@ -559,84 +507,6 @@ class ClusteringStrategy(Strategy):
         self.previous = centroids.copy()
         self.phase = "train" if self.has_training else "evaluate"
 
-    def _admit_sites(self, replies: list[Reply]) -> None:
-        widths = Counter(int(r.metrics["n-features"]) for r in replies)
-        if not widths:
-            raise FederationError(self._too_few("no site described its data"))
-        # The majority width is the federation's; replies are in site order and the
-        # Counter keeps first-seen order, so a tie goes to the width of the first site.
-        width = max(widths, key=widths.get)
-        for r in replies:
-            n_features = int(r.metrics["n-features"])
-            if r.site_key in self.sites:
-                self.rejected[r.site_key] = f"duplicate site id {r.site_key!r} (node {r.node_id})"
-            elif n_features != width:
-                self.rejected[r.site_key] = (
-                    f"its data has {n_features} columns but the other sites have {width}"
-                )
-            else:
-                self.sites[r.site_key] = Site(
-                    key=r.site_key,
-                    node_id=r.node_id,
-                    n_rows=r.n_rows,
-                    n_features=n_features,
-                    feature_names=json.loads(str(r.metrics.get("feature-names", "[]"))),
-                    provenance={
-                        k: r.metrics[k]
-                        for k in ("dataset", "partitioning", "num-partitions")
-                        if k in r.metrics
-                    },
-                    max_rounds=_declared_max_rounds(r),
-                )
-                continue
-            log(logging.ERROR, "site %s rejected: %s", r.site_key, self.rejected[r.site_key])
-        self._check_feature_names()
-        if len(self.sites) < self.config.min_sites:
-            raise FederationError(self._too_few(f"{len(self.sites)} usable site(s)"))
-
-    def _readmit_sites(self, replies: list[Reply]) -> None:
-        """After a resume: each site must be the checkpoint's site of the same id (same
-        size and width); its node id is updated. Others are rejected with the reason."""
-        seen = set()
-        for r in replies:
-            site = self.sites.get(r.site_key)
-            width = int(r.metrics["n-features"])
-            if site is None:
-                reason = "not a site of the checkpointed run"
-            elif r.site_key in seen:
-                reason = f"duplicate site id {r.site_key!r} (node {r.node_id})"
-            elif (r.n_rows, width) != (site.n_rows, site.n_features):
-                reason = (f"holds {r.n_rows} rows x {width} columns, but {site.n_rows} x "
-                          f"{site.n_features} in the checkpointed run")
-            else:
-                site.node_id = r.node_id
-                # A resumed run is a new run to the site: its count starts again.
-                site.max_rounds, site.rounds_answered = _declared_max_rounds(r), 0
-                seen.add(r.site_key)
-                continue
-            self.rejected[r.site_key] = reason
-            log(logging.ERROR, "site %s rejected on resume: %s", r.site_key, reason)
-        for key in set(self.sites) - seen:
-            self.sites[key].node_id = -1  # not connected now: never asked until it is
-            log(logging.WARNING, "site %s of the checkpointed run is not connected", key)
-        if len(seen) < self.config.min_sites:
-            raise FederationError(self._too_few(f"{len(seen)} site(s) of the checkpointed run"))
-
-    def _check_feature_names(self) -> None:
-        """Sites that name their columns must name them alike (the majority wins)."""
-        named = [s for s in self.ordered_sites() if s.feature_names]
-        votes = Counter(tuple(s.feature_names) for s in named)
-        if len(votes) < 2:
-            return
-        names = list(max(votes, key=votes.get))
-        for site in named:
-            if site.feature_names != names:
-                del self.sites[site.key]
-                self.rejected[site.key] = (
-                    f"its columns {site.feature_names} differ from the other sites' {names}"
-                )
-                log(logging.ERROR, "site %s rejected: %s", site.key, self.rejected[site.key])
-
     def _too_few(self, what: str) -> str:
         reasons = "; ".join(f"site {k}: {v}" for k, v in self.rejected.items())
         return (
@@ -691,12 +561,6 @@ class ClusteringStrategy(Strategy):
     def best(self) -> dict:
         """The repetition with the lowest global score."""
         return min(self.repetitions, key=lambda r: r["score"])
-
-
-def _declared_max_rounds(reply: Reply) -> int | None:
-    """The policy max-rounds a site declared in its describe reply (None: no limit)."""
-    value = reply.metrics.get("max-rounds")
-    return None if value is None else int(value)
 
 
 def _site_stats(reply: Reply) -> dict:

@@ -50,7 +50,7 @@ class GTVKMeans(ClusteringStrategy):
         self.site_movement = float("nan")
         self.last_round: dict = {}
 
-    def _admit_sites(self, replies: list[Reply]) -> None:
+    def admit_sites(self, replies: list[Reply]) -> None:
         named = []
         for r in replies:
             if r.metrics.get("site-id-given", True):
@@ -61,7 +61,7 @@ class GTVKMeans(ClusteringStrategy):
                 "config (the graph's edges name sites by it)"
             )
             log(logging.ERROR, "site %s rejected: %s", r.site_key, self.rejected[r.site_key])
-        super()._admit_sites(named)
+        super().admit_sites(named)
         try:
             self.neighbours = build_topology(
                 self.config.topology, [s.key for s in self.ordered_sites()], self.config.seed

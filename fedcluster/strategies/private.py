@@ -34,6 +34,7 @@ from flwr.common.logger import log
 from fedcluster import secure
 from fedcluster.common import privacy
 from fedcluster.common.config import RunConfig
+from fedcluster.strategies.errors import FederationError
 
 #: Server tasks that release noised data under DP (and count against the budget).
 NOISED_TASKS = ("lloyd", "evaluate")
@@ -60,8 +61,6 @@ def declared_box(config: RunConfig, n_features: int) -> tuple[np.ndarray, np.nda
     try:
         return privacy.bounds_for(parsed, n_features)
     except ValueError as err:
-        from fedcluster.strategies.base import FederationError
-
         raise FederationError(f"run-config key 'data-bounds' {err}") from None
 
 
@@ -82,8 +81,6 @@ def box_from_data(config: RunConfig, mins: np.ndarray,
     hi = np.where(hi > lo, hi, lo + 1.0)
     bound = config.secagg_data_bound
     if config.secure_aggregation and not privacy.box_within(lo, hi, bound):
-        from fedcluster.strategies.base import FederationError
-
         raise FederationError(f"the sites' data (the clipping box from the bounds round) reaches "
                               f"beyond secagg-data-bound {bound:g}; raise 'secagg-data-bound' "
                               f"or give data-bounds")

@@ -16,6 +16,7 @@ import numpy as np
 
 from fedcluster import secure
 from fedcluster.strategies import private
+from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.validation import Reply, ReplyError
 
 
@@ -29,8 +30,6 @@ def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
         For a task that is not a sum, or a federation beyond the protocol's range
         (``secure.check_protocol_range``).
     """
-    from fedcluster.strategies.base import FederationError
-
     config = strategy.config
     if plan.task not in secure.SECURE_TASKS:
         raise FederationError(f"task {plan.task} is not a sum; it cannot run under "

@@ -1,0 +1,165 @@
+"""The federation's sites as the server knows them: what each declared in the
+``describe`` round, who is admitted (and re-admitted after a resume), and how many task
+rounds each has answered under its own ``max-rounds`` policy (``common/site_policy.py``).
+
+Admission: the majority width is the federation's; a site of another width, a
+duplicate site id, or columns named differently from the majority's is rejected with
+the reason (``rejected-sites``), and the run stops when fewer than ``min-sites`` remain.
+After a resume every site must be the checkpoint's site of the same id, size and width.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+from flwr.common.logger import log
+
+from fedcluster.strategies.errors import FederationError
+from fedcluster.strategies.validation import Reply
+
+
+@dataclass
+class Site:
+    """What the server knows of a site: what it declared in the describe round."""
+
+    key: str
+    node_id: int
+    n_rows: int
+    n_features: int
+    feature_names: list[str]
+    provenance: dict
+    # The site's own policy max-rounds (None: no limit), and the counted task rounds it
+    # has answered in this run (every task but describe, as the site counts them:
+    # common/site_policy.py). A site at its limit is not asked again.
+    max_rounds: int | None = None
+    rounds_answered: int = 0
+
+    @property
+    def at_limit(self) -> bool:
+        return self.max_rounds is not None and self.rounds_answered >= self.max_rounds
+
+
+def site_order(key: str) -> tuple:
+    """Sort numeric site keys numerically, then the rest by name."""
+    return (0, int(key), "") if key.isdigit() else (1, 0, key)
+
+
+def declared_max_rounds(reply: Reply) -> int | None:
+    """The policy max-rounds a site declared in its describe reply (None: no limit)."""
+    value = reply.metrics.get("max-rounds")
+    return None if value is None else int(value)
+
+
+def admit(strategy, replies: list[Reply]) -> None:
+    """Admit the sites of the describe round into ``strategy.sites`` (replies in site
+    order); reject the others into ``strategy.rejected`` with the reason.
+
+    Raises
+    ------
+    FederationError
+        When fewer than ``min-sites`` sites are admitted.
+    """
+    widths = Counter(int(r.metrics["n-features"]) for r in replies)
+    if not widths:
+        raise FederationError(strategy._too_few("no site described its data"))
+    # The majority width is the federation's; replies are in site order and the
+    # Counter keeps first-seen order, so a tie goes to the width of the first site.
+    width = max(widths, key=widths.get)
+    for r in replies:
+        n_features = int(r.metrics["n-features"])
+        if r.site_key in strategy.sites:
+            strategy.rejected[r.site_key] = f"duplicate site id {r.site_key!r} (node {r.node_id})"
+        elif n_features != width:
+            strategy.rejected[r.site_key] = (
+                f"its data has {n_features} columns but the other sites have {width}"
+            )
+        else:
+            strategy.sites[r.site_key] = Site(
+                key=r.site_key,
+                node_id=r.node_id,
+                n_rows=r.n_rows,
+                n_features=n_features,
+                feature_names=json.loads(str(r.metrics.get("feature-names", "[]"))),
+                provenance={
+                    k: r.metrics[k]
+                    for k in ("dataset", "partitioning", "num-partitions")
+                    if k in r.metrics
+                },
+                max_rounds=declared_max_rounds(r),
+            )
+            continue
+        log(logging.ERROR, "site %s rejected: %s", r.site_key, strategy.rejected[r.site_key])
+    check_feature_names(strategy)
+    if len(strategy.sites) < strategy.config.min_sites:
+        raise FederationError(strategy._too_few(f"{len(strategy.sites)} usable site(s)"))
+
+
+def readmit(strategy, replies: list[Reply]) -> None:
+    """After a resume: each site must be the checkpoint's site of the same id (same
+    size and width); its node id is updated. Others are rejected with the reason.
+
+    Raises
+    ------
+    FederationError
+        When fewer than ``min-sites`` of the checkpoint's sites are back.
+    """
+    seen = set()
+    for r in replies:
+        site = strategy.sites.get(r.site_key)
+        width = int(r.metrics["n-features"])
+        if site is None:
+            reason = "not a site of the checkpointed run"
+        elif r.site_key in seen:
+            reason = f"duplicate site id {r.site_key!r} (node {r.node_id})"
+        elif (r.n_rows, width) != (site.n_rows, site.n_features):
+            reason = (f"holds {r.n_rows} rows x {width} columns, but {site.n_rows} x "
+                      f"{site.n_features} in the checkpointed run")
+        else:
+            site.node_id = r.node_id
+            # A resumed run is a new run to the site: its count starts again.
+            site.max_rounds, site.rounds_answered = declared_max_rounds(r), 0
+            seen.add(r.site_key)
+            continue
+        strategy.rejected[r.site_key] = reason
+        log(logging.ERROR, "site %s rejected on resume: %s", r.site_key, reason)
+    for key in set(strategy.sites) - seen:
+        strategy.sites[key].node_id = -1  # not connected now: never asked until it is
+        log(logging.WARNING, "site %s of the checkpointed run is not connected", key)
+    if len(seen) < strategy.config.min_sites:
+        raise FederationError(strategy._too_few(f"{len(seen)} site(s) of the checkpointed run"))
+
+
+def check_feature_names(strategy) -> None:
+    """Sites that name their columns must name them alike (the majority wins)."""
+    named = [s for s in strategy.ordered_sites() if s.feature_names]
+    votes = Counter(tuple(s.feature_names) for s in named)
+    if len(votes) < 2:
+        return
+    names = list(max(votes, key=votes.get))
+    for site in named:
+        if site.feature_names != names:
+            del strategy.sites[site.key]
+            strategy.rejected[site.key] = (
+                f"its columns {site.feature_names} differ from the other sites' {names}"
+            )
+            log(logging.ERROR, "site %s rejected: %s", site.key, strategy.rejected[site.key])
+
+
+def count_answer(site: Site | None, task: str, rounds_left=None) -> None:
+    """Count a task round ``site`` answered (as the site counts it: by its own
+    ``rounds-left`` when the reply carries a valid one, else one more); say so when that
+    reaches the max-rounds of its own policy (it is not asked again)."""
+    if site is None or task == "describe":
+        return
+    before = site.rounds_answered
+    if (site.max_rounds is not None and isinstance(rounds_left, int)
+            and 0 <= rounds_left < site.max_rounds):
+        site.rounds_answered = site.max_rounds - rounds_left
+    else:
+        site.rounds_answered += 1
+    if site.max_rounds is not None and before < site.max_rounds <= site.rounds_answered:
+        log(logging.WARNING, "site %s answered its max-rounds=%d task rounds (its own "
+            "policy); it is not asked again in this run", site.key, site.max_rounds)
