@@ -9,12 +9,13 @@ turns them into the best k per criterion.
 
 Warm start (``k-warm-start = true``, the default): k + 1 starts from k's centroids with
 the cluster of largest SSE split in two; with n-init > 1 the other repetitions start cold
-and the lowest score wins. Measured on SIPU s1 (BENCHMARKS.md, 5 sites, k = 2..20): every
-start mode picks the same k by every criterion; warm needs about a quarter fewer rounds
-than cold at n-init 1, its per-k inertia being a little higher (2.1 % above the best known
-on average, cold 1.3 %); with n-init 3, warm + 2 cold starts gives the best figures of all
-(0.1 %) in fewer rounds than 3 cold starts. One-shot k-FED has no training, so it always
-starts cold.
+and the lowest score wins. Measured on SIPU s1 (BENCHMARKS.md "choose_k_s1", 5 sites,
+k = 2..20, DWF): every start mode picks the same k by every criterion. Since the default
+start of DWF/EWF/mini-batch became the weighted k-FED round, cold starts cost no more
+rounds than warm ones (176 vs 179, IID split) and land closer to the best known inertia
+per k (0.3 % above it on average, warm 2.1 %); warm + 2 cold starts (n-init 3) gives the
+best figures (0.0 %). The default stays warm until more than one data set says otherwise.
+One-shot k-FED has no training, so it always starts cold.
 
 Outputs, in ``output-dir/<run-name>/``: ``choose-k.json`` (the best k per criterion and the
 figures per k), ``choose-k.png``, and one ``model-k<k>.json`` per k.

@@ -115,6 +115,9 @@ def test_max_rounds_counts_answered_task_rounds_in_process():
     assert result.metrics["site-failures"] == {}
     assert result.metrics["sites-at-max-rounds"] == {"1": 2}
     assert sorted(result.metrics["per-site"]) == ["0", "2"]
+    from fedcluster.common.outputs import summary_table
+
+    assert "site 1 answered its max-rounds=2 task rounds" in summary_table(result.metrics)
 
 
 def test_a_site_at_its_limit_that_is_still_asked_refuses():
