@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedcluster.common.config import RunConfig
-from fedcluster.strategies.base import ClusteringStrategy, FederationError
+from fedcluster.strategies.base import ClusteringStrategy
+from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.fkm import FederatedKMeansPruning
 from fedcluster.strategies.fuzzy import FederatedFuzzyCMeans
 from fedcluster.strategies.gtv import GTVKMeans

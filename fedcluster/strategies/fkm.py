@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedcluster.strategies.aggregate import kmeans_on_centroids, weighted_lloyd
-from fedcluster.strategies.base import ClusteringStrategy, FederationError, TaskPlan
+from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
+from fedcluster.strategies.errors import FederationError
 
 
 def _union(replies) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,8 @@ from flwr.common.logger import log
 from fedcluster.common.local import frobenius
 from fedcluster.common.topology import TopologyError, build_topology, edges
 from fedcluster.strategies.aggregate import gtv_distance, kmeans_on_centroids
-from fedcluster.strategies.base import ClusteringStrategy, FederationError, TaskPlan
+from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
+from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.validation import Reply
 
 

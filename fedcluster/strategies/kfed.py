@@ -12,7 +12,8 @@ import numpy as np
 
 from fedcluster.strategies import private
 from fedcluster.strategies.aggregate import bounding_box_init, kmeans_on_centroids
-from fedcluster.strategies.base import ClusteringStrategy, FederationError, TaskPlan
+from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
+from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.validation import Reply
 
 
@@ -65,10 +66,12 @@ class KFedOrRandomInit:
         if self.config.private and self.box is None:
             self.box, self.bounds_from_data = private.box_from_data(self.config, mins, maxs), True
         else:
+            # k-FED's round sends aggregates only, but DP and SecAgg+ refuse it.
+            kfed_allowed = not (self.config.private or self.config.secure_aggregation)
             private.warn_leak("init 'random' without data-bounds: the sites sent their "
                               "per-feature minima and maxima (each one person's value) for the "
-                              "bounding box the start is drawn in; give data-bounds, or use "
-                              "init 'kfed' (aggregates only)")
+                              "bounding box the start is drawn in; give data-bounds"
+                              + (", or use init 'kfed' (aggregates only)" if kfed_allowed else ""))
         return bounding_box_init(mins, maxs, self.k, self.seed)
 
 
