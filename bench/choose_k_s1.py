@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 
 import fedcluster  # noqa: E402
-from fedcluster.common.criteria import CRITERIA  # noqa: E402
+from fedcluster.server_app.criteria import CRITERIA  # noqa: E402
 
 MODES = {
     "warm": {"k_warm_start": True, "n_init": 1},
@@ -53,7 +53,7 @@ def load_s1(folder: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def split(X, y, kind: str) -> tuple[list, list]:
     """``iid``: a seeded shuffle cut in 5; ``by-label``: each site holds 3 whole clusters."""
-    from fedcluster.common.data import partition
+    from fedcluster.common.datasets import partition
 
     parts = partition(y, N_SITES, kind, seed=0)
     return [X[p] for p in parts], [y[p] for p in parts]

@@ -13,7 +13,7 @@ split into Flower's own time (polling, transport, process start-up) and fedclust
    polling, no process start. Its seconds per training round = the three site tasks (run
    one after the other, so an upper bound for three parallel sites) + opening the site's
    file + (de)serialisation of the messages + the server's aggregation. The site task
-   alone (``tasks.run_task``, ``lloyd``) and the opening of a site's file are also timed
+   alone (``task_runner.run_task``, ``lloyd``) and the opening of a site's file are also timed
    on their own; the rest of the in-process round is (de)serialisation and aggregation.
 3. **A ClientApp process start**: Flower's deployment runs every message in a fresh
    ``flwr-clientapp`` process. Its imports are timed in a fresh interpreter: Flower's
@@ -116,8 +116,8 @@ def in_process(paths: list[Path], config: dict, workdir: Path) -> tuple[list[flo
 
 def parts(paths: list[Path], k: int, repeats: int = 5) -> dict[str, float]:
     """The site task of a training round and the opening of a site's file, timed alone."""
-    from fedcluster.common.data import load_site_file
-    from fedcluster.common.tasks import run_task
+    from fedcluster.client_app.site_data import load_site_file
+    from fedcluster.client_app.task_runner import run_task
 
     sites = [load_site_file(p) for p in paths]
     C = np.asarray(sites[0].X[:k], dtype=np.float64)
@@ -145,7 +145,7 @@ def child_imports(what: str) -> float:
     code = {
         "flower": "import flwr.clientapp, flwr.client",
         "fedcluster": ("import flwr.clientapp, flwr.client; import fedcluster.client_app; "
-                       "import numpy as np; from fedcluster.common import local; "
+                       "import numpy as np; from fedcluster.client_app import local_kmeans as local; "
                        "X = np.random.default_rng(0).standard_normal((100, 4)); "
                        "local.lloyd(X, X[:3].copy(), 1, 0.0)"),
     }[what]

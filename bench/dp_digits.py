@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 
 import fedcluster  # noqa: E402
-from fedcluster.common.data import load_builtin  # noqa: E402
+from fedcluster.common.datasets import load_builtin  # noqa: E402
 
 SITES = 5
 K = 10

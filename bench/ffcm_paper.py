@@ -39,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 
 import fedcluster  # noqa: E402
-from fedcluster.common import kernels, local  # noqa: E402
-from fedcluster.common.metrics import knowledge_gap  # noqa: E402
+from fedcluster.common import kernels  # noqa: E402
+from fedcluster.client_app import local_kmeans as local  # noqa: E402
+from fedcluster.strategies.metrics import knowledge_gap  # noqa: E402
 
 LOCAL_ITERS = 5  # --local-iters
 MAX_ROUNDS = 300

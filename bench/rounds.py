@@ -41,7 +41,7 @@ import report  # noqa: E402
 
 import fedcluster  # noqa: E402
 from fedcluster.common.config import run_config_defaults  # noqa: E402
-from fedcluster.common.data import load_builtin  # noqa: E402
+from fedcluster.common.datasets import load_builtin  # noqa: E402
 
 K = 5
 TARGET = 1.001

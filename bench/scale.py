@@ -19,7 +19,7 @@ peak memory of one large memory-mapped site.
    Davies-Bouldin rounds), after the same rounds on a small site have filled Numba's
    on-disk cache. As in a deployment, where Flower starts a fresh ClientApp
    process for every round, each round is a fresh process that imports what a ClientApp
-   imports, opens the file and runs the site task (``tasks.run_task``); the server steps
+   imports, opens the file and runs the site task (``task_runner.run_task``); the server steps
    between rounds are fedcluster's own reductions, run here. Peak RSS is the process's
    VmHWM: interpreter, libraries and compiled kernels (the baseline, measured before the
    data is opened) + the mapped pages of the data it reads + temporaries.
@@ -162,14 +162,14 @@ CHILD_SITE = "site-task"
 def child_site_task(path: str, task: str, params: dict, arrays_in: str, arrays_out: str) -> dict:
     """One round of one site, as a fresh ClientApp process runs it."""
     import fedcluster.client_app  # noqa: F401  (what a ClientApp process imports)
-    from fedcluster.common import tasks
-    from fedcluster.common.data import load_site_file
+    from fedcluster.client_app import task_runner
+    from fedcluster.client_app.site_data import load_site_file
 
     baseline = _hwm_bytes()
     arrays = list(np.load(arrays_in).values()) if arrays_in != "-" else []
     t0 = time.perf_counter()
     site = load_site_file(path)
-    reply = tasks.run_task(site, arrays, {"task": task, **params}, 1)
+    reply = task_runner.run_task(site, arrays, {"task": task, **params}, 1)
     seconds = time.perf_counter() - t0
     np.savez(arrays_out, *reply.arrays)
     return {"baseline": baseline, "peak": _hwm_bytes(), "seconds": seconds,

@@ -13,7 +13,7 @@ _LAZY = {
     "Model": "fedcluster.common.model",
     "SimulationResult": "fedcluster.simulation",
     "simulate": "fedcluster.simulation",
-    "choose_k": "fedcluster.k_selection",
+    "choose_k": "fedcluster.simulation",
 }
 
 

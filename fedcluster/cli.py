@@ -16,7 +16,7 @@ from typing import Literal, get_args, get_origin
 import numpy as np
 
 from fedcluster.common.config import ConfigError, RunConfig
-from fedcluster.common.data import SiteDataError
+from fedcluster.client_app.site_data import SiteDataError
 
 
 def _add_run_config_options(parser: argparse.ArgumentParser) -> None:
@@ -97,7 +97,7 @@ def _on_sites(args: argparse.Namespace, run, config: dict):
 def cmd_choose_k(args: argparse.Namespace) -> int:
     import json
 
-    from fedcluster.k_selection import summary
+    from fedcluster.server_app.choose_k import summary
     from fedcluster.simulation import serve_in_process
 
     config = _run_config(args)
@@ -110,7 +110,7 @@ def cmd_choose_k(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from fedcluster.common.data import load_builtin, partition
+    from fedcluster.common.datasets import load_builtin, partition
 
     X, y = load_builtin(args.dataset, args.seed)
     out = Path(args.out)
@@ -126,7 +126,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from fedcluster.common.data import load_site_file
+    from fedcluster.client_app.site_data import load_site_file
     from fedcluster.common.model import Model
 
     try:

@@ -7,11 +7,13 @@ Python API::
 
     result = fedcluster.simulate([X0, X1, X2], n_clusters=5, algorithm="dwf")
     result.centroids, result.history, result.metrics["score"], result.model
+    fedcluster.choose_k([X0, X1, X2], k_range=(2, 8))  # every k, one federation
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import itertools
 import uuid
 from collections.abc import Iterable
@@ -32,8 +34,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedcluster import client_app as client_module
 from fedcluster import server_app as server_module
 from fedcluster.common.config import parse_run_config, run_config_defaults
-from fedcluster.common.data import SiteData, check_site_array
-from fedcluster.common.metrics import knowledge_gap
+from fedcluster.client_app.site_data import SiteData, check_site_array
+from fedcluster.strategies.metrics import knowledge_gap
 from fedcluster.common.model import Model
 
 _RUN_IDS = itertools.count(1)
@@ -281,3 +283,41 @@ def simulate(
     if true_centres is not None:
         result.metrics.update(knowledge_gap(result.centroids, true_centres))
     return result
+
+
+def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] | str,
+             labels: list[np.ndarray] | None = None, num_sites: int | None = None,
+             **config) -> dict:
+    """Run the federation for every k in ``k_range`` (in this process) and choose k.
+
+    Parameters
+    ----------
+    sites : list of 2-D arrays, optional
+        One array per site, as for :func:`fedcluster.simulate`; without it, ``num_sites``
+        partitions of the built-in ``dataset``.
+    k_range : (lo, hi) or "lo:hi"
+        Both ends included; 2 <= lo and hi >= lo + 2.
+    labels : list of 1-D arrays, optional
+        Per-site labels (evaluation only: adds ARI etc. to the per-k figures).
+    **config
+        Run-config keys with ``_`` for ``-`` (``algorithm``, ``scale``, ``n_init``,
+        ``k_warm_start``, ``output_dir`` to also write choose-k.json/png, ...).
+
+    Returns
+    -------
+    dict
+        ``elbow``, ``simplified-silhouette``, ``davies-bouldin``, ``calinski-harabasz``:
+        the k each criterion picks; ``per-k``: {k: figures} (``inertia``, ``score``, the
+        three criteria, label metrics where labels are given, ``rounds``, ...);
+        ``models``: {k: :class:`fedcluster.Model`}.
+    """
+    text = k_range if isinstance(k_range, str) else f"{k_range[0]}:{k_range[1]}"
+    run_config = {key.replace("_", "-"): value for key, value in config.items()}
+    run_config.setdefault("output-dir", "")
+    run_config["k-range"] = text
+    record = run_server(sites, labels=labels, num_sites=num_sites, run_config=run_config)
+    data = json.loads(str(record["choose-k"]))
+    out: dict = dict(data["best"])
+    out["per-k"] = {int(k): row for k, row in data["per-k"].items()}
+    out["models"] = {int(k): Model.from_json(json.dumps(m)) for k, m in data["models"].items()}
+    return out

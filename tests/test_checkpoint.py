@@ -9,7 +9,7 @@ import pytest
 import fedcluster
 from fedcluster import simulation
 from fedcluster.common.config import ConfigError
-from fedcluster.common.data import load_builtin, partition
+from fedcluster.common.datasets import load_builtin, partition
 
 
 class ServerKilled(RuntimeError):

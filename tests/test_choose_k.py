@@ -10,8 +10,8 @@ from sklearn import metrics as skm
 import fedcluster
 from fedcluster.cli import main
 from fedcluster.common.config import ConfigError, parse_run_config
-from fedcluster.common.criteria import best_k, cluster_sse, kneedle, split_largest_cluster
-from fedcluster.common.metrics import pool
+from fedcluster.server_app.criteria import best_k, cluster_sse, kneedle, split_largest_cluster
+from fedcluster.strategies.metrics import pool
 from reference import simplified_silhouette
 
 SIPU = Path(__file__).resolve().parent / "data" / "sipu"  # a copy of ../shared/data/sipu/s1.*

@@ -24,7 +24,7 @@ import pytest
 
 import fedcluster
 import flower_processes as fp
-from fedcluster.common.data import load_builtin, partition
+from fedcluster.common.datasets import load_builtin, partition
 
 APP_DIR = Path(__file__).resolve().parents[1]
 CONFIG = {"n-clusters": 8, "num-rounds": 4, "min-sites": 3, "seed": 1}

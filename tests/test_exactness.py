@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fedcluster
-from fedcluster.common.data import load_builtin, partition
+from fedcluster.common.datasets import load_builtin, partition
 
 
 def central_lloyd(X, C, n_iter):

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import fedcluster
-from fedcluster.common.data import load_builtin, partition
+from fedcluster.common.datasets import load_builtin, partition
 from test_deployment import py_kwargs, start_federation, write_site_csv
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ CORRUPTING_CLIENT = '''
 import numpy as np
 from flwr.clientapp import ClientApp
 
-from fedcluster.client_app import SiteClient
+from fedcluster.client_app.app import SiteClient
 
 
 class CorruptingClient(SiteClient):

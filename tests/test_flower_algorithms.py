@@ -10,7 +10,7 @@ import numpy as np
 
 import fedcluster
 import flower_processes as fp
-from fedcluster.common.data import load_builtin, partition
+from fedcluster.common.datasets import load_builtin, partition
 from test_deployment import py_kwargs, start_federation, write_site_csv
 
 APP_DIR = Path(__file__).resolve().parents[1]

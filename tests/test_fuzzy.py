@@ -8,8 +8,8 @@ from scipy.optimize import linear_sum_assignment
 
 import fedcluster
 import reference as ref
-from fedcluster.common.data import SiteData
-from fedcluster.common.tasks import run_task
+from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.task_runner import run_task
 
 
 def central_fcm_step(X, C, m):
@@ -113,7 +113,7 @@ def paper_metrics(X, C, m):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_fuzzy_evaluation_sums_match_numpy(dtype, monkeypatch):
-    from fedcluster.common import tasks
+    from fedcluster.client_app import tasks
 
     monkeypatch.setattr(tasks, "_CHUNK_ROWS", 7)  # several chunks, one ragged
     rng = np.random.default_rng(5)
@@ -145,7 +145,7 @@ def test_federated_fuzzy_metrics_equal_pooled_computation():
 def test_knowledge_gap_is_the_best_matching():
     from itertools import permutations
 
-    from fedcluster.common.metrics import knowledge_gap as library_gap
+    from fedcluster.strategies.metrics import knowledge_gap as library_gap
 
     rng = np.random.default_rng(7)
     found, truth = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))

@@ -11,8 +11,8 @@ import pytest
 import fedcluster
 import reference as ref
 from fedcluster.common import kernels
-from fedcluster.common.data import load_builtin, partition
-from fedcluster.common.topology import TopologyError, build_topology, edges
+from fedcluster.common.datasets import load_builtin, partition
+from fedcluster.strategies.topology import TopologyError, build_topology, edges
 from fedcluster.strategies.aggregate import gtv_distance
 
 
@@ -192,7 +192,7 @@ def test_bad_topology_is_a_config_error(bad):
 
 def test_gtv_needs_site_ids():
     from fedcluster import client_app
-    from fedcluster.common.data import SiteData
+    from fedcluster.client_app.site_data import SiteData
     from fedcluster.simulation import run_in_process
     from fedcluster.strategies import FederationError
 

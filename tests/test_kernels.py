@@ -8,18 +8,26 @@ larger than the number of distinct rows (exact ties).
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import types
+from pathlib import Path
 
 import numpy as np
 import pytest
+from numba.core.caching import NullCache
+from numba.core.dispatcher import Dispatcher
 
+import fedcluster
 import reference as ref
 from reference import num_threads
 from fedcluster.common import kernels
+from fedcluster.common.kernels import _compiled
 
 DTYPES = [np.float32, np.float64]
 THREADS = [1, 2]
@@ -353,6 +361,170 @@ def test_one_block_runs_the_serial_twin_with_the_same_bits(dtype, n):
     np.testing.assert_array_equal(sums, want[0])
     np.testing.assert_array_equal(counts, want[1])
     assert sse == want[2]
+
+
+# --------------------------------------------------------------------------
+# All compiled code in one module: Numba's on-disk cache keys a kernel on its
+# own source file, and does not notice an edit to a callee in another file
+# --------------------------------------------------------------------------
+
+
+def dispatchers(module) -> list[Dispatcher]:
+    """Every Numba dispatcher of ``module``: its attributes, and the keys and values of
+    its dict attributes (the serial twins)."""
+    found = {}
+    for value in vars(module).values():
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else [value]
+        for item in items:
+            if isinstance(item, Dispatcher):
+                found[id(item)] = item
+    return list(found.values())
+
+
+def code_names(code: types.CodeType) -> set[str]:
+    """The global, attribute and free-variable names ``code`` uses, nested code included."""
+    names = set(code.co_names) | set(code.co_freevars)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= code_names(const)
+    return names
+
+
+def foreign_callees(module) -> list[tuple[str, str, str]]:
+    """``(kernel, name, module)`` for every cached (``cache=True``) dispatcher of
+    ``module`` whose code names a dispatcher defined in another module: through its
+    globals, its closure, or an attribute of a module it names (``other.kernel``)."""
+    found = []
+    for disp in dispatchers(module):
+        if isinstance(disp._cache, NullCache):  # not cached: nothing goes stale on disk
+            continue
+        f = disp.py_func
+        scope = dict(f.__globals__)
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+            try:
+                scope[name] = cell.cell_contents
+            except ValueError:  # an empty cell
+                pass
+        names = code_names(f.__code__)
+        for name in sorted(names & scope.keys()):
+            value = scope[name]
+            if isinstance(value, types.ModuleType):
+                targets = [(f"{name}.{attr}", getattr(value, attr, None)) for attr in sorted(names)]
+            else:
+                targets = [(name, value)]
+            for label, target in targets:
+                if isinstance(target, Dispatcher) and target.__module__ != module.__name__:
+                    found.append((f.__qualname__, label, target.__module__))
+    return found
+
+
+def test_compiled_kernels_call_only_dispatchers_of_their_own_module():
+    disps = dispatchers(_compiled)
+    # every compiled function is found (the wrappers' kernels, the twins and the helpers)
+    assert {d.py_func.__name__ for d in disps} >= {
+        "_assign_impl", "_lloyd_stats_impl", "_gtv_m_step_impl", "_sq_dist", "_tile_sq_dists",
+        "_memberships", "_assign_impl_serial", "_fcm_memberships_impl_serial"}
+    for disp in disps:
+        assert disp.__module__ == _compiled.__name__, disp
+        assert not isinstance(disp._cache, NullCache), f"{disp.py_func.__name__} is not cache=True"
+    assert foreign_callees(_compiled) == []
+    # the package re-exports the compiled kernels, it does not define any
+    assert all(d.__module__ == _compiled.__name__ for d in dispatchers(kernels))
+
+
+def load_module(tmp_path, monkeypatch, name, source):
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)  # removed again after the test
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_foreign_callee_checker_flags_a_dispatcher_of_another_module(tmp_path, monkeypatch):
+    """The checker above does find a cached kernel calling another module's kernel, by
+    name, as a module attribute and from a closure (nothing is compiled here)."""
+    load_module(tmp_path, monkeypatch, "fc_foreign_kernels", """
+        from numba import njit
+
+        @njit(cache=True)
+        def helper(x):
+            return x + 1
+
+        @njit(cache=True)
+        def twice(x):
+            return 2 * x
+        """)
+    user = load_module(tmp_path, monkeypatch, "fc_user_kernels", """
+        from numba import njit
+        import fc_foreign_kernels as other
+        from fc_foreign_kernels import helper
+
+        @njit(cache=True)
+        def local(x):
+            return 2 * x
+
+        @njit(cache=True)
+        def calls_local(x):
+            return local(x)
+
+        @njit(cache=True)
+        def calls_foreign(x):
+            return local(helper(x))
+
+        @njit(cache=True)
+        def calls_foreign_attr(x):
+            return other.twice(x)
+
+        def _make():
+            h = helper
+
+            @njit(cache=True)
+            def calls_foreign_in_closure(x):
+                return h(x)
+            return calls_foreign_in_closure
+
+        calls_foreign_in_closure = _make()
+
+        @njit
+        def uncached(x):  # no cache entry to go stale
+            return helper(x)
+        """)
+    assert sorted(foreign_callees(user)) == [
+        ("_make.<locals>.calls_foreign_in_closure", "h", "fc_foreign_kernels"),
+        ("calls_foreign", "helper", "fc_foreign_kernels"),
+        ("calls_foreign_attr", "other.twice", "fc_foreign_kernels"),
+    ]
+
+
+def numba_imports(path: Path) -> list[int]:
+    """Line numbers where the Python file ``path`` imports numba (``import numba...``,
+    ``from numba... import``, or ``importlib.import_module``/``__import__`` of it)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] if node.level == 0 else []
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            names = [node.args[0].value] if called in ("import_module", "__import__") else []
+        else:
+            continue
+        if any(isinstance(n, str) and n.split(".")[0] == "numba" for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_compiled_module_imports_numba():
+    root = Path(fedcluster.__file__).resolve().parent
+    compiled = Path(_compiled.__file__).resolve()
+    assert numba_imports(compiled)  # the checker sees an import
+    offenders = {str(path.relative_to(root.parent)): numba_imports(path)
+                 for path in sorted(root.rglob("*.py")) if path.resolve() != compiled}
+    assert {path: lines for path, lines in offenders.items() if lines} == {}
 
 
 # --------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from sklearn.metrics import adjusted_rand_score
 
 import fedcluster
 import reference as ref
-from fedcluster.common.data import SiteData
-from fedcluster.common.tasks import run_task
+from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.task_runner import run_task
 from fedcluster.strategies.aggregate import (
     count_weighted_mean,
     reseed_small_clusters,
@@ -48,7 +48,7 @@ def test_kmeanspp_task_returns_means_of_seeded_clusters(blob_site):
     reply = run_task(blob_site, [], {"task": "kmeanspp", "k-local": 3, "seed": 4,
                                      "init": "kmeans++", "min-cluster-size": 2}, 1)
     means, counts = reply.arrays
-    from fedcluster.common.local import kmeans_plusplus
+    from fedcluster.client_app.local_kmeans import kmeans_plusplus
 
     seeds = kmeans_plusplus(blob_site.X, 3, 4)
     labels = ((blob_site.X[:, None] - seeds[None]) ** 2).sum(-1).argmin(1)
@@ -106,7 +106,7 @@ def test_reseed_splits_largest_cluster():
 # ---------------------------------------------------------------- federated
 @pytest.fixture(scope="module")
 def digit_sites():
-    from fedcluster.common.data import load_builtin, partition
+    from fedcluster.common.datasets import load_builtin, partition
 
     X, y = load_builtin("digits")
     return X, [X[rows] for rows in partition(y, 4, "dirichlet:0.5", seed=2)]

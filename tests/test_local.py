@@ -8,7 +8,8 @@ import pytest
 
 import reference as ref
 from reference import num_threads
-from fedcluster.common import kernels, local
+from fedcluster.common import kernels
+from fedcluster.client_app import local_kmeans as local
 
 DTYPES = [np.float32, np.float64]
 
@@ -284,7 +285,7 @@ def test_kmeans_plusplus_on_a_memory_mapped_site_is_chunked_with_the_same_result
     """On a read-only memory-mapped site k-means++ passes over the rows in chunks and drops
     each chunk's pages (so the rows and its n-vectors are not all resident at once); the
     centres are the same bits as on the array in memory."""
-    from fedcluster.common import data
+    from fedcluster.client_app import site_data as data
 
     rng = np.random.default_rng(3)
     X = np.vstack([rng.normal(c, 0.5, (5_000, 6)) for c in (0.0, 3.0, 6.0, 9.0)])

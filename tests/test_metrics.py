@@ -89,7 +89,7 @@ def test_report_never_shows_a_count_under_the_floor():
     for report in r.metrics["per-site"].values():
         assert all(c == "<3" or c == 0 or c >= 3 for c in report["cluster-sizes"])
     assert all(c == 0 or c >= 3 for c in r.metrics["cluster-sizes"])
-    from fedcluster.common.outputs import summary_table
+    from fedcluster.server_app.outputs import summary_table
 
     report = summary_table(r.metrics)
     site0 = next(line for line in report.splitlines() if "site 0:" in line)

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 import fedcluster
-from fedcluster import secure
+from fedcluster.client_app import secure_mod
+from fedcluster.common import secure_codec as secure
 from fedcluster.common import privacy
 from fedcluster.common.config import ConfigError, parse_run_config
-from fedcluster.common.data import SiteData
-from fedcluster.common.tasks import TaskError, run_task
+from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.task_io import TaskError
+from fedcluster.client_app.task_runner import run_task
 
 BOX = (np.zeros(64), np.full(64, 16.0))  # the digits' pixel range, D = 16 * 8 = 128
 
@@ -294,7 +296,7 @@ def test_distributed_dp_refuses_a_box_from_the_data_beyond_the_secure_bound():
 def test_noise_is_seeded_in_simulation_and_fresh_entropy_in_deployment():
     from flwr.app import Context, RecordDict
 
-    from fedcluster.client_app import SiteClient
+    from fedcluster.client_app.app import SiteClient
 
     def client(node_config):
         return SiteClient(Context(run_id=1, node_id=7, node_config=node_config,
@@ -357,15 +359,15 @@ def test_the_noise_share_follows_flowers_reconstruction_threshold(monkeypatch):
     from flwr.common.secure_aggregation.secaggplus_constants import Key, Stage
 
     thresholds = []
-    original = secure.secaggplus_mod
+    original = secure_mod.secaggplus_mod
 
     def spy(msg, context, call_next):
-        cfg = msg.content.config_records[secure.RECORD_KEY_CONFIGS]
+        cfg = msg.content.config_records[secure_mod.RECORD_KEY_CONFIGS]
         if cfg[Key.STAGE] == Stage.SETUP:
             thresholds.append(cfg[Key.THRESHOLD])
         return original(msg, context, call_next)
 
-    monkeypatch.setattr(secure, "secaggplus_mod", spy)
+    monkeypatch.setattr(secure_mod, "secaggplus_mod", spy)
     X = np.concatenate(_blobs()[0])
     replies = []
     _run(np.array_split(X, 5), dp_epsilon=5.0, secure_aggregation=True, secagg_data_bound=5.0,

@@ -11,10 +11,11 @@ from sklearn.preprocessing import MinMaxScaler, StandardScaler
 
 import fedcluster
 from fedcluster.common import scaling
-from fedcluster.common.data import SiteData
+from fedcluster.client_app.site_data import SiteData
 from fedcluster.common.model import Model
 from fedcluster.common.privacy import PrivacyLeakWarning
-from fedcluster.common.tasks import TaskError, run_task
+from fedcluster.client_app.task_io import TaskError
+from fedcluster.client_app.task_runner import run_task
 from fedcluster.strategies.validation import Expect, ReplyError, validate
 
 
@@ -221,7 +222,7 @@ def test_the_scaled_copy_goes_when_the_sites_array_does():
 def test_a_site_without_valid_statistics_leaves_the_run(monkeypatch):
     """The transform must cover every row that is clustered: a site whose statistics fail
     is rejected with the reason, and the transform is that of the others' pooled rows."""
-    from fedcluster.common import tasks
+    from fedcluster.client_app import tasks
 
     honest = tasks.TASKS["stats"]
 

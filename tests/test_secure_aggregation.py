@@ -23,9 +23,10 @@ from flwr.supercore.task_identity import TaskIdentity
 from sklearn import metrics as skm
 
 import fedcluster
-from fedcluster import secure
+from fedcluster.client_app.secure_mod import secure_mod
+from fedcluster.common import secure_codec as secure
 from fedcluster.common.config import ConfigError, parse_run_config
-from fedcluster.common.data import load_builtin, partition
+from fedcluster.common.datasets import load_builtin, partition
 from fedcluster.strategies import FederationError
 
 import reference as ref
@@ -157,7 +158,7 @@ def test_secure_mod_passes_plain_messages_through():
 
     with pytest.raises(KeyError):
         secaggplus_mod(msg, context, app)
-    secure.secure_mod(msg, context, app)
+    secure_mod(msg, context, app)
     assert seen == [msg] and "secaggplus" not in context.state.config_records
 
 

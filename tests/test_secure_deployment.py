@@ -25,7 +25,7 @@ import pytest
 import fedcluster
 import flower_processes as fp
 import netns
-from fedcluster.common.data import load_builtin, partition
+from fedcluster.common.datasets import load_builtin, partition
 from test_deployment import py_kwargs, write_site_csv
 
 ROOT = Path(__file__).resolve().parents[1]

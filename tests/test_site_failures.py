@@ -9,7 +9,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 import fedcluster
 from fedcluster import simulation
-from fedcluster.common.data import load_builtin, partition
+from fedcluster.common.datasets import load_builtin, partition
 
 GONE = "Error: Node Unavailable - the destination node failed to report a heartbeat"
 

@@ -17,7 +17,7 @@ from flwr.app import Context, RecordDict
 from flwr.common.serde import context_from_proto, context_to_proto
 
 import fedcluster
-from fedcluster.common import site_policy
+from fedcluster.client_app import site_policy
 from fedcluster.common.config import ConfigError, parse_node_config
 from fedcluster.simulation import run_in_process, site_nodes
 from test_deployment import write_site_csv
@@ -115,7 +115,7 @@ def test_max_rounds_counts_answered_task_rounds_in_process():
     assert result.metrics["site-failures"] == {}
     assert result.metrics["sites-at-max-rounds"] == {"1": 2}
     assert sorted(result.metrics["per-site"]) == ["0", "2"]
-    from fedcluster.common.outputs import summary_table
+    from fedcluster.server_app.outputs import summary_table
 
     assert "site 1 answered its max-rounds=2 task rounds" in summary_table(result.metrics)
 

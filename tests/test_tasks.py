@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from fedcluster.common import local
-from fedcluster.common.data import SiteData
-from fedcluster.common.tasks import TaskError, run_task
+from fedcluster.client_app import local_kmeans as local
+from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.task_io import TaskError
+from fedcluster.client_app.task_runner import run_task
 
 
 def site(X):

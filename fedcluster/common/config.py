@@ -227,9 +227,9 @@ class RunConfig(_Strict):
         # Each of these keys is a small language with its parser in the module that uses
         # it (imported here, when needed, to keep the config light); the parser's error
         # says what is wrong.
-        from fedcluster.common.data import parse_partitioning
+        from fedcluster.common.datasets import parse_partitioning
         from fedcluster.common.privacy import parse_data_bounds
-        from fedcluster.common.topology import parse_topology
+        from fedcluster.common.topology_spec import parse_topology
 
         parsers = {"partitioning": parse_partitioning, "topology": parse_topology,
                    "k_range": parse_k_range, "data_bounds": parse_data_bounds}

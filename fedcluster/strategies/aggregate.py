@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.cluster import KMeans
 
-from fedcluster.common.local import frobenius
+from fedcluster.common.kernels import frobenius
 
 
 def site_weighted_mean(

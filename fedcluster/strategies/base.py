@@ -1,7 +1,7 @@
 """The strategy base shared by every algorithm: a Flower ``Strategy`` run as phases.
 
 Every federated round is a Flower fit round carrying a *task* (see
-``fedcluster.common.tasks``). A run goes through these phases:
+``fedcluster.client_app.tasks``). A run goes through these phases:
 
 1. ``describe`` (once, all available sites): each site declares its size, width and
    feature names. A site whose width differs from the majority, whose data cannot be
@@ -47,10 +47,11 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from fedcluster import secure
-from fedcluster.common import metrics, scaling
+from fedcluster.common import secure_codec as secure
+from fedcluster.common import scaling
+from fedcluster.strategies import metrics
 from fedcluster.common.config import RunConfig
-from fedcluster.common.local import frobenius
+from fedcluster.common.kernels import frobenius
 from fedcluster.strategies import private, secure_sum, sites
 from fedcluster.strategies.errors import FederationError, SiteFailure
 # Site stays importable from here: checkpoints written before sites.py name it so.

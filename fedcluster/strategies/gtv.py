@@ -27,8 +27,8 @@ import logging
 import numpy as np
 from flwr.common.logger import log
 
-from fedcluster.common.local import frobenius
-from fedcluster.common.topology import TopologyError, build_topology, edges
+from fedcluster.common.kernels import frobenius
+from fedcluster.strategies.topology import TopologyError, build_topology, edges
 from fedcluster.strategies.aggregate import gtv_distance, kmeans_on_centroids
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.errors import FederationError

@@ -31,7 +31,7 @@ import warnings
 import numpy as np
 from flwr.common.logger import log
 
-from fedcluster import secure
+from fedcluster.common import secure_codec as secure
 from fedcluster.common import privacy
 from fedcluster.common.config import RunConfig
 from fedcluster.strategies.errors import FederationError
@@ -135,7 +135,7 @@ def task_params(strategy, task: str, server_round: int, n_sites: int) -> dict:
 # ------------------------------------------------------------- distributed DP
 def noise_sigmas(task: str, box, rho: float) -> dict[str, float]:
     """The std of the whole noise (sigma, before the sites' shares) per entry of each
-    noisy term of a DP task, by term name (``fedcluster.secure``); the site draws it in
+    noisy term of a DP task, by term name (``fedcluster.common.secure_codec``); the site draws it in
     ``common/private_tasks.py`` from the same functions."""
     if task == "lloyd":
         sigma_sums, sigma_counts = privacy.sums_counts_sigmas(*box, rho)

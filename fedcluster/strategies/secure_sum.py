@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcluster import secure
+from fedcluster.common import secure_codec as secure
 from fedcluster.strategies import private
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.validation import Reply, ReplyError

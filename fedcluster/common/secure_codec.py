@@ -40,15 +40,9 @@ rounding then applies to the noisy values, after the noise.
 from __future__ import annotations
 
 import json
-import logging
 import math
-from collections.abc import Callable
 
 import numpy as np
-from flwr.app import Context, Message
-from flwr.client.mod import secaggplus_mod
-from flwr.common.logger import log
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 # Encoded values lie in [-CLIP, CLIP] (Flower's clipping range); the scales carry the units.
 CLIP = 1.0
@@ -143,18 +137,6 @@ def encode(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int, requ
     return out
 
 
-def secure_mod(msg: Message, context: Context, call_next: Callable) -> Message:
-    """Flower's ``secaggplus_mod`` for the SecAgg+ protocol's messages only.
-
-    ``secaggplus_mod`` handles every TRAIN message and fails on one without its
-    ``secaggplus`` config record; the plain rounds (and plain runs) carry none, so they
-    go straight to the ClientApp, unchanged.
-    """
-    if RECORD_KEY_CONFIGS not in msg.content.config_records:
-        return call_next(msg, context)
-    return secaggplus_mod(msg, context, call_next)
-
-
 # ----------------------------------------------------------------- server side
 def term_names(task: str, dynamic: bool = True, fuzzy_eval: bool = False,
                with_sse: bool = True) -> list[str]:
@@ -244,39 +226,3 @@ def decode(aggregate: list[np.ndarray], names: list[str], scales: list[float],
         total = np.asarray(value, dtype=np.float64) * n_sites * scale
         out[name] = np.rint(total) if name in INTEGER_TERMS else total
     return out
-
-
-def make_fit_workflow(config, plain_round: Callable) -> Callable:
-    """The fit workflow of a run: ``plain_round`` or, with ``secure-aggregation``,
-    Flower's SecAgg+ workflow for the rounds whose task is a sum."""
-    if not config.secure_aggregation:
-        return plain_round
-    from flwr.server.workflow import SecAggPlusWorkflow
-
-    secagg = SecAggPlusWorkflow(
-        num_shares=float(config.secagg_num_shares),
-        reconstruction_threshold=float(config.secagg_reconstruction_threshold),
-        max_weight=float(WEIGHT),
-        clipping_range=CLIP,
-        quantization_range=int(config.secagg_quantization_range),
-        modulus_range=MODULUS,
-        timeout=float(config.round_timeout),
-    )
-
-    def fit(grid, context) -> None:
-        strategy = context.strategy
-        if strategy.phase not in SECURE_PHASES:
-            plain_round(grid, context)
-            return
-        rows_before = len(strategy.history)
-        secagg(grid, context)
-        if len(strategy.history) == rows_before:  # SecAgg+ halted before aggregate_fit
-            from fedcluster.strategies.errors import FederationError
-
-            log(logging.ERROR, "secure aggregation halted in phase %s", strategy.phase)
-            raise FederationError(
-                f"secure aggregation halted ({strategy.phase} round): fewer than 2 sites, or "
-                "too few sites answered to reach the reconstruction threshold "
-                "(secagg-reconstruction-threshold); see the log above")
-
-    return fit

@@ -4,7 +4,7 @@ The ServerApp runs the configured algorithm for every k in LO..HI on the same fe
 the sites describe themselves (and send their scaling statistics) once; each k then has its
 own initialisation, training, and the exact evaluation rounds, whose metrics are the
 per-k figures (inertia, simplified silhouette, Davies-Bouldin, Calinski-Harabasz; every one
-computed from the sites' sufficient statistics, none from rows). ``common/criteria.py``
+computed from the sites' sufficient statistics, none from rows). ``server_app/criteria.py``
 turns them into the best k per criterion.
 
 Warm start (``k-warm-start = true``, the default): k + 1 starts from k's centroids with
@@ -19,7 +19,7 @@ One-shot k-FED has no training, so it always starts cold.
 
 Outputs, in ``output-dir/<run-name>/``: ``choose-k.json`` (the best k per criterion and the
 figures per k), ``choose-k.png``, and one ``model-k<k>.json`` per k.
-Python API: :func:`choose_k`; command line: ``fedcluster choose-k``.
+Python API: :func:`fedcluster.choose_k` (in ``simulation.py``, beside ``simulate``); command line: ``fedcluster choose-k``.
 """
 
 from __future__ import annotations
@@ -35,9 +35,12 @@ from flwr.common.logger import log
 from flwr.server import LegacyContext, ServerConfig
 
 from fedcluster.common.config import RunConfig
-from fedcluster.common.criteria import CRITERIA, best_k, split_largest_cluster
-from fedcluster.common.metrics import METRIC_NAMES
+from fedcluster.server_app.criteria import CRITERIA, best_k, split_largest_cluster
+from fedcluster.strategies.metrics import METRIC_NAMES
 from fedcluster.common.model import Model
+from fedcluster.server_app.outputs import write_choose_k
+from fedcluster.server_app.workflow import ClusteringWorkflow, build_model, run_name
+from fedcluster.strategies import make_strategy
 
 # What each k's row of the figures holds, besides the metrics.
 _EXTRA = ("rounds", "seed", "cluster-sizes")
@@ -50,33 +53,26 @@ def figures(model: Model) -> dict:
 
 def run_k_range(grid, context: Context, config: RunConfig) -> str:
     """The ServerApp's k-range run; returns the choose-k result as JSON (see :func:`report`)."""
-    from fedcluster.common.outputs import write_choose_k
-    from fedcluster.server_app import ClusteringWorkflow, build_model, run_name
-    from fedcluster.strategies import make_strategy
-
     lo, hi = config.k_bounds
     models: dict[int, Model] = {}
-
-    def strategies():
-        previous = None
+    workflow = ClusteringWorkflow()
+    strategy = make_strategy(config.model_copy(update={"n_clusters": lo}))
+    legacy = LegacyContext(context=context, config=ServerConfig(), strategy=strategy)
+    last_round, previous = 0, None
+    with workflow.federation(grid, legacy):
         for k in range(lo, hi + 1):
             config_k = config.model_copy(update={"n_clusters": k})
-            strategy = make_strategy(config_k)
             if previous is not None:
+                strategy = make_strategy(config_k)
                 if config.k_warm_start and strategy.has_training:
                     best = previous.best
                     strategy.warm_start = split_largest_cluster(best["centroids"], best["stats"], config.seed + k)
                 strategy.continue_from(previous)
             log(logging.INFO, "choose-k: k = %s (%s start)", k,
                 "warm" if strategy.warm_start is not None else "cold")
-            yield strategy
+            last_round = workflow.run(grid, legacy, strategy, last_round)
             models[k] = build_model(strategy, config_k, None)
             previous = strategy
-
-    generator = strategies()
-    first = next(generator)
-    legacy = LegacyContext(context=context, config=ServerConfig(), strategy=first)
-    ClusteringWorkflow()(grid, legacy, _chain(first, generator))
     result = report(config, models)
     log(logging.INFO, "%s", summary(result))
     if config.output_dir:
@@ -85,11 +81,6 @@ def run_k_range(grid, context: Context, config: RunConfig) -> str:
         log(logging.INFO, "choose-k outputs written to %s", directory.resolve())
     return json.dumps({**result, "models": {str(k): m.to_dict() for k, m in models.items()}},
                       default=_json_default)
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
 
 
 def report(config: RunConfig, models: dict[int, Model]) -> dict:
@@ -123,43 +114,3 @@ def _json_default(value):
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"cannot store {type(value).__name__} in choose-k.json")
-
-
-def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] | str,
-             labels: list[np.ndarray] | None = None, num_sites: int | None = None,
-             **config) -> dict:
-    """Run the federation for every k in ``k_range`` (in this process) and choose k.
-
-    Parameters
-    ----------
-    sites : list of 2-D arrays, optional
-        One array per site, as for :func:`fedcluster.simulate`; without it, ``num_sites``
-        partitions of the built-in ``dataset``.
-    k_range : (lo, hi) or "lo:hi"
-        Both ends included; 2 <= lo and hi >= lo + 2.
-    labels : list of 1-D arrays, optional
-        Per-site labels (evaluation only: adds ARI etc. to the per-k figures).
-    **config
-        Run-config keys with ``_`` for ``-`` (``algorithm``, ``scale``, ``n_init``,
-        ``k_warm_start``, ``output_dir`` to also write choose-k.json/png, ...).
-
-    Returns
-    -------
-    dict
-        ``elbow``, ``simplified-silhouette``, ``davies-bouldin``, ``calinski-harabasz``:
-        the k each criterion picks; ``per-k``: {k: figures} (``inertia``, ``score``, the
-        three criteria, label metrics where labels are given, ``rounds``, ...);
-        ``models``: {k: :class:`fedcluster.Model`}.
-    """
-    from fedcluster.simulation import run_server
-
-    text = k_range if isinstance(k_range, str) else f"{k_range[0]}:{k_range[1]}"
-    run_config = {key.replace("_", "-"): value for key, value in config.items()}
-    run_config.setdefault("output-dir", "")
-    run_config["k-range"] = text
-    record = run_server(sites, labels=labels, num_sites=num_sites, run_config=run_config)
-    data = json.loads(str(record["choose-k"]))
-    out: dict = dict(data["best"])
-    out["per-k"] = {int(k): row for k, row in data["per-k"].items()}
-    out["models"] = {int(k): Model.from_json(json.dumps(m)) for k, m in data["models"].items()}
-    return out

@@ -1,6 +1,6 @@
 """Site graphs for the decentralised GTVMin k-means (Jung; ALGORITHMS.md section 6).
 
-A topology is an undirected graph over the site ids (``site-id`` in deployment,
+The grammar of the ``topology`` value is checked by ``common/topology_spec.py``. A topology is an undirected graph over the site ids (``site-id`` in deployment,
 ``partition-id`` in simulation). The ``topology`` run-config key names it:
 
 ``complete``
@@ -30,46 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster.common.topology_spec import TopologyError, parse_topology
+
+__all__ = ["TopologyError", "build_topology", "edges", "parse_topology"]
+
 #: Re-draws of ``random:P`` before giving up (P too small for the number of sites).
 MAX_DRAWS = 1000
-
-
-class TopologyError(ValueError):
-    """The topology is malformed, names unknown sites, or is not connected."""
-
-
-def parse_topology(spec: str) -> tuple[str, str]:
-    """Split and check a ``topology`` value: ``(kind, argument)``.
-
-    Raises
-    ------
-    TopologyError
-        Naming what is wrong with ``spec``.
-    """
-    kind, _, arg = str(spec).partition(":")
-    if kind in ("complete", "ring"):
-        if arg:
-            raise TopologyError(f"topology {spec!r}: {kind!r} takes no argument")
-        return kind, ""
-    if kind == "knn":
-        if not re.fullmatch(r"[1-9][0-9]*", arg):
-            raise TopologyError(f"topology {spec!r}: knn:K needs a positive integer K")
-        return kind, arg
-    if kind == "random":
-        try:
-            p = float(arg)
-        except ValueError:
-            p = -1.0
-        if not 0.0 < p <= 1.0:
-            raise TopologyError(f"topology {spec!r}: random:P needs a probability 0 < P <= 1")
-        return kind, arg
-    if kind == "edges":
-        if not arg:
-            raise TopologyError(f"topology {spec!r}: edges:PATH needs a file path")
-        return kind, arg
-    raise TopologyError(
-        f"unknown topology {spec!r}; use complete, ring, knn:K, random:P or edges:PATH"
-    )
 
 
 def build_topology(spec: str, site_ids: list[str], seed: int) -> dict[str, list[str]]:

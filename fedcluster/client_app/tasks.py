@@ -4,7 +4,7 @@ A task takes the site's data, the arrays the server sent and the task's scalar
 parameters, runs the compiled kernels, and returns a :class:`TaskReply` of AGGREGATES
 only (centroids or sums, counts, scalar metrics) -- never a row of the data.
 
-The privacy floor p is applied here, in one place (:func:`apply_privacy_floor`): a
+The privacy floor p is applied in one place (``task_io.apply_privacy_floor``): a
 cluster with fewer than p local members is not reported (its count is sent as 0 and its
 centroid row replaced by what the server sent, or dropped where rows are optional).
 
@@ -16,7 +16,7 @@ Tasks (the ``task`` config key):
     Per-feature aggregates over all rows for the global scaling (``scale``): mean, sum of
     deviations and M2 (``standard``) or minimum and maximum (``minmax``); see
     ``common/scaling.py``. Every later task carries the resulting ``transform``, and
-    :func:`run_task` hands it the scaled rows.
+    ``task_runner.run_task`` hands it the scaled rows.
 ``bounds``
     Per-feature minimum and maximum (random initialisation in the federated box).
 ``local_kmeans``
@@ -49,82 +49,21 @@ Tasks (the ``task`` config key):
 
 from __future__ import annotations
 
-import dataclasses
+
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
 
 import numpy as np
 
 from flwr.common.logger import log
 
-from fedcluster.common import kernels, local, scaling
-from fedcluster.common.data import SiteData
+from fedcluster.common import kernels, scaling
 
-Scalar = bool | int | float | str
-
-
-@dataclass
-class TaskReply:
-    """What a site sends back: arrays (aggregates) and scalar metrics; ``terms``, when
-    set, are the sums a secure round takes instead of those derived from the arrays
-    (``fedcluster.secure.site_terms``; distributed DP's noisy linear statistics)."""
-
-    arrays: list[np.ndarray] = field(default_factory=list)
-    metrics: dict[str, Scalar] = field(default_factory=dict)
-    terms: dict[str, np.ndarray] | None = None
-
-
-class TaskError(ValueError):
-    """The server asked for something this site cannot do (bad task or parameters)."""
-
-
-def task_param(params: dict, key: str, kind: type, default=None):
-    """Task parameter ``key`` as ``kind``; ``default`` when absent (a missing parameter
-    without a default, or one that does not convert, is a :class:`TaskError`)."""
-    if key not in params:
-        if default is None:
-            raise TaskError(f"task parameter '{key}' is missing")
-        return default
-    value = params[key]
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise TaskError(f"task parameter '{key}' must be {kind.__name__}, got {value!r}") from None
-
-
-def received_centroids(arrays: list[np.ndarray], site: SiteData) -> np.ndarray:
-    """The server's centroids (the task's first array), checked against this site's
-    width and for finiteness, as a contiguous float64 array."""
-    if len(arrays) < 1:
-        raise TaskError("the task needs the global centroids as its first array")
-    C = np.asarray(arrays[0], dtype=np.float64)
-    if C.ndim != 2 or C.shape[1] != site.n_features or C.shape[0] < 1:
-        raise TaskError(
-            f"centroids of shape {C.shape} do not fit this site's {site.n_features} features"
-        )
-    if not np.all(np.isfinite(C)):
-        raise TaskError("the centroids sent by the server are not all finite")
-    return np.ascontiguousarray(C)
-
-
-def apply_privacy_floor(
-    counts: np.ndarray, centroids: np.ndarray, fallback: np.ndarray, floor: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Withhold every cluster with fewer than ``floor`` local members.
-
-    Its count becomes 0 and its centroid row is replaced by ``fallback`` (what the server
-    sent, which carries no information about the site). Clusters with 0 members are
-    untouched apart from that replacement, so a withheld cluster is indistinguishable
-    from an empty one.
-    """
-    counts = np.asarray(counts, dtype=np.int64).copy()
-    centroids = np.array(centroids, dtype=np.float64, copy=True)
-    hidden = counts < floor
-    counts[hidden] = 0
-    centroids[hidden] = fallback[hidden]
-    return counts, centroids
+from fedcluster.client_app import local_kmeans as local
+from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.task_io import TaskError, TaskReply, apply_privacy_floor, received_centroids, task_param
 
 
 def describe(site: SiteData, arrays, params, floor: int) -> TaskReply:
@@ -172,7 +111,7 @@ def _continue_lloyd(X, C, sums, counts, local_iters: int, tol: float):
     (``sums``, ``counts`` against ``C``) are already known; return the centroids and
     the sizes of the last assignment."""
     local_C = local.update_centroids(C, sums, counts)
-    if local_iters > 1 and local.frobenius(local_C - C) >= tol:
+    if local_iters > 1 and kernels.frobenius(local_C - C) >= tol:
         local_C, counts, _ = local.lloyd(X, local_C, local_iters - 1, tol)
     return local_C, counts
 
@@ -441,37 +380,3 @@ TASKS: dict[str, TaskFn] = {
     "evaluate": evaluate,
     "evaluate_distances": evaluate_distances,
 }
-
-
-def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor: int,
-             noise_seed=None) -> TaskReply:
-    """Run the task named by ``params['task']`` with floor max(server's p, site's p), on
-    the rows scaled by ``params['transform']`` when the run has one and clipped to
-    ``params['data-bounds']`` when given. Under DP (``dp-rho``) the task's private
-    version runs (``common/private_tasks.py``), its noise drawn from
-    ``np.random.default_rng(noise_seed)`` (None: fresh OS entropy)."""
-    from fedcluster.common import private_tasks, privacy
-
-    name = params.get("task")
-    if name not in TASKS:
-        raise TaskError(f"unknown task {name!r}; this site knows {sorted(TASKS)}")
-    server_floor = task_param(params, "min-cluster-size", int, default=1)
-    floor = max(server_floor, site_floor, 1)
-    if "transform" in params:  # the run's global scaling: the task sees the scaled rows
-        try:
-            X = scaling.scaled_rows(site.X, site.source, str(params["transform"]))
-        except ValueError as err:
-            raise TaskError(f"task parameter 'transform': {err}") from None
-        site = dataclasses.replace(site, X=X)
-    dp = private_tasks.task_privacy(params, site.n_features)
-    box = private_tasks.site_bounds(params, site.n_features) if name != "describe" else None
-    if box is not None:  # data-bounds: every task sees the clipped rows
-        site = dataclasses.replace(site, X=privacy.clip_rows(site.X, *box))
-    reply = None
-    if dp is not None:
-        rng = np.random.default_rng(noise_seed)
-        reply = private_tasks.run_private(name, site, arrays, params, floor, dp, rng)
-    if reply is None:
-        reply = TASKS[name](site, arrays, params, floor)
-    reply.metrics.setdefault("n-rows", site.n_rows)
-    return reply

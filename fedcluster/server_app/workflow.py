@@ -1,4 +1,4 @@
-"""The ServerApp: run config -> strategy -> rounds -> outputs.
+"""The server's round loop: a run config's strategy driven round by round to its result.
 
 The round loop lives here, in :class:`ClusteringWorkflow` (Flower's ``DefaultWorkflow``
 runs a fixed number of rounds; clustering needs to stop on convergence, to run an
@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
-from collections.abc import Iterable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
@@ -27,11 +28,11 @@ from flwr.server.compat.app_utils import start_update_client_manager_thread
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.serverapp import Grid, ServerApp
 
-from fedcluster.checkpoint import load_checkpoint, save_checkpoint
+from fedcluster.server_app.checkpoint import load_checkpoint, save_checkpoint
 from fedcluster.common.config import RunConfig, parse_run_config
 from fedcluster.common.model import Model
-from fedcluster.secure import make_fit_workflow
-from fedcluster.common.outputs import progress_line, summary_table, write_outputs
+from fedcluster.server_app.secure_fit import make_fit_workflow
+from fedcluster.server_app.outputs import progress_line, summary_table, write_outputs
 from fedcluster.strategies import ClusteringStrategy, FederationError, make_strategy, private
 from fedcluster.strategies.errors import SiteFailure
 
@@ -111,12 +112,16 @@ class ClusteringWorkflow:
         # Where the strategy's state is written after every round (None: nowhere).
         self.checkpoint_dir = checkpoint_dir
 
-    def __call__(
-        self, grid: Grid, context: LegacyContext, strategies: Iterable[ClusteringStrategy] | None = None
-    ) -> None:
-        """Run ``context.strategy`` to the end or, given ``strategies``, each of them in
-        turn on the same federation (choose-k: one per k; a generator may look at the
-        previous one's result), the round numbers running on."""
+    def __call__(self, grid: Grid, context: LegacyContext) -> None:
+        """Run ``context.strategy`` to the end."""
+        with self.federation(grid, context):
+            self.run(grid, context, cast(ClusteringStrategy, context.strategy))
+
+    @contextmanager
+    def federation(self, grid: Grid, context: LegacyContext) -> Iterator[None]:
+        """The federation the rounds run on: the node-list refresh thread, started and
+        stopped around the block, and ``min-sites`` connected before it starts (choose-k
+        runs one strategy per k inside one federation, the round numbers running on)."""
         config = cast(ClusteringStrategy, context.strategy).config
         thread, stop, registered = start_update_client_manager_thread(grid, context.client_manager)
         registered.wait()
@@ -129,17 +134,16 @@ class ClusteringWorkflow:
                 )
             cfg = ConfigRecord({"round-timeout": config.round_timeout})
             context.state.config_records[MAIN_CONFIGS_RECORD] = cfg
-            last_round = 0
-            for strategy in strategies if strategies is not None else [context.strategy]:
-                context.strategy = strategy
-                last_round = self._run_strategy(grid, context, strategy, last_round)
+            yield
         finally:
             stop.set()
             thread.join()
 
-    def _run_strategy(
-        self, grid: Grid, context: LegacyContext, strategy: ClusteringStrategy, last_round: int
-    ) -> int:
+    def run(self, grid: Grid, context: LegacyContext, strategy: ClusteringStrategy,
+            last_round: int = 0) -> int:
+        """Run ``strategy`` round by round until it is finished, numbering its rounds from
+        ``last_round + 1``; returns its last round's number. Call inside :meth:`federation`."""
+        context.strategy = strategy
         config = strategy.config
         cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
         context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
@@ -165,7 +169,7 @@ def central_score(strategy: ClusteringStrategy) -> float | None:
     """
     from sklearn.cluster import KMeans
 
-    from fedcluster.common.data import load_builtin
+    from fedcluster.common.datasets import load_builtin
 
     provenances = [s.provenance for s in strategy.sites.values()]
     if not provenances or any("dataset" not in p for p in provenances):
@@ -219,39 +223,3 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
 def run_name(config: RunConfig) -> str:
     prefix = "choose-k-" if config.k_bounds else ""
     return config.run_name or f"{prefix}{config.algorithm}-{datetime.now():%Y%m%d-%H%M%S}"
-
-
-app = ServerApp()
-
-
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    config = parse_run_config(dict(context.run_config))
-    initial = context.state.array_records.get(INITIAL_CENTROIDS)
-    initial_centroids = initial.to_numpy_ndarrays()[0] if initial is not None else None
-    if config.k_bounds is not None:
-        if initial_centroids is not None:
-            raise FederationError("k-range runs every k from its own start; give no initial centroids")
-        from fedcluster.k_selection import run_k_range
-
-        result = run_k_range(grid, context, config)
-        context.state.config_records[RESULT] = ConfigRecord({"choose-k": result})
-        return
-    if config.resume_from:
-        strategy = load_checkpoint(config.resume_from, config)
-    else:
-        strategy = make_strategy(config, initial_centroids)
-    directory = Path(config.output_dir) / run_name(config) if config.output_dir else None
-    legacy = LegacyContext(context=context, config=ServerConfig(), strategy=strategy)
-    log(logging.INFO, "fedcluster: %s, k = %s, up to %s rounds", config.algorithm, config.n_clusters, config.num_rounds)
-    fit_workflow = make_fit_workflow(config, fit_round)
-    ClusteringWorkflow(fit_workflow, checkpoint_dir=directory)(grid, legacy)
-
-    central = central_score(strategy) if config.central_baseline else None
-    model = build_model(strategy, config, central)
-    log(logging.INFO, "%s", summary_table(model.metrics))
-    if directory is not None:
-        write_outputs(directory, model)
-        log(logging.INFO, "outputs written to %s", directory.resolve())
-    # For the in-process harness: the result travels back in the Context's state.
-    context.state.config_records[RESULT] = ConfigRecord({"model": model.to_json()})

@@ -11,7 +11,7 @@ Only numeric features can be clustered: a selected column with text in it is rej
 with a message naming every such column and its first non-numeric cell, and suggesting
 ``columns``. (Categories are not one-hot encoded: agreeing on them would make every site
 disclose the category values it holds.) Every other problem is named by file, data row,
-line and column. Errors are ``SiteDataError`` (defined in ``data.py``).
+line and column. Errors are ``SiteDataError`` (``common.datasets``).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster.common.datasets import SiteDataError
+
 DELIMITERS = {".csv": ",", ".tsv": "\t"}
 
 
 def _error(message: str):
-    from fedcluster.common.data import SiteDataError  # data.py imports this module
-
     return SiteDataError(message)
 
 

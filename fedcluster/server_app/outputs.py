@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.common.metrics import METRIC_NAMES
+from fedcluster.strategies.metrics import METRIC_NAMES
 from fedcluster.common.model import Model
 
 MAX_SITE_LINES = 20

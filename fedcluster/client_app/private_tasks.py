@@ -3,7 +3,7 @@ privacy", the maths in ``common/privacy.py``).
 
 The server sends, with every task of a DP run, ``data-bounds`` (the clipping box),
 ``dp-rho`` (this round's zCDP share of the run's budget) and ``dp-noise-share`` (1 for
-local DP). The site clips its rows to the box (in :func:`fedcluster.common.tasks.run_task`),
+local DP). The site clips its rows to the box (in :func:`fedcluster.client_app.task_runner.run_task`),
 computes sigma ITSELF from the box and ``dp-rho`` and adds the noise before anything
 leaves it. Only these tasks run under DP:
 
@@ -44,10 +44,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedcluster import secure
+from fedcluster.common import secure_codec as secure
 from fedcluster.common import kernels, privacy
-from fedcluster.common.data import SiteData
-from fedcluster.common.tasks import TaskError, TaskReply, received_centroids, task_param
+from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.task_io import TaskError, TaskReply, received_centroids, task_param
 
 #: Tasks a site runs under DP; the others are refused.
 DP_TASKS = ("describe", "bounds", "lloyd", "evaluate", "evaluate_distances")

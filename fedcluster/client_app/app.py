@@ -26,11 +26,13 @@ from flwr.clientapp import ClientApp
 from flwr.common import Context
 from flwr.common.logger import log
 
-from fedcluster import secure
-from fedcluster.common import site_policy
+from fedcluster.client_app.secure_mod import secure_mod
+from fedcluster.common import secure_codec as secure
+from fedcluster.client_app import site_policy
 from fedcluster.common.config import ConfigError, NodeConfig, parse_node_config, run_config_defaults
-from fedcluster.common.data import SiteData, SiteDataError, load_partition, load_site_file
-from fedcluster.common.tasks import TaskError, run_task
+from fedcluster.client_app.site_data import SiteData, SiteDataError, load_partition, load_site_file
+from fedcluster.client_app.task_io import TaskError
+from fedcluster.client_app.task_runner import run_task
 
 # In-process harness only: ``data-path = "memory://<token>/<i>"`` names arrays that the
 # test/benchmark process registered (see fedcluster.simulation). Never used by Flower.
@@ -184,4 +186,4 @@ def client_fn(context: Context) -> Client:
 
 # secure_mod: Flower's secaggplus_mod for SecAgg+ messages; every other message passes
 # through unchanged (plain rounds and plain runs).
-app = ClientApp(client_fn=client_fn, mods=[secure.secure_mod])
+app = ClientApp(client_fn=client_fn, mods=[secure_mod])

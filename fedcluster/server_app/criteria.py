@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from fedcluster.common.metrics import PooledStats
+from fedcluster.strategies.metrics import PooledStats
 
 # criterion -> +1 where the largest value is best, -1 where the smallest is
 BEST_IS = {"simplified-silhouette": +1, "davies-bouldin": -1, "calinski-harabasz": +1}

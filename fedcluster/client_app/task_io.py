@@ -1,0 +1,74 @@
+"""What every site task reads and sends: its parameters, the server's centroids, its
+reply, its refusal (:class:`TaskError`) and the privacy floor applied to what it reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedcluster.client_app.site_data import SiteData
+
+Scalar = bool | int | float | str
+
+
+@dataclass
+class TaskReply:
+    """What a site sends back: arrays (aggregates) and scalar metrics; ``terms``, when
+    set, are the sums a secure round takes instead of those derived from the arrays
+    (``fedcluster.common.secure_codec.site_terms``; distributed DP's noisy linear statistics)."""
+
+    arrays: list[np.ndarray] = field(default_factory=list)
+    metrics: dict[str, Scalar] = field(default_factory=dict)
+    terms: dict[str, np.ndarray] | None = None
+
+
+class TaskError(ValueError):
+    """The server asked for something this site cannot do (bad task or parameters)."""
+
+
+def task_param(params: dict, key: str, kind: type, default=None):
+    """Task parameter ``key`` as ``kind``; ``default`` when absent (a missing parameter
+    without a default, or one that does not convert, is a :class:`TaskError`)."""
+    if key not in params:
+        if default is None:
+            raise TaskError(f"task parameter '{key}' is missing")
+        return default
+    value = params[key]
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise TaskError(f"task parameter '{key}' must be {kind.__name__}, got {value!r}") from None
+
+
+def received_centroids(arrays: list[np.ndarray], site: SiteData) -> np.ndarray:
+    """The server's centroids (the task's first array), checked against this site's
+    width and for finiteness, as a contiguous float64 array."""
+    if len(arrays) < 1:
+        raise TaskError("the task needs the global centroids as its first array")
+    C = np.asarray(arrays[0], dtype=np.float64)
+    if C.ndim != 2 or C.shape[1] != site.n_features or C.shape[0] < 1:
+        raise TaskError(
+            f"centroids of shape {C.shape} do not fit this site's {site.n_features} features"
+        )
+    if not np.all(np.isfinite(C)):
+        raise TaskError("the centroids sent by the server are not all finite")
+    return np.ascontiguousarray(C)
+
+
+def apply_privacy_floor(
+    counts: np.ndarray, centroids: np.ndarray, fallback: np.ndarray, floor: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Withhold every cluster with fewer than ``floor`` local members.
+
+    Its count becomes 0 and its centroid row is replaced by ``fallback`` (what the server
+    sent, which carries no information about the site). Clusters with 0 members are
+    untouched apart from that replacement, so a withheld cluster is indistinguishable
+    from an empty one.
+    """
+    counts = np.asarray(counts, dtype=np.int64).copy()
+    centroids = np.array(centroids, dtype=np.float64, copy=True)
+    hidden = counts < floor
+    counts[hidden] = 0
+    centroids[hidden] = fallback[hidden]
+    return counts, centroids

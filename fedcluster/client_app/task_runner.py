@@ -1,0 +1,46 @@
+"""The site's task dispatch: the task a message names, run on the site's (scaled, clipped)
+rows with the floor max(server's p, site's p), in its private version under DP."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fedcluster.client_app import private_tasks
+from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.task_io import TaskError, TaskReply, task_param
+from fedcluster.client_app.tasks import TASKS
+from fedcluster.common import privacy, scaling
+
+
+def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor: int,
+             noise_seed=None) -> TaskReply:
+    """Run the task named by ``params['task']`` with floor max(server's p, site's p), on
+    the rows scaled by ``params['transform']`` when the run has one and clipped to
+    ``params['data-bounds']`` when given. Under DP (``dp-rho``) the task's private
+    version runs (``common/private_tasks.py``), its noise drawn from
+    ``np.random.default_rng(noise_seed)`` (None: fresh OS entropy)."""
+    name = params.get("task")
+    if name not in TASKS:
+        raise TaskError(f"unknown task {name!r}; this site knows {sorted(TASKS)}")
+    server_floor = task_param(params, "min-cluster-size", int, default=1)
+    floor = max(server_floor, site_floor, 1)
+    if "transform" in params:  # the run's global scaling: the task sees the scaled rows
+        try:
+            X = scaling.scaled_rows(site.X, site.source, str(params["transform"]))
+        except ValueError as err:
+            raise TaskError(f"task parameter 'transform': {err}") from None
+        site = dataclasses.replace(site, X=X)
+    dp = private_tasks.task_privacy(params, site.n_features)
+    box = private_tasks.site_bounds(params, site.n_features) if name != "describe" else None
+    if box is not None:  # data-bounds: every task sees the clipped rows
+        site = dataclasses.replace(site, X=privacy.clip_rows(site.X, *box))
+    reply = None
+    if dp is not None:
+        rng = np.random.default_rng(noise_seed)
+        reply = private_tasks.run_private(name, site, arrays, params, floor, dp, rng)
+    if reply is None:
+        reply = TASKS[name](site, arrays, params, floor)
+    reply.metrics.setdefault("n-rows", site.n_rows)
+    return reply

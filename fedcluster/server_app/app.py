@@ -1,0 +1,59 @@
+"""The ServerApp: run config -> strategy -> rounds (``workflow.py``) -> outputs.
+
+``fedcluster.server_app:app`` is the ServerApp that ``flwr run`` and a SuperLink start;
+a k-range run goes to ``choose_k.py``, a resumed run starts from ``checkpoint.py``, and
+with ``secure-aggregation`` the sum rounds go through ``secure_fit.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context
+from flwr.common.logger import log
+from flwr.server import LegacyContext, ServerConfig
+from flwr.serverapp import Grid, ServerApp
+
+from fedcluster.common.config import parse_run_config
+from fedcluster.server_app.checkpoint import load_checkpoint
+from fedcluster.server_app.choose_k import run_k_range
+from fedcluster.server_app.outputs import summary_table, write_outputs
+from fedcluster.server_app.secure_fit import make_fit_workflow
+from fedcluster.server_app.workflow import (
+    INITIAL_CENTROIDS, RESULT, ClusteringWorkflow, build_model, central_score, fit_round, run_name,
+)
+from fedcluster.strategies import FederationError, make_strategy
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    config = parse_run_config(dict(context.run_config))
+    initial = context.state.array_records.get(INITIAL_CENTROIDS)
+    initial_centroids = initial.to_numpy_ndarrays()[0] if initial is not None else None
+    if config.k_bounds is not None:
+        if initial_centroids is not None:
+            raise FederationError("k-range runs every k from its own start; give no initial centroids")
+        result = run_k_range(grid, context, config)
+        context.state.config_records[RESULT] = ConfigRecord({"choose-k": result})
+        return
+    if config.resume_from:
+        strategy = load_checkpoint(config.resume_from, config)
+    else:
+        strategy = make_strategy(config, initial_centroids)
+    directory = Path(config.output_dir) / run_name(config) if config.output_dir else None
+    legacy = LegacyContext(context=context, config=ServerConfig(), strategy=strategy)
+    log(logging.INFO, "fedcluster: %s, k = %s, up to %s rounds", config.algorithm, config.n_clusters, config.num_rounds)
+    fit_workflow = make_fit_workflow(config, fit_round)
+    ClusteringWorkflow(fit_workflow, checkpoint_dir=directory)(grid, legacy)
+
+    central = central_score(strategy) if config.central_baseline else None
+    model = build_model(strategy, config, central)
+    log(logging.INFO, "%s", summary_table(model.metrics))
+    if directory is not None:
+        write_outputs(directory, model)
+        log(logging.INFO, "outputs written to %s", directory.resolve())
+    # For the in-process harness: the result travels back in the Context's state.
+    context.state.config_records[RESULT] = ConfigRecord({"model": model.to_json()})
