@@ -190,3 +190,12 @@ def test_no_pickle_anywhere():
     """Checkpoints are data (JSON + .npz): loading one runs no code."""
     users = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "pickle" in p.read_text()]
     assert users == []
+
+
+def test_only_the_protocol_module_indexes_reply_arrays():
+    """A reply's array order is known in one place: everywhere else arrays are named."""
+    assert PROTOCOL_MODULE.exists()
+    indexing = re.compile(r"\barrays\[")
+    users = [f"{p.relative_to(PACKAGE)}:{i}" for p in PACKAGE.rglob("*.py") if p != PROTOCOL_MODULE
+             for i, line in enumerate(p.read_text().splitlines(), 1) if indexing.search(line)]
+    assert users == []

@@ -24,6 +24,7 @@ from sklearn import metrics as skm
 
 import fedcluster
 from fedcluster.client_app.secure_mod import secure_mod
+from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
 from fedcluster.common.config import ConfigError, parse_run_config
 from fedcluster.common.datasets import load_builtin, partition
@@ -312,7 +313,7 @@ def test_secure_aggregate_is_validated_as_a_whole():
     strategy = make_strategy(config)
     strategy.sites = {str(i): Site(str(i), i, 10, 3, [], {}) for i in range(3)}
     C = np.zeros((2, 3))
-    plan = TaskPlan("lloyd", arrays=[C], secure=(["wc", "w-int", "sse", "n"], [1.0] * 4))
+    plan = TaskPlan("lloyd", arrays=protocol.Centroids(C), secure=(["wc", "w-int", "sse", "n"], [1.0] * 4))
     good = {"wc": np.ones((2, 3)), "w-int": np.array([12.0, 18.0]), "sse": np.array([5.0]),
             "n": np.array([30.0])}
     reply = secure_sum.sum_reply(strategy, plan, good, 3, 30)

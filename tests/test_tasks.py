@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from fedcluster.client_app import local_kmeans as local
+from fedcluster.common import protocol
 from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.task_io import TaskError
 from fedcluster.client_app.task_runner import run_task
@@ -81,5 +82,5 @@ def test_replies_never_carry_rows(two_groups):
                    {"task": "bounds"}, {"task": "describe"},
                    {"task": "local_kmeans", "k-local": 2, "seed": 1}):
         reply = run_task(two_groups, [C], params, 2)
-        for a in reply.arrays:
+        for a in protocol.to_arrays(reply.arrays):
             assert a.shape[0] <= 2 or a.ndim == 1 and a.shape[0] == 2

@@ -27,6 +27,7 @@ from flwr.common import Context
 from flwr.common.logger import log
 
 from fedcluster.client_app.secure_mod import secure_mod
+from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
 from fedcluster.client_app import site_policy
 from fedcluster.common.config import ConfigError, NodeConfig, parse_node_config, run_config_defaults
@@ -177,7 +178,7 @@ class SiteClient(NumPyClient):
             if self.node.max_rounds is not None:
                 # A policy, not data: the server then stops asking once it is reached.
                 metrics["max-rounds"] = self.node.max_rounds
-        return reply.arrays, site.n_rows, metrics
+        return protocol.to_arrays(reply.arrays), site.n_rows, metrics
 
 
 def client_fn(context: Context) -> Client:

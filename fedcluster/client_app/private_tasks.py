@@ -45,12 +45,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedcluster.common import secure_codec as secure
-from fedcluster.common import kernels, privacy
+from fedcluster.common import kernels, privacy, protocol
 from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.task_io import TaskError, TaskReply, received_centroids, task_param
 
-#: Tasks a site runs under DP; the others are refused.
-DP_TASKS = ("describe", "bounds", "lloyd", "evaluate", "evaluate_distances")
+#: Tasks a site runs under DP; the others are refused (the protocol says which).
+DP_TASKS = protocol.DP_TASKS
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def site_bounds(params: dict, n_features: int) -> tuple[np.ndarray, np.ndarray] 
 
 def private_lloyd(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
                   rng: np.random.Generator) -> TaskReply:
-    C = received_centroids(arrays, site)
+    C = received_centroids(arrays.centroids, site)
     local_iters = task_param(params, "local-iters", int)
     if local_iters != 1:
         raise TaskError(f"under DP the lloyd task needs local-iters 1, got {local_iters}")
@@ -108,12 +108,12 @@ def private_lloyd(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
         return TaskReply(terms={"wc": noisy_sums, "w-int": noisy_counts})
     released = privacy.release_counts(noisy_counts, site.n_rows, floor)
     means = privacy.release_means(noisy_sums, released, dp.lo, dp.hi, C)
-    return TaskReply(arrays=[means, released])
+    return TaskReply(arrays=protocol.ClusterMeans(means, released))
 
 
 def private_evaluate(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
                      rng: np.random.Generator) -> TaskReply:
-    C = received_centroids(arrays, site)
+    C = received_centroids(arrays.centroids, site)
     k = C.shape[0]
     labels, sq_dist = kernels.assign(site.X, C)
     sigma_counts, sigma_sse, cap = privacy.evaluation_sigmas(dp.lo, dp.hi, dp.rho)
@@ -131,8 +131,8 @@ def private_evaluate(site: SiteData, arrays, params, floor: int, dp: SitePrivacy
 
 def private_distances(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
                       rng: np.random.Generator) -> TaskReply:
-    C = received_centroids(arrays, site)
-    return TaskReply(arrays=[np.zeros(C.shape[0])])
+    C = received_centroids(arrays.centroids, site)
+    return TaskReply(arrays=protocol.Distances(np.zeros(C.shape[0])))
 
 
 PRIVATE_TASKS = {

@@ -8,17 +8,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedcluster.client_app.site_data import SiteData
+from fedcluster.common import protocol
 
 Scalar = bool | int | float | str
 
 
 @dataclass
 class TaskReply:
-    """What a site sends back: arrays (aggregates) and scalar metrics; ``terms``, when
-    set, are the sums a secure round takes instead of those derived from the arrays
-    (``fedcluster.common.secure_codec.site_terms``; distributed DP's noisy linear statistics)."""
+    """What a site sends back: its arrays (aggregates), as the task's named reply type of
+    ``common/protocol.py``, and scalar metrics; ``terms``, when set, are the sums a secure
+    round takes instead of those derived from the arrays (``secure_codec.site_terms``;
+    distributed DP's noisy linear statistics)."""
 
-    arrays: list[np.ndarray] = field(default_factory=list)
+    arrays: tuple = protocol.NoArrays()
     metrics: dict[str, Scalar] = field(default_factory=dict)
     terms: dict[str, np.ndarray] | None = None
 
@@ -41,12 +43,12 @@ def task_param(params: dict, key: str, kind: type, default=None):
         raise TaskError(f"task parameter '{key}' must be {kind.__name__}, got {value!r}") from None
 
 
-def received_centroids(arrays: list[np.ndarray], site: SiteData) -> np.ndarray:
-    """The server's centroids (the task's first array), checked against this site's
-    width and for finiteness, as a contiguous float64 array."""
-    if len(arrays) < 1:
-        raise TaskError("the task needs the global centroids as its first array")
-    C = np.asarray(arrays[0], dtype=np.float64)
+def received_centroids(centroids: np.ndarray | None, site: SiteData) -> np.ndarray:
+    """Centroids the server sent (``inputs.centroids``, ``inputs.means``...), checked
+    against this site's width and for finiteness, as a contiguous float64 array."""
+    if centroids is None:
+        raise TaskError("the task needs the global centroids")
+    C = np.asarray(centroids, dtype=np.float64)
     if C.ndim != 2 or C.shape[1] != site.n_features or C.shape[0] < 1:
         raise TaskError(
             f"centroids of shape {C.shape} do not fit this site's {site.n_features} features"

@@ -11,19 +11,23 @@ from fedcluster.client_app import private_tasks
 from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.task_io import TaskError, TaskReply, task_param
 from fedcluster.client_app.tasks import TASKS
-from fedcluster.common import privacy, scaling
+from fedcluster.common import privacy, protocol, scaling
 
 
 def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor: int,
              noise_seed=None) -> TaskReply:
     """Run the task named by ``params['task']`` with floor max(server's p, site's p), on
     the rows scaled by ``params['transform']`` when the run has one and clipped to
-    ``params['data-bounds']`` when given. Under DP (``dp-rho``) the task's private
+    ``params['data-bounds']`` when given. The arrays sent are named here (``protocol.task_inputs``). Under DP (``dp-rho``) the task's private
     version runs (``common/private_tasks.py``), its noise drawn from
     ``np.random.default_rng(noise_seed)`` (None: fresh OS entropy)."""
     name = params.get("task")
     if name not in TASKS:
         raise TaskError(f"unknown task {name!r}; this site knows {sorted(TASKS)}")
+    try:
+        arrays = protocol.task_inputs(name, arrays)
+    except protocol.ProtocolError as err:
+        raise TaskError(f"task {name}: {err}") from None
     server_floor = task_param(params, "min-cluster-size", int, default=1)
     floor = max(server_floor, site_floor, 1)
     if "transform" in params:  # the run's global scaling: the task sees the scaled rows

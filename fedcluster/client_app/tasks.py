@@ -1,7 +1,7 @@
 """Site tasks: what one federated round asks a site to do with its own data.
 
-A task takes the site's data, the arrays the server sent and the task's scalar
-parameters, runs the compiled kernels, and returns a :class:`TaskReply` of AGGREGATES
+A task takes the site's data, the arrays the server sent (named, as ``common/protocol.py``
+reads them) and the task's scalar parameters, runs the compiled kernels, and returns a :class:`TaskReply` of AGGREGATES
 only (centroids or sums, counts, scalar metrics) -- never a row of the data.
 
 The privacy floor p is applied in one place (``task_io.apply_privacy_floor``): a
@@ -59,7 +59,7 @@ import numpy as np
 
 from flwr.common.logger import log
 
-from fedcluster.common import kernels, scaling
+from fedcluster.common import kernels, protocol, scaling
 
 from fedcluster.client_app import local_kmeans as local
 from fedcluster.client_app.site_data import SiteData
@@ -84,16 +84,16 @@ def stats(site: SiteData, arrays, params, floor: int) -> TaskReply:
                         "it sends no statistics")
     kind = params.get("scale")
     if kind == "standard":
-        return TaskReply(arrays=list(scaling.site_moments(site.X)))
+        return TaskReply(arrays=protocol.Moments(*scaling.site_moments(site.X)))
     if kind == "minmax":
-        return TaskReply(arrays=list(scaling.site_range(site.X)))
+        return TaskReply(arrays=protocol.Range(*scaling.site_range(site.X)))
     raise TaskError(f"task parameter 'scale' must be 'standard' or 'minmax', got {kind!r}")
 
 
 def bounds(site: SiteData, arrays, params, floor: int) -> TaskReply:
     if site.n_rows < floor:
         raise TaskError(f"the site has {site.n_rows} rows, fewer than the privacy floor {floor}")
-    return TaskReply(arrays=[np.min(site.X, axis=0), np.max(site.X, axis=0)])
+    return TaskReply(arrays=protocol.Range(np.min(site.X, axis=0), np.max(site.X, axis=0)))
 
 
 def local_kmeans_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
@@ -103,7 +103,7 @@ def local_kmeans_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
         raise TaskError(f"task parameter 'k-local' must be >= 1, got {k_local}")
     centroids, counts = local.local_kmeans(site.X, k_local, seed)
     keep = counts >= floor
-    return TaskReply(arrays=[centroids[keep], counts[keep].astype(np.int64)])
+    return TaskReply(arrays=protocol.ClusterMeans(centroids[keep], counts[keep].astype(np.int64)))
 
 
 def _continue_lloyd(X, C, sums, counts, local_iters: int, tol: float):
@@ -117,7 +117,7 @@ def _continue_lloyd(X, C, sums, counts, local_iters: int, tol: float):
 
 
 def lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    C = received_centroids(arrays, site)
+    C = received_centroids(arrays.centroids, site)
     local_iters = task_param(params, "local-iters", int)
     tol = task_param(params, "tol", float)
     if local_iters < 1:
@@ -131,11 +131,11 @@ def lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     last_counts = np.where(weights < floor, 0, last_counts)
     hidden_counts, local_C = apply_privacy_floor(last_counts, local_C, C, floor)
     weights = np.where(hidden_counts == 0, 0, weights).astype(np.int64)
-    return TaskReply(arrays=[local_C, weights], metrics={"sse": float(sse)})
+    return TaskReply(arrays=protocol.ClusterMeans(local_C, weights), metrics={"sse": float(sse)})
 
 
 def minibatch_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    C = received_centroids(arrays, site)
+    C = received_centroids(arrays.centroids, site)
     epochs = task_param(params, "epochs", int)
     batch = task_param(params, "batch-size", int)
     beta = task_param(params, "beta", float)
@@ -154,7 +154,7 @@ def minibatch_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
         order = np.arange(n) if full else rng.permutation(n)
         lam = kernels.minibatch_epoch(site.X, order, n if full else batch, gamma, beta)
     lam, gamma = apply_privacy_floor(lam, gamma, C, floor)
-    return TaskReply(arrays=[gamma, lam], metrics=metrics)
+    return TaskReply(arrays=protocol.ClusterMeans(gamma, lam), metrics=metrics)
 
 
 def _means_of_kept(X: np.ndarray, seeds: np.ndarray, floor: int) -> TaskReply:
@@ -162,7 +162,7 @@ def _means_of_kept(X: np.ndarray, seeds: np.ndarray, floor: int) -> TaskReply:
     sums, counts, _ = kernels.lloyd_stats(X, seeds)
     keep = (counts >= floor) & (counts > 0)
     means = sums[keep] / counts[keep, None]
-    return TaskReply(arrays=[means, counts[keep].astype(np.int64)])
+    return TaskReply(arrays=protocol.ClusterMeans(means, counts[keep].astype(np.int64)))
 
 
 def kmeanspp_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
@@ -183,7 +183,7 @@ def kmeanspp_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
 
 
 def prune_lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    C = received_centroids(arrays, site)
+    C = received_centroids(arrays.centroids, site)
     local_iters = task_param(params, "local-iters", int)
     tol = task_param(params, "tol", float)
     prune = bool(params.get("prune", True))
@@ -197,14 +197,14 @@ def prune_lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
         C, sums, counts = C[kept], sums[kept], counts[kept]
     local_C, counts = _continue_lloyd(site.X, C, sums, counts, local_iters, tol)
     keep = counts >= floor
-    return TaskReply(arrays=[local_C[keep], counts[keep].astype(np.int64)], metrics={"sse": float(sse)})
+    return TaskReply(arrays=protocol.ClusterMeans(local_C[keep], counts[keep].astype(np.int64)), metrics={"sse": float(sse)})
 
 
 def fcm_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     """Local centres after ``local-iters`` fuzzy c-means iterations, and W_j = sum u^m
     against the last centres used. A centre whose hard (argmax) cluster has fewer than
     p members is withheld like a small k-means cluster (W = 0, the received centre)."""
-    C = received_centroids(arrays, site)
+    C = received_centroids(arrays.centroids, site)
     m = task_param(params, "fuzzifier", float)
     local_iters = task_param(params, "local-iters", int)
     if not m > 1.0 or local_iters < 1:
@@ -216,7 +216,7 @@ def fcm_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     hidden = hard < floor
     weights[hidden] = 0.0
     centres[hidden] = C[hidden]
-    return TaskReply(arrays=[centres, weights])
+    return TaskReply(arrays=protocol.FuzzyCentres(centres, weights))
 
 
 def gtv_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
@@ -236,7 +236,7 @@ def gtv_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
         raise TaskError(f"bad gtv parameters: alpha {alpha}, local-iters {local_iters}, tol {tol}")
     if site.n_rows < floor:
         raise TaskError(f"this site has {site.n_rows} rows, fewer than the privacy floor {floor}")
-    first_round = not arrays
+    first_round = arrays.own is None
     if first_round:
         k = task_param(params, "n-clusters", int)
         if k > site.n_rows:
@@ -244,8 +244,9 @@ def gtv_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
         W = local.kmeans_plusplus(site.X, k, task_param(params, "seed", int)).astype(np.float64)
         neighbours = np.zeros((0, k, site.n_features))
     else:
-        W = received_centroids(arrays[:1], site).astype(np.float64)
-        neighbours = np.asarray(arrays[1]) if len(arrays) > 1 else np.zeros((0, *W.shape))
+        W = received_centroids(arrays.own, site).astype(np.float64)
+        neighbours = (np.asarray(arrays.neighbours) if arrays.neighbours is not None
+                      else np.zeros((0, *W.shape)))
         if neighbours.ndim != 3 or neighbours.shape[1:] != W.shape:
             raise TaskError(f"neighbours' centroids of shape {neighbours.shape} do not fit "
                             f"this site's centroids {W.shape}")
@@ -265,17 +266,17 @@ def gtv_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
         W[~moved] = np.asarray(site.X, dtype=np.float64).mean(axis=0)
         _, counts, sse, gtv = kernels.gtv_update(site.X, W, neighbours, alpha, floor)
     counts = np.where(counts >= floor, counts, 0).astype(np.int64)
-    return TaskReply(arrays=[W, counts], metrics={"sse": float(sse), "gtv": float(gtv)})
+    return TaskReply(arrays=protocol.ClusterMeans(W, counts), metrics={"sse": float(sse), "gtv": float(gtv)})
 
 
 def evaluate_sets_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    """For each centroid set in ``arrays[0]`` (s, k, d), the local SSE against it (the
+    """For each centroid set in ``arrays.sets`` (s, k, d), the local SSE against it (the
     pooled score of every site's centroids, summed over sites by the server)."""
-    if len(arrays) != 1 or np.asarray(arrays[0]).ndim != 3:
+    sets = np.asarray(arrays.sets)
+    if sets.ndim != 3:
         raise TaskError("evaluate_sets needs one (sets, k, d) array")
-    sets = np.asarray(arrays[0])
-    sse = np.array([kernels.assign(site.X, received_centroids([W], site))[1].sum() for W in sets])
-    return TaskReply(arrays=[sse.astype(np.float64)])
+    sse = np.array([kernels.assign(site.X, received_centroids(W, site))[1].sum() for W in sets])
+    return TaskReply(arrays=protocol.SetScores(sse.astype(np.float64)))
 
 
 def _label_names(site: SiteData) -> list[str]:
@@ -313,7 +314,7 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
     """Pass 1 of the exact metrics (see ``common/metrics.py``); clusters under the floor
     (empty ones included) are left out (zeros) and flagged ``hidden``, contingency cells
     under it are left out, and labels with no cell at or above the floor are not named."""
-    C = received_centroids(arrays, site)
+    C = received_centroids(arrays.centroids, site)
     sums, counts, sqnorms, sse, silhouette = kernels.evaluation_stats(site.X, C)
     # The site's own figures, unfiltered, stay in the site's own log.
     log(logging.INFO, "site %s: score %.6g, cluster sizes %s", site.source,
@@ -325,7 +326,7 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
     hidden = counts < floor if floor > 1 else np.zeros(counts.shape, dtype=bool)
     counts[hidden], sums[hidden], sqnorms[hidden] = 0, 0.0, 0.0
     reply = TaskReply(
-        arrays=[counts, sums, sqnorms, hidden.astype(np.int64)],
+        arrays=protocol.Evaluation(counts, sums, sqnorms, hidden.astype(np.int64)),
         # floor: the site's effective privacy floor (a policy, not data), so that the
         # server can say what a hidden size is under ("<p" with the site's own p).
         metrics={"sse": float(sse), "silhouette-sum": float(silhouette), "floor": int(floor)},
@@ -346,7 +347,7 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
         # A label with no cell at or above the floor is left out: its row would be zeros
         # (no metric changes), but its name would tell that the site holds rows of it.
         shown = table.any(axis=1)
-        reply.arrays.append(table[shown])
+        reply.arrays = reply.arrays._replace(contingency=table[shown])
         names = [name for name, keep in zip(_label_names(site), shown) if keep]
         reply.metrics["label-names"] = json.dumps(names)
     return reply
@@ -354,13 +355,11 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
 
 def evaluate_distances(site: SiteData, arrays, params, floor: int) -> TaskReply:
     """Pass 2 (Davies-Bouldin): per cluster of C, the summed distance to the pooled means."""
-    C = received_centroids(arrays, site)
-    if len(arrays) != 2:
-        raise TaskError("evaluate_distances needs the centroids and the pooled cluster means")
-    means = received_centroids(arrays[1:], site)
+    C = received_centroids(arrays.centroids, site)
+    means = received_centroids(arrays.means, site)
     distances, counts = kernels.distance_to_means(site.X, C, means)
     distances[counts < floor] = 0.0
-    return TaskReply(arrays=[distances])
+    return TaskReply(arrays=protocol.Distances(distances))
 
 
 TaskFn = Callable[[SiteData, list, dict, int], TaskReply]

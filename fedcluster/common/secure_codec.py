@@ -44,6 +44,8 @@ import math
 
 import numpy as np
 
+from fedcluster.common import protocol
+
 # Encoded values lie in [-CLIP, CLIP] (Flower's clipping range); the scales carry the units.
 CLIP = 1.0
 # The masks' modulus (Flower's default and largest: masks are drawn below it).
@@ -52,7 +54,7 @@ MODULUS = 2**32
 WEIGHT = 1
 
 # The tasks a secure round may carry and, per task, the terms the server may ask for.
-SECURE_TASKS = ("lloyd", "minibatch", "fcm", "evaluate", "evaluate_distances")
+SECURE_TASKS = protocol.SECURE_TASKS
 # Terms whose sums are integers (rounded after decoding; exact, see check_exact_counts).
 INTEGER_TERMS = {"n", "w-int", "counts", "hidden"}
 # The phases whose round is a secure sum; describe, stats and init (bounds) run plain.
@@ -70,11 +72,12 @@ class SecureAggregationError(ValueError):
 
 
 # ------------------------------------------------------------------- site side
-def site_terms(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int,
+def site_terms(task: str, arrays, metrics: dict, n_rows: int,
                own: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Every term a site can contribute for ``task``, from its plain reply, or ``own``:
-    the terms a task formed itself (distributed DP: its noisy per-cluster sums and
-    counts, which no plain reply carries; ``common/private_tasks.py``)."""
+    """Every term a site can contribute for ``task``, from its plain reply (``arrays``,
+    named as ``common/protocol.py`` says, or Flower's list of them), or ``own``: the
+    terms a task formed itself (distributed DP: its noisy per-cluster sums and counts,
+    which no plain reply carries; ``client_app/private_tasks.py``)."""
     terms: dict[str, np.ndarray] = {"n": np.array([float(n_rows)])}
     for key in ("sse", "silhouette-sum", "all-sq-dist", "partition-sum"):
         if key in metrics:
@@ -82,17 +85,9 @@ def site_terms(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int,
     if own is not None:
         terms.update({name: np.asarray(value, dtype=np.float64) for name, value in own.items()})
         return terms
-    if task in ("lloyd", "minibatch", "fcm"):
-        centroids = np.asarray(arrays[0], dtype=np.float64)
-        weights = np.asarray(arrays[1], dtype=np.float64)
-        terms["wc"] = weights[:, None] * centroids  # sum over members (local-iters 1)
-        terms["w-int" if task != "fcm" else "w"] = weights
-        terms["c"] = centroids
-    elif task == "evaluate":
-        for name, value in zip(("counts", "sums", "sqnorms", "hidden"), arrays[:4]):
-            terms[name] = np.asarray(value, dtype=np.float64)
-    elif task == "evaluate_distances":
-        terms["distances"] = np.asarray(arrays[0], dtype=np.float64)
+    if arrays and not hasattr(arrays, "_fields"):  # Flower's list: name it
+        arrays = protocol.reply_arrays(task, arrays)
+    terms.update(protocol.secure_terms(task, arrays))
     return terms
 
 

@@ -1,44 +1,36 @@
 """The strategy base shared by every algorithm: a Flower ``Strategy`` run as phases.
 
-Every federated round is a Flower fit round carrying a *task* (see
-``fedcluster.client_app.tasks``). A run goes through these phases:
+Every federated round is a Flower fit round carrying one task of ``common/protocol.py``
+(the site runs it: ``client_app/tasks.py``). A run goes through these phases, each with
+its task (:attr:`ClusteringStrategy.PHASE_TASKS`):
 
-1. ``describe`` (once, all available sites): each site declares its size, width and
-   feature names. A site whose width differs from the majority, whose data cannot be
-   loaded, or whose ``site-id`` duplicates another's is rejected with a logged reason
-   and the run goes on with the rest (or stops with that reason if fewer than
-   ``min-sites`` remain): ``sites.py``.
-   With ``scale`` set, a ``stats`` round follows (all usable sites): per-feature
-   aggregates give the global transform (``common/scaling.py``), which every later task
-   carries so that the sites cluster scaled rows; a site that gives no valid statistics
-   is dropped (the transform must cover every row that is clustered).
+1. ``describe`` (once, every available site): size, width and feature names; the sites
+   are admitted or rejected with a logged reason (``sites.py``). With ``scale``, a
+   ``stats`` round gives the global transform that every later task carries.
 2. ``init`` (one round per n-init repetition): the algorithm's initialisation task.
 3. ``train`` (up to ``num-rounds`` rounds): sampled sites (fraction C, seeded) run the
-   algorithm's site step; the subclass reduces the replies to new centroids. The
-   repetition stops early when the centroid movement ||C_t - C_{t-1}||_F < ``tol``.
-4. ``evaluate`` (one round, all sites): SSE and sizes against the repetition's final
-   centroids, giving the EXACT pooled score sum SSE_i / sum n_i. With ``n-init`` > 1 the
-   repetition with the lowest score wins.
+   algorithm's site step; the subclass reduces the replies to new centroids, until the
+   centroid movement ||C_t - C_{t-1}||_F < ``tol``.
+4. ``evaluate`` (one round, all sites): the EXACT pooled score sum SSE_i / sum n_i of the
+   repetition's centroids; with ``n-init`` > 1 the lowest score wins. Then
+   ``distances`` (Davies-Bouldin's second pass) ends the run.
 
-Subclasses provide the algorithm: :meth:`init_task` / :meth:`reduce_init` and
-:meth:`train_task` / :meth:`reduce_train`, in the style of Flower's FedAvg: the maths
-live in pure functions (``aggregate.py``), replies are validated before they are reduced
-(``validation.py``), and failures are logged and dropped.
-
-Replies are always reduced in a stable site order (sorted site keys), so the in-process
-harness, Flower's simulation engine and a real deployment give the same numbers.
-
-With ``secure-aggregation`` the train, evaluate and distances rounds run under SecAgg+
-(``fedcluster/secure.py``): the server sends each task with the terms to sum and their
-agreed scales, gets only the sum, validates it as a whole and reduces it as ONE reply
-standing for the N sites that took part (``secure_sum.py``; :meth:`_secure_replies`).
+Subclasses provide the algorithm through public hooks, in the style of Flower's FedAvg:
+:meth:`init_task` / :meth:`reduce_init`, :meth:`train_task` / :meth:`reduce_train`,
+:meth:`movement`, :meth:`evaluation_params`, :meth:`round_metrics`, :meth:`can_stop`,
+:meth:`admit_sites`, and (GTV) :meth:`plan_round`, :meth:`reduce_round`,
+:meth:`start_training`, :meth:`reset_repetition`, :meth:`finish_repetition`. The maths
+live in pure functions (``aggregate.py``); replies are validated before they are reduced
+(``validation.py``), failures are logged and dropped, and replies are reduced in a stable
+site order, so every engine gives the same numbers. With ``secure-aggregation`` the sum
+rounds run under SecAgg+ and their decoded sum is ONE reply standing for the N sites
+(``secure_sum.py``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.common import FitIns, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
@@ -47,37 +39,15 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from fedcluster.common import protocol, scaling
 from fedcluster.common import secure_codec as secure
-from fedcluster.common import scaling
-from fedcluster.strategies import metrics
 from fedcluster.common.config import RunConfig
 from fedcluster.common.kernels import frobenius
-from fedcluster.strategies import private, secure_sum, sites
-from fedcluster.strategies.errors import FederationError, SiteFailure
-# Site stays importable from here: checkpoints written before sites.py name it so.
+from fedcluster.strategies import metrics, private, reports, secure_sum, sites
+from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.sites import Site, site_order
-from fedcluster.strategies.validation import Expect, Reply, ReplyError, validate
-
-
-@dataclass
-class TaskPlan:
-    """One round's task: its name, scalar parameters, arrays, and which sites get it.
-
-    ``per_site`` adds parameters that differ per site (e.g. a seed), keyed by site key.
-    """
-
-    task: str
-    params: dict = field(default_factory=dict)
-    arrays: list[np.ndarray] = field(default_factory=list)
-    sample: bool = False  # True: the seeded fraction-C sample; False: every usable site
-    per_site: dict[str, dict] = field(default_factory=dict)
-    max_rows: int | None = None
-    # Arrays that differ per site (GTV: each site's own and its neighbours' centroids),
-    # keyed by site key; a site not in it gets ``arrays``.
-    per_site_arrays: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    # Secure aggregation: the terms the sites encode and their agreed scales (set by
-    # configure_fit for a secure round; None: a plain round).
-    secure: tuple[list[str], list[float]] | None = None
+from fedcluster.strategies.task_plan import TaskPlan
+from fedcluster.strategies.validation import Reply, ReplyError, check_reply
 
 
 class ClusteringStrategy(Strategy):
@@ -87,10 +57,6 @@ class ClusteringStrategy(Strategy):
     has_training = True
     #: Rounds a repetition adds to init + training + evaluate (GTV scores every site).
     extra_rounds_per_repetition = 0
-    #: Class defaults of the data-bounds/DP state (set per instance in __init__), so that
-    #: a checkpoint written before they existed still loads.
-    box: tuple[np.ndarray, np.ndarray] | None = None
-    bounds_from_data = False
 
     def __init__(self, config: RunConfig, initial_centroids: np.ndarray | None = None) -> None:
         super().__init__()
@@ -120,7 +86,7 @@ class ClusteringStrategy(Strategy):
         self.box: tuple[np.ndarray, np.ndarray] | None = None
         self.bounds_from_data = False
         self.dp_rho_round = private.rho_per_round(config)
-        self._reset_repetition()
+        self.reset_repetition()
 
     # ----------------------------------------------------------------- hooks
     def init_task(self) -> TaskPlan:
@@ -205,7 +171,7 @@ class ClusteringStrategy(Strategy):
     def ordered_sites(self) -> list[Site]:
         return sorted(self.sites.values(), key=lambda s: site_order(s.key))
 
-    def _reset_repetition(self) -> None:
+    def reset_repetition(self) -> None:
         self.centroids: np.ndarray | None = None
         self.previous: np.ndarray | None = None
         self.train_round = 0
@@ -224,11 +190,11 @@ class ClusteringStrategy(Strategy):
             targets = {int(p.node_id): p for p in available.values()}
             keys = {node_id: "" for node_id in targets}
         else:
-            plan = self._plan_for_phase()
+            plan = self.plan_round()
             usable = [s for s in self.ordered_sites()
                       if str(s.node_id) in available and not s.at_limit]
             if plan.sample:
-                usable = self._sample(usable)
+                usable = sites.sample(self, usable)
             targets = {s.node_id: available[str(s.node_id)] for s in usable}
             keys = {s.node_id: s.key for s in usable}
         base = {"task": plan.task, "min-cluster-size": self.config.min_cluster_size, **plan.params}
@@ -240,12 +206,12 @@ class ClusteringStrategy(Strategy):
         if self.transform is not None and plan.task not in ("describe", "stats"):
             base["transform"] = self.transform.encode()
         base.update(private.task_params(self, plan.task, server_round, len(keys)))
-        shared = ndarrays_to_parameters(plan.arrays)
+        shared = ndarrays_to_parameters(protocol.to_arrays(plan.arrays))
         self._pending = (plan, keys)
 
         def parameters(key: str) -> Parameters:
             own = plan.per_site_arrays.get(key)
-            return shared if own is None else ndarrays_to_parameters(own)
+            return shared if own is None else ndarrays_to_parameters(protocol.to_arrays(own))
 
         return [
             (proxy, FitIns(parameters(keys[node_id]),
@@ -257,10 +223,11 @@ class ClusteringStrategy(Strategy):
         plan, keys = self._pending
         replies, failed = [], []
         if plan.secure is not None:  # SecAgg+'s failures carry no node id: see below
-            replies = self._secure_replies(server_round, plan, keys, results, failures, failed)
+            replies = secure_sum.secure_replies(self, server_round, plan, keys, results, failures,
+                                                failed)
             results, failures = [], []
         for failure in failures:
-            key, reason = self._failure_reason(failure, keys)
+            key, reason = sites.failure_reason(failure, keys)
             failed.append(f"site {key}: {reason}")
             self.site_failures.setdefault(key, []).append(
                 f"round {server_round + self.round_offset} ({plan.task}): {reason}")
@@ -272,7 +239,8 @@ class ClusteringStrategy(Strategy):
                 sites.count_answer(self.sites.get(key), plan.task, metrics.get("rounds-left"))
             arrays = parameters_to_ndarrays(res.parameters)
             try:
-                reply = self._validate(plan, node_id, key, keys, arrays, metrics, res.num_examples)
+                reply = check_reply(self, plan, node_id, key, keys, arrays, metrics,
+                                    res.num_examples)
             except ReplyError as err:
                 failed.append(f"site {key}: {err}")
                 self.site_failures.setdefault(key, []).append(
@@ -284,7 +252,7 @@ class ClusteringStrategy(Strategy):
         for reason in failed:
             log(logging.WARNING, "round %s (%s): dropped %s", server_round, plan.task, reason)
         replies.sort(key=lambda r: site_order(r.site_key))
-        row = self._reduce(server_round, plan, replies)
+        row = self.reduce_round(server_round, plan, replies)
         row.update(
             {
                 "round": server_round + self.round_offset,
@@ -301,46 +269,6 @@ class ClusteringStrategy(Strategy):
         out = [] if self.centroids is None else [self.centroids]
         return ndarrays_to_parameters(out), {}
 
-    # ---------------------------------------------------- secure aggregation
-    def _secure_replies(self, server_round: int, plan: TaskPlan, keys: dict[int, str], results,
-                        failures, failed) -> list[Reply]:
-        """The decoded sum of a secure round as ONE reply standing for its N sites (the
-        reductions then run unchanged), or none when the aggregate fails validation.
-
-        SecAgg+ gives the server the sum only: a site's reply cannot be validated on its
-        own, so the aggregate is (finite, shapes, counts within the rows of the sites that
-        contributed, the row total equal to theirs); a site that sends bad values makes
-        the whole round unusable, and cannot be named."""
-        contributors = [keys[int(proxy.node_id)] for proxy, _ in results]
-        for key in contributors:
-            sites.count_answer(self.sites.get(key), plan.task)
-        errors = "; ".join(self._failure_reason(f, keys)[1] for f in failures)
-        if errors:
-            log(logging.WARNING, "secure round (%s): SecAgg+ failures: %s", plan.task, errors)
-        for key in sorted(set(keys.values()) - set(contributors), key=site_order):
-            reason = "left out of the secure sum (no masked reply; see the site's log)"
-            failed.append(f"site {key}: {reason}")
-            self.site_failures.setdefault(key, []).append(
-                f"round {server_round + self.round_offset} ({plan.task}): {reason}")
-        if not results:
-            return []
-        names, scales = plan.secure
-        n_sites = len(contributors)
-        n_rows = sum(self.sites[key].n_rows for key in contributors)
-        aggregate = parameters_to_ndarrays(results[0][1].parameters)
-        try:
-            sums = secure.decode(aggregate, names, scales, n_sites)
-            reply = secure_sum.sum_reply(self, plan, sums, n_sites, n_rows)
-        except ReplyError as err:
-            reason = f"secure sum of sites {', '.join(sorted(contributors, key=site_order))}: {err}"
-            failed.append(reason)
-            log(logging.ERROR, "secure round (%s) unusable: %s", plan.task, reason)
-            return []
-        except ValueError as err:
-            failed.append(f"secure sum: {err}")
-            return []
-        return [reply]
-
     def configure_evaluate(self, server_round, parameters, client_manager):
         return []  # evaluation is a fit-round task (see module docstring)
 
@@ -351,56 +279,36 @@ class ClusteringStrategy(Strategy):
         return None
 
     # --------------------------------------------------------------- phases
-    def _plan_for_phase(self) -> TaskPlan:
-        if self.phase == "stats":
-            return TaskPlan("stats", params={"scale": self.config.scale})
-        if self.phase == "init":
-            return self.init_task()
-        if self.phase == "train":
-            return self.train_task()
-        if self.phase in ("evaluate", "interim"):
-            return TaskPlan("evaluate", params=self.evaluation_params(), arrays=[self.centroids])
-        if self.phase == "distances":
-            best = self.best
-            return TaskPlan("evaluate_distances", arrays=[best["centroids"], best["stats"].means])
-        raise RuntimeError(f"no task in phase {self.phase}")
+    #: Which task each phase sends: the hook that plans it (``describe`` is planned by
+    #: ``configure_fit`` itself: it goes to every available site, not just the usable ones).
+    PHASE_TASKS = {
+        "stats": "stats_task",
+        "init": "init_task",
+        "train": "train_task",
+        "evaluate": "evaluate_task",
+        "interim": "evaluate_task",
+        "distances": "distances_task",
+    }
 
-    def _sample(self, usable: list[Site]) -> list[Site]:
-        m = max(1, round(self.config.fraction * len(usable)))
-        if m >= len(usable):
-            return usable
-        rng = np.random.default_rng([self.seed, self.train_round, 7919])
-        chosen = np.sort(rng.choice(len(usable), size=m, replace=False))
-        return [usable[i] for i in chosen]
+    def plan_round(self) -> TaskPlan:
+        """This round's task, by the phase -> task table (GTV adds its scoring round)."""
+        if self.phase not in self.PHASE_TASKS:
+            raise RuntimeError(f"no task in phase {self.phase}")
+        return getattr(self, self.PHASE_TASKS[self.phase])()
 
-    def _validate(self, plan, node_id, key, keys, arrays, metrics, n_rows) -> Reply:
-        if plan.task != "describe" and keys.get(node_id) != key:
-            raise ReplyError(f"answered as site {key!r} but node {node_id} joined as {keys.get(node_id)!r}")
-        site = self.sites.get(key)
-        expect = Expect(
-            task=plan.task,
-            n_features=self.n_features if self.sites else None,
-            n_clusters=self.k,
-            max_rows=plan.max_rows,
-            floor=self.config.min_cluster_size,
-            declared_rows=site.n_rows if site else None,
-            scale=plan.params.get("scale"),
-            private=self.config.private,
-        )
-        typed = validate(arrays, metrics, int(n_rows), expect)
-        return Reply(key, node_id, int(n_rows), typed, metrics)
+    def stats_task(self) -> TaskPlan:
+        return TaskPlan("stats", params={"scale": self.config.scale})
 
-    @staticmethod
-    def _failure_reason(failure, keys: dict[int, str]) -> tuple[str, str]:
-        """(site key, reason) of a failed reply."""
-        if isinstance(failure, SiteFailure):
-            return keys.get(failure.node_id) or f"node-{failure.node_id}", failure.reason
-        if isinstance(failure, BaseException):
-            return "?", str(failure)
-        proxy, res = failure
-        return keys.get(int(proxy.node_id)) or f"node-{proxy.node_id}", res.status.message
+    def evaluate_task(self) -> TaskPlan:
+        return TaskPlan("evaluate", params=self.evaluation_params(),
+                        arrays=protocol.Centroids(self.centroids))
 
-    def _reduce(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
+    def distances_task(self) -> TaskPlan:
+        best = self.best
+        return TaskPlan("evaluate_distances",
+                        arrays=protocol.CentroidsAndMeans(best["centroids"], best["stats"].means))
+
+    def reduce_round(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
         if plan.task == "describe" and self._resume_phase is not None:
             sites.readmit(self, replies)
             self.phase, self._resume_phase = self._resume_phase, None
@@ -415,21 +323,21 @@ class ClusteringStrategy(Strategy):
                 self.phase = "stats"
             return {"sites-usable": len(self.sites)}
         if plan.task == "stats":
-            self._fix_transform(replies)
+            sites.fix_transform(self, replies)
             self._begin_repetition()
             return {"sites-usable": len(self.sites)}
         self._require_sites(replies, plan.task)
         if plan.task == "evaluate" and self.phase == "interim":
             # eval-every: the exact score of the current centroids over all sites
             self.phase = "train"
-            stats = metrics.pool([_site_stats(r) for r in replies])
+            stats = metrics.pool([reports.site_stats(r) for r in replies])
             return {"score": stats.sse / stats.n_rows}
         if plan.task == "evaluate":
-            return self._finish_repetition(replies)
+            return self.finish_repetition(replies)
         if plan.task == "evaluate_distances":
             return self._finish_run(replies)
         if self.phase == "init":
-            self._start_training(self.reduce_init(plan, replies))
+            self.start_training(self.reduce_init(plan, replies))
             return {}
         # train
         self.train_round += 1
@@ -453,7 +361,7 @@ class ClusteringStrategy(Strategy):
         return {"movement": movement, "score": score, **self.round_metrics()}
 
     def _begin_repetition(self) -> None:
-        self._reset_repetition()
+        self.reset_repetition()
         if self.box is None:
             self.box = private.declared_box(self.config, self.n_features)
         start = self.initial_centroids
@@ -466,30 +374,9 @@ class ClusteringStrategy(Strategy):
                 "dp-epsilon without data-bounds takes the clipping box from the init round "
                 "(init 'random'), which a run from given centroids skips; set data-bounds")
         if start is not None:
-            self._start_training(np.array(start, dtype=np.float64))
+            self.start_training(np.array(start, dtype=np.float64))
         else:
             self.phase = "init"
-
-    def _fix_transform(self, replies: list[Reply]) -> None:
-        """The global transform from the statistics round; sites without valid statistics
-        leave the run (their rows would be clustered unscaled by the others' transform)."""
-        answered = {r.site_key for r in replies}
-        for key in [k for k in self.sites if k not in answered]:
-            del self.sites[key]
-            self.rejected[key] = "no valid reply to the statistics round (scale)"
-            log(logging.ERROR, "site %s rejected: %s", key, self.rejected[key])
-        if len(self.sites) < self.config.min_sites or not replies:
-            raise FederationError(self._too_few(f"{len(self.sites)} site(s) sent statistics"))
-        counts = [r.n_rows for r in replies]
-        if self.config.scale == "standard":
-            means, deviations, m2s = zip(*(r.arrays for r in replies))
-            self.transform = scaling.standard_transform(counts, means, deviations, m2s)
-        else:
-            private.warn_leak("scale 'minmax': the sites sent their per-feature minima and "
-                              "maxima (each one person's value); scale 'standard' sends sums "
-                              "only")
-            minima, maxima = zip(*(r.arrays for r in replies))
-            self.transform = scaling.minmax_transform(minima, maxima)
 
     def continue_from(self, previous: "ClusteringStrategy") -> None:
         """Skip ``describe`` and ``stats``: take the sites, rejections and transform of a
@@ -499,7 +386,7 @@ class ClusteringStrategy(Strategy):
         self.transform = previous.transform
         self._begin_repetition()
 
-    def _start_training(self, centroids: np.ndarray) -> None:
+    def start_training(self, centroids: np.ndarray) -> None:
         if centroids.shape != (self.k, self.n_features):
             raise FederationError(
                 f"initial centroids have shape {centroids.shape}, expected "
@@ -508,13 +395,6 @@ class ClusteringStrategy(Strategy):
         self.centroids = centroids
         self.previous = centroids.copy()
         self.phase = "train" if self.has_training else "evaluate"
-
-    def _too_few(self, what: str) -> str:
-        reasons = "; ".join(f"site {k}: {v}" for k, v in self.rejected.items())
-        return (
-            f"{what}, but min-sites = {self.config.min_sites}"
-            + (f". Rejected: {reasons}" if reasons else "")
-        )
 
     def _require_sites(self, replies: list[Reply], task: str) -> None:
         if not replies:
@@ -526,10 +406,10 @@ class ClusteringStrategy(Strategy):
                 f"{self.config.min_sites}"
             )
 
-    def _finish_repetition(self, replies: list[Reply]) -> dict:
-        stats = metrics.pool([_site_stats(r) for r in replies])
+    def finish_repetition(self, replies: list[Reply]) -> dict:
+        stats = metrics.pool([reports.site_stats(r) for r in replies])
         # Under secure aggregation there is no site's own reply to report.
-        per_site = {r.site_key: _site_report(r, self.config.min_cluster_size)
+        per_site = {r.site_key: reports.site_report(r, self.config.min_cluster_size)
                     for r in replies if r.n_sites == 1 and not self.config.secure_aggregation}
         score = stats.sse / stats.n_rows
         self.repetitions.append(
@@ -553,7 +433,7 @@ class ClusteringStrategy(Strategy):
     def _finish_run(self, replies: list[Reply]) -> dict:
         """Davies-Bouldin's second pass done: the final metrics of the best repetition."""
         best = self.best
-        distances = np.sum([r.arrays[0] for r in replies], axis=0) if replies else None
+        distances = np.sum([r.arrays.distances for r in replies], axis=0) if replies else None
         self.final_metrics = metrics.compute_metrics(best["stats"], distances)
         self.phase = "done"
         self.finished = True
@@ -563,35 +443,3 @@ class ClusteringStrategy(Strategy):
     def best(self) -> dict:
         """The repetition with the lowest global score."""
         return min(self.repetitions, key=lambda r: r["score"])
-
-
-def _site_stats(reply: Reply) -> dict:
-    """A validated ``evaluate`` reply as the statistics ``metrics.pool`` sums."""
-    counts, sums, sqnorms = reply.arrays[:3]
-    stats = {
-        "n_rows": reply.n_rows,
-        "sse": reply.metrics["sse"],
-        "silhouette_sum": reply.metrics["silhouette-sum"],
-        "counts": counts,
-        "sums": sums,
-        "sqnorms": sqnorms,
-    }
-    if "all-sq-dist" in reply.metrics:
-        stats["all_sq_dist"] = reply.metrics["all-sq-dist"]
-        stats["partition_sum"] = reply.metrics["partition-sum"]
-    if len(reply.arrays) == 5:
-        names = json.loads(str(reply.metrics["label-names"]))
-        stats["contingency"] = dict(zip(names, reply.arrays[4]))
-    return stats
-
-
-def _site_report(reply: Reply, floor: int) -> dict:
-    """What the server shows of one site: its score and sizes, "<p" where it hid one (p
-    the site's own floor when it is above the server's)."""
-    counts, hidden = reply.arrays[0], reply.arrays[3]
-    floor = max(floor, int(reply.metrics.get("floor", floor)))
-    return {
-        "n-rows": reply.n_rows,
-        "score": reply.metrics["sse"] / reply.n_rows,
-        "cluster-sizes": [f"<{floor}" if h else int(c) for c, h in zip(counts, hidden)],
-    }

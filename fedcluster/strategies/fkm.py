@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedcluster.common import protocol
 from fedcluster.strategies.aggregate import kmeans_on_centroids, weighted_lloyd
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.errors import FederationError
 
 
 def _union(replies) -> tuple[np.ndarray, np.ndarray]:
-    points = np.concatenate([r.arrays[0] for r in replies])
-    counts = np.concatenate([r.arrays[1] for r in replies]).astype(np.float64)
+    points = np.concatenate([r.arrays.centroids for r in replies])
+    counts = np.concatenate([r.arrays.counts for r in replies]).astype(np.float64)
     return points, counts
 
 
@@ -56,7 +57,7 @@ class FederatedKMeansPruning(ClusteringStrategy):
                 "tol": self.config.tol,
                 "prune": self.config.prune,
             },
-            arrays=[self.centroids],
+            arrays=protocol.Centroids(self.centroids),
             sample=True,
             max_rows=self.k,
         )

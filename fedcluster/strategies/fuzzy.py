@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedcluster.common import protocol
 from fedcluster.strategies.aggregate import count_weighted_mean, weighted_lloyd
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.kfed import KFedOrRandomInit
@@ -36,7 +37,7 @@ class FederatedFuzzyCMeans(KFedOrRandomInit, ClusteringStrategy):
         return TaskPlan(
             "fcm",
             params={"fuzzifier": self.config.fuzzifier, "local-iters": self.config.local_iters},
-            arrays=[self.centroids],
+            arrays=protocol.Centroids(self.centroids),
             sample=True,
         )
 
@@ -48,8 +49,8 @@ class FederatedFuzzyCMeans(KFedOrRandomInit, ClusteringStrategy):
         return float(np.linalg.norm(new - old, axis=1).sum())
 
     def reduce_train(self, plan, replies) -> np.ndarray:
-        centres = np.stack([r.arrays[0] for r in replies])
-        weights = np.stack([r.arrays[1] for r in replies])
+        centres = np.stack([r.arrays.centres for r in replies])
+        weights = np.stack([r.arrays.weights for r in replies])
         avg1 = count_weighted_mean(centres, weights, self.centroids)[0]
         if self.config.aggregation == "avg1":
             return avg1

@@ -27,6 +27,7 @@ import logging
 import numpy as np
 from flwr.common.logger import log
 
+from fedcluster.common import protocol
 from fedcluster.common.kernels import frobenius
 from fedcluster.strategies.topology import TopologyError, build_topology, edges
 from fedcluster.strategies.aggregate import gtv_distance, kmeans_on_centroids
@@ -41,8 +42,8 @@ class GTVKMeans(ClusteringStrategy):
     extra_rounds_per_repetition = 1  # the evaluate_sets round before the consensus
 
     # ------------------------------------------------------------- state
-    def _reset_repetition(self) -> None:
-        super()._reset_repetition()
+    def reset_repetition(self) -> None:
+        super().reset_repetition()
         self.site_centroids: dict[str, np.ndarray] = {}
         self.local_scores: dict[str, float] = {}
         self.pooled_scores: dict[str, float] = {}
@@ -86,21 +87,21 @@ class GTVKMeans(ClusteringStrategy):
         for site in self.ordered_sites():
             own = self.site_centroids.get(site.key)
             if own is None:  # no centroids yet (it failed round 0): it starts locally
-                payloads[site.key] = []
+                payloads[site.key] = protocol.SiteGraphState()
                 continue
             near = [self.site_centroids[j] for j in self.neighbours[site.key]
                     if j in self.site_centroids]
-            payloads[site.key] = [own, np.stack(near) if near else empty]
+            payloads[site.key] = protocol.SiteGraphState(own, np.stack(near) if near else empty)
         return TaskPlan("gtv", params=self._params(), sample=True,
                         per_site=self.per_site_seeds(self.train_round + 1),
                         per_site_arrays=payloads)
 
-    def _plan_for_phase(self) -> TaskPlan:
+    def plan_round(self) -> TaskPlan:
         if self.phase == "interim" or (self.phase == "evaluate" and not self.sets_scored):
             self.scored_sets = [s.key for s in self.ordered_sites() if s.key in self.site_centroids]
             sets = np.stack([self.site_centroids[key] for key in self.scored_sets])
-            return TaskPlan("evaluate_sets", arrays=[sets], max_rows=len(self.scored_sets))
-        return super()._plan_for_phase()
+            return TaskPlan("evaluate_sets", arrays=protocol.CentroidSets(sets), max_rows=len(self.scored_sets))
+        return super().plan_round()
 
     # ------------------------------------------------------------ reduce
     def _store(self, replies: list[Reply]) -> float:
@@ -108,10 +109,10 @@ class GTVKMeans(ClusteringStrategy):
         moves = []
         for r in replies:
             old = self.site_centroids.get(r.site_key)
-            self.site_centroids[r.site_key] = r.arrays[0]
+            self.site_centroids[r.site_key] = r.arrays.centroids
             self.local_scores[r.site_key] = r.metrics["sse"] / r.n_rows
             if old is not None:
-                moves.append(frobenius(r.arrays[0] - old))
+                moves.append(frobenius(r.arrays.centroids - old))
         scores = list(self.local_scores.values())
         self.last_round = {
             "gtv-per-edge": self.gtv_per_edge(),
@@ -136,19 +137,19 @@ class GTVKMeans(ClusteringStrategy):
     def round_metrics(self) -> dict:
         return dict(self.last_round)
 
-    def _start_training(self, centroids: np.ndarray) -> None:
+    def start_training(self, centroids: np.ndarray) -> None:
         if not self.site_centroids:  # given initial centroids: every site starts there
             self.site_centroids = {s.key: np.array(centroids, dtype=np.float64)
                                    for s in self.ordered_sites()}
-        super()._start_training(centroids)
+        super().start_training(centroids)
 
-    def _reduce(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
+    def reduce_round(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
         if plan.task != "evaluate_sets":
-            return super()._reduce(server_round, plan, replies)
+            return super().reduce_round(server_round, plan, replies)
         self._require_sites(replies, plan.task)
         if not replies:
             raise FederationError("gtv: no site scored the sites' centroids")
-        total = np.sum([r.arrays[0] for r in replies], axis=0)
+        total = np.sum([r.arrays.sse for r in replies], axis=0)
         n_rows = sum(r.n_rows for r in replies)
         self.pooled_scores = {key: float(v) for key, v in zip(self.scored_sets, total / n_rows)}
         values = list(self.pooled_scores.values())
@@ -160,14 +161,14 @@ class GTVKMeans(ClusteringStrategy):
         return {"pooled-score-best": min(values), "pooled-score-mean": float(np.mean(values)),
                 "pooled-score-worst": max(values)}
 
-    def _finish_repetition(self, replies: list[Reply]) -> dict:
+    def finish_repetition(self, replies: list[Reply]) -> dict:
         kept = {
             "site-centroids": dict(self.site_centroids),
             "site-scores": dict(self.pooled_scores),
             "consensus-site": self.consensus_site(),
             "gtv-per-edge": self.gtv_per_edge(),
         }
-        row = super()._finish_repetition(replies)  # may start the next repetition
+        row = super().finish_repetition(replies)  # may start the next repetition
         self.repetitions[-1].update(kept)
         return row
 

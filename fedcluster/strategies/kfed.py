@@ -31,8 +31,8 @@ def kfed_reduce(replies: list[Reply], k: int, seed: int, weighted: bool) -> np.n
     """Server step: k-means on the union of the local centroids (weighted by counts or not)."""
     if not replies:
         raise FederationError("k-FED: no site returned local centroids")
-    points = np.concatenate([r.arrays[0] for r in replies])
-    counts = np.concatenate([r.arrays[1] for r in replies]).astype(np.float64)
+    points = np.concatenate([r.arrays.centroids for r in replies])
+    counts = np.concatenate([r.arrays.counts for r in replies]).astype(np.float64)
     try:
         return kmeans_on_centroids(points, k, seed, weights=counts if weighted else None)
     except ValueError as err:
@@ -61,8 +61,8 @@ class KFedOrRandomInit:
     def reduce_init(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
         if plan.task == "local_kmeans":
             return kfed_reduce(replies, self.k, self.seed, self.config.resolved_weighted)
-        mins = np.stack([r.arrays[0] for r in replies])
-        maxs = np.stack([r.arrays[1] for r in replies])
+        mins = np.stack([r.arrays.minima for r in replies])
+        maxs = np.stack([r.arrays.maxima for r in replies])
         if self.config.private and self.box is None:
             self.box, self.bounds_from_data = private.box_from_data(self.config, mins, maxs), True
         else:

@@ -22,6 +22,7 @@ import logging
 import numpy as np
 from flwr.common.logger import log
 
+from fedcluster.common import protocol
 from fedcluster.strategies.aggregate import count_weighted_mean, reseed_small_clusters
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.kfed import KFedOrRandomInit
@@ -30,8 +31,8 @@ from fedcluster.strategies.kfed import KFedOrRandomInit
 class MiniBatchKMeans(KFedOrRandomInit, ClusteringStrategy):
     """Federated mini-batch k-means with server learning rate and dead-cluster re-seeding."""
 
-    def _reset_repetition(self) -> None:
-        super()._reset_repetition()
+    def reset_repetition(self) -> None:
+        super().reset_repetition()
         self.small_streak = np.zeros(self.k, dtype=np.int64)
         self.reseeded: list[int] = []
 
@@ -44,14 +45,14 @@ class MiniBatchKMeans(KFedOrRandomInit, ClusteringStrategy):
         return TaskPlan(
             "minibatch",
             params={"epochs": cfg.epochs, "batch-size": cfg.batch_size, "beta": cfg.beta},
-            arrays=[self.centroids],
+            arrays=protocol.Centroids(self.centroids),
             sample=True,
             per_site=self.per_site_seeds(self.train_round),
         )
 
     def reduce_train(self, plan, replies) -> np.ndarray:
-        gammas = np.stack([r.arrays[0] for r in replies])
-        lambdas = np.stack([r.arrays[1] for r in replies])
+        gammas = np.stack([r.arrays.centroids for r in replies])
+        lambdas = np.stack([r.arrays.counts for r in replies])
         gamma_star, totals = count_weighted_mean(gammas, lambdas, self.centroids)
         new = self.centroids + self.config.learning_rate * (gamma_star - self.centroids)
         small = totals < self.config.reassign_fraction * totals.sum()

@@ -32,7 +32,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from fedcluster.common import secure_codec as secure
-from fedcluster.common import privacy
+from fedcluster.common import privacy, protocol
 from fedcluster.common.config import RunConfig
 from fedcluster.strategies.errors import FederationError
 
@@ -161,7 +161,7 @@ def secure_scales(strategy, task: str, names: list[str], scales: list[float],
 
 
 def release_sum(task: str, sums: dict, n_rows: int, floor: int, box,
-                centroids: np.ndarray) -> tuple[list[np.ndarray], dict]:
+                centroids: np.ndarray) -> tuple[tuple, dict]:
     """The reply (arrays, metrics) that stands for a distributed-DP round's decoded
     noisy SUM over sites with ``n_rows`` rows, post-processed as a local-DP site does
     its own release (free under DP): counts rounded, clamped at 0, scaled to at most
@@ -171,12 +171,12 @@ def release_sum(task: str, sums: dict, n_rows: int, floor: int, box,
     release under DP (sums, squared norms, hidden flags, silhouette) zeros."""
     if task == "lloyd":
         counts = privacy.release_counts(sums["w-int"], n_rows, floor)
-        return [privacy.release_means(sums["wc"], counts, *box, centroids), counts], {}
+        return protocol.ClusterMeans(privacy.release_means(sums["wc"], counts, *box, centroids), counts), {}
     if task == "evaluate":
         counts = privacy.release_counts(sums["counts"], n_rows, floor)
         return privacy.evaluation_reply(counts, max(float(sums["sse"][0]), 0.0),
                                         np.shape(centroids)[1])
-    return [sums["distances"]], {}
+    return protocol.Distances(sums["distances"]), {}
 
 
 def accounting(config: RunConfig, history: list[dict], box, bounds_from_data: bool) -> dict:

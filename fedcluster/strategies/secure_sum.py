@@ -1,21 +1,28 @@
 """The server's side of secure aggregation: what a secure round sums, and the decoded
-sum made into one reply (README "Secure aggregation"; the sites' side and the encoding
-are in ``fedcluster/secure.py``).
+sum made into one reply (docs/how-to/secure-aggregation.md; the encoding is in
+``common/secure_codec.py``, the sites' side in ``client_app/secure_mod.py``).
 
 A secure round sends each task with the terms to sum and their agreed scales
 (:func:`terms_and_scales`). SecAgg+ hands the server the SUM only, so a site's reply
 cannot be validated on its own: the aggregate is checked as a whole
 (:func:`check_sum`: finite, shapes, the row total equal to what the contributing sites
 declared) and becomes ONE reply standing for the N sites that took part
-(:func:`sum_reply`), which the strategies then reduce unchanged.
+(:func:`sum_reply`; :func:`secure_replies` for the round), which the strategies then
+reduce unchanged.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import logging
 
+import numpy as np
+from flwr.common import parameters_to_ndarrays
+from flwr.common.logger import log
+
+from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
-from fedcluster.strategies import private
+from fedcluster.strategies import private, sites
+from fedcluster.strategies.sites import site_order
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.validation import Reply, ReplyError
 
@@ -48,8 +55,8 @@ def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
             plan.task == "minibatch" and (
                 batch == 0 or batch >= min((s.n_rows for s in sites), default=0))),
     )
-    means = plan.arrays[1] if plan.task == "evaluate_distances" else None
-    scales = secure.term_bounds(names, np.asarray(plan.arrays[0]), config.secagg_data_bound,
+    means = plan.arrays.means if plan.task == "evaluate_distances" else None
+    scales = secure.term_bounds(names, np.asarray(plan.arrays.centroids), config.secagg_data_bound,
                                 n_max, means)
     return names, private.secure_scales(strategy, plan.task, names, scales, len(sites))
 
@@ -79,7 +86,7 @@ def sum_reply(strategy, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
     if config.private:
         arrays, metrics_out = private.release_sum(
             plan.task, sums, n_rows, config.min_cluster_size, strategy.box,
-            np.asarray(plan.arrays[0], dtype=np.float64))
+            np.asarray(plan.arrays.centroids, dtype=np.float64))
         return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)
     for name in ("w-int", "counts", "hidden"):
         if name in sums and (np.any(sums[name] < 0) or np.any(sums[name] > n_rows)):
@@ -87,7 +94,7 @@ def sum_reply(strategy, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
     metrics_out = {key: float(sums[key][0]) for key in
                    ("sse", "silhouette-sum", "all-sq-dist", "partition-sum") if key in sums}
     if plan.task in ("lloyd", "minibatch", "fcm"):
-        C = np.asarray(plan.arrays[0], dtype=np.float64)
+        C = np.asarray(plan.arrays.centroids, dtype=np.float64)
         if "c" in sums:  # EWF: the plain mean of the sites' centroids
             local, weights = sums["c"] / n_sites, np.zeros(k)
         else:
@@ -100,10 +107,51 @@ def sum_reply(strategy, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
             local = C.copy()
             local[has] = sums["wc"][has] / weights[has, None]
             weights = np.where(has, weights, 0.0)
-        arrays = [local, weights]
+        kind = protocol.FuzzyCentres if plan.task == "fcm" else protocol.ClusterMeans
+        arrays = kind(local, weights)
     elif plan.task == "evaluate":
-        arrays = [sums["counts"].astype(np.int64), sums["sums"], sums["sqnorms"],
-                  sums["hidden"].astype(np.int64)]
+        arrays = protocol.Evaluation(sums["counts"].astype(np.int64), sums["sums"],
+                                     sums["sqnorms"], sums["hidden"].astype(np.int64))
     else:
-        arrays = [sums["distances"]]
+        arrays = protocol.Distances(sums["distances"])
     return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)
+
+
+def secure_replies(strategy, server_round: int, plan, keys: dict[int, str], results, failures,
+               failed: list[str]) -> list[Reply]:
+    """The decoded sum of a secure round as ONE reply standing for its N sites (the
+    reductions then run unchanged), or none when the aggregate fails validation.
+
+    SecAgg+ gives the server the sum only: a site's reply cannot be validated on its
+    own, so the aggregate is (finite, shapes, counts within the rows of the sites that
+    contributed, the row total equal to theirs); a site that sends bad values makes
+    the whole round unusable, and cannot be named."""
+    contributors = [keys[int(proxy.node_id)] for proxy, _ in results]
+    for key in contributors:
+        sites.count_answer(strategy.sites.get(key), plan.task)
+    errors = "; ".join(sites.failure_reason(f, keys)[1] for f in failures)
+    if errors:
+        log(logging.WARNING, "secure round (%s): SecAgg+ failures: %s", plan.task, errors)
+    for key in sorted(set(keys.values()) - set(contributors), key=site_order):
+        reason = "left out of the secure sum (no masked reply; see the site's log)"
+        failed.append(f"site {key}: {reason}")
+        strategy.site_failures.setdefault(key, []).append(
+            f"round {server_round + strategy.round_offset} ({plan.task}): {reason}")
+    if not results:
+        return []
+    names, scales = plan.secure
+    n_sites = len(contributors)
+    n_rows = sum(strategy.sites[key].n_rows for key in contributors)
+    aggregate = parameters_to_ndarrays(results[0][1].parameters)
+    try:
+        sums = secure.decode(aggregate, names, scales, n_sites)
+        reply = sum_reply(strategy, plan, sums, n_sites, n_rows)
+    except ReplyError as err:
+        reason = f"secure sum of sites {', '.join(sorted(contributors, key=site_order))}: {err}"
+        failed.append(reason)
+        log(logging.ERROR, "secure round (%s) unusable: %s", plan.task, reason)
+        return []
+    except ValueError as err:
+        failed.append(f"secure sum: {err}")
+        return []
+    return [reply]

@@ -15,9 +15,13 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 from flwr.common.logger import log
 
-from fedcluster.strategies.errors import FederationError
+from fedcluster.common import scaling
+
+from fedcluster.strategies import private
+from fedcluster.strategies.errors import FederationError, SiteFailure
 from fedcluster.strategies.validation import Reply
 
 
@@ -64,7 +68,7 @@ def admit(strategy, replies: list[Reply]) -> None:
     """
     widths = Counter(int(r.metrics["n-features"]) for r in replies)
     if not widths:
-        raise FederationError(strategy._too_few("no site described its data"))
+        raise FederationError(too_few(strategy, "no site described its data"))
     # The majority width is the federation's; replies are in site order and the
     # Counter keeps first-seen order, so a tie goes to the width of the first site.
     width = max(widths, key=widths.get)
@@ -94,7 +98,7 @@ def admit(strategy, replies: list[Reply]) -> None:
         log(logging.ERROR, "site %s rejected: %s", r.site_key, strategy.rejected[r.site_key])
     check_feature_names(strategy)
     if len(strategy.sites) < strategy.config.min_sites:
-        raise FederationError(strategy._too_few(f"{len(strategy.sites)} usable site(s)"))
+        raise FederationError(too_few(strategy, f"{len(strategy.sites)} usable site(s)"))
 
 
 def readmit(strategy, replies: list[Reply]) -> None:
@@ -129,7 +133,7 @@ def readmit(strategy, replies: list[Reply]) -> None:
         strategy.sites[key].node_id = -1  # not connected now: never asked until it is
         log(logging.WARNING, "site %s of the checkpointed run is not connected", key)
     if len(seen) < strategy.config.min_sites:
-        raise FederationError(strategy._too_few(f"{len(seen)} site(s) of the checkpointed run"))
+        raise FederationError(too_few(strategy, f"{len(seen)} site(s) of the checkpointed run"))
 
 
 def check_feature_names(strategy) -> None:
@@ -163,3 +167,57 @@ def count_answer(site: Site | None, task: str, rounds_left=None) -> None:
     if site.max_rounds is not None and before < site.max_rounds <= site.rounds_answered:
         log(logging.WARNING, "site %s answered its max-rounds=%d task rounds (its own "
             "policy); it is not asked again in this run", site.key, site.max_rounds)
+
+
+def failure_reason(failure, keys: dict[int, str]) -> tuple[str, str]:
+    """(site key, reason) of a failed reply."""
+    if isinstance(failure, SiteFailure):
+        return keys.get(failure.node_id) or f"node-{failure.node_id}", failure.reason
+    if isinstance(failure, BaseException):
+        return "?", str(failure)
+    proxy, res = failure
+    return keys.get(int(proxy.node_id)) or f"node-{proxy.node_id}", res.status.message
+
+
+def too_few(strategy, what: str) -> str:
+    """Why the run cannot go on: ``what`` against min-sites, and every rejection."""
+    reasons = "; ".join(f"site {k}: {v}" for k, v in strategy.rejected.items())
+    return (
+        f"{what}, but min-sites = {strategy.config.min_sites}"
+        + (f". Rejected: {reasons}" if reasons else "")
+    )
+
+
+def sample(strategy, usable: list[Site]) -> list[Site]:
+    """The round's seeded fraction-C sample of the usable sites (all when C covers them)."""
+    m = max(1, round(strategy.config.fraction * len(usable)))
+    if m >= len(usable):
+        return usable
+    rng = np.random.default_rng([strategy.seed, strategy.train_round, 7919])
+    chosen = np.sort(rng.choice(len(usable), size=m, replace=False))
+    return [usable[i] for i in chosen]
+
+
+def fix_transform(strategy, replies: list[Reply]) -> None:
+    """The global transform from the statistics round; sites without valid statistics
+    leave the run (their rows would be clustered unscaled by the others' transform)."""
+    answered = {r.site_key for r in replies}
+    for key in [k for k in strategy.sites if k not in answered]:
+        del strategy.sites[key]
+        strategy.rejected[key] = "no valid reply to the statistics round (scale)"
+        log(logging.ERROR, "site %s rejected: %s", key, strategy.rejected[key])
+    if len(strategy.sites) < strategy.config.min_sites or not replies:
+        raise FederationError(too_few(strategy, f"{len(strategy.sites)} site(s) sent statistics"))
+    counts = [r.n_rows for r in replies]
+    if strategy.config.scale == "standard":
+        means = [r.arrays.means for r in replies]
+        deviations = [r.arrays.deviation_sums for r in replies]
+        m2s = [r.arrays.m2 for r in replies]
+        strategy.transform = scaling.standard_transform(counts, means, deviations, m2s)
+    else:
+        private.warn_leak("scale 'minmax': the sites sent their per-feature minima and "
+                          "maxima (each one person's value); scale 'standard' sends sums "
+                          "only")
+        minima = [r.arrays.minima for r in replies]
+        maxima = [r.arrays.maxima for r in replies]
+        strategy.transform = scaling.minmax_transform(minima, maxima)

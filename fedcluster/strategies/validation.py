@@ -13,28 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
-# The shape of each task's reply: "per-cluster" = [(k, d) centroids, (k,) counts];
-# "list" = [(m, d) centroids, (m,) counts], m <= the rows asked for (clusters under the
-# privacy floor are left out, so m may be 0); "sizes" = [(k,) counts]; "bounds" =
-# [(d,) minima, (d,) maxima]; "per-set" = [(s,) one SSE per centroid set sent, s given as
-# ``max_rows``]; "stats" = per-feature aggregates, by ``scale`` (see ``_statistics``);
-# None = no arrays.
-LAYOUT = {
-    "describe": None,
-    "stats": "stats",
-    "bounds": "bounds",
-    "lloyd": "per-cluster",
-    "minibatch": "per-cluster",
-    "local_kmeans": "list",
-    "kmeanspp": "list",
-    "prune_lloyd": "list",
-    "fcm": "per-cluster-weights",
-    "gtv": "per-cluster",
-    "evaluate_sets": "per-set",
-    "evaluate": "evaluation",
-    "evaluate_distances": "sizes",
-}
+from fedcluster.common import protocol
 
 
 class ReplyError(ValueError):
@@ -48,7 +27,7 @@ class Reply:
     site_key: str
     node_id: int
     n_rows: int
-    arrays: list[np.ndarray]
+    arrays: tuple  # the task's reply type (common/protocol.py), validated
     metrics: dict = field(default_factory=dict)
     # How many sites this reply stands for: 1, or N for the decoded sum of a secure round.
     n_sites: int = 1
@@ -96,8 +75,9 @@ def _counts(name: str, counts: np.ndarray, expect: Expect, n_rows: int) -> np.nd
 
 def validate(
     arrays: list[np.ndarray], metrics: dict, n_rows: int, expect: Expect
-) -> list[np.ndarray]:
-    """Check one reply against what its task promises; return the arrays, typed.
+) -> tuple:
+    """Check one reply against what its task promises; return its arrays typed and named
+    (the task's reply type in ``common/protocol.py``).
 
     Raises
     ------
@@ -112,17 +92,12 @@ def validate(
         raise ReplyError(
             f"declared {n_rows} rows now but {expect.declared_rows} when it joined"
         )
-    arrays = [np.asarray(a) for a in arrays]
     d, k = expect.n_features, expect.n_clusters
-    if expect.task == "evaluate":
-        return _evaluation(arrays, metrics, expect, n_rows)
-    if expect.task == "stats":
-        return _statistics(arrays, expect, n_rows)
-    if "sse" in metrics or (expect.task == "lloyd" and not expect.private):
+    checks_own_sse = expect.task in ("evaluate", "stats")
+    if not checks_own_sse and ("sse" in metrics or (expect.task == "lloyd" and not expect.private)):
         sse = metrics.get("sse")
         if not isinstance(sse, (int, float)) or not np.isfinite(sse) or sse < 0:
             raise ReplyError(f"sse {sse!r} is not a finite non-negative number")
-
     if expect.task == "describe":
         n_features = metrics.get("n-features")
         if not isinstance(n_features, int) or n_features < 1:
@@ -130,39 +105,35 @@ def validate(
         max_rounds = metrics.get("max-rounds", 1)
         if not isinstance(max_rounds, int) or isinstance(max_rounds, bool) or max_rounds < 1:
             raise ReplyError(f"max-rounds {max_rounds!r} is not a positive integer")
-        return arrays
-
-    if expect.task not in LAYOUT:
+        return protocol.NoArrays()
+    if expect.task not in protocol.TASKS:
         raise ReplyError(f"no validation rule for task {expect.task!r}")
-    layout = LAYOUT[expect.task]
-    n_expected = 1 if layout in ("sizes", "per-set") else 2
-    if len(arrays) != n_expected:
-        raise ReplyError(f"sent {len(arrays)} arrays, expected {n_expected}")
-
-    if layout == "bounds":
-        for name, a in zip(("minima", "maxima"), arrays):
-            _shape(name, a, (d,))
-            _finite(name, a)
-        if np.any(arrays[0] > arrays[1]):
-            raise ReplyError("minima exceed maxima")
-        return [a.astype(np.float64) for a in arrays]
-
-    if layout == "sizes":
-        _shape("per-cluster values", arrays[0], (k,))
-        _finite("per-cluster values", arrays[0])
-        if np.any(arrays[0] < 0):
+    if expect.task == "stats" and n_rows < expect.floor:
+        # A site under the privacy floor refuses (an error reply), so this one lied.
+        raise ReplyError(f"sent statistics of {n_rows} rows, under the privacy floor {expect.floor}")
+    try:
+        reply = protocol.reply_arrays(expect.task, arrays, expect.scale)
+    except protocol.ProtocolError as err:
+        raise ReplyError(str(err)) from None
+    if isinstance(reply, protocol.Evaluation):
+        return _evaluation(reply, metrics, expect, n_rows)
+    if isinstance(reply, (protocol.Moments, protocol.Range)):
+        return _per_feature(reply, d)
+    if isinstance(reply, protocol.Distances):
+        values = reply.distances
+        _shape("per-cluster values", values, (k,))
+        _finite("per-cluster values", values)
+        if np.any(values < 0):
             raise ReplyError("per-cluster values are negative")
-        return [arrays[0].astype(np.float64)]
-
-    if layout == "per-set":
-        _shape("per-set SSE", arrays[0], (expect.max_rows,))
-        _finite("per-set SSE", arrays[0])
-        if np.any(arrays[0] < 0):
+        return protocol.Distances(values.astype(np.float64))
+    if isinstance(reply, protocol.SetScores):
+        _shape("per-set SSE", reply.sse, (expect.max_rows,))
+        _finite("per-set SSE", reply.sse)
+        if np.any(reply.sse < 0):
             raise ReplyError("per-set SSE is negative")
-        return [arrays[0].astype(np.float64)]
-
-    if layout == "per-cluster-weights":
-        centres, weights = arrays
+        return protocol.SetScores(reply.sse.astype(np.float64))
+    if isinstance(reply, protocol.FuzzyCentres):
+        centres, weights = reply.centres, reply.weights
         _shape("centres", centres, (k, d))
         _shape("fuzzy weights", weights, (k,))
         _finite("centres", centres)
@@ -170,43 +141,35 @@ def validate(
         # sum_j u_ij^m <= sum_j u_ij = 1 for every row
         if np.any(weights < 0) or weights.sum() > n_rows * (1 + 1e-9):
             raise ReplyError(f"fuzzy weights outside [0, {n_rows}] in total")
-        return [centres.astype(np.float64), weights.astype(np.float64)]
-    centroids, counts = arrays
+        return protocol.FuzzyCentres(centres.astype(np.float64), weights.astype(np.float64))
+    centroids, counts = reply.centroids, reply.counts
+    rows = protocol.TASKS[expect.task].rows
     if centroids.ndim != 2 or centroids.shape[1] != d:
         raise ReplyError(f"centroids have shape {centroids.shape}, expected (*, {d})")
-    if layout == "per-cluster":
+    if rows == "per-cluster":
         _shape("centroids", centroids, (k, d))
     elif centroids.shape[0] > expect.max_rows:
         raise ReplyError(f"sent {centroids.shape[0]} centroids, at most {expect.max_rows} asked")
     _shape("counts", counts, (centroids.shape[0],))
     _finite("centroids", centroids)
     counts = _counts("counts", counts, expect, n_rows)
-    if layout == "list" and np.any(counts == 0):
+    if rows == "at-most" and np.any(counts == 0):
         raise ReplyError("sent a local centroid with no members")
-    return [centroids.astype(np.float64), counts]
+    return protocol.ClusterMeans(centroids.astype(np.float64), counts)
 
 
-def _statistics(arrays, expect: Expect, n_rows: int) -> list[np.ndarray]:
-    """The statistics round: ``standard`` = [(d,) means, (d,) deviation sums, (d,) M2 >= 0];
-    ``minmax`` = [(d,) minima, (d,) maxima], minima <= maxima. A site under the privacy
-    floor refuses (an ``error`` reply), so a reply here is from a site with enough rows."""
-    names = {"standard": ("means", "deviation sums", "M2"), "minmax": ("minima", "maxima")}
-    if expect.scale not in names:
-        raise ReplyError(f"no statistics layout for scale {expect.scale!r}")
-    if n_rows < expect.floor:
-        raise ReplyError(f"sent statistics of {n_rows} rows, under the privacy floor {expect.floor}")
-    wanted = names[expect.scale]
-    if len(arrays) != len(wanted):
-        raise ReplyError(f"sent {len(arrays)} arrays, expected {len(wanted)}")
-    for name, a in zip(wanted, arrays):
-        _shape(name, a, (expect.n_features,))
-        _finite(name, a)
-    arrays = [a.astype(np.float64) for a in arrays]
-    if expect.scale == "standard" and np.any(arrays[2] < 0):
+def _per_feature(reply, d: int):
+    """Statistics and bounds: one finite value per feature in every array; M2 >= 0 and
+    minima <= maxima."""
+    for name, a in zip(reply._fields, reply):
+        _shape(name.replace("_", " "), a, (d,))
+        _finite(name.replace("_", " "), a)
+    reply = type(reply)(*[a.astype(np.float64) for a in reply])
+    if isinstance(reply, protocol.Moments) and np.any(reply.m2 < 0):
         raise ReplyError("M2 has a negative entry")
-    if expect.scale == "minmax" and np.any(arrays[0] > arrays[1]):
+    if isinstance(reply, protocol.Range) and np.any(reply.minima > reply.maxima):
         raise ReplyError("minima exceed maxima")
-    return arrays
+    return reply
 
 
 def _fuzzy_sums(metrics: dict, n_rows: int, k: int) -> None:
@@ -222,8 +185,8 @@ def _fuzzy_sums(metrics: dict, n_rows: int, k: int) -> None:
         raise ReplyError(f"partition-sum {partition_sum} outside [{n_rows}/{k}, {n_rows}]")
 
 
-def _evaluation(arrays, metrics, expect: Expect, n_rows: int) -> list[np.ndarray]:
-    """Pass-1 evaluation statistics (see ``common/metrics.py``)."""
+def _evaluation(reply: protocol.Evaluation, metrics, expect: Expect, n_rows: int) -> protocol.Evaluation:
+    """Pass-1 evaluation statistics (see ``strategies/metrics.py``)."""
     import json
 
     d, k = expect.n_features, expect.n_clusters
@@ -241,26 +204,44 @@ def _evaluation(arrays, metrics, expect: Expect, n_rows: int) -> list[np.ndarray
     if "all-sq-dist" in metrics:
         _fuzzy_sums(metrics, n_rows, k)
     with_labels = "label-names" in metrics
-    if len(arrays) != (5 if with_labels else 4):
-        raise ReplyError(f"sent {len(arrays)} arrays, expected {5 if with_labels else 4}")
-    counts, sums, sqnorms, hidden = arrays[:4]
-    _shape("cluster sizes", counts, (k,))
-    _shape("cluster sums", sums, (k, d))
-    _shape("squared norms", sqnorms, (k,))
-    _shape("hidden flags", hidden, (k,))
-    for name, a in (("cluster sums", sums), ("squared norms", sqnorms)):
+    if with_labels != (reply.contingency is not None):
+        raise ReplyError(f"sent {len(protocol.to_arrays(reply))} arrays, expected {5 if with_labels else 4}")
+    _shape("cluster sizes", reply.counts, (k,))
+    _shape("cluster sums", reply.sums, (k, d))
+    _shape("squared norms", reply.sqnorms, (k,))
+    _shape("hidden flags", reply.hidden, (k,))
+    for name, a in (("cluster sums", reply.sums), ("squared norms", reply.sqnorms)):
         _finite(name, a)
-    counts = _counts("cluster sizes", counts, expect, n_rows)
-    if np.any(sqnorms < 0) or not np.all(np.isin(hidden, (0, 1))):
+    counts = _counts("cluster sizes", reply.counts, expect, n_rows)
+    if np.any(reply.sqnorms < 0) or not np.all(np.isin(reply.hidden, (0, 1))):
         raise ReplyError("negative squared norms or hidden flags other than 0/1")
-    out = [counts, sums.astype(np.float64), sqnorms.astype(np.float64), hidden.astype(bool)]
+    contingency = None
     if with_labels:
         try:
             names = json.loads(str(metrics["label-names"]))
         except ValueError:
             raise ReplyError("label-names is not a JSON list") from None
-        table = arrays[4]
-        if not isinstance(names, list) or table.shape != (len(names), k):
-            raise ReplyError(f"contingency table of shape {table.shape} does not fit its labels")
-        out.append(_counts("contingency table", table, expect, n_rows))
-    return out
+        if not isinstance(names, list) or reply.contingency.shape != (len(names), k):
+            raise ReplyError(f"contingency table of shape {reply.contingency.shape} does not fit its labels")
+        contingency = _counts("contingency table", reply.contingency, expect, n_rows)
+    return protocol.Evaluation(counts, reply.sums.astype(np.float64), reply.sqnorms.astype(np.float64),
+                               reply.hidden.astype(bool), contingency)
+
+
+def check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows) -> Reply:
+    """One site's reply to ``plan``, validated against what the strategy expects of it."""
+    if plan.task != "describe" and keys.get(node_id) != key:
+        raise ReplyError(f"answered as site {key!r} but node {node_id} joined as {keys.get(node_id)!r}")
+    site = strategy.sites.get(key)
+    expect = Expect(
+        task=plan.task,
+        n_features=strategy.n_features if strategy.sites else None,
+        n_clusters=strategy.k,
+        max_rows=plan.max_rows,
+        floor=strategy.config.min_cluster_size,
+        declared_rows=site.n_rows if site else None,
+        scale=plan.params.get("scale"),
+        private=strategy.config.private,
+    )
+    typed = validate(arrays, metrics, int(n_rows), expect)
+    return Reply(key, node_id, int(n_rows), typed, metrics)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedcluster.common import protocol
 from fedcluster.strategies.aggregate import momentum_step, site_weighted_mean
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.kfed import KFedOrRandomInit
@@ -30,13 +31,13 @@ class WeightedFedKMeans(KFedOrRandomInit, ClusteringStrategy):
         return TaskPlan(
             "lloyd",
             params={"local-iters": self.config.local_iters, "tol": self.config.tol},
-            arrays=[self.centroids],
+            arrays=protocol.Centroids(self.centroids),
             sample=True,
         )
 
     def reduce_train(self, plan, replies) -> np.ndarray:
-        site_centroids = np.stack([r.arrays[0] for r in replies])
-        site_weights = np.stack([r.arrays[1] for r in replies])
+        site_centroids = np.stack([r.arrays.centroids for r in replies])
+        site_weights = np.stack([r.arrays.counts for r in replies])
         D = site_weighted_mean(site_centroids, site_weights, dynamic=self.dynamic)
         return momentum_step(
             self.centroids, D, self.previous, self.config.learning_rate, self.config.momentum

@@ -1,0 +1,245 @@
+"""The task protocol: every task's name, the arrays the server sends with it, the reply a
+site sends back, and the secure-aggregation terms of that reply, each by NAME.
+
+A round is one task (the ``task`` config key of Flower's FitIns). Flower carries arrays
+as a list; this module is the only place that knows the order of that list. Everywhere
+else a task's inputs and a reply's arrays are named tuples (``reply.centroids``,
+``reply.counts``, ``inputs.means``): they still travel as Flower's list
+(:func:`to_arrays`), and come back named (:func:`task_inputs` at the site,
+:func:`reply_arrays` at the server). The scalar parameters and metrics are named keys of
+Flower's config/metrics dicts (``PARAMS``/``METRICS`` below say which task uses which).
+
+Adding a task = one :data:`TASKS` entry here (its inputs and reply types), one site
+function (``client_app/tasks.py``, and ``private_tasks.py`` for its DP variant) and one
+strategy hook that plans and reduces it (``strategies/``).
+
+Tasks
+-----
+``describe``      -> metrics only (rows as num_examples, ``n-features``, ``feature-names``)
+``stats``         -> :class:`Moments` (``scale`` standard) or :class:`Range` (minmax)
+``bounds``        -> :class:`Range`
+``local_kmeans``, ``kmeanspp``, ``prune_lloyd`` -> :class:`ClusterMeans` (at most the rows
+                     asked for; clusters under the floor left out)
+``lloyd``, ``minibatch``, ``gtv`` -> :class:`ClusterMeans` (one row per global cluster)
+``fcm``           -> :class:`FuzzyCentres`
+``evaluate_sets`` -> :class:`SetScores`
+``evaluate``      -> :class:`Evaluation`
+``evaluate_distances`` -> :class:`Distances`
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+
+class ProtocolError(ValueError):
+    """Arrays that do not fit the task's layout (how many, and which)."""
+
+
+# ------------------------------------------------------------------- inputs
+class NoArrays(NamedTuple):
+    """A task that takes no arrays."""
+
+
+class Centroids(NamedTuple):
+    """The global centroids (k, d) the site works against."""
+
+    centroids: np.ndarray
+
+
+class CentroidsAndMeans(NamedTuple):
+    """Davies-Bouldin's second pass: the centroids and the pooled cluster means."""
+
+    centroids: np.ndarray
+    means: np.ndarray
+
+
+class SiteGraphState(NamedTuple):
+    """GTV: the site's own centroids (k, d) and its neighbours' (deg, k, d); the first
+    round sends neither."""
+
+    own: np.ndarray | None = None
+    neighbours: np.ndarray | None = None
+
+
+class CentroidSets(NamedTuple):
+    """Several centroid sets (s, k, d), one local SSE wanted per set."""
+
+    sets: np.ndarray
+
+
+# ------------------------------------------------------------------- replies
+class Moments(NamedTuple):
+    """``stats`` with ``scale = standard``: per-feature means, sums of deviations, M2."""
+
+    means: np.ndarray
+    deviation_sums: np.ndarray
+    m2: np.ndarray
+
+
+class Range(NamedTuple):
+    """Per-feature minima and maxima (``bounds``; ``stats`` with ``scale = minmax``)."""
+
+    minima: np.ndarray
+    maxima: np.ndarray
+
+
+class ClusterMeans(NamedTuple):
+    """Per-cluster means and member counts (or DWF weights, mini-batch's lambda)."""
+
+    centroids: np.ndarray
+    counts: np.ndarray
+
+
+class FuzzyCentres(NamedTuple):
+    """FFCM: local fuzzy centres and the fuzzy weights W_j = sum_i u_ij^m."""
+
+    centres: np.ndarray
+    weights: np.ndarray
+
+
+class SetScores(NamedTuple):
+    """One local SSE per centroid set sent."""
+
+    sse: np.ndarray
+
+
+class Evaluation(NamedTuple):
+    """The exact evaluation's sufficient statistics: per-cluster sizes, coordinate sums,
+    squared norms, hidden flags (1: withheld under the floor) and, where the site has
+    labels, the (labels x clusters) contingency table."""
+
+    counts: np.ndarray
+    sums: np.ndarray
+    sqnorms: np.ndarray
+    hidden: np.ndarray
+    contingency: np.ndarray | None = None
+
+
+class Distances(NamedTuple):
+    """Per cluster, the sum of distances of its members to the pooled cluster mean."""
+
+    distances: np.ndarray
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of the protocol: what it takes and what it answers.
+
+    ``rows``: "per-cluster" (one reply row per global cluster), "at-most" (at most the
+    rows asked for) or None. ``secure``: the task is a sum SecAgg+ can carry. ``private``:
+    a DP variant exists (``client_app/private_tasks.py``); other tasks are refused under DP.
+    """
+
+    name: str
+    inputs: type
+    reply: type | None
+    rows: str | None = None
+    secure: bool = False
+    private: bool = False
+
+
+TASKS: dict[str, Task] = {task.name: task for task in (
+    Task("describe", NoArrays, None, private=True),
+    Task("stats", NoArrays, Moments),  # Range with scale = minmax (reply_type)
+    Task("bounds", NoArrays, Range, private=True),
+    Task("local_kmeans", NoArrays, ClusterMeans, rows="at-most"),
+    Task("kmeanspp", NoArrays, ClusterMeans, rows="at-most"),
+    Task("prune_lloyd", Centroids, ClusterMeans, rows="at-most"),
+    Task("lloyd", Centroids, ClusterMeans, rows="per-cluster", secure=True, private=True),
+    Task("minibatch", Centroids, ClusterMeans, rows="per-cluster", secure=True),
+    Task("gtv", SiteGraphState, ClusterMeans, rows="per-cluster"),
+    Task("fcm", Centroids, FuzzyCentres, rows="per-cluster", secure=True),
+    Task("evaluate_sets", CentroidSets, SetScores),
+    Task("evaluate", Centroids, Evaluation, rows="per-cluster", secure=True, private=True),
+    Task("evaluate_distances", CentroidsAndMeans, Distances, rows="per-cluster", secure=True,
+         private=True),
+)}
+
+#: The tasks a secure round may carry, and those a site runs under DP.
+SECURE_TASKS = tuple(name for name, task in TASKS.items() if task.secure)
+DP_TASKS = tuple(name for name, task in TASKS.items() if task.private)
+
+#: The scalar metrics a reply may carry (besides ``num_examples``, the site's rows).
+METRICS = {
+    "describe": ("n-features", "feature-names", "max-rounds"),
+    "lloyd": ("sse",), "prune_lloyd": ("sse",), "minibatch": ("sse",), "gtv": ("sse", "gtv"),
+    "evaluate": ("sse", "silhouette-sum", "all-sq-dist", "partition-sum", "floor", "label-names"),
+}
+#: Every reply may carry these: the site's key, the rounds its policy still allows, a
+#: refusal (an error reply: the reason, no arrays).
+SITE_KEY, ROUNDS_LEFT, ERROR = "site-key", "rounds-left", "error"
+
+
+def task(name: str) -> Task:
+    """The protocol entry of task ``name`` (ProtocolError for an unknown task)."""
+    if name not in TASKS:
+        raise ProtocolError(f"unknown task {name!r}; the protocol knows {sorted(TASKS)}")
+    return TASKS[name]
+
+
+def reply_type(name: str, scale: str | None = None) -> type | None:
+    """The reply type of task ``name`` (``stats`` depends on the ``scale``)."""
+    if name == "stats":
+        if scale not in ("standard", "minmax"):
+            raise ProtocolError(f"no statistics layout for scale {scale!r}")
+        return Moments if scale == "standard" else Range
+    return task(name).reply
+
+
+def to_arrays(named: tuple | None) -> list[np.ndarray]:
+    """The Flower array list of a named tuple (an optional trailing field left out when None)."""
+    if named is None:
+        return []
+    return [np.asarray(value) for value in named if value is not None]
+
+
+def _named(kind: type, arrays: list) -> tuple:
+    fields = kind._fields
+    required = [f for f in fields if f not in kind._field_defaults]
+    arrays = list(arrays)
+    if not len(required) <= len(arrays) <= len(fields):
+        wanted = (f"{len(required)}" if len(required) == len(fields)
+                  else f"{len(required)} to {len(fields)}")
+        raise ProtocolError(f"sent {len(arrays)} arrays, expected {wanted}")
+    return kind(*[np.asarray(a) for a in arrays])
+
+
+def task_inputs(name: str, arrays: list) -> tuple:
+    """At the site: the arrays a task received, named. Arrays a task does not take are
+    ignored and one it lacks is None (the task says what it needs)."""
+    kind = task(name).inputs
+    arrays = [np.asarray(a) for a in list(arrays)[: len(kind._fields)]]
+    return kind(*arrays, *[None] * (len(kind._fields) - len(arrays)))
+
+
+def reply_arrays(name: str, arrays: list, scale: str | None = None) -> tuple:
+    """At the server: a reply's arrays, named (ProtocolError: too many or too few)."""
+    kind = reply_type(name, scale)
+    if kind is None:
+        return NoArrays()
+    return _named(kind, arrays)
+
+
+# ------------------------------------------------------- secure aggregation
+def secure_terms(name: str, reply: tuple) -> dict[str, np.ndarray]:
+    """The linear terms of a plain reply that SecAgg+ sums (besides ``n`` and the scalar
+    metrics, which ``common/secure_codec.py`` adds): per-cluster weighted sums ``wc``,
+    weights (``w-int`` integer counts, ``w`` fuzzy weights), centroids ``c`` (EWF's plain
+    mean), the evaluation's statistics, the distance sums."""
+    as_float = lambda a: np.asarray(a, dtype=np.float64)  # noqa: E731
+    if isinstance(reply, ClusterMeans):
+        centroids, weights = as_float(reply.centroids), as_float(reply.counts)
+        return {"wc": weights[:, None] * centroids, "w-int": weights, "c": centroids}
+    if isinstance(reply, FuzzyCentres):
+        centres, weights = as_float(reply.centres), as_float(reply.weights)
+        return {"wc": weights[:, None] * centres, "w": weights, "c": centres}
+    if isinstance(reply, Evaluation):
+        return {"counts": as_float(reply.counts), "sums": as_float(reply.sums),
+                "sqnorms": as_float(reply.sqnorms), "hidden": as_float(reply.hidden)}
+    if isinstance(reply, Distances):
+        return {"distances": as_float(reply.distances)}
+    return {}

@@ -1,0 +1,40 @@
+"""What the server makes of the evaluation replies: one site's statistics as
+``metrics.pool`` sums them, and one site's line of the run summary."""
+
+from __future__ import annotations
+
+import json
+
+from fedcluster.strategies.validation import Reply
+
+
+def site_stats(reply: Reply) -> dict:
+    """A validated ``evaluate`` reply as the statistics ``metrics.pool`` sums."""
+    evaluation = reply.arrays
+    stats = {
+        "n_rows": reply.n_rows,
+        "sse": reply.metrics["sse"],
+        "silhouette_sum": reply.metrics["silhouette-sum"],
+        "counts": evaluation.counts,
+        "sums": evaluation.sums,
+        "sqnorms": evaluation.sqnorms,
+    }
+    if "all-sq-dist" in reply.metrics:
+        stats["all_sq_dist"] = reply.metrics["all-sq-dist"]
+        stats["partition_sum"] = reply.metrics["partition-sum"]
+    if evaluation.contingency is not None:
+        names = json.loads(str(reply.metrics["label-names"]))
+        stats["contingency"] = dict(zip(names, evaluation.contingency))
+    return stats
+
+
+def site_report(reply: Reply, floor: int) -> dict:
+    """What the server shows of one site: its score and sizes, "<p" where it hid one (p
+    the site's own floor when it is above the server's)."""
+    counts, hidden = reply.arrays.counts, reply.arrays.hidden
+    floor = max(floor, int(reply.metrics.get("floor", floor)))
+    return {
+        "n-rows": reply.n_rows,
+        "score": reply.metrics["sse"] / reply.n_rows,
+        "cluster-sizes": [f"<{floor}" if h else int(c) for c, h in zip(counts, hidden)],
+    }

@@ -1,0 +1,29 @@
+"""One round's task as the server plans it: the task's name, its parameters, the arrays
+it sends (named as ``common/protocol.py`` says) and which sites get it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fedcluster.common import protocol
+
+
+@dataclass
+class TaskPlan:
+    """One round's task: its name, scalar parameters, arrays, and which sites get it.
+
+    ``per_site`` adds parameters that differ per site (e.g. a seed), keyed by site key.
+    """
+
+    task: str
+    params: dict = field(default_factory=dict)
+    arrays: tuple = protocol.NoArrays()  # the task's inputs (common/protocol.py)
+    sample: bool = False  # True: the seeded fraction-C sample; False: every usable site
+    per_site: dict[str, dict] = field(default_factory=dict)
+    max_rows: int | None = None
+    # Arrays that differ per site (GTV: each site's own and its neighbours' centroids),
+    # keyed by site key; a site not in it gets ``arrays``.
+    per_site_arrays: dict[str, tuple] = field(default_factory=dict)
+    # Secure aggregation: the terms the sites encode and their agreed scales (set by
+    # configure_fit for a secure round; None: a plain round).
+    secure: tuple[list[str], list[float]] | None = None
