@@ -1,41 +1,93 @@
 """Checkpoints: the strategy's whole state after every round, and resuming a run from it.
 
-The ServerApp writes ``<output-dir>/<run-name>/checkpoint.pkl`` after every round (atomically:
-a temporary file renamed over the old one, so a crash mid-write leaves the previous
-checkpoint). ``resume-from = "<that file or its directory>"`` in the run config of a new
-run continues from it: the sites describe themselves again (node ids change when sites
-or the SuperLink restart; site ids do not), each is matched to the checkpoint's site of
-the same id, size and width, and the run goes on from the round after the checkpoint.
-Every random draw of the strategies is a function of the seed and the round, so a
-resumed run ends with the same model as an uninterrupted one (a test checks it).
+The ServerApp writes the checkpoint of ``<output-dir>/<run-name>/`` after every round, as
+data (format 2):
 
-A checkpoint is a pickle: resume only from checkpoints your own server wrote.
+- ``checkpoint.json``: the format version, the algorithm, the run config and the
+  strategy's state (every attribute but the config, as typed JSON:
+  ``fedcluster/strategies/state.py``);
+- ``checkpoint-<round>.npz``: the state's numpy arrays, which the JSON names by key (it
+  also names this file and holds its SHA-256).
+
+Both are written to temporary files and renamed into place, the arrays first (under a
+name the current JSON does not use) and the JSON last, and older ``.npz`` files are
+removed only then: a crash mid-write leaves the previous complete checkpoint.
+
+``resume-from = "<checkpoint.json or its directory>"`` in the run config of a new run
+continues from it: the strategy is built afresh from the run config and the checkpoint's
+state set into it; the sites describe themselves again (node ids change when sites or
+the SuperLink restart; site ids do not), each is matched to the checkpoint's site of the
+same id, size and width, and the run goes on from the round after the checkpoint. Every
+random draw of the strategies is a function of the seed and the round, so a resumed run
+ends with the same model as an uninterrupted one (a test checks it).
+
+Loading a checkpoint runs no code: it is JSON and numeric arrays, and the decoder builds
+only the few types ``strategies/state.py`` registers. A checkpoint of another format is
+refused with both versions named, without being read; so is format 1, the
+``checkpoint.pkl`` of earlier fedcluster versions (an object stream whose loading would
+run code).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
-import pickle
+import zipfile
 from pathlib import Path
 
-from fedcluster.common.config import ConfigError, RunConfig
+import numpy as np
 
-CHECKPOINT_FILE = "checkpoint.pkl"
-FORMAT_VERSION = 1
+from fedcluster.common.config import ConfigError, RunConfig
+from fedcluster.strategies import make_strategy
+from fedcluster.strategies.state import Encoder, StateError, decode, encode_state, restore_state
+
+CHECKPOINT_FILE = "checkpoint.json"
+FORMAT_VERSION = 2
+#: Format 1's file (refused by name and never read).
+FORMAT_1_FILE = "checkpoint.pkl"
 #: Run-config keys that may differ between the checkpointed run and the resumed one:
 #: where to write, how long to wait. Everything that shapes the result must be equal.
 OPERATIONAL_KEYS = ("resume-from", "run-name", "output-dir", "round-timeout")
+_KEY = "run-config key 'resume-from'"
 
 
 def save_checkpoint(strategy, directory: Path) -> Path:
-    """Write the strategy's state to ``directory/checkpoint.pkl``; return the path."""
+    """Write the strategy's state to ``directory/checkpoint.json`` and its arrays to
+    ``directory/checkpoint-<round>.npz``; return the JSON's path.
+
+    Raises
+    ------
+    fedcluster.strategies.state.StateError
+        If the strategy holds a value that cannot be stored (the message names it).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / CHECKPOINT_FILE
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as fh:
-        pickle.dump({"format-version": FORMAT_VERSION, "strategy": strategy}, fh,
-                    protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
+    state, arrays = encode_state(strategy)
+    config = Encoder().encode(strategy.config.model_dump(by_alias=True), "config")
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    data = buffer.getvalue()
+    last_round = max((row["round"] for row in strategy.history), default=0)
+    arrays_file = f"checkpoint-{last_round}.npz"
+    if arrays_file == _arrays_file_of(path):  # never rewrite the current arrays in place
+        arrays_file = f"checkpoint-{last_round}b.npz"
+    _write_atomically(directory / arrays_file, data)
+    document = {
+        "format-version": FORMAT_VERSION,
+        "algorithm": strategy.config.algorithm,
+        "round": last_round,
+        "finished": strategy.finished,
+        "config": config,
+        "arrays-file": arrays_file,
+        "arrays-sha256": hashlib.sha256(data).hexdigest(),
+        "strategy": state,
+    }
+    _write_atomically(path, json.dumps(document, allow_nan=False, indent=1).encode("utf-8"))
+    for old in [*directory.glob("checkpoint-*.npz"), *directory.glob("checkpoint*.tmp")]:
+        if old.name != arrays_file:
+            old.unlink(missing_ok=True)
     return path
 
 
@@ -46,39 +98,123 @@ def load_checkpoint(resume_from: str, config: RunConfig):
     Raises
     ------
     ConfigError
-        If there is no readable checkpoint there, or ``config`` differs from the
-        checkpointed run's in a key that shapes the result (the message names them).
+        If there is no readable checkpoint of this format there, ``config`` differs from
+        the checkpointed run's in a key that shapes the result (the message names them),
+        or the checkpointed run had finished.
     """
-    path = Path(resume_from).expanduser()
-    if path.is_dir():
-        path = path / CHECKPOINT_FILE
+    path = _locate(resume_from)
+    strategy = _restore(path, config)
+    if strategy.finished:
+        raise ConfigError(f"{_KEY}: the run in {path} had already finished")
+    strategy.begin_resume()
+    return strategy
+
+
+def read_checkpoint(resume_from: str | Path, config: RunConfig):
+    """The strategy saved at ``resume_from`` as it was saved (finished or not, not yet
+    resumed), built for ``config``; ConfigError as :func:`load_checkpoint`."""
+    return _restore(_locate(resume_from), config)
+
+
+def _restore(path: Path, config: RunConfig):
+    document = _read_document(path)
     try:
-        with open(path, "rb") as fh:
-            saved = pickle.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"run-config key 'resume-from': no checkpoint at {path}") from None
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError) as err:
-        raise ConfigError(
-            f"run-config key 'resume-from': {path} is not a readable fedcluster checkpoint ({err})"
-        ) from None
-    if not isinstance(saved, dict) or saved.get("format-version") != FORMAT_VERSION:
-        raise ConfigError(
-            f"run-config key 'resume-from': {path} is not a checkpoint of this fedcluster "
-            f"version (format {saved.get('format-version') if isinstance(saved, dict) else '?'}, "
-            f"expected {FORMAT_VERSION})"
-        )
-    strategy = saved["strategy"]
-    before = strategy.config.model_dump(by_alias=True)
+        before = decode(document.get("config"), {})
+    except StateError as err:
+        raise _unreadable(path, f"run config: {err}") from None
+    if not isinstance(before, dict):
+        raise _unreadable(path, "no run config")
     now = config.model_dump(by_alias=True)
     changed = sorted(key for key in now if key not in OPERATIONAL_KEYS and before.get(key) != now[key])
     if changed:
         details = ", ".join(f"{key} = {before.get(key)!r} -> {now[key]!r}" for key in changed)
         raise ConfigError(
-            f"run-config key 'resume-from': the run config differs from the checkpointed "
+            f"{_KEY}: the run config differs from the checkpointed "
             f"run's in {details}; only {', '.join(OPERATIONAL_KEYS)} may change"
         )
-    if strategy.finished:
-        raise ConfigError(f"run-config key 'resume-from': the run in {path} had already finished")
-    strategy.config = config
-    strategy.begin_resume()
-    return strategy
+    arrays = _read_arrays(path, document)
+    try:
+        return restore_state(make_strategy(config), document.get("strategy"), arrays)
+    except StateError as err:
+        raise _unreadable(path, str(err)) from None
+
+
+def _locate(resume_from: str | Path) -> Path:
+    """The checkpoint's JSON file (``resume_from`` or the one in that directory)."""
+    path = Path(resume_from).expanduser()
+    if path.is_dir():
+        if not (path / CHECKPOINT_FILE).exists() and (path / FORMAT_1_FILE).exists():
+            raise _other_format(path / FORMAT_1_FILE, 1)
+        path = path / CHECKPOINT_FILE
+    return path
+
+
+def _read_document(path: Path) -> dict:
+    try:
+        raw = path.read_bytes()  # bytes only: nothing in them is run
+    except FileNotFoundError:
+        raise ConfigError(f"{_KEY}: no checkpoint at {path}") from None
+    except OSError as err:
+        raise _unreadable(path, str(err)) from None
+    # format 1: its file name, or its object stream (protocol 2 and later start with 0x80)
+    if path.suffix == Path(FORMAT_1_FILE).suffix or raw[:1] == b"\x80":
+        raise _other_format(path, 1)
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise _unreadable(path, f"not JSON: {err}") from None
+    if not isinstance(document, dict) or "format-version" not in document:
+        raise _unreadable(path, "no format-version")
+    if document["format-version"] != FORMAT_VERSION:
+        raise _other_format(path, document["format-version"])
+    return document
+
+
+def _read_arrays(path: Path, document: dict) -> dict[str, np.ndarray]:
+    """The checkpoint's arrays, from the file its JSON names (beside it), checked
+    against the SHA-256 the JSON holds; numeric arrays only (np.load refuses the rest
+    by default)."""
+    name = document.get("arrays-file")
+    if not isinstance(name, str) or Path(name).name != name or not name.endswith(".npz"):
+        raise _unreadable(path, f"bad arrays-file {name!r}")
+    try:
+        raw = (path.parent / name).read_bytes()
+    except OSError as err:
+        raise _unreadable(path, f"its arrays: {err}") from None
+    if hashlib.sha256(raw).hexdigest() != document.get("arrays-sha256"):
+        raise _unreadable(path, f"{name} is not the arrays file this checkpoint wrote "
+                                "(SHA-256 differs)")
+    try:
+        with np.load(io.BytesIO(raw)) as npz:
+            return {key: npz[key] for key in npz.files}
+    except (ValueError, OSError, AttributeError, zipfile.BadZipFile) as err:
+        raise _unreadable(path, f"{name}: {err}") from None
+
+
+def _arrays_file_of(path: Path) -> str | None:
+    """The arrays file named by the checkpoint at ``path`` (None: none readable)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("arrays-file")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _other_format(path: Path, version) -> ConfigError:
+    extra = (f" ({FORMAT_1_FILE} of fedcluster before format {FORMAT_VERSION}: it is not read, "
+             "since loading it could run code; resume it with the fedcluster that wrote it, or "
+             "start the run again)") if version == 1 else ""
+    return ConfigError(f"{_KEY}: {path} is a checkpoint of format {version!r}, this "
+                       f"fedcluster reads format {FORMAT_VERSION}{extra}")
+
+
+def _unreadable(path: Path, why: str) -> ConfigError:
+    return ConfigError(f"{_KEY}: {path} is not a readable fedcluster checkpoint ({why})")
