@@ -1,0 +1,310 @@
+"""The docs keep their promises (README.md and docs/**):
+
+- the run-config and node-config reference tables agree with ``pyproject.toml``'s
+  ``[tool.flwr.app.config]`` and with ``RunConfig`` / ``NodeConfig`` (keys and defaults,
+  types included);
+- every ```bash and ```python block is either run here, in a temporary directory, block
+  after block in page order, or marked on the line just before it with
+  ``<!-- run by PATH[, PATH ...] -->`` (the files that exercise it; each must exist) or
+  ``<!-- not run here: REASON -->`` (docs/index.md, "Conventions of these pages");
+- the README's Python example runs as it is, and its test command is CI's;
+- every relative link resolves to a file or folder of the repository (anchors skipped),
+  and docs/index.md links every page under docs/.
+
+Commands of the form ``fedcluster ...`` run in this process through
+``fedcluster.cli.main`` (one import, one set of compiled kernels); any other line of a
+bash block runs in ``bash``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
+
+CHECKED_LANGUAGES = ("bash", "python")
+FENCE = re.compile(r"^(`{3,})\s*([\w+-]*)\s*$")
+MARKER = re.compile(r"^<!--\s*(run by|not run here:)\s*(.*?)\s*-->$")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+TEST_COMMAND = "python -m pytest -q"
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int  # 1-based line of the opening fence
+    language: str
+    code: str
+    marker: tuple[str, str] | None  # ("run by", "a, b") or ("not run here:", reason)
+
+    @property
+    def where(self) -> str:
+        return f"{rel(self.page)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced code blocks of a page, with the marker on the line before each."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        fence, language = opening.groups()
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), None)
+        assert end is not None, f"{rel(page)}:{i + 1}: code block never closed"
+        before = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        marker = MARKER.match(before)
+        found.append(Block(page, i + 1, language, "\n".join(lines[i + 1:end]),
+                           marker.groups() if marker else None))
+        i = end + 1
+    return found
+
+
+def prose(page: Path) -> str:
+    """The page without its fenced code blocks."""
+    text = page.read_text(encoding="utf-8")
+    return re.sub(r"^(`{3,}).*?^\1\s*$", "", text, flags=re.M | re.S)
+
+
+# ------------------------------------------------------------------ reference tables
+
+def table(page: Path, header: str) -> dict[str, str]:
+    """``{key: default cell}`` of the table whose header row is ``header``."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == header)
+    rows: dict[str, str] = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        key = cells[0].strip("`")
+        assert key not in rows, f"{rel(page)}: key {key!r} documented twice"
+        rows[key] = cells[1]
+    assert rows, f"{rel(page)}: no rows under {header!r}"
+    return rows
+
+
+def toml_value(cell: str):
+    """A default cell as TOML reads it (``"dwf"``, ``10``, ``1e-4``, ``true``); ``(none)``
+    is an unset key."""
+    text = cell.strip().strip("`")
+    if text == "(none)":
+        return None
+    return tomllib.loads(f"v = {text}")["v"]
+
+
+def same(a, b) -> bool:
+    """Equal and of the same type (``1 == 1.0 == True`` in Python; not here)."""
+    return type(a) is type(b) and a == b
+
+
+def disagreements(sources: dict[str, dict]) -> list[str]:
+    names = list(sources)
+    keys = set().union(*(set(s) for s in sources.values()))
+    problems = []
+    for key in sorted(keys):
+        missing = [n for n in names if key not in sources[n]]
+        if missing:
+            problems.append(f"{key}: missing from {', '.join(missing)}")
+            continue
+        values = [sources[n][key] for n in names]
+        if not all(same(values[0], v) for v in values[1:]):
+            problems.append(f"{key}: " + ", ".join(f"{n} {v!r}" for n, v in zip(names, values)))
+    return problems
+
+
+def test_run_config_table_matches_pyproject_and_run_config():
+    from fedcluster.common.config import RunConfig
+
+    page = DOCS / "reference" / "run-config.md"
+    docs = {k: toml_value(v) for k, v in table(page, "| key | default | meaning |").items()}
+    with open(ROOT / "pyproject.toml", "rb") as fh:
+        pyproject = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    model = RunConfig().model_dump(by_alias=True)
+    problems = disagreements({"docs": docs, "pyproject.toml": pyproject, "RunConfig": model})
+    assert not problems, "run-config defaults disagree:\n  " + "\n  ".join(problems)
+
+
+def test_node_config_table_matches_node_config():
+    from fedcluster.common.config import NodeConfig
+
+    page = DOCS / "reference" / "node-config.md"
+    docs = {k: toml_value(v) for k, v in table(page, "| key | default | meaning |").items()}
+    model = NodeConfig().model_dump(by_alias=True)
+    problems = disagreements({"docs": docs, "NodeConfig": model})
+    assert not problems, "node-config defaults disagree:\n  " + "\n  ".join(problems)
+
+
+def test_table_check_catches_a_wrong_default():
+    assert disagreements({"a": {"x": 600.0}, "b": {"x": 600}}) == ["x: a 600.0, b 600"]
+    assert disagreements({"a": {"x": True}, "b": {"x": 1}})
+    assert disagreements({"a": {"x": 1}, "b": {}}) == ["x: missing from b"]
+    assert toml_value('`"dirichlet:0.3"`') == "dirichlet:0.3" and toml_value("1e-4") == 1e-4
+
+
+# ------------------------------------------------------------------ markers
+
+def checked_blocks() -> list[Block]:
+    return [b for page in PAGES for b in blocks(page) if b.language in CHECKED_LANGUAGES]
+
+
+def test_every_marker_names_existing_files_or_a_reason():
+    problems = []
+    for block in checked_blocks():
+        if block.marker is None:
+            continue
+        kind, argument = block.marker
+        if kind == "not run here:":
+            if not argument:
+                problems.append(f"{block.where}: 'not run here:' without a reason")
+            continue
+        paths = [p.strip() for p in argument.split(",") if p.strip()]
+        if not paths:
+            problems.append(f"{block.where}: 'run by' names no file")
+        problems += [f"{block.where}: 'run by {p}': no such file" for p in paths
+                     if not (ROOT / p).is_file()]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_unrecognised_marker_like_comment_is_an_error():
+    """A comment just before a block that looks like a marker but is not one (a typo)
+    would silently turn the block into one that runs; say so instead."""
+    problems = []
+    for page in PAGES:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            text = line.strip()
+            if text.startswith("<!--") and ("run" in text) and not MARKER.match(text):
+                problems.append(f"{rel(page)}:{i + 1}: not a marker: {text}")
+    assert not problems, "\n".join(problems)
+
+
+def test_readme_test_command_is_ci_s():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert TEST_COMMAND in lines, f"README.md has no line {TEST_COMMAND!r}"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert TEST_COMMAND in ci, f".ci/run does not run {TEST_COMMAND!r}"
+    assert len(lines) < 200, f"README.md has {len(lines)} lines; keep it under 200"
+
+
+# ------------------------------------------------------------------ running the blocks
+
+def commands(code: str) -> list[str]:
+    """The logical lines of a bash block: continuations joined, blanks and comments out."""
+    out, pending = [], ""
+    for raw in code.splitlines():
+        line = pending + raw.strip()
+        if line.endswith("\\"):
+            pending = line[:-1].rstrip() + " "
+            continue
+        pending = ""
+        if line and not line.startswith("#"):
+            out.append(line)
+    assert not pending, f"a continuation line ends the block: {pending!r}"
+    return out
+
+
+def run_fedcluster(argv: list[str], where: str) -> None:
+    from fedcluster.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = main(argv)
+        except SystemExit as stop:  # --help
+            code = stop.code or 0
+    assert code == 0, f"{where}: `fedcluster {shlex.join(argv)}` exited {code}:\n{out.getvalue()[-3000:]}"
+
+
+def run_bash(line: str, cwd: Path, where: str) -> None:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", line], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (f"{where}: `{line}` exited {done.returncode}:\n"
+                                  f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+
+def run_block(block: Block, cwd: Path, namespace: dict) -> None:
+    if block.language == "python":
+        exec(compile(block.code, block.where, "exec"), namespace)  # noqa: S102
+        return
+    for line in commands(block.code):
+        words = shlex.split(line, comments=True)
+        if words and words[0] == "fedcluster" and not re.search(r"[|&;<>$`]", line):
+            run_fedcluster(words[1:], block.where)
+        else:
+            run_bash(line, cwd, block.where)
+
+
+RUN_HERE = {rel(page): [b for b in blocks(page) if b.language in CHECKED_LANGUAGES
+                        and b.marker is None] for page in PAGES}
+
+
+@pytest.mark.parametrize("page", [p for p, found in RUN_HERE.items() if found])
+def test_page_blocks_run(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDCLUSTER_CACHE_DIR", str(tmp_path / "site-cache"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    namespace: dict = {"__name__": f"docs:{page}"}
+    for block in RUN_HERE[page]:
+        run_block(block, tmp_path, namespace)
+
+
+def test_readme_python_example_is_run_here():
+    python = [b for b in blocks(README) if b.language == "python"]
+    assert python, "README.md has no Python example"
+    assert all(b.marker is None for b in python), "the README's Python example must run as is"
+    assert "README.md" in RUN_HERE and any(b.language == "python" for b in RUN_HERE["README.md"])
+
+
+def test_commands_split_as_a_shell_would():
+    assert commands("a \\\n  b  # c\n\n# d\ne") == ["a b  # c", "e"]
+    assert shlex.split("fedcluster x --y 'a b'  # note", comments=True) == ["fedcluster", "x", "--y", "a b"]
+
+
+# ------------------------------------------------------------------ links
+
+def links(page: Path) -> list[str]:
+    return [target for target in LINK.findall(prose(page))
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target) and not target.startswith("#")]
+
+
+def test_relative_links_resolve():
+    missing = {}
+    for page in PAGES:
+        for target in links(page):
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            if not path.exists():
+                missing.setdefault(rel(path) if path.is_relative_to(ROOT) else str(path),
+                                   []).append(f"{rel(page)} -> {target}")
+    assert not missing, "broken links:\n  " + "\n  ".join(x for v in missing.values() for x in v)
+
+
+def test_docs_index_links_every_page():
+    index = DOCS / "index.md"
+    linked = {(index.parent / t.split("#", 1)[0]).resolve() for t in links(index)}
+    pages = {p.resolve() for p in DOCS.rglob("*.md") if p != index} | {
+        (ROOT / p).resolve() for p in PENDING_PAGES}
+    unlinked = sorted(rel(p) for p in pages - linked)
+    assert not unlinked, f"docs/index.md does not link: {unlinked}"
