@@ -11,7 +11,7 @@ k's inertia is above the best found by any mode or by central scikit-learn KMean
 - ``cold``: every k from its own k-FED round (``k-warm-start = false``);
 - ``cold-x3``: cold with n-init 3.
 
-Also writes the README's plot (``--plot``): the default mode's choose-k.png.
+Also writes the choose-k how-to's plot (``--plot``): the default mode's choose-k.png.
 
 Usage::
 

@@ -14,7 +14,7 @@ simulation, the noise):
 - DWF non-private on the DP pipeline (clipping to the box, random init in the box):
   what the noise is compared against;
 - DWF with local DP at epsilon = 10 and 1 (delta 1e-5) for the WHOLE run, the budget
-  split over the training rounds and the evaluation round (README "Differential
+  split over the training rounds and the evaluation round (docs/how-to/differential-privacy.md
   privacy"), with ``num-rounds`` 10 and 4 (fewer rounds, less noise per round).
 
 Scores are computed by this script on the pooled data from each run's final centroids

@@ -15,14 +15,14 @@ from typing import Literal, get_args, get_origin
 
 import numpy as np
 
-from fedcluster.common.config import ConfigError, RunConfig
+from fedcluster.common.config import ConfigError, RunConfig, kebab_keys
 from fedcluster.client_app.site_data import SiteDataError
 
 
 def _add_run_config_options(parser: argparse.ArgumentParser) -> None:
     """One ``--key`` option per run-config key, typed from the pydantic model."""
     for name, field in RunConfig.model_fields.items():
-        flag = "--" + name.replace("_", "-")
+        flag = "--" + next(iter(kebab_keys({name: None})))
         kind = field.annotation
         about = f"{field.description}; " if field.description else ""
         about += f"default {field.default!r}" if field.default == "" else f"default {field.default}"
@@ -38,11 +38,8 @@ def _add_run_config_options(parser: argparse.ArgumentParser) -> None:
 
 def _run_config(args: argparse.Namespace) -> dict:
     """The run-config options given on the command line, kebab-case, output-dir defaulted."""
-    config = {
-        name.replace("_", "-"): getattr(args, name)
-        for name in RunConfig.model_fields
-        if getattr(args, name, None) is not None
-    }
+    config = kebab_keys({name: getattr(args, name) for name in RunConfig.model_fields
+                         if getattr(args, name, None) is not None})
     config.setdefault("output-dir", "outputs")
     return config
 
@@ -53,9 +50,8 @@ def _data_nodes(args: argparse.Namespace) -> list[dict]:
     nodes = []
     for i, path in enumerate(args.data):
         node = {"data-path": str(path), "site-id": str(i)}
-        for key in ("columns", "id_column", "label_column"):
-            if getattr(args, key) is not None:
-                node[key.replace("_", "-")] = getattr(args, key)
+        node.update(kebab_keys({key: getattr(args, key) for key in ("columns", "id_column", "label_column")
+                                if getattr(args, key) is not None}))
         nodes.append(node)
     return nodes
 

@@ -33,7 +33,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedcluster import client_app as client_module
 from fedcluster import server_app as server_module
-from fedcluster.common.config import parse_run_config, run_config_defaults
+from fedcluster.common.config import kebab_keys, parse_run_config, run_config_defaults
 from fedcluster.client_app.site_data import SiteData, check_site_array
 from fedcluster.strategies.metrics import knowledge_gap
 from fedcluster.common.model import Model
@@ -266,7 +266,7 @@ def simulate(
         Run-config keys with ``-`` written ``_`` (``n_clusters=5``, ``local_iters=1``).
         Files are written only if ``output_dir`` is given.
     """
-    run_config = {key.replace("_", "-"): value for key, value in config.items()}
+    run_config = kebab_keys(config)
     run_config.setdefault("output-dir", "")
     if run_config.get("k-range"):
         raise ValueError("a k-range run gives one model per k: use fedcluster.choose_k")
@@ -312,7 +312,7 @@ def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] 
         ``models``: {k: :class:`fedcluster.Model`}.
     """
     text = k_range if isinstance(k_range, str) else f"{k_range[0]}:{k_range[1]}"
-    run_config = {key.replace("_", "-"): value for key, value in config.items()}
+    run_config = kebab_keys(config)
     run_config.setdefault("output-dir", "")
     run_config["k-range"] = text
     record = run_server(sites, labels=labels, num_sites=num_sites, run_config=run_config)

@@ -114,8 +114,9 @@ def paper_metrics(X, C, m):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_fuzzy_evaluation_sums_match_numpy(dtype, monkeypatch):
     from fedcluster.client_app import tasks
+    from fedcluster.common import kernels
 
-    monkeypatch.setattr(tasks, "_CHUNK_ROWS", 7)  # several chunks, one ragged
+    monkeypatch.setattr(kernels, "CHUNK_ROWS", 7)  # several chunks, one ragged
     rng = np.random.default_rng(5)
     C = np.array([[500.0, 500.0], [600.0, 600.0], [550.0, 520.0]])
     X = np.vstack([rng.normal(500, 30, (30, 2)), C[:1]]).astype(dtype)  # a row ON a centre

@@ -294,7 +294,7 @@ def test_kmeans_plusplus_on_a_memory_mapped_site_is_chunked_with_the_same_result
     mapped = data.load_site_file(path).X
     assert data.read_only_mapping(mapped) is not None
     assert data.read_only_mapping(X) is None
-    monkeypatch.setattr(local, "MAPPED_CHUNK_ROWS", 4_096)  # 4 chunks, the last takes the rest
+    monkeypatch.setattr(kernels, "CHUNK_ROWS", 4_096)  # 4 chunks, the last takes the rest
     released = []
     monkeypatch.setattr(local, "release_pages", lambda A: released.append(A.shape))
     centres = local.kmeans_plusplus(mapped, 7, 11)

@@ -30,7 +30,6 @@ __all__ = ["frobenius", "kmeans_plusplus", "lloyd", "local_kmeans"]
 
 # k-means++ passes over a read-only memory-mapped site in chunks of this many rows and
 # drops each chunk's pages from the process once done (see _min_sq_dist_update).
-MAPPED_CHUNK_ROWS = 1 << 16
 
 
 def _min_sq_dist_update(X, centre, current) -> np.ndarray:
@@ -44,10 +43,10 @@ def _min_sq_dist_update(X, centre, current) -> np.ndarray:
     through the same parallel kernel as the whole array.
     """
     n = X.shape[0]
-    if n < 2 * MAPPED_CHUNK_ROWS or read_only_mapping(X) is None:
+    if n < 2 * kernels.CHUNK_ROWS or read_only_mapping(X) is None:
         return kernels.min_sq_dist_update(X, centre, current)
     out = np.empty(n, dtype=np.float64)
-    starts = list(range(0, n - MAPPED_CHUNK_ROWS, MAPPED_CHUNK_ROWS))
+    starts = list(range(0, n - kernels.CHUNK_ROWS, kernels.CHUNK_ROWS))
     for start, stop in zip(starts, [*starts[1:], n]):
         out[start:stop] = kernels.min_sq_dist_update(X[start:stop], centre, current[start:stop])
         release_pages(X)
@@ -55,12 +54,7 @@ def _min_sq_dist_update(X, centre, current) -> np.ndarray:
 
 
 def _check_data(X) -> np.ndarray:
-    X = np.asarray(X)
-    if X.ndim != 2:
-        raise ValueError(f"X must be 2-D (n_rows, n_features), got shape {X.shape}")
-    if X.shape[0] < 1:
-        raise ValueError("X has no rows")
-    return np.ascontiguousarray(X)
+    return np.ascontiguousarray(kernels.check_rows(X, min_rows=1))
 
 
 def kmeans_plusplus(X, k: int, seed) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The site tasks under differential privacy (``dp-epsilon`` > 0; README "Differential
+"""The site tasks under differential privacy (``dp-epsilon`` > 0; docs/how-to/differential-privacy.md
 privacy", the maths in ``common/privacy.py``).
 
 The server sends, with every task of a DP run, ``data-bounds`` (the clipping box),

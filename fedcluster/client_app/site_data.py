@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.client_app.tables import parse_csv
+from fedcluster.common import kernels
 from fedcluster.common.datasets import SiteDataError, load_builtin, partition
 
 __all__ = ["SiteData", "SiteDataError", "check_site_array", "load_partition", "load_site_file"]
@@ -68,12 +69,7 @@ class SiteData:
 # ---------------------------------------------------------------- validation
 
 def _check_shape_and_rows(X: np.ndarray, source: str, min_rows: int) -> None:
-    if X.ndim != 2:
-        raise SiteDataError(f"{source}: expected a 2-D array (rows x features), got shape {X.shape}")
-    if X.shape[1] == 0:
-        raise SiteDataError(f"{source}: has no feature columns")
-    if X.shape[0] < min_rows:
-        raise SiteDataError(f"{source}: has {X.shape[0]} rows; at least {min_rows} are needed")
+    kernels.check_rows(X, source, min_rows, error=SiteDataError)
 
 
 def read_only_mapping(X: np.ndarray) -> mmap.mmap | None:

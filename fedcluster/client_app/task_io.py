@@ -58,6 +58,16 @@ def received_centroids(centroids: np.ndarray | None, site: SiteData) -> np.ndarr
     return np.ascontiguousarray(C)
 
 
+def refuse_under_floor(site: SiteData, floor: int, what: str = "") -> None:
+    """The one refusal of a task that reports over ALL the site's rows (statistics,
+    bounds, its size, GTV's own centroids): a site with fewer rows than the floor sends
+    nothing (``what`` says what it withholds)."""
+    if site.n_rows < floor:
+        raise TaskError(f"{site.source}: has {site.n_rows} rows, fewer than the privacy floor "
+                        f"{floor} (min-cluster-size)"
+                        + (f"; {what}" if what else ""))
+
+
 def apply_privacy_floor(
     counts: np.ndarray, centroids: np.ndarray, fallback: np.ndarray, floor: int
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -63,15 +63,13 @@ from fedcluster.common import kernels, protocol, scaling
 
 from fedcluster.client_app import local_kmeans as local
 from fedcluster.client_app.site_data import SiteData
-from fedcluster.client_app.task_io import TaskError, TaskReply, apply_privacy_floor, received_centroids, task_param
+from fedcluster.client_app.task_io import (
+    TaskError, TaskReply, apply_privacy_floor, received_centroids, refuse_under_floor, task_param,
+)
 
 
 def describe(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    if site.n_rows < floor:
-        raise TaskError(
-            f"{site.source}: has {site.n_rows} rows; at least {floor} are needed "
-            "(the privacy floor min-cluster-size)"
-        )
+    refuse_under_floor(site, floor, "it cannot join")
     names = list(site.feature_names) if site.feature_names is not None else []
     return TaskReply(metrics={"n-features": site.n_features, "feature-names": json.dumps(names)})
 
@@ -79,9 +77,7 @@ def describe(site: SiteData, arrays, params, floor: int) -> TaskReply:
 def stats(site: SiteData, arrays, params, floor: int) -> TaskReply:
     """The statistics round: per-feature aggregates over ALL rows (never a row), refused
     by a site with fewer rows than the privacy floor."""
-    if site.n_rows < floor:
-        raise TaskError(f"the site has {site.n_rows} rows, fewer than the privacy floor {floor}; "
-                        "it sends no statistics")
+    refuse_under_floor(site, floor, "it sends no statistics")
     kind = params.get("scale")
     if kind == "standard":
         return TaskReply(arrays=protocol.Moments(*scaling.site_moments(site.X)))
@@ -91,8 +87,7 @@ def stats(site: SiteData, arrays, params, floor: int) -> TaskReply:
 
 
 def bounds(site: SiteData, arrays, params, floor: int) -> TaskReply:
-    if site.n_rows < floor:
-        raise TaskError(f"the site has {site.n_rows} rows, fewer than the privacy floor {floor}")
+    refuse_under_floor(site, floor, "it sends no bounds")
     return TaskReply(arrays=protocol.Range(np.min(site.X, axis=0), np.max(site.X, axis=0)))
 
 
@@ -234,8 +229,7 @@ def gtv_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     tol = task_param(params, "tol", float)
     if alpha < 0 or local_iters < 1 or tol < 0:
         raise TaskError(f"bad gtv parameters: alpha {alpha}, local-iters {local_iters}, tol {tol}")
-    if site.n_rows < floor:
-        raise TaskError(f"this site has {site.n_rows} rows, fewer than the privacy floor {floor}")
+    refuse_under_floor(site, floor, "it keeps no centroids of its own")
     first_round = arrays.own is None
     if first_round:
         k = task_param(params, "n-clusters", int)
@@ -286,12 +280,10 @@ def _label_names(site: SiteData) -> list[str]:
     return [str(int(c)) for c in codes]
 
 
-# Rows per chunk of the fuzzy evaluation: bounds its temporary arrays whatever the site's size.
-_CHUNK_ROWS = 65536
 
 
 def fuzzy_evaluation_sums(X: np.ndarray, C: np.ndarray, m: float) -> tuple[float, float]:
-    """FFCM's evaluation sums over a site's rows (Stallmann & Wilbik; ALGORITHMS.md 5).
+    """FFCM's evaluation sums over a site's rows (Stallmann & Wilbik; docs/explanation/algorithms.md 5).
 
     Returns ``(all_sq_dist, partition_sum)``: sum over rows and ALL k centres of
     ||x - c_j||^2 (Outside SSE is this minus the SSE) and sum over rows of sum_j u_ij^2
@@ -303,8 +295,8 @@ def fuzzy_evaluation_sums(X: np.ndarray, C: np.ndarray, m: float) -> tuple[float
     cbar = C.mean(axis=0)
     spread = float(((C - cbar) ** 2).sum())
     all_sq_dist, partition_sum = 0.0, 0.0
-    for start in range(0, X.shape[0], _CHUNK_ROWS):
-        rows = X[start:start + _CHUNK_ROWS]
+    for start in range(0, X.shape[0], kernels.CHUNK_ROWS):
+        rows = X[start:start + kernels.CHUNK_ROWS]
         all_sq_dist += k * float(((rows - cbar) ** 2).sum()) + rows.shape[0] * spread
         partition_sum += float((kernels.fcm_memberships(rows, C, m) ** 2).sum())
     return all_sq_dist, partition_sum

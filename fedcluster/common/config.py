@@ -12,43 +12,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ALGORITHMS = ("dwf", "ewf", "minibatch", "kfed", "fkm", "ffcm", "gtv")
+from fedcluster.common.algorithms import ALGORITHMS, CARDS
 
-# What `init = "auto"` and `weighted = "auto"` mean for each algorithm (the papers' own
-# choices), and which initialisations an algorithm accepts.
-DEFAULT_INIT = {
-    "dwf": "kfed", "ewf": "kfed", "minibatch": "kfed", "kfed": "kfed", "fkm": "kmeans++",
-    "ffcm": "random", "gtv": "kmeans++",
-}
-ALLOWED_INIT = {
-    "dwf": ("kfed", "random"),
-    "ewf": ("kfed", "random"),
-    "minibatch": ("kfed", "random"),
-    "kfed": ("kfed",),
-    "fkm": ("kmeans++", "random"),
-    "ffcm": ("random", "kfed"),
-    "gtv": ("kmeans++",),
-}
-# k-FED proper (the one-shot algorithm) keeps its paper's choices: k local clusters per
-# site, unweighted server k-means. As the initialisation of DWF, EWF and mini-batch the
-# same round uses 2k local clusters and weights them by their counts: the union of the
-# local centroids is then a weighted summary of the pooled data, and its k-means starts
-# the training next to the central optimum. Measured on the DWF paper's synthetic
-# benchmark (bench/rounds.py, 100 sites, 10 seeds): with k and unweighted, DWF needed up
-# to 47 rounds to reach 1.001 x central (IID) and missed it in 1 seed of 10 on each
-# split (stuck at 1.0016-1.0018); with 2k and weighted, it reached it within 2 rounds in
-# all 20 runs. For DWF/EWF/mini-batch, `weighted` concerns only that round.
-DEFAULT_WEIGHTED = {"kfed": False, "fkm": True, "dwf": True, "ewf": True, "minibatch": True}
-DEFAULT_K_LOCAL_FACTOR = {"dwf": 2, "ewf": 2, "minibatch": 2}
-
+# The per-algorithm rules, derived from the algorithm cards (common/algorithms.py).
+DEFAULT_INIT = {name: card.default_init for name, card in CARDS.items()}
+ALLOWED_INIT = {name: card.allowed_init for name, card in CARDS.items()}
+DEFAULT_WEIGHTED = {name: card.default_weighted for name, card in CARDS.items()}
+DEFAULT_K_LOCAL_FACTOR = {name: card.k_local_factor for name, card in CARDS.items()}
 # Why an algorithm cannot run under secure-aggregation (its server step is not a sum).
-SECURE_REFUSED = {
-    "fkm": "its server step runs weighted k-means on every site's own centroids (and the "
-           "sites prune clusters), which needs each site's reply, not their sum",
-    "kfed": "its server clusters the union of every site's local centroids, not a sum",
-    "gtv": "each site exchanges its own centroids with its graph neighbours; there is no "
-           "sum over sites to protect",
-}
+SECURE_REFUSED = {name: card.secure_refused for name, card in CARDS.items() if card.secure_refused}
 
 
 class ConfigError(ValueError):
@@ -79,17 +51,7 @@ def parse_k_range(value: str) -> tuple[int, int] | None:
 
 # Why an algorithm cannot run under DP: its site step is not one release of per-cluster
 # sums and counts of bounded rows, so no sensitivity bounds what one row can change.
-DP_REFUSED = {
-    "kfed": "its sites send local k-means centroids run to convergence, which one row "
-            "can move arbitrarily (no bounded sensitivity)",
-    "fkm": "its sites send k-means++ seeds' clusters and several local Lloyd iterations, "
-           "which have no bounded sensitivity",
-    "gtv": "its sites run many local updates and share their own models with neighbours, "
-           "which have no bounded sensitivity",
-    "minibatch": "its sites' batch-by-batch updates are not a sum over rows (with one full "
-                 "batch, epochs 1 and beta 1 it is DWF: use algorithm 'dwf')",
-    "ffcm": "its fuzzy sums are not privatised yet (avg2 also clusters the sites' centres)",
-}
+DP_REFUSED = {name: card.dp_refused for name, card in CARDS.items() if card.dp_refused}
 
 
 def dp_problems(config: "RunConfig") -> list[str]:
@@ -123,7 +85,7 @@ def dp_problems(config: "RunConfig") -> list[str]:
 
 def _distributed_dp_problems(config: "RunConfig") -> list[str]:
     """Why dp-epsilon with secure-aggregation (distributed DP) cannot run: the sites
-    must send linear noisy sums, which the server post-processes (README "Differential
+    must send linear noisy sums, which the server post-processes (docs/how-to/differential-privacy.md
     privacy")."""
     from fedcluster.common.privacy import box_within, parse_data_bounds
 
@@ -147,6 +109,12 @@ def _kebab(name: str) -> str:
     return name.replace("_", "-")
 
 
+def kebab_keys(options: dict) -> dict:
+    """Python keyword names (``n_clusters``) as config keys (``n-clusters``): the one
+    conversion the Python API and the command line use."""
+    return {_kebab(key): value for key, value in options.items()}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(
         alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True
@@ -156,10 +124,11 @@ class _Strict(BaseModel):
 class RunConfig(_Strict):
     """The run config (``[tool.flwr.app.config]`` in pyproject.toml, ``--run-config``).
 
-    Defaults here equal those in pyproject.toml; README.md documents each key.
+    Defaults here equal those in pyproject.toml; docs/reference/run-config.md documents each key
+    (tests/test_docs.py checks that the three agree).
     """
 
-    algorithm: Literal["dwf", "ewf", "minibatch", "kfed", "fkm", "ffcm", "gtv"] = "dwf"
+    algorithm: Literal[ALGORITHMS] = "dwf"
     n_clusters: int = Field(10, ge=1)
     num_rounds: int = Field(50, ge=1, description="maximum number of update rounds")
     fraction: float = Field(1.0, gt=0.0, le=1.0)
@@ -198,7 +167,7 @@ class RunConfig(_Strict):
     k_range: str = Field("", description="LO:HI, e.g. 2:15: run and evaluate every k in LO..HI")
     k_warm_start: bool = Field(
         True, description="k-range: start k+1 from k's centroids with the largest cluster split")
-    # Differential privacy (README "Differential privacy", common/privacy.py).
+    # Differential privacy (docs/how-to/differential-privacy.md, common/privacy.py).
     dp_epsilon: float = Field(
         0.0, ge=0.0, description="the whole run's DP budget epsilon; 0 = no DP")
     dp_delta: float = Field(1e-5, gt=0.0, lt=1.0, description="the whole run's DP delta")

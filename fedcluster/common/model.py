@@ -54,8 +54,8 @@ class Model:
 
     def _check(self, X) -> np.ndarray:
         """Raw rows, checked, in the space of the centroids (scaled when the run was)."""
-        X = np.ascontiguousarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != self.n_features:
+        X = np.ascontiguousarray(kernels.check_rows(X, "data"), dtype=np.float64)
+        if X.shape[1] != self.n_features:
             raise ValueError(
                 f"data of shape {X.shape} does not match the model's {self.n_features} features"
             )
@@ -122,7 +122,7 @@ class Model:
         return out
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, default=_json_default)
+        return json.dumps(self.to_dict(), indent=1, default=json_default)
 
     @classmethod
     def from_json(cls, text: str) -> "Model":
@@ -151,9 +151,11 @@ class Model:
         return cls.from_json(Path(path).read_text())
 
 
-def _json_default(value):
+def json_default(value):
+    """numpy arrays and scalars as JSON (``json.dumps(..., default=json_default)``): the
+    one converter of model.json and choose-k.json."""
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, np.generic):
         return value.item()
-    raise TypeError(f"cannot store {type(value).__name__} in model.json")
+    raise TypeError(f"cannot store {type(value).__name__} as JSON")

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedcluster.common import kernels
+
 SCALES = ("none", "standard", "minmax")
-# Rows per chunk for the site statistics: bounds the temporaries on a large memory-mapped file.
-_CHUNK_ROWS = 65536
 # Scaled copies kept per process (in-process harness: one per simulated site).
 _CACHE_SIZE = 32
 
@@ -112,12 +112,12 @@ def site_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """
     n = X.shape[0]
     total = np.zeros(X.shape[1])
-    for start in range(0, n, _CHUNK_ROWS):
-        total += X[start:start + _CHUNK_ROWS].sum(axis=0)
+    for start in range(0, n, kernels.CHUNK_ROWS):
+        total += X[start:start + kernels.CHUNK_ROWS].sum(axis=0)
     mean = total / n
     deviation, m2 = np.zeros(X.shape[1]), np.zeros(X.shape[1])
-    for start in range(0, n, _CHUNK_ROWS):
-        centred = X[start:start + _CHUNK_ROWS] - mean
+    for start in range(0, n, kernels.CHUNK_ROWS):
+        centred = X[start:start + kernels.CHUNK_ROWS] - mean
         deviation += centred.sum(axis=0)
         m2 += np.einsum("ij,ij->j", centred, centred)
     return mean, deviation, m2

@@ -1,5 +1,5 @@
 """The ``topology`` run-config value: its grammar, checked when the run config is read
-(the graph itself is built by ``strategies/topology.py``, for GTV; Jung, ALGORITHMS.md section 6).
+(the graph itself is built by ``strategies/topology.py``, for GTV; Jung, docs/explanation/algorithms.md section 6).
 
 A topology is an undirected graph over the site ids (``site-id`` in deployment,
 ``partition-id`` in simulation). The ``topology`` run-config key names it:

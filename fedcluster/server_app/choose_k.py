@@ -37,7 +37,7 @@ from flwr.server import LegacyContext, ServerConfig
 from fedcluster.common.config import RunConfig
 from fedcluster.server_app.criteria import CRITERIA, best_k, split_largest_cluster
 from fedcluster.strategies.metrics import METRIC_NAMES
-from fedcluster.common.model import Model
+from fedcluster.common.model import Model, json_default
 from fedcluster.server_app.outputs import write_choose_k
 from fedcluster.server_app.workflow import ClusteringWorkflow, build_model, run_name
 from fedcluster.strategies import make_strategy
@@ -80,7 +80,7 @@ def run_k_range(grid, context: Context, config: RunConfig) -> str:
         write_choose_k(directory, result, models)
         log(logging.INFO, "choose-k outputs written to %s", directory.resolve())
     return json.dumps({**result, "models": {str(k): m.to_dict() for k, m in models.items()}},
-                      default=_json_default)
+                      default=json_default)
 
 
 def report(config: RunConfig, models: dict[int, Model]) -> dict:
@@ -106,11 +106,3 @@ def summary(result: dict) -> str:
         lines.append(f"  {k:>3} {row['inertia']:>14.6g} {values[0]:>12.4f} {values[1]:>10.4f} {values[2]:>12.6g}")
     lines.append("  best k: " + ", ".join(f"{name} {k}" for name, k in result["best"].items()))
     return "\n".join(lines)
-
-
-def _json_default(value):
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot store {type(value).__name__} in choose-k.json")

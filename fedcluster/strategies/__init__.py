@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 
 from fedcluster.common.config import RunConfig
@@ -15,23 +18,26 @@ from fedcluster.strategies.minibatch import MiniBatchKMeans
 from fedcluster.strategies.weighted import WeightedFedKMeans
 
 
+#: One strategy per algorithm card (common/algorithms.py): the registry make_strategy
+#: reads; tests/test_algorithms.py checks that cards and strategies match both ways.
+STRATEGIES: dict[str, Callable[..., ClusteringStrategy]] = {
+    "dwf": partial(WeightedFedKMeans, dynamic=True),
+    "ewf": partial(WeightedFedKMeans, dynamic=False),
+    "minibatch": MiniBatchKMeans,
+    "kfed": KFed,
+    "fkm": FederatedKMeansPruning,
+    "ffcm": FederatedFuzzyCMeans,
+    "gtv": GTVKMeans,
+}
+
+
 def make_strategy(
     config: RunConfig, initial_centroids: np.ndarray | None = None
 ) -> ClusteringStrategy:
     """The strategy for ``config.algorithm``."""
-    if config.algorithm in ("dwf", "ewf"):
-        return WeightedFedKMeans(config, initial_centroids, dynamic=config.algorithm == "dwf")
-    if config.algorithm == "minibatch":
-        return MiniBatchKMeans(config, initial_centroids)
-    if config.algorithm == "kfed":
-        return KFed(config, initial_centroids)
-    if config.algorithm == "fkm":
-        return FederatedKMeansPruning(config, initial_centroids)
-    if config.algorithm == "ffcm":
-        return FederatedFuzzyCMeans(config, initial_centroids)
-    if config.algorithm == "gtv":
-        return GTVKMeans(config, initial_centroids)
-    raise ValueError(f"unknown algorithm {config.algorithm!r}")
+    if config.algorithm not in STRATEGIES:
+        raise ValueError(f"unknown algorithm {config.algorithm!r}")
+    return STRATEGIES[config.algorithm](config, initial_centroids)
 
 
-__all__ = ["ClusteringStrategy", "FederationError", "make_strategy"]
+__all__ = ["STRATEGIES", "ClusteringStrategy", "FederationError", "make_strategy"]

@@ -15,7 +15,7 @@ from fedcluster.common.kernels import frobenius
 def site_weighted_mean(
     site_centroids: np.ndarray, site_weights: np.ndarray, dynamic: bool
 ) -> np.ndarray:
-    """Per-cluster average of the sites' centroids (DWF / EWF, ALGORITHMS.md sec. 1).
+    """Per-cluster average of the sites' centroids (DWF / EWF, docs/explanation/algorithms.md sec. 1).
 
     Parameters
     ----------

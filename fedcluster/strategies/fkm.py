@@ -1,6 +1,6 @@
 """FKM: federated k-means with local pruning.
 
-Garst & Reinders, "Federated K-means clustering" (2024); ALGORITHMS.md section 4.
+Garst & Reinders, "Federated K-means clustering" (2024); docs/explanation/algorithms.md section 4.
 Round 0: every site seeds k clusters with k-means++ (``init = "kmeans++"``) or random
 rows (``init = "random"``) and returns the means and sizes of those clusters. The server
 runs k-means with k clusters on the concatenated local means, weighted by their sizes

@@ -1,7 +1,7 @@
 """FFCM: federated fuzzy c-means.
 
 Stallmann & Wilbik, "Towards federated clustering: a federated fuzzy c-means algorithm
-(FFCM)" (2022); ALGORITHMS.md section 5. Each round every sampled site runs
+(FFCM)" (2022); docs/explanation/algorithms.md section 5. Each round every sampled site runs
 ``local-iters`` fuzzy c-means iterations (fuzzifier m = ``fuzzifier``, Bezdek's
 memberships) from the global centres and returns its centres and fuzzy weights
 W_j = sum_i u_ij^m. The server aggregates with ``aggregation``:

@@ -1,7 +1,7 @@
 """GTVMin k-means over a graph of sites (decentralised federated k-means).
 
 Jung, "Federated k-means via generalized total variation minimization" (2022);
-ALGORITHMS.md section 6. Every site keeps its OWN centroids W_i (there is no global model
+docs/explanation/algorithms.md section 6. Every site keeps its OWN centroids W_i (there is no global model
 during training); sites are the nodes of a connected graph (``topology``, see
 ``common/topology.py``). Round 0: each site runs local k-means++ and Lloyd. Every later
 round the server relays to each site the current centroids of its neighbours only (a
@@ -15,7 +15,7 @@ centroids (an ``evaluate_sets`` round, which shows every site's centroids to eve
 site). A run ends when no site's centroids move by ``tol`` or more (Frobenius norm), or
 after ``num-rounds``. Then every site's centroids are scored on the pooled data and the
 consensus model is chosen: ``consensus = "best-site"`` takes the centroids of the site
-with the lowest POOLED score (ALGORITHMS.md says lowest local score; a site with an easy
+with the lowest POOLED score (docs/explanation/algorithms.md says lowest local score; a site with an easy
 local data set would win that while fitting the federation badly), ``"kmeans"`` runs
 k-means on all sites' centroids. The consensus goes through the usual exact evaluation.
 """

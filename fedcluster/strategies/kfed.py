@@ -1,6 +1,6 @@
 """k-FED (Dennis, Li, Smith 2021, "Heterogeneity for the win: one-shot federated
 clustering"): every site runs k-means locally, the server clusters the union of the
-local centroids. ALGORITHMS.md section 3.
+local centroids. docs/explanation/algorithms.md section 3.
 
 This module holds the one implementation of the k-FED round, used as the
 initialisation of DWF/EWF (``init = "kfed"``) and, later, as the one-shot algorithm.

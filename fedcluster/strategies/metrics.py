@@ -1,5 +1,5 @@
 """Exact federated metrics: site sufficient statistics, summed, turned into the pooled
-values (ALGORITHMS.md, "Evaluation, all exact and federated").
+values (docs/explanation/algorithms.md, "Evaluation, all exact and federated").
 
 Sites report, against the final centroids C (``tasks.evaluate``): n, SSE, per-cluster
 counts, sums and sums of squared norms, the simplified-silhouette sum and, where they
@@ -167,7 +167,7 @@ def compute_metrics(stats: PooledStats, distance_sums: np.ndarray | None) -> dic
 
 
 def fuzzy_metrics(stats: PooledStats) -> dict[str, float]:
-    """FFCM's figures (ALGORITHMS.md section 5), hard labels = argmax membership =
+    """FFCM's figures (docs/explanation/algorithms.md section 5), hard labels = argmax membership =
     nearest centre: Within SSE = SSE / (N d), Outside SSE = sum over rows of the squared
     distances to the centres they are NOT assigned to / (N d), and the partition
     coefficient mean_i sum_j u_ij^2 (1 = crisp, 1/k = all memberships equal)."""

@@ -1,7 +1,7 @@
 """Federated mini-batch k-means.
 
 Triebe & Rajagopal, "Federated k-means: clustering algorithm and proof of concept"
-(2019); ALGORITHMS.md section 2. Each round the sampled sites run ``epochs`` passes of
+(2019); docs/explanation/algorithms.md section 2. Each round the sampled sites run ``epochs`` passes of
 mini-batch k-means (batches of ``batch-size``, 0 = full, client learning rate ``beta``,
 batch order from a per-site per-round seed) and return their centroids Gamma_i and
 counts Lambda_i; the server forms Gamma* = sum_i Lambda_i Gamma_i / sum_i Lambda_i and

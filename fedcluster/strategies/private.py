@@ -1,6 +1,6 @@
 """The server's side of differential privacy and ``data-bounds``: the clipping box,
 the task parameters that carry the budget to the sites, the accounting of what a run
-spent, and what the model reports (README "Differential privacy").
+spent, and what the model reports (docs/how-to/differential-privacy.md).
 
 The box: ``data-bounds`` when given (declared, no data round). A DP run without it takes
 the box from a ``bounds`` round (per-site minima and maxima, sent without noise) and

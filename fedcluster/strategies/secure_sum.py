@@ -50,7 +50,7 @@ def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
         plan.task,
         dynamic=getattr(strategy, "dynamic", True),
         fuzzy_eval="fuzzifier" in plan.params,
-        # under DP a training round sends no SSE (README "Differential privacy")
+        # under DP a training round sends no SSE (docs/how-to/differential-privacy.md)
         with_sse=(plan.task == "lloyd" and not config.private) or (
             plan.task == "minibatch" and (
                 batch == 0 or batch >= min((s.n_rows for s in sites), default=0))),

@@ -1,4 +1,4 @@
-"""Site graphs for the decentralised GTVMin k-means (Jung; ALGORITHMS.md section 6).
+"""Site graphs for the decentralised GTVMin k-means (Jung; docs/explanation/algorithms.md section 6).
 
 The grammar of the ``topology`` value is checked by ``common/topology_spec.py``. A topology is an undirected graph over the site ids (``site-id`` in deployment,
 ``partition-id`` in simulation). The ``topology`` run-config key names it:

@@ -1,6 +1,6 @@
 """DWF and EWF: dynamically / equally weighted federated k-means.
 
-Holzer, Jacob, Kavane, "Dynamically weighted federated k-means" (2023); ALGORITHMS.md
+Holzer, Jacob, Kavane, "Dynamically weighted federated k-means" (2023); docs/explanation/algorithms.md
 section 1. Each round the sampled sites count their points per received centroid
 (w_ij), run ``local-iters`` Lloyd iterations and return their centroids C_i; the server
 averages them per cluster with weights lambda_ij (DWF: w_ij / sum_i w_ij; EWF: 1/|I_t|)

@@ -18,8 +18,10 @@ Dtypes
 ------
 ``X`` may be float32 or float64.  The public wrappers convert the centroids
 to ``X``'s dtype (so a float64 ``C`` used with float32 ``X`` is rounded to
-float32 first); this keeps exactly two compiled specialisations per kernel.
-Distances, sums and SSE are accumulated in float64 whatever the input dtype.
+float32 first); this keeps exactly two compiled specialisations per kernel
+(Numba also specialises on whether an array is read-only, as a site's data is:
+tests/warm_kernels.py compiles the ones the site tasks use).  Distances, sums
+and SSE are accumulated in float64 whatever the input dtype.
 
 Empty clusters
 --------------
@@ -127,14 +129,30 @@ def _blocked(kernel, X, *args):
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _check_X(X) -> np.ndarray:
-    X = np.asarray(X)
+#: Rows per chunk of a numpy pass over a site's rows (scaling statistics, the fuzzy
+#: evaluation, k-means++ over a memory-mapped site): bounds its temporary arrays to
+#: CHUNK_ROWS x d values whatever the site's size.
+CHUNK_ROWS = 1 << 16
+
+
+def check_rows(X, source: str = "X", min_rows: int = 0, error: type = ValueError) -> np.ndarray:
+    """The one shape check of a data matrix, on either side: 2-D, at least one feature
+    column, at least ``min_rows`` rows; raises ``error`` with a message that starts with
+    ``source`` (a site's file, or the argument's name). Returns ``X`` as an array."""
+    X = X if isinstance(X, np.ndarray) else np.asarray(X)
     if X.ndim != 2:
-        raise ValueError(f"X must be 2-D (n_rows, n_features), got shape {X.shape}")
+        raise error(f"{source}: expected a 2-D array (rows x features), got shape {X.shape}")
+    if X.shape[1] == 0:
+        raise error(f"{source}: has no feature columns")
+    if X.shape[0] < min_rows:
+        raise error(f"{source}: has {X.shape[0]} rows; at least {min_rows} are needed")
+    return X
+
+
+def _check_X(X) -> np.ndarray:
+    X = check_rows(X)
     if X.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"X must be float32 or float64, got {X.dtype}")
-    if X.shape[1] < 1:
-        raise ValueError("X must have at least one feature")
     return np.ascontiguousarray(X)
 
 
@@ -339,7 +357,7 @@ def fcm_memberships(X, C, m: float) -> np.ndarray:
 
 
 def gtv_update(X, W, N, alpha: float, floor: int = 1):
-    """One GTVMin k-means update of a site's centroids (Jung; ALGORITHMS.md section 6).
+    """One GTVMin k-means update of a site's centroids (Jung; docs/explanation/algorithms.md section 6).
 
     E1 assigns the local rows to ``W`` (the Lloyd kernel: sums and counts); E2 links each
     neighbour centroid to its nearest local centroid, E3 each local centroid to the

@@ -541,7 +541,7 @@ def _fcm_memberships_impl(X, C, m, block):
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
 def _gtv_m_step_impl(W, N, sums, counts, alpha, floor):
-    """GTVMin steps E2, E3 and M (Jung; ALGORITHMS.md section 6) for one site, given E1's
+    """GTVMin steps E2, E3 and M (Jung; docs/explanation/algorithms.md section 6) for one site, given E1's
     per-cluster ``sums`` and ``counts`` against ``W``. ``N`` is (deg, k, d): the
     neighbours' centroids. Small (deg * k * k distances): serial."""
     deg, k_n, d = N.shape
