@@ -151,7 +151,7 @@ class SiteClient(NumPyClient):
                 # Under SecAgg+ an empty reply would be summed with the others: fail the
                 # message instead (the protocol then drops this site from the sum).
                 raise
-            return [], 0, {"site-key": self.key, "error": str(err)}
+            return [], 0, {protocol.SITE_KEY: self.key, protocol.ERROR: str(err)}
         site_policy.count_round(self.state, self.run_id, task)
         if secure.SECURE_PARAM in config:
             # Secure round: only the encoded terms leave the site, masked by SecAgg+;
@@ -162,13 +162,13 @@ class SiteClient(NumPyClient):
             except secure.SecureAggregationError as err:
                 log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
                 raise
-            return arrays, secure.WEIGHT, {"site-key": self.key}
+            return arrays, secure.WEIGHT, {protocol.SITE_KEY: self.key}
         metrics = dict(reply.metrics)
-        metrics["site-key"] = self.key
+        metrics[protocol.SITE_KEY] = self.key
         if self.node.max_rounds is not None and task != "describe":
             # The site's own count (a policy figure, not data), which the server follows
             # (under SecAgg+ the server counts the rounds itself).
-            metrics["rounds-left"] = (self.node.max_rounds
+            metrics[protocol.ROUNDS_LEFT] = (self.node.max_rounds
                                       - site_policy.rounds_answered(self.state, self.run_id))
         if task == "describe":
             metrics.update(self._provenance)

@@ -7,7 +7,7 @@ A topology is an undirected graph over the site ids (``site-id`` in deployment,
 ``complete``
     every pair of sites linked.
 ``ring``
-    sites in their stable order (:func:`fedcluster.strategies.base.site_order`), each
+    sites in their stable order (the server's site order, sorted site ids), each
     linked to the next, the last to the first.
 ``knn:K``
     a seeded random K-regular-ish graph: the sites in a seeded random cyclic order, each

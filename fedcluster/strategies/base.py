@@ -234,9 +234,9 @@ class ClusteringStrategy(Strategy):
         for proxy, res in results:
             node_id = int(proxy.node_id)
             metrics = dict(res.metrics)
-            key = str(metrics.get("site-key", keys.get(node_id) or f"node-{node_id}"))
-            if "error" not in metrics and keys.get(node_id) == key:
-                sites.count_answer(self.sites.get(key), plan.task, metrics.get("rounds-left"))
+            key = str(metrics.get(protocol.SITE_KEY, keys.get(node_id) or f"node-{node_id}"))
+            if protocol.ERROR not in metrics and keys.get(node_id) == key:
+                sites.count_answer(self.sites.get(key), plan.task, metrics.get(protocol.ROUNDS_LEFT))
             arrays = parameters_to_ndarrays(res.parameters)
             try:
                 reply = check_reply(self, plan, node_id, key, keys, arrays, metrics,

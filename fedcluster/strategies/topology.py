@@ -1,25 +1,12 @@
 """Site graphs for the decentralised GTVMin k-means (Jung; docs/explanation/algorithms.md section 6).
 
-The grammar of the ``topology`` value is checked by ``common/topology_spec.py``. A topology is an undirected graph over the site ids (``site-id`` in deployment,
-``partition-id`` in simulation). The ``topology`` run-config key names it:
-
-``complete``
-    every pair of sites linked.
-``ring``
-    sites in their stable order (:func:`fedcluster.strategies.base.site_order`), each
-    linked to the next, the last to the first.
-``knn:K``
-    a seeded random K-regular-ish graph: the sites in a seeded random cyclic order, each
-    linked to its ceil(K/2) successors (degree 2 ceil(K/2), at most n - 1). Connected by
-    construction.
-``random:P``
-    Erdos-Renyi with edge probability P, re-drawn (seeded) until connected.
-``edges:PATH``
-    an explicit edge list: one edge per line, two site ids separated by whitespace or a
-    comma; ``#`` starts a comment.
-
-A graph that leaves a site unconnected to the others is rejected with a message naming
-the parts it falls into: GTVMin only agrees across a connected graph.
+A topology is an undirected graph over the site ids (``site-id`` in deployment,
+``partition-id`` in simulation), named by the ``topology`` run-config key; its grammar
+(``complete``, ``ring``, ``knn:K``, ``random:P``, ``edges:PATH``) and what each means are
+in ``common/topology_spec.py``, which checks the value when the run config is read. Here
+the graph is built over the admitted sites, seeded, and a graph that leaves a site
+unconnected to the others is rejected with a message naming the parts it falls into:
+GTVMin only agrees across a connected graph.
 """
 
 from __future__ import annotations

@@ -84,8 +84,8 @@ def validate(
     ReplyError
         With the reason, when anything does not hold.
     """
-    if "error" in metrics:
-        raise ReplyError(f"the site refused: {metrics['error']}")
+    if protocol.ERROR in metrics:
+        raise ReplyError(f"the site refused: {metrics[protocol.ERROR]}")
     if n_rows < 1:
         raise ReplyError(f"declared {n_rows} rows")
     if expect.declared_rows is not None and n_rows != expect.declared_rows:
