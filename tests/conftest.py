@@ -16,6 +16,9 @@ import pytest
 import flower_processes as fp
 import netns
 
+# The app the real-Flower tests submit (`flwr run` of the repository).
+REPO = Path(__file__).resolve().parents[1]
+
 
 def _listening(port: int) -> bool:
     with socket.socket() as s:
@@ -49,13 +52,22 @@ def nothing_left_behind(request):
 def numba_cache(tmp_path_factory) -> Path:
     """One Numba cache directory for the real Flower processes of the session, and one
     FLWR_HOME (``fp.SESSION_HOME``) per worker: a fresh ClientApp process then loads the
-    kernels compiled for its path instead of compiling them."""
+    kernels compiled for its path instead of compiling them.
+
+    Before it returns, tests/warm_kernels.py (a subprocess, with the Flower processes'
+    environment) installs the app into the worker's FLWR_HOME as a SuperNode would and
+    compiles every kernel specialisation the site tasks use into the cache, for that
+    path and for the installed fedcluster: on a fresh clone no ClientApp then compiles
+    (which cost minutes, every site compiling the same kernel at once). Its output:
+    ``warm-kernels.log`` in the worker's base temp dir."""
     base = tmp_path_factory.getbasetemp()
     # Shared by the xdist workers (Numba writes its cache files by atomic renames): a
     # kernel compiled for a path by one worker's processes is loaded by the other's.
     path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "numba-cache"
     path.mkdir(exist_ok=True)
     fp.SESSION_HOME = base / "flwr-home"  # per worker: see its comment
+    fp.SESSION_HOME.mkdir(exist_ok=True)
+    fp.warm_numba_cache(path, fp.SESSION_HOME, REPO, log_path=base / "warm-kernels.log")
     return path
 
 

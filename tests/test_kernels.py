@@ -1,4 +1,5 @@
-"""Kernels against the numpy references, thread invariance, and the on-disk cache.
+"""Kernels against the numpy references, thread invariance, and the on-disk cache
+(which stays correct only while every compiled function is in _compiled.py: checked).
 
 Every kernel is checked in float32 and float64 with 1 and 2 Numba threads on:
 a data set smaller than one block, one spanning several blocks (20,000 rows,
