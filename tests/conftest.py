@@ -64,7 +64,11 @@ def numba_cache(tmp_path_factory) -> Path:
     # Shared by the xdist workers (Numba writes its cache files by atomic renames): a
     # kernel compiled for a path by one worker's processes is loaded by the other's.
     path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "numba-cache"
-    path.mkdir(exist_ok=True)
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        # CI sets one for the whole run: the kernels that pytest's own processes compile
+        # for the installed fedcluster are then the ones the warm-up compiles, once.
+        path = Path(os.environ["NUMBA_CACHE_DIR"])
+    path.mkdir(parents=True, exist_ok=True)
     fp.SESSION_HOME = base / "flwr-home"  # per worker: see its comment
     fp.SESSION_HOME.mkdir(exist_ok=True)
     fp.warm_numba_cache(path, fp.SESSION_HOME, REPO, log_path=base / "warm-kernels.log")

@@ -64,7 +64,7 @@ def refuse_under_floor(site: SiteData, floor: int, what: str = "") -> None:
     nothing (``what`` says what it withholds)."""
     if site.n_rows < floor:
         raise TaskError(f"{site.source}: has {site.n_rows} rows, fewer than the privacy floor "
-                        f"{floor} (min-cluster-size)"
+                        f"{floor}: at least {floor} are needed (min-cluster-size)"
                         + (f"; {what}" if what else ""))
 
 
