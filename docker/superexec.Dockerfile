@@ -13,8 +13,10 @@ RUN python -m pip install --no-cache-dir --no-deps /app/src
 
 # Numba's compiled kernels and the sites' parsed-data cache must be writable by the
 # image's user (app); every message starts a fresh ClientApp process, which would
-# otherwise compile the kernels again.
+# otherwise compile the kernels again (the cache folder is named by the kernels' source,
+# so a new app version with unchanged kernels loads them too). No telemetry to flower.ai.
 ENV NUMBA_CACHE_DIR=/app/cache/numba \
+    FLWR_TELEMETRY_ENABLED=0 \
     FEDCLUSTER_CACHE_DIR=/app/cache/data \
     MPLCONFIGDIR=/app/cache/matplotlib
 RUN mkdir -p /app/cache/numba /app/cache/data /app/cache/matplotlib /app/outputs

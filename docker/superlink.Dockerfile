@@ -4,6 +4,8 @@
 FROM flwr/superlink:1.39.0
 
 WORKDIR /app
+# No telemetry to flower.ai from a site or the coordinator (Flower sends it by default).
+ENV FLWR_TELEMETRY_ENABLED=0
 RUN mkdir -p /app/state
 VOLUME ["/app/state"]
 EXPOSE 8000 9092

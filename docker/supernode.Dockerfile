@@ -3,5 +3,7 @@
 FROM flwr/supernode:1.39.0
 
 WORKDIR /app
+# No telemetry to flower.ai from a site or the coordinator (Flower sends it by default).
+ENV FLWR_TELEMETRY_ENABLED=0
 EXPOSE 9094
 ENTRYPOINT ["flower-supernode"]

@@ -107,12 +107,17 @@ def child_env(tag: str, **extra: str | os.PathLike) -> dict[str, str]:
     The virtualenv's bin dir first on PATH (so ``flwr``, ``flower-*`` and the processes
     Flower starts by name resolve to it), the test's ``tag`` (inherited by every
     descendant, see :func:`reap`), unbuffered Python output (logs are complete when a
-    process is killed), and ``extra`` (e.g. ``FLWR_HOME``, ``NUMBA_CACHE_DIR``).
+    process is killed), bytecode written, Flower's telemetry off, and ``extra`` (e.g. ``FLWR_HOME``, ``NUMBA_CACHE_DIR``).
     """
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(BIN_DIR), env.get("PATH", "")])
     env[TAG_VAR] = tag
     env["PYTHONUNBUFFERED"] = "1"
+    # As at a site: the app's bytecode is written once to its install folder (a fresh
+    # ClientApp process per message otherwise compiles every module from source), and
+    # Flower's telemetry is off (a site sends nothing to flower.ai; docs/how-to say so).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["FLWR_TELEMETRY_ENABLED"] = "0"
     env.pop(OWNER_VAR, None)
     env.update({key: str(value) for key, value in extra.items()})
     return env
@@ -672,10 +677,10 @@ class FlowerSandbox:
 
 # One FLWR_HOME for every sandbox of a test session (set by conftest's numba_cache
 # fixture, per xdist worker; a worker runs one test at a time, so its connections never
-# race). A ClientApp imports the app from FLWR_HOME/apps/<name>.<version>.<FAB hash>, and
-# Numba keys its on-disk cache on that path: with one home, the same app's kernels are
-# compiled once per session instead of once per test module, at every site at once (a
-# first round could then miss its timeout on a loaded machine).
+# race). A ClientApp imports the app from FLWR_HOME/apps/<name>.<version>.<FAB hash>:
+# with one home the app is installed (and its bytecode written) once per worker. The
+# kernels' Numba cache is named by their source, so it is shared with the installed
+# fedcluster and the other worker whatever the home.
 SESSION_HOME: Path | None = None
 
 WARM_KERNELS = Path(__file__).with_name("warm_kernels.py")

@@ -10,9 +10,11 @@ larger than the number of distinct rows (exact ties).
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -558,6 +560,7 @@ CACHE_SCRIPT = textwrap.dedent(
                 "misses": sum(f.stats.cache_misses.values()),
                 "signatures": len(f.signatures),
             }
+    out["module"] = K.__file__
     print(json.dumps(out))
     """
 )
@@ -567,17 +570,31 @@ def test_parallel_kernels_load_from_cache_in_a_fresh_process(tmp_path):
     env = dict(os.environ)
     env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba-cache")
     env.pop("NUMBA_DISABLE_JIT", None)
+    env.pop("NUMBA_CACHE_LOCATOR_CLASSES", None)
 
-    def run():
+    def run(cwd=None):
         proc = subprocess.run(
             [sys.executable, "-c", CACHE_SCRIPT],
-            env=env, capture_output=True, text=True, timeout=300,
+            env=env, capture_output=True, text=True, timeout=300, cwd=cwd,
         )
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     first = run()
     second = run()
+    # A copy of the package in another folder (as a site installs each app version in
+    # a folder of its own) loads the same entries: the cache folder is named by the
+    # kernels' source, not by where it sits (_compiled.SourceKeyedCacheLocator).
+    copy = tmp_path / "new-app-version"
+    shutil.copytree(Path(kernels.__file__).parents[2], copy / "fedcluster",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env["PYTHONPATH"] = str(copy)
+    from_copy = run(cwd=copy)
+    assert from_copy["module"].startswith(str(copy)), from_copy["module"]
+    for name in ("_assign_impl", "_lloyd_stats_impl", "_min_sq_dist_update_impl"):
+        assert from_copy[name]["misses"] == 0 and from_copy[name]["hits"] == 2, from_copy
+    assert [p.name for p in (tmp_path / "numba-cache").iterdir()] == [
+        f"fedcluster-kernels-{hashlib.sha256(Path(_compiled.__file__).read_bytes()).hexdigest()[:32]}"]
     impls = ("_assign_impl", "_lloyd_stats_impl", "_min_sq_dist_update_impl")
     for name in impls:
         for label, parallel in ((name, True), (name + "_serial", False)):

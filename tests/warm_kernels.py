@@ -10,9 +10,11 @@ session's cache, ``FLWR_HOME`` the worker's Flower home)::
 Why: Flower starts a fresh ClientApp process for every message, and that process
 imports fedcluster from ``FLWR_HOME/apps/<publisher>.<name>.<version>.<FAB hash>/``
 (the FAB installed there, first on ``sys.path``). Numba keys a cache entry on the
-directory of the kernel's source file, on the file's content and on the argument types,
-so on an empty cache (a fresh CI clone) the first ClientApp that calls a kernel compiles
-it, at every site at once: minutes on 2 busy cores, and a round can miss its timeout.
+kernel's source file and the argument types (fedcluster's kernels name their cache folder
+by the file's content, ``_compiled.SourceKeyedCacheLocator``, so the FAB's copy and the
+installed package share entries), so on an empty cache (a fresh CI clone) the first
+ClientApp that calls a kernel compiles it, at every site at once: minutes on 2 busy
+cores, and a round can miss its timeout.
 
 What:
 

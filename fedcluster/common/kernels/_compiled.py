@@ -50,11 +50,49 @@ Non-finite input: there is deliberately no ``nnan``/``ninf`` fast-math flag (see
 
 from __future__ import annotations
 
+import hashlib
+import os
 import types
 
 import numpy as np
 
 from numba import njit, prange
+from numba.core import config as numba_config
+from numba.core.caching import UserProvidedCacheLocator
+
+
+class SourceKeyedCacheLocator(UserProvidedCacheLocator):
+    """Numba's ``NUMBA_CACHE_DIR`` locator, with this file's cache folder named by its
+    CONTENT instead of by the folder it sits in.
+
+    A site installs each app version into a new folder (Flower's
+    ``FLWR_HOME/apps/<name>.<version>.<hash>``), and Numba's own locator keys the cache
+    on that folder, so every new copy of unchanged kernels is compiled again (about a
+    minute of CPU, in a site's first round). Numba already checks a cache entry against
+    a hash of the source (the entry's stamp), so a folder named by that hash is safe:
+    copies of the same file share entries, an edited file gets a folder of its own.
+    Used only when ``NUMBA_CACHE_DIR`` is set and ``NUMBA_CACHE_LOCATOR_CLASSES`` is not
+    (see :data:`LOCATORS`); other files' functions go to Numba's own locators."""
+
+    def __init__(self, py_func, py_file):
+        super().__init__(py_func, py_file)
+        with open(py_file, "rb") as source:
+            digest = hashlib.sha256(source.read()).hexdigest()[:32]
+        self._cache_path = os.path.join(numba_config.CACHE_DIR, f"fedcluster-kernels-{digest}")
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if os.path.abspath(py_file) != os.path.abspath(__file__):
+            return None
+        return super().from_function(py_func, py_file)
+
+
+# Numba reads its locator list (a public setting, NUMBA_CACHE_LOCATOR_CLASSES) when a
+# function is decorated with cache=True, so this must come before the first kernel.
+LOCATORS = (f"{__name__}.SourceKeyedCacheLocator,UserProvidedCacheLocator,InTreeCacheLocator,"
+            "UserWideCacheLocator,IPythonCacheLocator,ZipCacheLocator")
+if numba_config.CACHE_DIR and not numba_config.CACHE_LOCATOR_CLASSES:
+    numba_config.CACHE_LOCATOR_CLASSES = LOCATORS
 
 # Fast-math flags, defined once and used by every kernel.
 #
