@@ -4,7 +4,6 @@ harness to 1e-9. The same runs on Flower's simulation engine: test_flower_engine
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -33,17 +32,10 @@ def test_each_algorithm_over_grpc(tmp_path, numba_cache):
     with fp.sandbox(tmp_path / "deploy", NUMBA_CACHE_DIR=numba_cache,
                     FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache") as bed:
         start_federation(bed, "dep", paths)
-        # The five runs at once, as a SuperLink serves several runs: each SuperNode then
-        # finds a message waiting for it more often than not, instead of sleeping out
-        # Flower's 3 s poll between the rounds of one run.
-        with ThreadPoolExecutor(len(ALGORITHMS)) as pool:
-            runs = [pool.submit(bed.run, APP_DIR, "dep",
-                                {**COMMON, **extra, "algorithm": algorithm,
-                                 "output-dir": str(out), "run-name": algorithm},
-                                timeout=600, log_name=f"flwr-run-{algorithm}")
-                    for algorithm, extra in ALGORITHMS.items()]
-            for run in runs:
-                run.result()
+        for algorithm, extra in ALGORITHMS.items():
+            bed.run(APP_DIR, "dep",
+                    {**COMMON, **extra, "algorithm": algorithm, "output-dir": str(out),
+                     "run-name": algorithm}, timeout=300, log_name=f"flwr-run-{algorithm}")
     for algorithm, extra in ALGORITHMS.items():
         model = fedcluster.Model.load(out / algorithm / "model.json")
         harness = fedcluster.simulate(arrays, algorithm=algorithm, **py_kwargs({**COMMON, **extra}))

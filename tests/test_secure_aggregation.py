@@ -129,10 +129,10 @@ def test_encoding_error_bound_holds_for_flowers_quantisation():
 def test_site_refuses_values_outside_the_agreed_scale():
     request = json.dumps({"terms": ["wc", "w-int", "n"], "scales": [10.0 * 4, 10.0, 10.0]})
     centroids, weights = np.array([[3.0, 4.0]]), np.array([10])
-    encoded = secure.encode("lloyd", [centroids, weights], {}, 10, request)
+    encoded = secure.encode("lloyd", protocol.ClusterMeans(centroids, weights), {}, 10, request)
     assert np.allclose(encoded[0], [[0.75, 1.0]]) and np.allclose(encoded[1], [1.0])
     with pytest.raises(secure.SecureAggregationError, match="secagg-data-bound"):
-        secure.encode("lloyd", [centroids * 2, weights], {}, 10, request)
+        secure.encode("lloyd", protocol.ClusterMeans(centroids * 2, weights), {}, 10, request)
     # Distributed DP: a noisy value past its (noise-widened) scale is clipped, not refused
     # (a refusal would disclose that the site's value was extreme); a task's own terms
     # replace those derived from its arrays.
@@ -209,12 +209,12 @@ def test_secure_run_equals_plain(digits, algorithm, extra):
 
     # What left the sites in the secure rounds: no array, no metric but the site key,
     # the weight factor 1, and SecAgg+'s masked vector (integers mod 2**32).
-    secure_tasks = [r for r in secure_records if r["task"] in secure.SECURE_TASKS]
-    assert len(secure_tasks) == 3 * (sum(h["task"] in secure.SECURE_TASKS for h in sec.history))
+    secure_tasks = [r for r in secure_records if r["task"] in protocol.SECURE_TASKS]
+    assert len(secure_tasks) == 3 * (sum(h["task"] in protocol.SECURE_TASKS for h in sec.history))
     for rec in secure_tasks:
         assert rec["arrays"] == [] and set(rec["metrics"]) == {"site-key"}
         assert rec["num-examples"] == 1 and Key.MASKED_PARAMETERS in rec["secagg"]
-    plain_tasks = {r["task"] for r in secure_records if r["task"]} - set(secure.SECURE_TASKS)
+    plain_tasks = {r["task"] for r in secure_records if r["task"]} - set(protocol.SECURE_TASKS)
     assert plain_tasks == {"describe", "bounds"}  # the plain rounds
 
 

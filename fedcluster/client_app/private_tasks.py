@@ -49,8 +49,6 @@ from fedcluster.common import kernels, privacy, protocol
 from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.task_io import TaskError, TaskReply, received_centroids, task_param
 
-#: Tasks a site runs under DP; the others are refused (the protocol says which).
-DP_TASKS = protocol.DP_TASKS
 
 
 @dataclass(frozen=True)
@@ -145,9 +143,9 @@ PRIVATE_TASKS = {
 def run_private(name: str, site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
                 rng: np.random.Generator):
     """The DP version of task ``name``; None for the tasks that run unchanged
-    (``describe``, ``bounds``). Refuses every task outside :data:`DP_TASKS`."""
-    if name not in DP_TASKS:
+    (``describe``, ``bounds``). Refuses every task outside ``protocol.DP_TASKS``."""
+    if name not in protocol.DP_TASKS:
         raise TaskError(f"task {name!r} has no differentially private version; under "
-                        f"dp-epsilon a site runs only {', '.join(DP_TASKS)}")
+                        f"dp-epsilon a site runs only {', '.join(protocol.DP_TASKS)}")
     fn = PRIVATE_TASKS.get(name)
     return None if fn is None else fn(site, arrays, params, floor, dp, rng)

@@ -68,10 +68,6 @@ class SiteData:
 
 # ---------------------------------------------------------------- validation
 
-def _check_shape_and_rows(X: np.ndarray, source: str, min_rows: int) -> None:
-    kernels.check_rows(X, source, min_rows, error=SiteDataError)
-
-
 def read_only_mapping(X: np.ndarray) -> mmap.mmap | None:
     """The mmap behind ``X`` if ``X`` is (a view of) a read-only ``np.memmap``, else None."""
     while isinstance(X, np.ndarray):
@@ -104,7 +100,7 @@ def check_site_array(X: np.ndarray, source: str, min_rows: int = 1) -> np.ndarra
     X = X if isinstance(X, np.ndarray) else np.asarray(X)
     if X.dtype.kind not in "iuf":
         raise SiteDataError(f"{source}: dtype {X.dtype} is not numeric; an int or float array is needed")
-    _check_shape_and_rows(X, source, min_rows)
+    kernels.check_rows(X, source, min_rows, error=SiteDataError)
     if not (X.dtype == np.float64 and X.flags.c_contiguous):
         X = np.ascontiguousarray(X, dtype=np.float64)
     # Row blocks of ~1M values bound the temporary mask to ~1 MB, so checking a large
@@ -279,7 +275,7 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
     base = Path(cache_dir if cache_dir is not None else _default_cache_dir()) / key
     cached = _read_cache(base, source)
     if cached is not None:
-        _check_shape_and_rows(cached.X, source, min_rows)  # values were checked before caching
+        kernels.check_rows(cached.X, source, min_rows, error=SiteDataError)  # values checked before caching
         return cached
     if suffix == ".npy":
         X, names, labels, label_names = mapped, None, None, None

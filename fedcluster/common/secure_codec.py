@@ -53,8 +53,6 @@ MODULUS = 2**32
 # Flower's weight factor is num_examples / max_weight: 1 / 1, exactly 1 for every site.
 WEIGHT = 1
 
-# The tasks a secure round may carry and, per task, the terms the server may ask for.
-SECURE_TASKS = protocol.SECURE_TASKS
 # Terms whose sums are integers (rounded after decoding; exact, see check_exact_counts).
 INTEGER_TERMS = {"n", "w-int", "counts", "hidden"}
 # The phases whose round is a secure sum; describe, stats and init (bounds) run plain.
@@ -75,7 +73,7 @@ class SecureAggregationError(ValueError):
 def site_terms(task: str, arrays, metrics: dict, n_rows: int,
                own: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Every term a site can contribute for ``task``, from its plain reply (``arrays``,
-    named as ``common/protocol.py`` says, or Flower's list of them), or ``own``: the
+    the task's reply as ``common/protocol.py`` names it), or ``own``: the
     terms a task formed itself (distributed DP: its noisy per-cluster sums and counts,
     which no plain reply carries; ``client_app/private_tasks.py``)."""
     terms: dict[str, np.ndarray] = {"n": np.array([float(n_rows)])}
@@ -85,8 +83,6 @@ def site_terms(task: str, arrays, metrics: dict, n_rows: int,
     if own is not None:
         terms.update({name: np.asarray(value, dtype=np.float64) for name, value in own.items()})
         return terms
-    if arrays and not hasattr(arrays, "_fields"):  # Flower's list: name it
-        arrays = protocol.reply_arrays(task, arrays)
     terms.update(protocol.secure_terms(task, arrays))
     return terms
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from flwr.common.logger import log
 
+from fedcluster.server_app.polling import FastPollGrid
 from fedcluster.common.secure_codec import CLIP, MODULUS, SECURE_PHASES, WEIGHT
 from fedcluster.strategies.errors import FederationError
 
@@ -37,7 +38,8 @@ def make_fit_workflow(config, plain_round: Callable) -> Callable:
             plain_round(grid, context)
             return
         rows_before = len(strategy.history)
-        secagg(grid, context)
+        # Flower's workflow waits with send_and_receive: given the short poll here
+        secagg(FastPollGrid(grid), context)
         if len(strategy.history) == rows_before:  # SecAgg+ halted before aggregate_fit
             log(logging.ERROR, "secure aggregation halted in phase %s", strategy.phase)
             raise FederationError(

@@ -33,37 +33,13 @@ from fedcluster.common.config import RunConfig, parse_run_config
 from fedcluster.common.model import Model
 from fedcluster.server_app.secure_fit import make_fit_workflow
 from fedcluster.server_app.outputs import progress_line, summary_table, write_outputs
+from fedcluster.server_app.polling import exchange
 from fedcluster.strategies import ClusteringStrategy, FederationError, make_strategy, private
 from fedcluster.strategies.errors import SiteFailure
 
 # Keys of the ServerApp's Context state used by the in-process harness.
 INITIAL_CENTROIDS = "fedcluster.initial-centroids"
 RESULT = "fedcluster.result"
-
-
-# The pause between two pulls starts short and doubles up to LONGEST_PAUSE while nothing
-# arrives: a reply is seen within ~0.5 s of its arrival instead of up to 3 s (Flower's
-# own send_and_receive sleeps 3 s between pulls), at a few pulls per second at most.
-FIRST_PAUSE, LONGEST_PAUSE = 0.05, 0.5
-
-
-def exchange(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
-    """Push ``messages`` and pull their replies until every one has answered or
-    ``timeout`` seconds have passed (Flower's ``send_and_receive`` with a short poll)."""
-    pushed = list(grid.push_messages(messages))
-    waiting = set(pushed)
-    deadline = time.monotonic() + timeout
-    replies: list[Message] = []
-    pause = FIRST_PAUSE
-    while waiting:
-        pulled = list(grid.pull_messages([mid for mid in pushed if mid in waiting]))
-        replies.extend(pulled)
-        waiting.difference_update(m.metadata.reply_to_message_id for m in pulled)
-        if not waiting or time.monotonic() >= deadline:
-            break
-        pause = FIRST_PAUSE if pulled else min(2 * pause, LONGEST_PAUSE)
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-    return replies
 
 
 def fit_round(grid: Grid, context: LegacyContext) -> None:

@@ -38,7 +38,7 @@ def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
         (``secure.check_protocol_range``).
     """
     config = strategy.config
-    if plan.task not in secure.SECURE_TASKS:
+    if plan.task not in protocol.SECURE_TASKS:
         raise FederationError(f"task {plan.task} is not a sum; it cannot run under "
                               "secure-aggregation")
     n_max = max((s.n_rows for s in sites), default=1)
