@@ -107,7 +107,8 @@ def child_env(tag: str, **extra: str | os.PathLike) -> dict[str, str]:
     The virtualenv's bin dir first on PATH (so ``flwr``, ``flower-*`` and the processes
     Flower starts by name resolve to it), the test's ``tag`` (inherited by every
     descendant, see :func:`reap`), unbuffered Python output (logs are complete when a
-    process is killed), bytecode written, Flower's telemetry off, and ``extra`` (e.g. ``FLWR_HOME``, ``NUMBA_CACHE_DIR``).
+    process is killed), bytecode written, Flower's telemetry off, and ``extra`` (e.g.
+    ``FLWR_HOME``, ``NUMBA_CACHE_DIR``).
     """
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(BIN_DIR), env.get("PATH", "")])

@@ -50,7 +50,6 @@ from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.task_io import TaskError, TaskReply, received_centroids, task_param
 
 
-
 @dataclass(frozen=True)
 class SitePrivacy:
     """This round's DP parameters, as the site reads them from the task."""

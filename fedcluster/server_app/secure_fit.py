@@ -38,7 +38,7 @@ def make_fit_workflow(config, plain_round: Callable) -> Callable:
             plain_round(grid, context)
             return
         rows_before = len(strategy.history)
-        # Flower's workflow waits with send_and_receive: given the short poll here
+        # Flower's workflow waits through send_and_receive (3 s pulls): give it the short poll
         secagg(FastPollGrid(grid), context)
         if len(strategy.history) == rows_before:  # SecAgg+ halted before aggregate_fit
             log(logging.ERROR, "secure aggregation halted in phase %s", strategy.phase)

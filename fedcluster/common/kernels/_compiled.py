@@ -61,6 +61,11 @@ from numba.core import config as numba_config
 from numba.core.caching import UserProvidedCacheLocator
 
 
+# The locator serves this file only, so its digest is read once, not once per kernel.
+with open(__file__, "rb") as _source:
+    _SOURCE_DIGEST = hashlib.sha256(_source.read()).hexdigest()[:32]
+
+
 class SourceKeyedCacheLocator(UserProvidedCacheLocator):
     """Numba's ``NUMBA_CACHE_DIR`` locator, with this file's cache folder named by its
     CONTENT instead of by the folder it sits in.
@@ -76,9 +81,7 @@ class SourceKeyedCacheLocator(UserProvidedCacheLocator):
 
     def __init__(self, py_func, py_file):
         super().__init__(py_func, py_file)
-        with open(py_file, "rb") as source:
-            digest = hashlib.sha256(source.read()).hexdigest()[:32]
-        self._cache_path = os.path.join(numba_config.CACHE_DIR, f"fedcluster-kernels-{digest}")
+        self._cache_path = os.path.join(numba_config.CACHE_DIR, f"fedcluster-kernels-{_SOURCE_DIGEST}")
 
     @classmethod
     def from_function(cls, py_func, py_file):
