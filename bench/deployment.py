@@ -17,8 +17,9 @@ split into Flower's own time (polling, transport, process start-up) and fedclust
    on their own; the rest of the in-process round is (de)serialisation and aggregation.
 3. **A ClientApp process start**: Flower's deployment runs every message in a fresh
    ``flwr-clientapp`` process. Its imports are timed in a fresh interpreter: Flower's
-   ClientApp modules alone, then fedcluster's ClientApp on top (numpy, numba, the
-   compiled kernels from Numba's on-disk cache at their first call).
+   ClientApp modules alone, then fedcluster's ClientApp on top with its first Lloyd pass:
+   on the benchmark's site shape (numba and the compiled kernels from Numba's on-disk
+   cache) and on a small site (the NumPy path of ``kernels/small_work.py``, no Numba).
 
 Flower's share = deployment seconds per round - fedcluster's in-process seconds per round.
 The SuperExecs poll for work every 0.2 s here (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, set
@@ -142,14 +143,20 @@ def parts(paths: list[Path], k: int, repeats: int = 5) -> dict[str, float]:
             "open the site's file (per site)": load}
 
 
-def child_imports(what: str) -> float:
-    """Seconds of a fresh interpreter's imports (and first kernel call for fedcluster)."""
+def child_imports(what: str, rows: int, d: int, k: int) -> float:
+    """Seconds of a fresh interpreter's imports and, for fedcluster, its first Lloyd pass:
+    on the benchmark's site shape (``rows x d``, k centroids: the compiled kernels, from
+    Numba's cache, when rows x k x d is over ``NUMPY_MAX_WORK``) and on a small site
+    (100 x 4, k = 3: the NumPy path, Numba never imported)."""
+    lloyd = ("import numpy as np; from fedcluster.client_app import local_kmeans as local; "
+             "X = np.random.default_rng(0).standard_normal(({n}, {d})); "
+             "local.lloyd(X, X[:{k}].copy(), 1, 0.0)")
     code = {
         "flower": "import flwr.clientapp, flwr.client",
         "fedcluster": ("import flwr.clientapp, flwr.client; import fedcluster.client_app; "
-                       "import numpy as np; from fedcluster.client_app import local_kmeans as local; "
-                       "X = np.random.default_rng(0).standard_normal((100, 4)); "
-                       "local.lloyd(X, X[:3].copy(), 1, 0.0)"),
+                       + lloyd.format(n=rows, d=d, k=k)),
+        "fedcluster-small": ("import flwr.clientapp, flwr.client; import fedcluster.client_app; "
+                             + lloyd.format(n=100, d=4, k=3)),
     }[what]
     script = f"import time; t0 = time.perf_counter(); {code}; print(time.perf_counter() - t0)"
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -178,8 +185,9 @@ def main(argv=None) -> None:
         print(f"in-process: {inproc}", flush=True)
         pieces = parts(paths, args.k)
         print(f"parts: {pieces}", flush=True)
-    imports = {what: min(child_imports(what) for _ in range(args.import_repeats))
-               for what in ("flower", "fedcluster")}
+    imports = {what: min(child_imports(what, args.rows, args.d, args.k)
+                         for _ in range(args.import_repeats))
+               for what in ("flower", "fedcluster", "fedcluster-small")}
     print(f"imports: {imports}", flush=True)
     same = np.isclose(dep_metrics["score"], in_metrics["score"], rtol=1e-9)
 
@@ -218,9 +226,13 @@ def main(argv=None) -> None:
              "| fresh interpreter imports | seconds |", "|---|---|",
              f"| Flower's ClientApp modules (`flwr.clientapp`, `flwr.client`) "
              f"| {imports['flower']:.2f} |",
-             f"| + fedcluster's ClientApp and its first kernel call (Numba cache) "
+             f"| + fedcluster's ClientApp and its first Lloyd pass on a {args.rows:,} x "
+             f"{args.d} site, k = {args.k} (compiled kernels, Numba cache) "
              f"| {imports['fedcluster']:.2f} |",
-             f"| fedcluster's part | {imports['fedcluster'] - imports['flower']:.2f} |", ""]
+             f"| fedcluster's part | {imports['fedcluster'] - imports['flower']:.2f} |",
+             "| + fedcluster's ClientApp and its first Lloyd pass on a 100 x 4 site, k = 3 "
+             f"(NumPy path, no Numba) | {imports['fedcluster-small']:.2f} |",
+             f"| fedcluster's part | {imports['fedcluster-small'] - imports['flower']:.2f} |", ""]
     text.append(
         f"Deployment training rounds (s): {', '.join(f'{s:.2f}' for s in dep)}; in-process: "
         f"{', '.join(f'{s:.3f}' for s in inproc)}. Load average (1 min) {load_before:.2f} at "

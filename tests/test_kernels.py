@@ -36,6 +36,13 @@ DTYPES = [np.float32, np.float64]
 THREADS = [1, 2]
 
 
+@pytest.fixture(autouse=True)
+def compiled_path(monkeypatch):
+    """Every call here goes to the compiled kernels, whatever its size (small inputs go
+    to NumPy otherwise: test_small_work.py runs the reference tests on that path)."""
+    monkeypatch.setattr(kernels.small_work, "NUMPY_MAX_WORK", -1)
+
+
 
 
 def blobs(n, d, k, seed, spread=10.0):
@@ -540,6 +547,7 @@ CACHE_SCRIPT = textwrap.dedent(
     import numpy as np
     from fedcluster.common import kernels as K
 
+    K.small_work.NUMPY_MAX_WORK = -1  # these sizes would go to NumPy otherwise
     impls = ("_assign_impl", "_lloyd_stats_impl", "_min_sq_dist_update_impl")
     t0 = time.perf_counter()
     for dtype in (np.float32, np.float64):

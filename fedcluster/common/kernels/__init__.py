@@ -14,6 +14,16 @@ count) and how the compiled code keeps it.  The wrappers' share of that contract
 the block size (:func:`block_rows`) and the choice of the serial twin
 (``SERIAL_MAX_ROWS``) depend on the number of rows alone, never on the thread count.
 
+Small inputs
+------------
+A pass of at most ``NUMPY_MAX_WORK`` multiply-adds (rows x centroids x features) in
+:func:`assign`, :func:`lloyd_stats`, :func:`min_sq_dist_update`,
+:func:`evaluation_stats` and :func:`distance_to_means` runs in NumPy
+(:mod:`fedcluster.common.kernels.small_work`, which says why), and the compiled module
+is imported only on the first call that needs it: a deployed site answers each message
+in a fresh process, and loading Numba costs that process ~1 s of CPU. The choice
+depends on the shape alone, so every engine computes the same numbers.
+
 Dtypes
 ------
 ``X`` may be float32 or float64.  The public wrappers convert the centroids
@@ -40,26 +50,40 @@ from __future__ import annotations
 
 import numpy as np
 
+import importlib
+
+from fedcluster.common.kernels import small_work
+from fedcluster.common.kernels.small_work import NUMPY_MAX_WORK
+
 # Every compiled function is in _compiled (see its docstring: one module, for Numba's
-# on-disk cache); the names below are re-exported for the wrappers and the tests.
-from fedcluster.common.kernels._compiled import (
-    _SERIAL,
-    FASTMATH,
-    TILE_CENTROIDS,
-    TILE_ROWS,
-    _assign_impl,
-    _distance_to_means_impl,
-    _evaluation_stats_impl,
-    _fcm_memberships_impl,
-    _fcm_stats_impl,
-    _gtv_m_step_impl,
-    _lloyd_stats_impl,
-    _min_sq_dist_update_impl,
-    _minibatch_epoch_impl,
-)
+# on-disk cache). It is imported on first use, not here: a fresh ClientApp process whose
+# task needs no compiled kernel (describe, statistics, or a pass small enough for
+# NumPy: small_work.py says why) then never imports Numba. Its names are still
+# attributes of this package (``kernels._lloyd_stats_impl``, ``kernels.FASTMATH``),
+# for the tests and the kernel warm-up.
+_COMPILED_MODULE = "fedcluster.common.kernels._compiled"
+_COMPILED_NAMES = frozenset({
+    "_SERIAL", "FASTMATH", "TILE_CENTROIDS", "TILE_ROWS", "_assign_impl",
+    "_distance_to_means_impl", "_evaluation_stats_impl", "_fcm_memberships_impl",
+    "_fcm_stats_impl", "_gtv_m_step_impl", "_lloyd_stats_impl", "_min_sq_dist_update_impl",
+    "_minibatch_epoch_impl",
+})
+
+
+def _compiled_kernels():
+    """The compiled-kernel module (imports Numba the first time)."""
+    return importlib.import_module(_COMPILED_MODULE)
+
+
+def __getattr__(name: str):
+    if name in _COMPILED_NAMES:
+        return getattr(_compiled_kernels(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "FASTMATH",
+    "NUMPY_MAX_WORK",
     "MIN_BLOCK_ROWS",
     "MAX_BLOCKS",
     "block_rows",
@@ -112,8 +136,11 @@ def block_rows(n_rows: int) -> int:
 
 
 def _for_rows(kernel, n_rows: int):
-    """The kernel to call for ``n_rows`` rows: its serial twin for one block."""
-    return _SERIAL[kernel] if n_rows <= SERIAL_MAX_ROWS else kernel
+    """The kernel to call for ``n_rows`` rows: its serial twin for one block. ``kernel``
+    is a dispatcher or its name in the compiled module."""
+    if isinstance(kernel, str):
+        kernel = getattr(_compiled_kernels(), kernel)
+    return _compiled_kernels()._SERIAL[kernel] if n_rows <= SERIAL_MAX_ROWS else kernel
 
 
 def _blocked(kernel, X, *args):
@@ -193,7 +220,9 @@ def assign(X, C) -> tuple[np.ndarray, np.ndarray]:
     """
     X = _check_X(X)
     C = _check_centres(C, X)
-    return _blocked(_assign_impl, X, C)
+    if small_work.small(X, C.shape[0]):
+        return small_work.assign(X, C)
+    return _blocked("_assign_impl", X, C)
 
 
 def lloyd_stats(X, C) -> tuple[np.ndarray, np.ndarray, float]:
@@ -225,7 +254,9 @@ def lloyd_stats(X, C) -> tuple[np.ndarray, np.ndarray, float]:
     """
     X = _check_X(X)
     C = _check_centres(C, X)
-    sums, counts, sse = _blocked(_lloyd_stats_impl, X, C)
+    if small_work.small(X, C.shape[0]):
+        return small_work.lloyd_stats(X, C)
+    sums, counts, sse = _blocked("_lloyd_stats_impl", X, C)
     return sums, counts, float(sse)
 
 
@@ -260,7 +291,10 @@ def min_sq_dist_update(X, centres, current) -> np.ndarray:
         raise ValueError(
             f"current must have shape ({X.shape[0]},), got {current.shape}"
         )
-    out = _for_rows(_min_sq_dist_update_impl, X.shape[0])(X, centres, current)
+    if small_work.small(X, centres.shape[0]):
+        out = small_work.min_sq_dist_update(X, centres, current)
+    else:
+        out = _for_rows("_min_sq_dist_update_impl", X.shape[0])(X, centres, current)
     return out[0] if single else out
 
 
@@ -300,7 +334,7 @@ def minibatch_epoch(X, order, batch: int, gamma, beta: float) -> np.ndarray:
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     lam = np.zeros(gamma.shape[0], dtype=np.int64)
-    _minibatch_epoch_impl(X, order, int(batch), gamma, float(beta), lam)
+    _compiled_kernels()._minibatch_epoch_impl(X, order, int(batch), gamma, float(beta), lam)
     return lam
 
 
@@ -315,7 +349,9 @@ def evaluation_stats(X, C):
     """
     X = _check_X(X)
     C = _check_centres(C, X)
-    sums, counts, sqnorms, sse, sil = _blocked(_evaluation_stats_impl, X, C)
+    if small_work.small(X, C.shape[0]):
+        return small_work.evaluation_stats(X, C)
+    sums, counts, sqnorms, sse, sil = _blocked("_evaluation_stats_impl", X, C)
     return sums, counts, sqnorms, float(sse), float(sil)
 
 
@@ -328,7 +364,9 @@ def distance_to_means(X, C, means):
     means = _check_centres(means, X, name="means")
     if means.shape[0] != C.shape[0]:
         raise ValueError("means must have one row per centroid")
-    return _blocked(_distance_to_means_impl, X, C, means)
+    if small_work.small(X, C.shape[0]):
+        return small_work.distance_to_means(X, C, means)
+    return _blocked("_distance_to_means_impl", X, C, means)
 
 
 def fcm_stats(X, C, m: float):
@@ -343,7 +381,7 @@ def fcm_stats(X, C, m: float):
     C = _check_centres(C, X)
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
-    return _blocked(_fcm_stats_impl, X, C, float(m))
+    return _blocked("_fcm_stats_impl", X, C, float(m))
 
 
 def fcm_memberships(X, C, m: float) -> np.ndarray:
@@ -353,7 +391,7 @@ def fcm_memberships(X, C, m: float) -> np.ndarray:
     C = _check_centres(C, X)
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
-    return _blocked(_fcm_memberships_impl, X, C, float(m))
+    return _blocked("_fcm_memberships_impl", X, C, float(m))
 
 
 def gtv_update(X, W, N, alpha: float, floor: int = 1):
@@ -392,8 +430,8 @@ def gtv_update(X, W, N, alpha: float, floor: int = 1):
         raise ValueError(f"N must be (deg, k, {W.shape[1]}), got shape {N.shape}")
     if not alpha >= 0.0:
         raise ValueError(f"alpha must be >= 0, got {alpha}")
-    sums, counts, sse = _blocked(_lloyd_stats_impl, X, _check_centres(W, X))
-    W_new, gtv = _gtv_m_step_impl(W, N, sums, counts, float(alpha), int(floor))
+    sums, counts, sse = lloyd_stats(X, W)
+    W_new, gtv = _compiled_kernels()._gtv_m_step_impl(W, N, sums, counts, float(alpha), int(floor))
     return W_new, counts, float(sse), float(gtv)
 
 

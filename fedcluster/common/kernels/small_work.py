@@ -1,0 +1,143 @@
+"""NumPy versions of the distance kernels, for inputs too small to be worth loading Numba.
+
+Why: a deployed site answers every message in a fresh ``flwr-clientapp`` process.
+Importing Numba and bringing up its CPU target to load a cached kernel costs that process
+about 1 s of CPU (measured: 0.41 s import, 0.6 s first cached call), which is ~25% of
+the process's whole life, while the arithmetic of a site's Lloyd step on a few thousand
+rows takes well under a millisecond. Below :data:`NUMPY_MAX_WORK` multiply-adds
+(``rows x centroids x features``) the wrappers in the package's ``__init__`` call these
+instead, and such a process never imports Numba.
+
+The choice depends on the input's shape alone (never on what a process has loaded), so a
+site computes the same numbers in a deployment, on the simulation engine and in process.
+The semantics are the compiled kernels' (``_compiled.py``): distances in float64 in the
+difference form (exactly 0 for a row against itself), ties to the lowest centroid index,
+a NaN row labelled 0 with distance NaN, per-cluster sums and counts, no relocation of
+empty clusters. The last bits differ from the compiled kernels' (those let LLVM
+reassociate; here NumPy sums pairwise), which is why the choice must not depend on
+anything but the shape. No BLAS call anywhere: OpenBLAS's thread count would change bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Up to this many multiply-adds per distance pass (n x k x d) the wrappers use NumPy.
+#: At this size one pass takes ~2-5 ms here, against ~1 s for a fresh process to load
+#: the compiled kernel (bench/kernels.py measures both sides).
+NUMPY_MAX_WORK = 1 << 20
+#: Distances are computed for blocks of rows with at most this many (row, centroid,
+#: feature) terms, bounding the temporary arrays to ~2 MB whatever n is.
+BLOCK_TERMS = 1 << 18
+
+
+def small(X: np.ndarray, k: int) -> bool:
+    """Whether a pass of ``X`` against ``k`` centres goes to NumPy."""
+    return X.shape[0] * k * X.shape[1] <= NUMPY_MAX_WORK
+
+
+def _blocks(X: np.ndarray, k: int):
+    """(start, stop, rows as float64) for consecutive blocks of ``X``."""
+    step = max(1, BLOCK_TERMS // max(1, k * X.shape[1]))
+    for start in range(0, X.shape[0], step):
+        stop = min(X.shape[0], start + step)
+        yield start, stop, X[start:stop].astype(np.float64)
+
+
+def _sq_dists(rows: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """(m, k) squared distances, difference form, float64."""
+    diff = rows[:, None, :] - C[None, :, :]
+    return np.einsum("mkd,mkd->mk", diff, diff)
+
+
+def _nearest(D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The compiled ``_nearest_in`` for every row: start from centroid 0, replace only
+    on a strictly smaller distance (ties to the lowest index, a NaN row stays (0, NaN))."""
+    best = D[:, 0].copy()
+    labels = np.zeros(D.shape[0], dtype=np.int64)
+    for c in range(1, D.shape[1]):
+        closer = D[:, c] < best
+        best[closer] = D[closer, c]
+        labels[closer] = c
+    return labels, best
+
+
+def _cluster_sums(rows: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
+    sums = np.zeros((k, rows.shape[1]))
+    for c in range(k):
+        members = labels == c
+        if members.any():
+            sums[c] = rows[members].sum(axis=0)
+    return sums
+
+
+def assign(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    C = C.astype(np.float64)
+    labels = np.empty(X.shape[0], dtype=np.int64)
+    dists = np.empty(X.shape[0])
+    for start, stop, rows in _blocks(X, C.shape[0]):
+        labels[start:stop], dists[start:stop] = _nearest(_sq_dists(rows, C))
+    return labels, dists
+
+
+def lloyd_stats(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    k = C.shape[0]
+    C = C.astype(np.float64)
+    sums, counts, sse = np.zeros((k, X.shape[1])), np.zeros(k, dtype=np.int64), 0.0
+    for _, _, rows in _blocks(X, k):
+        labels, best = _nearest(_sq_dists(rows, C))
+        sums += _cluster_sums(rows, labels, k)
+        counts += np.bincount(labels, minlength=k)
+        sse += float(best.sum())
+    return sums, counts, sse
+
+
+def min_sq_dist_update(X: np.ndarray, centres: np.ndarray, current: np.ndarray) -> np.ndarray:
+    centres = centres.astype(np.float64)
+    out = np.empty((centres.shape[0], X.shape[0]))
+    for start, stop, rows in _blocks(X, centres.shape[0]):
+        out[:, start:stop] = np.minimum(current[start:stop], _sq_dists(rows, centres).T)
+    return out
+
+
+def evaluation_stats(X: np.ndarray, C: np.ndarray):
+    k = C.shape[0]
+    C = C.astype(np.float64)
+    sums, counts = np.zeros((k, X.shape[1])), np.zeros(k, dtype=np.int64)
+    sqnorms, sse, sil = np.zeros(k), 0.0, 0.0
+    for _, _, rows in _blocks(X, k):
+        D = _sq_dists(rows, C)
+        # nearest and second nearest, as the compiled scan finds them
+        best = np.full(D.shape[0], np.inf)
+        second = np.full(D.shape[0], np.inf)
+        labels = np.zeros(D.shape[0], dtype=np.int64)
+        for c in range(k):
+            dist = D[:, c]
+            closer = dist < best
+            runner_up = ~closer & (dist < second)
+            second = np.where(closer, best, np.where(runner_up, dist, second))
+            best = np.where(closer, dist, best)
+            labels[closer] = c
+        sums += _cluster_sums(rows, labels, k)
+        counts += np.bincount(labels, minlength=k)
+        sqnorms += np.bincount(labels, weights=np.einsum("md,md->m", rows, rows), minlength=k)
+        sse += float(best.sum())
+        if k > 1:
+            a, b = np.sqrt(best), np.sqrt(second)
+            top = np.maximum(a, b)
+            positive = top > 0.0
+            sil += float(np.sum((b[positive] - a[positive]) / top[positive]))
+    return sums, counts, sqnorms, sse, sil
+
+
+def distance_to_means(X: np.ndarray, C: np.ndarray, means: np.ndarray):
+    k = C.shape[0]
+    C, means = C.astype(np.float64), means.astype(np.float64)
+    out, counts = np.zeros(k), np.zeros(k, dtype=np.int64)
+    for _, _, rows in _blocks(X, k):
+        labels, _ = _nearest(_sq_dists(rows, C))
+        diff = rows - means[labels]
+        out += np.bincount(labels, weights=np.sqrt(np.einsum("md,md->m", diff, diff)),
+                           minlength=k)
+        counts += np.bincount(labels, minlength=k)
+    return out, counts

@@ -1,0 +1,120 @@
+"""The NumPy path of the distance kernels (fedcluster/common/kernels/small_work.py):
+the same references and special cases as the compiled kernels, agreement with them,
+a choice that depends on the shape alone, and a site process that never imports Numba
+for a small task."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from fedcluster.common import kernels
+from fedcluster.common.kernels import small_work
+
+# The reference tests of test_kernels.py, collected again here, where the fixture below
+# sends every call to the NumPy path (test_kernels.py sends them to the compiled one).
+from test_kernels import (  # noqa: F401  (collected by pytest)
+    test_assign_matches_reference,
+    test_empty_cluster_has_zero_sums_and_counts,
+    test_empty_data,
+    test_float32_close_to_float64_truth,
+    test_float64_centroids_are_rounded_to_float32_data,
+    test_lloyd_stats_matches_reference,
+    test_min_sq_dist_update_matches_reference,
+    test_nan_propagates,
+    test_non_contiguous_inputs_are_accepted,
+    test_special_cases_have_what_they_claim,
+    test_ties_go_to_lowest_index,
+)
+
+
+@pytest.fixture(autouse=True)
+def numpy_path(monkeypatch):
+    monkeypatch.setattr(small_work, "NUMPY_MAX_WORK", 1 << 62)
+
+
+def compiled(monkeypatch):
+    monkeypatch.setattr(small_work, "NUMPY_MAX_WORK", -1)
+
+
+SHAPES = [(1, 1, 1), (500, 4, 3), (3001, 6, 2), (700, 8, 64), (2049, 1, 5), (5000, 20, 10)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,k,d", SHAPES)
+def test_numpy_and_compiled_paths_agree(n, k, d, dtype, monkeypatch):
+    rng = np.random.default_rng(n + k + d)
+    X = rng.normal(size=(n, d)).astype(dtype)
+    C = X[rng.choice(n, k)] + 0.01
+    current = rng.uniform(0, 3, size=n)
+    runs = {}
+    for path in ("numpy", "compiled"):
+        if path == "compiled":
+            compiled(monkeypatch)
+        labels, dist = kernels.assign(X, C)
+        lloyd = kernels.lloyd_stats(X, C)
+        evaluation = kernels.evaluation_stats(X, C)
+        means = lloyd[0] / np.maximum(lloyd[1], 1)[:, None]
+        runs[path] = (labels, dist, *lloyd, *evaluation,
+                      *kernels.distance_to_means(X, C, means),
+                      kernels.min_sq_dist_update(X, C[:2], current))
+    a, b = runs["numpy"], runs["compiled"]
+    np.testing.assert_array_equal(a[0], b[0])  # labels
+    for got, want in zip(a[1:], b[1:]):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-9)
+
+
+def test_evaluation_stats_silhouette_and_norms_match_a_direct_computation():
+    X = np.array([[0.0, 0.0], [1.0, 0.0], [4.0, 0.0], [6.0, 0.0]])
+    C = np.array([[0.0, 0.0], [5.0, 0.0]])
+    sums, counts, sqnorms, sse, sil = kernels.evaluation_stats(X, C)
+    np.testing.assert_array_equal(counts, [2, 2])
+    np.testing.assert_array_equal(sums, [[1.0, 0.0], [10.0, 0.0]])
+    np.testing.assert_array_equal(sqnorms, [1.0, 52.0])
+    assert sse == 3.0
+    # (b - a) / max(a, b) per row: 1, (4-1)/4, (4-1)/4, (6-1)/6
+    assert sil == pytest.approx(1 + 0.75 + 0.75 + 5 / 6, rel=1e-15)
+    one_centre = kernels.evaluation_stats(X, C[:1])
+    assert one_centre[4] == 0.0 and one_centre[3] == 53.0
+
+
+def test_the_choice_depends_on_the_shape_alone():
+    limit = small_work.NUMPY_MAX_WORK = 1000
+    assert small_work.small(np.zeros((100, 5)), 2)        # 1000 multiply-adds
+    assert not small_work.small(np.zeros((101, 5)), 2)
+    assert small_work.small(np.zeros((0, 5)), 2)
+    assert limit == small_work.NUMPY_MAX_WORK
+
+
+SITE_PROCESS = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    from fedcluster.client_app.site_data import SiteData
+    from fedcluster.client_app.task_runner import run_task
+    n = int(sys.argv[1])
+    X = np.random.default_rng(0).normal(size=(n, 8))
+    site = SiteData(X=X, feature_names=None, labels=None, source="site")
+    C = X[:5].copy()
+    for task, arrays, extra in [("describe", [], {}),
+                                ("lloyd", [C], {"local-iters": 2, "tol": 0.0}),
+                                ("evaluate", [C], {}), ("evaluate_distances", [C, C], {})]:
+        run_task(site, arrays, {"task": task, **extra}, 1)
+    print(json.dumps(sorted(m for m in ("numba", "sklearn", "scipy", "matplotlib")
+                            if m in sys.modules)))
+''')
+
+
+@pytest.mark.parametrize("rows,heavy", [(3000, []), (40000, ["numba", "scipy"])])
+def test_a_site_process_loads_numba_only_for_work_that_needs_it(rows, heavy):
+    """As a fresh ClientApp process: 3000 x 8 rows against 5 centroids (120,000
+    multiply-adds per pass) run describe, lloyd and both evaluation tasks without
+    importing Numba (or scikit-learn, SciPy, matplotlib); 40,000 rows go to the compiled
+    kernels (Numba brings SciPy in for its BLAS check)."""
+    out = subprocess.run([sys.executable, "-c", SITE_PROCESS, str(rows)], check=True,
+                         capture_output=True, text=True, timeout=300)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == heavy
