@@ -51,27 +51,21 @@ def nothing_left_behind(request):
 @pytest.fixture(scope="session")
 def numba_cache(tmp_path_factory) -> Path:
     """One Numba cache directory for the real Flower processes of the session, and one
-    FLWR_HOME (``fp.SESSION_HOME``) per worker: a fresh ClientApp process then loads the
-    kernels compiled for its path instead of compiling them.
+    FLWR_HOME (``fp.SESSION_HOME``) per worker.
 
-    Before it returns, tests/warm_kernels.py (a subprocess, with the Flower processes'
-    environment) installs the app into the worker's FLWR_HOME as a SuperNode would and
-    compiles every kernel specialisation the site tasks use into the cache, for that
-    path and for the installed fedcluster: on a fresh clone no ClientApp then compiles
-    (which cost minutes, every site compiling the same kernel at once). Its output:
-    ``warm-kernels.log`` in the worker's base temp dir."""
+    The sites of the real-Flower tests are small enough for the NumPy path of the kernels
+    (fedcluster/common/kernels/small_work.py; test_small_work.py checks that every
+    algorithm runs on such sites without Numba), so their ClientApp processes never load
+    a compiled kernel, and nothing is compiled ahead for them. A process that did need
+    one would compile it into this cache once and load it from there after."""
     base = tmp_path_factory.getbasetemp()
-    # Shared by the xdist workers (Numba writes its cache files by atomic renames): a
-    # kernel compiled for a path by one worker's processes is loaded by the other's.
+    # Shared by the xdist workers (Numba writes its cache files by atomic renames).
     path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "numba-cache"
     if os.environ.get("NUMBA_CACHE_DIR"):
-        # CI sets one for the whole run: the kernels that pytest's own processes compile
-        # for the installed fedcluster are then the ones the warm-up compiles, once.
-        path = Path(os.environ["NUMBA_CACHE_DIR"])
+        path = Path(os.environ["NUMBA_CACHE_DIR"])  # CI sets one for the whole run
     path.mkdir(parents=True, exist_ok=True)
     fp.SESSION_HOME = base / "flwr-home"  # per worker: see its comment
     fp.SESSION_HOME.mkdir(exist_ok=True)
-    fp.warm_numba_cache(path, fp.SESSION_HOME, REPO, log_path=base / "warm-kernels.log")
     return path
 
 
@@ -87,8 +81,7 @@ def bed(tmp_path, numba_cache):
 # The modules that run real Flower processes, longest first, collected before the rest.
 # xdist (with pyproject's --no-loadscope-reorder, which keeps this order instead of
 # putting the modules with the most tests first) hands each worker two modules to start:
-# the gRPC runs and test_deployment to one, the engine runs and test_faults to the other
-# (whose corrupting ClientApp imports the installed fedcluster the engine runs compiled),
+# the gRPC runs and test_deployment to one, the engine runs and test_faults to the other,
 # so the long single-test modules never end the session on one worker alone.
 SLOW_MODULES = ["test_flower_algorithms", "test_flower_engine", "test_deployment", "test_faults",
                 "test_secure_deployment", "test_secure_aggregation", "test_site_policy",

@@ -19,8 +19,8 @@ net.
 
 Public helpers: :func:`free_port`, :func:`child_env`, :func:`flower_process`,
 :func:`superlink`, :func:`supernode`, :func:`flwr_home`, :func:`run_flwr`,
-:func:`reap`, :func:`format_run_config`, :func:`sandbox`, which puts
-them together for one test, and :func:`warm_numba_cache` (once per session).
+:func:`reap`, :func:`format_run_config`, and :func:`sandbox`, which puts
+them together for one test.
 """
 
 from __future__ import annotations
@@ -683,35 +683,6 @@ class FlowerSandbox:
 # kernels' Numba cache is named by their source, so it is shared with the installed
 # fedcluster and the other worker whatever the home.
 SESSION_HOME: Path | None = None
-
-WARM_KERNELS = Path(__file__).with_name("warm_kernels.py")
-
-
-def warm_numba_cache(cache: Path, home: Path, app_dir: Path, *, log_path: Path,
-                     timeout: float = 1200.0) -> subprocess.CompletedProcess:
-    """Run tests/warm_kernels.py (see its docstring) with the environment of the Flower
-    processes of a sandbox (:func:`child_env`, ``NUMBA_CACHE_DIR=cache``,
-    ``FLWR_HOME=home``): it installs ``app_dir``'s FAB into ``home`` and compiles the
-    kernels for it, and for the installed fedcluster, into ``cache``, so that no
-    ClientApp process has to. Output in ``log_path``; a failure (or a time-out) is a
-    warning, since the processes would then compile the kernels themselves."""
-    env = child_env(new_tag(), NUMBA_CACHE_DIR=cache, FLWR_HOME=home)
-    argv = [sys.executable, str(WARM_KERNELS), str(app_dir), "--installed"]
-    started = time.monotonic()
-    with open(log_path, "w") as log:
-        popen = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-        try:
-            popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stop_process_group(popen, grace=2.0)  # the script and its child
-        done = subprocess.CompletedProcess(argv, popen.returncode)
-        log.write(f"exit {done.returncode} after {time.monotonic() - started:.1f} s\n")
-    if done.returncode != 0:
-        warnings.warn(f"warming the Numba cache failed; see {log_path}:\n"
-                      + _tail(log_path.read_text(), 20), stacklevel=2)
-    return done
-
 
 @contextlib.contextmanager
 def sandbox(

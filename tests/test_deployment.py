@@ -2,18 +2,20 @@
 process per site, talking over the gRPC Fleet API, each site reading its own CSV via its
 node config's ``data-path``. The run finishes and its centroids equal (to 1e-9) the
 in-process result on the same site arrays and seed; a site with a broken file is
-rejected with the file's problem while the others go on. Every test cleans up its
+rejected with the file's problem while the others go on; a run stopped mid-training
+resumes from its checkpoint on the same federation. Every test cleans up its
 processes, also when it fails (the last test fails on purpose mid-run and checks).
 
 Deployment starts a fresh ClientApp process for every message, so the child processes
-share one ``NUMBA_CACHE_DIR`` (compiled kernels) and the tests of this module one
-``FLWR_HOME``: the SuperLink and the SuperNodes install the app there, and Numba's cache
-is keyed by the installed source path.
+share one ``NUMBA_CACHE_DIR`` (compiled kernels, should a site need one: these sites are
+small enough for the NumPy path) and the tests of this module one ``FLWR_HOME``: the
+SuperLink and the SuperNodes install the app there.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -154,6 +156,47 @@ def test_broken_site_is_rejected_and_the_run_goes_on(sandbox, digits_sites, tmp_
     # the two good sites give what the in-process harness gives on their arrays
     harness = fedcluster.simulate([arrays[0], arrays[2]], **py_kwargs(config))
     np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint_over_grpc(sandbox, digits_sites, tmp_path):
+    """An operator stops a run mid-training (`flwr stop`: the SuperLink ends it and its
+    ServerApp process goes); a new run with ``resume-from`` continues on the same real
+    federation from the checkpoint the ServerApp wrote after its last completed round.
+    The result is the uninterrupted in-process run's, and the history is the stopped
+    rounds, the resume's describe round, then the rest."""
+    arrays, paths = digits_sites
+    config = {**CONFIG, "num-rounds": 3, "tol": 0.0}
+    out = tmp_path / "outputs"
+    with sandbox() as bed:
+        start_federation(bed, "dep-resume", {str(i): path for i, path in enumerate(paths)})
+        log = bed.log_dir / "flwr-run-stopped.log"
+        with ThreadPoolExecutor(1) as pool:
+            stopped = pool.submit(bed.run, APP_DIR, "dep-resume",
+                                  {**config, "output-dir": str(out), "run-name": "stopped"},
+                                  timeout=RUN_TIMEOUT, log_name="flwr-run-stopped")
+            deadline = time.monotonic() + RUN_TIMEOUT
+            while not re.search(r"round +3 \[lloyd", _text(log)):  # the first training round
+                assert time.monotonic() < deadline and not stopped.done(), _text(log)
+                time.sleep(0.2)
+            run_id = re.search(r"Successfully started run (\d+)", _text(log)).group(1)
+            rc, said = fp._flwr(["stop", run_id, "dep-resume"], bed.env, APP_DIR, 60)
+            assert rc == 0, said
+            with pytest.raises(fp.FlowerProcessError, match="finished:stopped"):
+                stopped.result()
+        saved = json.loads((out / "stopped" / "checkpoint.json").read_text())
+        harness = fedcluster.simulate(arrays, **py_kwargs(config))
+        assert not saved["finished"] and 2 <= saved["round"] < len(harness.history)
+        bed.run(APP_DIR, "dep-resume",
+                {**config, "output-dir": str(out), "run-name": "resumed",
+                 "resume-from": str(out / "stopped")},
+                timeout=RUN_TIMEOUT, log_name="flwr-run-resumed")
+    model = fedcluster.Model.load(out / "resumed" / "model.json")
+    np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(model.metrics["score"], harness.metrics["score"], rtol=1e-9)
+    done, whole = [h["task"] for h in model.history], [h["task"] for h in harness.history]
+    cut = saved["round"]
+    assert done[:cut] == whole[:cut] and done[cut] == "describe" and done[cut + 1:] == whole[cut:]
+    assert [h["round"] for h in model.history] == list(range(1, len(done) + 1))
 
 
 def test_processes_are_cleaned_up_when_a_test_fails_mid_run(sandbox, digits_sites):

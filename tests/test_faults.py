@@ -97,9 +97,7 @@ def test_site_killed_mid_run(bed, tmp_path):
 def test_corrupt_replies_are_dropped_with_reasons(bed, tmp_path):
     # The app as deployed, with the corrupting ClientApp as its client component. The
     # fedcluster package is not copied into it: the ServerApp and ClientApps import the
-    # installed one (as a site whose image holds fedcluster does), whose kernels the
-    # simulation-engine tests have already compiled into the session's Numba cache (a
-    # copy in the FAB is a new path to Numba, compiled afresh at five sites at once).
+    # installed one (as a site whose image holds fedcluster does).
     app = tmp_path / "app"
     app.mkdir()
     shutil.copy(APP_DIR / "README.md", app)

@@ -22,6 +22,9 @@ from test_kernels import (  # noqa: F401  (collected by pytest)
     test_assign_matches_reference,
     test_empty_cluster_has_zero_sums_and_counts,
     test_empty_data,
+    test_fcm_stats_matches_reference,
+    test_minibatch_epoch_matches_reference,
+    test_minibatch_full_batch_beta_one_is_a_lloyd_step,
     test_float32_close_to_float64_truth,
     test_float64_centroids_are_rounded_to_float32_data,
     test_lloyd_stats_matches_reference,
@@ -69,6 +72,34 @@ def test_numpy_and_compiled_paths_agree(n, k, d, dtype, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-9)
 
 
+@pytest.mark.parametrize("n,k,d", [(500, 4, 3), (3001, 6, 2), (700, 8, 16), (50, 3, 2)])
+def test_fuzzy_minibatch_and_gtv_paths_agree(n, k, d, monkeypatch):
+    rng = np.random.default_rng(n * k)
+    X = rng.normal(size=(n, d))
+    C = X[rng.choice(n, k)] + 0.01
+    C[0] = X[3]  # a row on a centre: membership 1 there
+    order = rng.permutation(n)
+    neighbours = rng.normal(size=(2, k, d))
+    runs = {}
+    for path in ("numpy", "compiled"):
+        if path == "compiled":
+            compiled(monkeypatch)
+        got = []
+        for m in (2.0, 1.7):
+            got += [*kernels.fcm_stats(X, C, m), kernels.fcm_memberships(X, C, m)]
+        for batch in (1, 7, n):
+            gamma = C.copy()
+            got += [kernels.minibatch_epoch(X, order, batch, gamma, 0.7), gamma]
+        for floor, N in ((1, neighbours), (50, neighbours), (1, np.zeros((0, k, d)))):
+            got += list(kernels.gtv_update(X, C, N, 0.5, floor))
+        runs[path] = got
+    for got, want in zip(runs["numpy"], runs["compiled"]):
+        if np.asarray(want).dtype.kind == "i":  # hard counts, mini-batch's Lambda, sizes
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
 def test_evaluation_stats_silhouette_and_norms_match_a_direct_computation():
     X = np.array([[0.0, 0.0], [1.0, 0.0], [4.0, 0.0], [6.0, 0.0]])
     C = np.array([[0.0, 0.0], [5.0, 0.0]])
@@ -107,6 +138,33 @@ SITE_PROCESS = textwrap.dedent('''
     print(json.dumps(sorted(m for m in ("numba", "sklearn", "scipy", "matplotlib")
                             if m in sys.modules)))
 ''')
+
+
+ALGORITHMS_PROCESS = textwrap.dedent('''
+    import json, sys
+    import fedcluster
+    from fedcluster.common.datasets import load_builtin, partition
+    X, y = load_builtin("blobs", seed=4)
+    sites = [X[rows] for rows in partition(y, 3, "dirichlet:1.0", seed=4)]
+    for algorithm, extra in [("dwf", {}), ("ewf", {}), ("kfed", {}), ("fkm", {}),
+                             ("minibatch", {"batch_size": 64}), ("ffcm", {}),
+                             ("gtv", {"topology": "ring"}), ("dwf", {"init": "random"}),
+                             ("dwf", {"secure_aggregation": True, "secagg_data_bound": 20.0}),
+                             ("dwf", {"dp_epsilon": 1.0, "data_bounds": "-20:20"})]:
+        fedcluster.simulate(sites, algorithm=algorithm, n_clusters=6, num_rounds=2,
+                            seed=2, **extra)
+    print(json.dumps("numba" in sys.modules))
+''')
+
+
+def test_every_algorithm_on_small_sites_runs_without_numba():
+    """Every algorithm (and a secure and a DP run) on the three sites of the real-Flower
+    tests, server and sites in one process: no compiled kernel is needed, so a deployed
+    site's ClientApp processes never load Numba for them (the server's k-FED clustering
+    imports scikit-learn: that is the ServerApp's, once per run)."""
+    out = subprocess.run([sys.executable, "-c", ALGORITHMS_PROCESS], check=True,
+                         capture_output=True, text=True, timeout=600)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) is False
 
 
 @pytest.mark.parametrize("rows,heavy", [(3000, []), (40000, ["numba", "scipy"])])

@@ -16,21 +16,17 @@ the block size (:func:`block_rows`) and the choice of the serial twin
 
 Small inputs
 ------------
-A pass of at most ``NUMPY_MAX_WORK`` multiply-adds (rows x centroids x features) in
-:func:`assign`, :func:`lloyd_stats`, :func:`min_sq_dist_update`,
-:func:`evaluation_stats` and :func:`distance_to_means` runs in NumPy
-(:mod:`fedcluster.common.kernels.small_work`, which says why), and the compiled module
-is imported only on the first call that needs it: a deployed site answers each message
-in a fresh process, and loading Numba costs that process ~1 s of CPU. The choice
-depends on the shape alone, so every engine computes the same numbers.
+A pass of at most ``NUMPY_MAX_WORK`` multiply-adds (rows x centroids x features) runs in
+NumPy (:mod:`~fedcluster.common.kernels.small_work` says why), and the compiled module is
+imported only by the first call that needs it. The choice depends on the shape alone.
 
 Dtypes
 ------
 ``X`` may be float32 or float64.  The public wrappers convert the centroids
 to ``X``'s dtype (so a float64 ``C`` used with float32 ``X`` is rounded to
 float32 first); this keeps exactly two compiled specialisations per kernel
-(Numba also specialises on whether an array is read-only, as a site's data is:
-tests/warm_kernels.py compiles the ones the site tasks use).  Distances, sums
+(Numba also specialises on whether an array is read-only, as a site's data
+is).  Distances, sums
 and SSE are accumulated in float64 whatever the input dtype.
 
 Empty clusters
@@ -48,31 +44,27 @@ SSE NaN, which callers can detect.  The wrappers do not scan for NaN.
 
 from __future__ import annotations
 
-import numpy as np
-
 import importlib
+
+import numpy as np
 
 from fedcluster.common.kernels import small_work
 from fedcluster.common.kernels.small_work import NUMPY_MAX_WORK
 
 # Every compiled function is in _compiled (see its docstring: one module, for Numba's
-# on-disk cache). It is imported on first use, not here: a fresh ClientApp process whose
-# task needs no compiled kernel (describe, statistics, or a pass small enough for
-# NumPy: small_work.py says why) then never imports Numba. Its names are still
-# attributes of this package (``kernels._lloyd_stats_impl``, ``kernels.FASTMATH``),
-# for the tests and the kernel warm-up.
-_COMPILED_MODULE = "fedcluster.common.kernels._compiled"
+# on-disk cache), imported on first use: a fresh ClientApp process whose task needs no
+# compiled kernel then never imports Numba. Its names stay attributes of this package
+# (``kernels._lloyd_stats_impl``, ``kernels.FASTMATH``) for the tests.
 _COMPILED_NAMES = frozenset({
     "_SERIAL", "FASTMATH", "TILE_CENTROIDS", "TILE_ROWS", "_assign_impl",
     "_distance_to_means_impl", "_evaluation_stats_impl", "_fcm_memberships_impl",
     "_fcm_stats_impl", "_gtv_m_step_impl", "_lloyd_stats_impl", "_min_sq_dist_update_impl",
-    "_minibatch_epoch_impl",
-})
+    "_minibatch_epoch_impl"})
 
 
 def _compiled_kernels():
     """The compiled-kernel module (imports Numba the first time)."""
-    return importlib.import_module(_COMPILED_MODULE)
+    return importlib.import_module("fedcluster.common.kernels._compiled")
 
 
 def __getattr__(name: str):
@@ -334,6 +326,9 @@ def minibatch_epoch(X, order, batch: int, gamma, beta: float) -> np.ndarray:
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     lam = np.zeros(gamma.shape[0], dtype=np.int64)
+    if small_work.minibatch_small(X, gamma.shape[0], int(batch)):
+        small_work.minibatch_epoch(X, order, int(batch), gamma, float(beta), lam)
+        return lam
     _compiled_kernels()._minibatch_epoch_impl(X, order, int(batch), gamma, float(beta), lam)
     return lam
 
@@ -381,6 +376,8 @@ def fcm_stats(X, C, m: float):
     C = _check_centres(C, X)
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
+    if small_work.small(X, C.shape[0]):
+        return small_work.fcm_stats(X, C, float(m))
     return _blocked("_fcm_stats_impl", X, C, float(m))
 
 
@@ -391,6 +388,8 @@ def fcm_memberships(X, C, m: float) -> np.ndarray:
     C = _check_centres(C, X)
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
+    if small_work.small(X, C.shape[0]):
+        return small_work.fcm_memberships(X, C, float(m))
     return _blocked("_fcm_memberships_impl", X, C, float(m))
 
 
@@ -431,7 +430,9 @@ def gtv_update(X, W, N, alpha: float, floor: int = 1):
     if not alpha >= 0.0:
         raise ValueError(f"alpha must be >= 0, got {alpha}")
     sums, counts, sse = lloyd_stats(X, W)
-    W_new, gtv = _compiled_kernels()._gtv_m_step_impl(W, N, sums, counts, float(alpha), int(floor))
+    m_step = (small_work.gtv_m_step if small_work.small(X, W.shape[0])
+              else _compiled_kernels()._gtv_m_step_impl)
+    W_new, gtv = m_step(W, N, sums, counts, float(alpha), int(floor))
     return W_new, counts, float(sse), float(gtv)
 
 

@@ -141,3 +141,87 @@ def distance_to_means(X: np.ndarray, C: np.ndarray, means: np.ndarray):
                            minlength=k)
         counts += np.bincount(labels, minlength=k)
     return out, counts
+
+
+def _memberships(D: np.ndarray, m: float) -> np.ndarray:
+    """Bezdek memberships (rows, k) from squared distances, as the compiled
+    ``_memberships``: d_j^(-1/(m-1)) normalised; a row on a centre belongs to the first
+    such centre alone."""
+    on_centre = D == 0.0
+    hit = on_centre.any(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        U = 1.0 / D if m == 2.0 else D ** (-1.0 / (m - 1.0))
+        U /= U.sum(axis=1, keepdims=True)
+    if hit.any():
+        U[hit] = 0.0
+        U[hit, np.argmax(on_centre[hit], axis=1)] = 1.0
+    return U
+
+
+def fcm_stats(X: np.ndarray, C: np.ndarray, m: float):
+    k = C.shape[0]
+    C = C.astype(np.float64)
+    sums, weights, hard = np.zeros((k, X.shape[1])), np.zeros(k), np.zeros(k, dtype=np.int64)
+    for _, _, rows in _blocks(X, k):
+        U = _memberships(_sq_dists(rows, C), m)
+        hard += np.bincount(np.argmax(U, axis=1), minlength=k)  # ties: the lowest index
+        Um = U * U if m == 2.0 else U ** m
+        weights += Um.sum(axis=0)
+        sums += np.einsum("mk,md->kd", Um, rows)  # einsum's own loop, no BLAS
+    return sums, weights, hard
+
+
+def fcm_memberships(X: np.ndarray, C: np.ndarray, m: float) -> np.ndarray:
+    C = C.astype(np.float64)
+    out = np.empty((X.shape[0], C.shape[0]))
+    for start, stop, rows in _blocks(X, C.shape[0]):
+        out[start:stop] = _memberships(_sq_dists(rows, C), m)
+    return out
+
+
+#: A mini-batch epoch in NumPy loops over its batches in Python: at most this many.
+MAX_BATCHES = 4096
+
+
+def minibatch_small(X: np.ndarray, k: int, batch: int) -> bool:
+    """Whether a mini-batch epoch goes to NumPy: a small pass in few enough batches."""
+    return small(X, k) and -(-X.shape[0] // batch) <= MAX_BATCHES
+
+
+def minibatch_epoch(X, order, batch: int, gamma: np.ndarray, beta: float, lam: np.ndarray) -> None:
+    """The compiled ``_minibatch_epoch_impl``: ``gamma`` and ``lam`` updated in place."""
+    k = gamma.shape[0]
+    for start in range(0, order.shape[0], batch):
+        rows = X[order[start:start + batch]].astype(np.float64)
+        labels, _ = _nearest(_sq_dists(rows, gamma))
+        counts = np.bincount(labels, minlength=k)
+        sums = _cluster_sums(rows, labels, k)
+        for c in np.flatnonzero(counts):
+            lam[c] += counts[c]
+            step = beta * counts[c] / lam[c]
+            gamma[c] += step * (sums[c] / counts[c] - gamma[c])
+
+
+def gtv_m_step(W: np.ndarray, N: np.ndarray, sums: np.ndarray, counts: np.ndarray,
+               alpha: float, floor: int):
+    """The compiled ``_gtv_m_step_impl`` (GTVMin's E2, E3 and M for one site)."""
+    k, d = W.shape
+    nb_sums, nb_counts, gtv = np.zeros((k, d)), np.zeros(k), 0.0
+    for neighbour in N:
+        D = _sq_dists(neighbour, W)  # (k', k)
+        nearest_local, best = _nearest(D)  # E2: each neighbour centroid's nearest local one
+        gtv += float(best.sum())
+        nb_counts += np.bincount(nearest_local, minlength=k)
+        nb_sums += _cluster_sums(neighbour, nearest_local, k)
+        nearest_theirs, best = _nearest(np.ascontiguousarray(D.T))  # E3
+        gtv += float(best.sum())
+        nb_counts += 1.0
+        nb_sums += neighbour[nearest_theirs]
+    kept = counts >= floor  # M: clusters under the floor leave their local rows out
+    local_counts = np.where(kept, counts, 0)
+    local_sums = np.where(kept[:, None], sums, 0.0)
+    den = local_counts + alpha * nb_counts
+    W_new = W.copy()
+    moving = den > 0.0
+    W_new[moving] = (local_sums[moving] + alpha * nb_sums[moving]) / den[moving][:, None]
+    return W_new, gtv
