@@ -29,7 +29,7 @@ import flower_processes as fp
 from fedcluster.common.datasets import load_builtin, partition
 
 APP_DIR = Path(__file__).resolve().parents[1]
-CONFIG = {"n-clusters": 8, "num-rounds": 4, "min-sites": 3, "seed": 1}
+CONFIG = {"n-clusters": 8, "num-rounds": 2, "min-sites": 3, "seed": 1}
 RUN_TIMEOUT = 300.0
 
 
@@ -165,7 +165,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_over_grpc(sandbox, digits_sit
     The result is the uninterrupted in-process run's, and the history is the stopped
     rounds, the resume's describe round, then the rest."""
     arrays, paths = digits_sites
-    config = {**CONFIG, "num-rounds": 3, "tol": 0.0}
+    config = {**CONFIG, "tol": 0.0}
     out = tmp_path / "outputs"
     with sandbox() as bed:
         start_federation(bed, "dep-resume", {str(i): path for i, path in enumerate(paths)})

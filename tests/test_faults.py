@@ -71,7 +71,7 @@ def test_site_killed_mid_run(bed, tmp_path):
     arrays, paths = site_files(tmp_path, 4, seed=6)
     start_federation(bed, "faults", paths)
     victim = next(p for p in bed.processes if p.name == "supernode-3")
-    config = {"algorithm": "dwf", "n-clusters": 5, "num-rounds": 5, "tol": 0.0, "seed": 6,
+    config = {"algorithm": "dwf", "n-clusters": 5, "num-rounds": 3, "tol": 0.0, "seed": 6,
               "min-sites": 3, "round-timeout": 120.0, "init": "random"}
     out = tmp_path / "outputs"
     log = bed.log_dir / "flwr-run-kill.log"
@@ -80,8 +80,8 @@ def test_site_killed_mid_run(bed, tmp_path):
                           {**config, "output-dir": str(out), "run-name": "kill"},
                           timeout=600, log_name="flwr-run-kill")
         deadline = time.monotonic() + 300
-        while not re.search(r"round +4 \[lloyd", log.read_text() if log.exists() else ""):
-            assert time.monotonic() < deadline and not run.done(), "the run never reached round 4"
+        while not re.search(r"round +3 \[lloyd", log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline and not run.done(), "the run never reached round 3"
             time.sleep(0.2)
         os.killpg(victim.pid, signal.SIGKILL)  # the site, its SuperExec and its ClientApp
         run.result()
@@ -118,7 +118,7 @@ def test_corrupt_replies_are_dropped_with_reasons(bed, tmp_path):
                                        "corrupt": mode} for key, mode in bad.items()})
     bed.supernodes(link, nodes)
     bed.connect("faults", link.control_address)
-    config = {"algorithm": "dwf", "n-clusters": 4, "num-rounds": 3, "min-sites": 2, "seed": 2}
+    config = {"algorithm": "dwf", "n-clusters": 4, "num-rounds": 1, "min-sites": 2, "seed": 2}
     out = tmp_path / "outputs"
     bed.run(app, "faults", {**config, "output-dir": str(out), "run-name": "corrupt"},
             timeout=600, log_name="flwr-run-corrupt")
