@@ -20,6 +20,10 @@ split into Flower's own time (polling, transport, process start-up) and fedclust
    ClientApp modules alone, then fedcluster's ClientApp on top with its first Lloyd pass:
    on the benchmark's site shape (numba and the compiled kernels from Numba's on-disk
    cache) and on a small site (the NumPy path of ``kernels/small_work.py``, no Numba).
+4. **Flower's floor**: on the same federation, right after, the no-op app of
+   ``bench/noop-app`` runs as many rounds: one message per site, a ClientApp that replies
+   at once. The ratio of fedcluster's median training round to its median round is
+   reported.
 
 Flower's share = deployment seconds per round - fedcluster's in-process seconds per round.
 The SuperExecs poll for work every 0.2 s here (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, set
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -82,8 +87,10 @@ def train_seconds(history: list[dict]) -> list[float]:
     return [float(h["seconds"]) for h in history if h["task"] == TRAIN_TASK]
 
 
-def deployment(paths: list[Path], config: dict, workdir: Path) -> tuple[list[float], dict]:
-    """One run on a real SuperLink + 3 SuperNodes; (training-round seconds, model metrics)."""
+def deployment(paths: list[Path], config: dict, workdir: Path) -> tuple[list[float], dict, list[float]]:
+    """One run on a real SuperLink + 3 SuperNodes, then the no-op app (``bench/noop-app``)
+    for as many rounds on the same federation: (training-round seconds, model metrics,
+    no-op round seconds)."""
     import flower_processes as fp
 
     import fedcluster
@@ -104,8 +111,12 @@ def deployment(paths: list[Path], config: dict, workdir: Path) -> tuple[list[flo
                 log_name="warm-up")
         run = bed.run(ROOT, "bench", {**config, "output-dir": str(out), "run-name": "bench"},
                       timeout=1800, log_name="bench")
+        noop = bed.run(BENCH / "noop-app", "bench",
+                       {"num-rounds": config["num-rounds"], "min-sites": N_SITES},
+                       timeout=600, log_name="noop")
     model = fedcluster.Model.load(out / "bench" / "model.json")
-    return train_seconds(model.history), {"run-seconds": run.seconds, **model.metrics}
+    floor = [float(s) for s in re.findall(r"noop round \d+: ([\d.]+) s", noop.output)]
+    return train_seconds(model.history), {"run-seconds": run.seconds, **model.metrics}, floor
 
 
 def in_process(paths: list[Path], config: dict, workdir: Path) -> tuple[list[float], dict]:
@@ -179,8 +190,8 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="fcdeploy-") as tmp:
         workdir = Path(tmp)
         paths = write_sites(workdir, args.rows, args.d, args.k)
-        dep, dep_metrics = deployment(paths, config, workdir)
-        print(f"deployment: {dep}", flush=True)
+        dep, dep_metrics, noop = deployment(paths, config, workdir)
+        print(f"deployment: {dep}; no-op app: {noop}", flush=True)
         inproc, in_metrics = in_process(paths, config, workdir)
         print(f"in-process: {inproc}", flush=True)
         pieces = parts(paths, args.k)
@@ -192,6 +203,7 @@ def main(argv=None) -> None:
     same = np.isclose(dep_metrics["score"], in_metrics["score"], rtol=1e-9)
 
     dep_round, in_round = statistics.median(dep), statistics.median(inproc)
+    floor = statistics.median(noop)
     fc_imports = imports["fedcluster"] - imports["flower"]
     flower = dep_round - in_round - fc_imports
     text = [report.header("Deployment overhead: a real SuperLink + 3 sites on loopback"), ""]
@@ -221,6 +233,11 @@ def main(argv=None) -> None:
                 f"| {fc_imports:.3f} | {fc_imports / dep_round:.1%} |")
     text.append(f"| **Flower** (polling, transport, ClientApp process start and Flower's imports: "
                 f"the rest) | **{flower:.3f}** | **{flower / dep_round:.1%}** |")
+    text += ["", f"Flower's floor on the same federation, right after: a no-op app "
+             "(`bench/noop-app`: its ServerApp sends one message per site per round and waits "
+             "with fedcluster's short-poll loop, its ClientApp replies at once and imports "
+             f"only Flower), median round {floor:.3f} s ({', '.join(f'{s:.2f}' for s in noop)}). "
+             f"fedcluster's median training round is **{dep_round / floor:.2f} x** that floor."]
     text += ["", "Imports of a fresh ClientApp process (Flower starts one per message; best of "
              f"{args.import_repeats}):", "",
              "| fresh interpreter imports | seconds |", "|---|---|",
