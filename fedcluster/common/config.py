@@ -136,6 +136,7 @@ class RunConfig(_Strict):
     min_cluster_size: int = Field(2, ge=1, description="privacy floor p")
     seed: int = 0
     tol: float = Field(1e-4, ge=0.0)
+    score_tol: float = Field(0.0, ge=0.0, description="stop when the score stops improving")
     n_init: int = Field(1, ge=1)
     init: Literal["auto", "kfed", "random", "kmeans++"] = "auto"
     weighted: Literal["auto"] | bool = "auto"

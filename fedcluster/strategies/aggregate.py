@@ -170,3 +170,20 @@ def gtv_distance(W_a: np.ndarray, W_b: np.ndarray) -> float:
     the two sets are equal as sets (any order)."""
     d2 = ((W_a[:, None, :] - W_b[None, :, :]) ** 2).sum(-1)
     return float(d2.min(axis=1).sum() + d2.min(axis=0).sum())
+
+
+#: Rounds in a row whose relative score improvement must stay under ``score-tol``.
+SCORE_PATIENCE = 2
+
+
+def score_stalled(scores: list[float], score_tol: float, patience: int = SCORE_PATIENCE) -> bool:
+    """Whether the last ``patience`` training rounds each improved the score by less than
+    ``score_tol`` relative to the round before: (s_{t-1} - s_t) / s_{t-1} < score_tol (a
+    worse score counts as no improvement). Off when ``score_tol`` is 0; never true with a
+    NaN among the scores compared (a round whose score is unknown stops nothing)."""
+    if score_tol <= 0.0 or len(scores) < patience + 1:
+        return False
+    recent = np.asarray(scores[-(patience + 1):], dtype=np.float64)
+    if not np.all(np.isfinite(recent)) or np.any(recent[:-1] <= 0.0):
+        return False
+    return bool(np.all((recent[:-1] - recent[1:]) / recent[:-1] < score_tol))

@@ -10,7 +10,8 @@ its task (:attr:`ClusteringStrategy.PHASE_TASKS`):
 2. ``init`` (one round per n-init repetition): the algorithm's initialisation task.
 3. ``train`` (up to ``num-rounds`` rounds): sampled sites (fraction C, seeded) run the
    algorithm's site step; the subclass reduces the replies to new centroids, until the
-   centroid movement ||C_t - C_{t-1}||_F < ``tol``.
+   centroid movement ||C_t - C_{t-1}||_F < ``tol`` (or, with ``score-tol``, the score
+   has stopped improving: ``aggregate.score_stalled``).
 4. ``evaluate`` (one round, all sites): the EXACT pooled score sum SSE_i / sum n_i of the
    repetition's centroids; with ``n-init`` > 1 the lowest score wins. Then
    ``distances`` (Davies-Bouldin's second pass) ends the run.
@@ -43,7 +44,7 @@ from fedcluster.common import protocol, scaling
 from fedcluster.common import secure_codec as secure
 from fedcluster.common.config import RunConfig
 from fedcluster.common.kernels import frobenius
-from fedcluster.strategies import metrics, private, reports, secure_sum, sites
+from fedcluster.strategies import aggregate, metrics, private, reports, secure_sum, sites
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.sites import Site, site_order
 from fedcluster.strategies.task_plan import TaskPlan
@@ -353,7 +354,9 @@ class ClusteringStrategy(Strategy):
         movement = self.movement(new, self.centroids)
         self.previous, self.centroids = self.centroids, new
         self.last_movement = movement
-        converged = movement < self.config.tol and self.can_stop()
+        scores = [h["score"] for h in self.history if "movement" in h and h["repetition"] == self.repetition]
+        stalled = aggregate.score_stalled([*scores, score], self.config.score_tol)
+        converged = (movement < self.config.tol or stalled) and self.can_stop()
         if converged or self.train_round >= self.config.num_rounds:
             self.phase = "evaluate"
         elif self.config.eval_every and self.train_round % self.config.eval_every == 0:
