@@ -23,8 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 #: Up to this many multiply-adds per distance pass (n x k x d) the wrappers use NumPy.
-#: At this size one pass takes ~2-5 ms here, against ~1 s for a fresh process to load
-#: the compiled kernel (bench/kernels.py measures both sides).
+#: At this size a Lloyd pass takes ~7 ms here (the compiled kernel ~0.4 ms), against
+#: ~1 s of CPU for a fresh process to load the compiled kernel (bench/deployment.py
+#: times a fresh ClientApp's start on both paths).
 NUMPY_MAX_WORK = 1 << 20
 #: Distances are computed for blocks of rows with at most this many (row, centroid,
 #: feature) terms, bounding the temporary arrays to ~2 MB whatever n is.
