@@ -16,7 +16,7 @@ the block size (:func:`block_rows`) and the choice of the serial twin
 
 Small inputs
 ------------
-A pass of at most ``NUMPY_MAX_WORK`` multiply-adds (rows x centroids x features) runs in
+A pass of at most ``small_work.NUMPY_MAX_WORK`` multiply-adds (rows x centroids x features) runs in
 NumPy (:mod:`~fedcluster.common.kernels.small_work` says why), and the compiled module is
 imported only by the first call that needs it. The choice depends on the shape alone.
 
@@ -49,7 +49,6 @@ import importlib
 import numpy as np
 
 from fedcluster.common.kernels import small_work
-from fedcluster.common.kernels.small_work import NUMPY_MAX_WORK
 
 # Every compiled function is in _compiled (see its docstring: one module, for Numba's
 # on-disk cache), imported on first use: a fresh ClientApp process whose task needs no
@@ -75,7 +74,6 @@ def __getattr__(name: str):
 
 __all__ = [
     "FASTMATH",
-    "NUMPY_MAX_WORK",
     "MIN_BLOCK_ROWS",
     "MAX_BLOCKS",
     "block_rows",
