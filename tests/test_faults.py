@@ -114,8 +114,11 @@ def test_corrupt_replies_are_dropped_with_reasons(bed, tmp_path):
     link = bed.superlink(simulation=False)
     nodes = {f"supernode-{key}": {"data-path": str(path), "site-id": key}
              for key, path in paths.items()}
+    # The corrupting sites read site 0's file; each keeps its own cache (its differencing
+    # guard's row sets, which site 0's replies would otherwise be checked against too).
     nodes.update({f"supernode-{key}": {"data-path": str(paths["0"]), "site-id": key,
-                                       "corrupt": mode} for key, mode in bad.items()})
+                                       "corrupt": mode, "cache-dir": str(tmp_path / f"cache-{key}")}
+                  for key, mode in bad.items()})
     bed.supernodes(link, nodes)
     bed.connect("faults", link.control_address)
     config = {"algorithm": "dwf", "n-clusters": 4, "num-rounds": 1, "min-sites": 2, "seed": 2}
@@ -129,6 +132,8 @@ def test_corrupt_replies_are_dropped_with_reasons(bed, tmp_path):
     assert sorted(failures) == ["7", "8", "9"]
     assert all("non-finite" in event for event in failures["7"]), failures
     assert all("shape" in event or "sent" in event for event in failures["8"]), failures
+    # (a withheld cluster's count 0 spoiled to 1 is caught as under the floor)
     assert all("more than the site's" in event or "rows now but" in event
+               or "fewer members than the privacy floor" in event
                for event in failures["9"]), failures
     assert sorted(model.metrics["per-site"]) == ["0", "1"]

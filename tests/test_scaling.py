@@ -226,10 +226,10 @@ def test_a_site_without_valid_statistics_leaves_the_run(monkeypatch):
 
     honest = tasks.TASKS["stats"]
 
-    def refuse_at_site_2(site, arrays, params, floor):
+    def refuse_at_site_2(site, arrays, params, floor, guard):
         if site.source == "site 2":
             raise TaskError("statistics unavailable")
-        return honest(site, arrays, params, floor)
+        return honest(site, arrays, params, floor, guard)
 
     monkeypatch.setitem(tasks.TASKS, "stats", refuse_at_site_2)
     rng = np.random.default_rng(8)

@@ -17,8 +17,10 @@ The site's own policy (``allow-algorithms``, ``max-rounds``; see
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import zlib
+from pathlib import Path
 
 import numpy as np
 from flwr.client import Client, NumPyClient
@@ -31,7 +33,11 @@ from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
 from fedcluster.client_app import site_policy
 from fedcluster.common.config import ConfigError, NodeConfig, parse_node_config, run_config_defaults
-from fedcluster.client_app.site_data import SiteData, SiteDataError, load_partition, load_site_file
+from fedcluster.client_app import differencing_guard
+from fedcluster.client_app.differencing_guard import DifferencingGuard
+from fedcluster.client_app.site_data import (
+    SiteData, SiteDataError, default_cache_dir, load_partition, load_site_file,
+)
 from fedcluster.client_app.task_io import TaskError
 from fedcluster.client_app.task_runner import run_task
 
@@ -129,6 +135,19 @@ class SiteClient(NumPyClient):
         key = zlib.crc32(self.key.encode())
         return [int(self.run_config.get("seed", 0)) % 2**32, key, int(config.get("dp-round", 0))]
 
+    def _kept_row_sets(self, site: SiteData):
+        """Where the differencing guard keeps the row sets this site reported: a file in
+        the site's cache for a data file (every run on it), else this run's Context.state
+        (simulation). Yields None when the site turned the guard off."""
+        if not self.node.differencing_guard:
+            return contextlib.nullcontext(None)
+        fingerprint = differencing_guard.data_fingerprint(np.asarray(site.X))
+        if self.node.data_path is not None and not self.node.data_path.startswith(MEMORY_PREFIX):
+            directory = Path(self.node.cache_dir or default_cache_dir()) / "row-sets"
+            return _refuse_on_os_error(
+                differencing_guard.kept_in_file(directory, fingerprint, site.n_rows), directory)
+        return differencing_guard.kept_in_state(self.state, fingerprint, site.n_rows)
+
     def get_parameters(self, config):
         return []
 
@@ -143,8 +162,16 @@ class SiteClient(NumPyClient):
         try:
             self._check_policy(task)
             site = self._load()
-            reply = run_task(site, [np.asarray(a) for a in parameters], dict(config),
-                             self.node.min_cluster_size, noise_seed=self._noise_seed(config))
+            with self._kept_row_sets(site) as history:
+                guard = DifferencingGuard(history)
+                reply = run_task(site, [np.asarray(a) for a in parameters], dict(config),
+                                 self.node.min_cluster_size, noise_seed=self._noise_seed(config),
+                                 guard=guard)
+            if guard.snapped or guard.withheld:
+                log(logging.WARNING if guard.withheld else logging.INFO,
+                    "site %s: task %s: the differencing guard (site policy differencing-guard) "
+                    "reported %d cluster(s) as an earlier row set and withheld %d",
+                    self.key, task, guard.snapped, guard.withheld)
         except (site_policy.PolicyRefusal, SiteDataError, TaskError) as err:
             log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
             if secure.SECURE_PARAM in config:
@@ -179,6 +206,17 @@ class SiteClient(NumPyClient):
                 # A policy, not data: the server then stops asking once it is reached.
                 metrics["max-rounds"] = self.node.max_rounds
         return protocol.to_arrays(reply.arrays), site.n_rows, metrics
+
+
+@contextlib.contextmanager
+def _refuse_on_os_error(kept, directory):
+    try:
+        with kept as history:
+            yield history
+    except OSError as err:
+        raise site_policy.PolicyRefusal(
+            f"the differencing guard cannot keep this site's reported row sets in {directory} "
+            f"({err}): the site answers no task until its cache-dir is writable") from None
 
 
 def client_fn(context: Context) -> Client:

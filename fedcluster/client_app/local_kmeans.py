@@ -159,7 +159,7 @@ def update_centroids(C: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.
     return new
 
 
-def lloyd(X, C0, max_iter: int, tol: float) -> tuple[np.ndarray, np.ndarray, int]:
+def lloyd(X, C0, max_iter: int, tol: float, return_labels: bool = False):
     """Lloyd iterations from given centroids.
 
     Each iteration computes ``sums, counts, sse = lloyd_stats(X, C)`` and
@@ -191,6 +191,9 @@ def lloyd(X, C0, max_iter: int, tol: float) -> tuple[np.ndarray, np.ndarray, int
         empty cluster).  No extra assignment is made after the last update.
     n_iter : int
         Number of updates performed.
+    labels : ndarray of shape (n,), int64
+        Only with ``return_labels``: the last assignment (one more assignment pass; the
+        differencing guard needs the member sets of the returned means).
     """
     X = _check_data(X)
     C = np.array(C0, dtype=np.float64, copy=True)
@@ -205,19 +208,21 @@ def lloyd(X, C0, max_iter: int, tol: float) -> tuple[np.ndarray, np.ndarray, int
 
     n_iter = 0
     counts = np.zeros(C.shape[0], dtype=np.int64)
+    previous = C
     for n_iter in range(1, max_iter + 1):
         sums, counts, _ = kernels.lloyd_stats(X, C)
         new = update_centroids(C, sums, counts)
         shift = frobenius(new - C)
-        C = new
+        previous, C = C, new
         if shift < tol:
             break
+    if return_labels:
+        return C, counts, n_iter, kernels.assign(X, previous)[0]
     return C, counts, n_iter
 
 
-def local_kmeans(
-    X, k: int, seed, max_iter: int = 300, tol: float = 1e-4
-) -> tuple[np.ndarray, np.ndarray]:
+def local_kmeans(X, k: int, seed, max_iter: int = 300, tol: float = 1e-4,
+                 return_labels: bool = False):
     """k-means on one site: k-means++ seeding, then Lloyd to convergence.
 
     Parameters
@@ -237,6 +242,8 @@ def local_kmeans(
     centroids : ndarray of shape (min(k, n), d), float64
     counts : ndarray of shape (min(k, n),), int64
         Cluster sizes of the last assignment (see :func:`lloyd`).
+    labels : ndarray of shape (n,), int64
+        Only with ``return_labels``: the last assignment.
     """
     X = _check_data(X)
     k = int(k)
@@ -244,5 +251,5 @@ def local_kmeans(
         raise ValueError(f"k must be >= 1, got {k}")
     k = min(k, X.shape[0])
     C0 = kmeans_plusplus(X, k, seed)
-    C, counts, _ = lloyd(X, C0, max_iter, tol)
-    return C, counts
+    C, counts, _, *labels = lloyd(X, C0, max_iter, tol, return_labels)
+    return (C, counts, *labels)

@@ -165,7 +165,7 @@ def cache_key(path: str | os.PathLike, label_column: str | None = None,
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _default_cache_dir() -> Path:
+def default_cache_dir() -> Path:
     env = os.environ.get("FEDCLUSTER_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "fedcluster"
 
@@ -272,7 +272,7 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
             return SiteData(X=check_site_array(mapped, source, min_rows), feature_names=None,
                             labels=None, source=source)
     key = cache_key(path, label_column, columns, id_column)
-    base = Path(cache_dir if cache_dir is not None else _default_cache_dir()) / key
+    base = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
     cached = _read_cache(base, source)
     if cached is not None:
         kernels.check_rows(cached.X, source, min_rows, error=SiteDataError)  # values checked before caching

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 
 from fedcluster.client_app import private_tasks
+from fedcluster.client_app.differencing_guard import OFF, DifferencingGuard
 from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.task_io import TaskError, TaskReply, task_param
 from fedcluster.client_app.tasks import TASKS
@@ -15,12 +16,14 @@ from fedcluster.common import privacy, protocol, scaling
 
 
 def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor: int,
-             noise_seed=None) -> TaskReply:
+             noise_seed=None, guard: DifferencingGuard = OFF) -> TaskReply:
     """Run the task named by ``params['task']`` with floor max(server's p, site's p), on
     the rows scaled by ``params['transform']`` when the run has one and clipped to
     ``params['data-bounds']`` when given. The arrays sent are named here (``protocol.task_inputs``). Under DP (``dp-rho``) the task's private
     version runs (``common/private_tasks.py``), its noise drawn from
-    ``np.random.default_rng(noise_seed)`` (None: fresh OS entropy)."""
+    ``np.random.default_rng(noise_seed)`` (None: fresh OS entropy). ``guard`` checks every
+    reported cluster's member rows (``differencing_guard.py``; DP replies are noised
+    instead and do not pass it)."""
     name = params.get("task")
     if name not in TASKS:
         raise TaskError(f"unknown task {name!r}; this site knows {sorted(TASKS)}")
@@ -45,6 +48,6 @@ def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor:
         rng = np.random.default_rng(noise_seed)
         reply = private_tasks.run_private(name, site, arrays, params, floor, dp, rng)
     if reply is None:
-        reply = TASKS[name](site, arrays, params, floor)
+        reply = TASKS[name](site, arrays, params, floor, guard)
     reply.metrics.setdefault("n-rows", site.n_rows)
     return reply

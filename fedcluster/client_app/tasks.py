@@ -49,11 +49,9 @@ Tasks (the ``task`` config key):
 
 from __future__ import annotations
 
-
 import json
 import logging
 from collections.abc import Callable
-
 
 import numpy as np
 
@@ -62,19 +60,23 @@ from flwr.common.logger import log
 from fedcluster.common import kernels, protocol, scaling
 
 from fedcluster.client_app import local_kmeans as local
+from fedcluster.client_app.differencing_guard import OFF
+from fedcluster.client_app.guarded_stats import (
+    guard_clusters, guarded_gtv_step, set_distance, set_mean, set_sqnorm, set_sum,
+)
 from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.task_io import (
     TaskError, TaskReply, apply_privacy_floor, received_centroids, refuse_under_floor, task_param,
 )
 
 
-def describe(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def describe(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     refuse_under_floor(site, floor, "it cannot join")
     names = list(site.feature_names) if site.feature_names is not None else []
     return TaskReply(metrics={"n-features": site.n_features, "feature-names": json.dumps(names)})
 
 
-def stats(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def stats(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     """The statistics round: per-feature aggregates over ALL rows (never a row), refused
     by a site with fewer rows than the privacy floor."""
     refuse_under_floor(site, floor, "it sends no statistics")
@@ -86,32 +88,41 @@ def stats(site: SiteData, arrays, params, floor: int) -> TaskReply:
     raise TaskError(f"task parameter 'scale' must be 'standard' or 'minmax', got {kind!r}")
 
 
-def bounds(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def bounds(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     refuse_under_floor(site, floor, "it sends no bounds")
     return TaskReply(arrays=protocol.Range(np.min(site.X, axis=0), np.max(site.X, axis=0)))
 
 
-def local_kmeans_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def local_kmeans_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     k_local = task_param(params, "k-local", int)
     seed = task_param(params, "seed", int)
     if k_local < 1:
         raise TaskError(f"task parameter 'k-local' must be >= 1, got {k_local}")
-    centroids, counts = local.local_kmeans(site.X, k_local, seed)
+    centroids, counts, *labels = local.local_kmeans(site.X, k_local, seed,
+                                                    return_labels=guard.active)
     keep = counts >= floor
+    if guard.active:
+        verdict = guard_clusters(guard, labels[0], np.flatnonzero(keep), floor, counts, site.n_rows)
+        keep[verdict.withheld] = False
+        for j, mask in verdict.substituted.items():
+            centroids[j], counts[j] = set_mean(site.X, mask), np.count_nonzero(mask)
     return TaskReply(arrays=protocol.ClusterMeans(centroids[keep], counts[keep].astype(np.int64)))
 
 
-def _continue_lloyd(X, C, sums, counts, local_iters: int, tol: float):
+def _continue_lloyd(X, C, sums, counts, local_iters: int, tol: float, labels=None):
     """Finish ``local_iters`` Lloyd iterations whose first assignment statistics
-    (``sums``, ``counts`` against ``C``) are already known; return the centroids and
-    the sizes of the last assignment."""
+    (``sums``, ``counts`` against ``C``) are already known; return the centroids, the
+    sizes of the last assignment and, when the first assignment's ``labels`` are given
+    (the differencing guard), the last assignment's labels (else None)."""
     local_C = local.update_centroids(C, sums, counts)
     if local_iters > 1 and kernels.frobenius(local_C - C) >= tol:
-        local_C, counts, _ = local.lloyd(X, local_C, local_iters - 1, tol)
-    return local_C, counts
+        local_C, counts, _, *last = local.lloyd(X, local_C, local_iters - 1, tol,
+                                                return_labels=labels is not None)
+        labels = last[0] if last else None
+    return local_C, counts, labels
 
 
-def lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def lloyd_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     C = received_centroids(arrays.centroids, site)
     local_iters = task_param(params, "local-iters", int)
     tol = task_param(params, "tol", float)
@@ -120,16 +131,27 @@ def lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     # The weights are counted against the RECEIVED centroids (DWF paper, Fig. 1); the
     # first Lloyd pass needs exactly these statistics, so they are computed once.
     sums, weights, sse = kernels.lloyd_stats(site.X, C)
-    local_C, last_counts = _continue_lloyd(site.X, C, sums, weights, local_iters, tol)
+    first = kernels.assign(site.X, C)[0] if guard.active else None
+    local_C, last_counts, last = _continue_lloyd(site.X, C, sums, weights, local_iters, tol, first)
     # A cluster is reported only if both its weight and the member set of its reported
     # mean reach the floor.
+    sizes = last_counts
     last_counts = np.where(weights < floor, 0, last_counts)
     hidden_counts, local_C = apply_privacy_floor(last_counts, local_C, C, floor)
     weights = np.where(hidden_counts == 0, 0, weights).astype(np.int64)
+    if guard.active:  # the guard checks the member sets of the reported means
+        verdict = guard_clusters(guard, last, np.flatnonzero(weights > 0), floor, sizes,
+                                 site.n_rows if last is first else None)
+        weights[verdict.withheld] = 0
+        local_C[verdict.withheld] = C[verdict.withheld]
+        for j, mask in verdict.substituted.items():
+            local_C[j] = set_mean(site.X, mask)
+            if last is first:  # one local iteration: the weight is that set's size
+                weights[j] = np.count_nonzero(mask)
     return TaskReply(arrays=protocol.ClusterMeans(local_C, weights), metrics={"sse": float(sse)})
 
 
-def minibatch_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def minibatch_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     C = received_centroids(arrays.centroids, site)
     epochs = task_param(params, "epochs", int)
     batch = task_param(params, "batch-size", int)
@@ -144,23 +166,46 @@ def minibatch_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     if full:  # the score of the received centroids costs one more pass only with batches
         metrics["sse"] = kernels.lloyd_stats(site.X, C)[2]
     gamma = C.copy()
+    touched = np.zeros((C.shape[0], n), dtype=bool) if guard.active else None
+    labels = np.zeros(n, dtype=np.int64) if guard.active else None
     for _ in range(epochs):
         # A full batch's order does not change the result; skip the permutation.
         order = np.arange(n) if full else rng.permutation(n)
-        lam = kernels.minibatch_epoch(site.X, order, n if full else batch, gamma, beta)
+        lam = kernels.minibatch_epoch(site.X, order, n if full else batch, gamma, beta, labels)
+        if guard.active:
+            touched[labels, np.arange(n)] = True
     lam, gamma = apply_privacy_floor(lam, gamma, C, floor)
+    if guard.active:  # the member sets: every row that moved the cluster's gamma
+        one_set = full and epochs == 1  # else gamma is no statistic of one set
+        verdict = guard_clusters(guard, touched, np.flatnonzero(lam > 0), floor,
+                                 lam if one_set else None, n)
+        for j, mask in verdict.substituted.items():
+            if one_set:  # gamma = C + beta (mean - C), Lambda = |set|
+                gamma[j] = C[j] + beta * (set_mean(site.X, mask) - C[j])
+                lam[j] = np.count_nonzero(mask)
+            else:
+                verdict.withheld.append(j)
+        lam[verdict.withheld] = 0
+        gamma[verdict.withheld] = C[verdict.withheld]
     return TaskReply(arrays=protocol.ClusterMeans(gamma, lam), metrics=metrics)
 
 
-def _means_of_kept(X: np.ndarray, seeds: np.ndarray, floor: int) -> TaskReply:
-    """Means and sizes of the clusters of ``seeds`` that have at least ``floor`` members."""
+def _means_of_kept(X: np.ndarray, seeds: np.ndarray, floor: int, guard=OFF) -> TaskReply:
+    """Means and sizes of the clusters of ``seeds`` that have at least ``floor`` members
+    (and that the differencing guard lets through)."""
     sums, counts, _ = kernels.lloyd_stats(X, seeds)
     keep = (counts >= floor) & (counts > 0)
+    if guard.active:
+        verdict = guard_clusters(guard, kernels.assign(X, seeds)[0], np.flatnonzero(keep),
+                                 floor, counts, X.shape[0])
+        keep[verdict.withheld] = False
+        for j, mask in verdict.substituted.items():
+            sums[j], counts[j] = set_sum(X, mask), np.count_nonzero(mask)
     means = sums[keep] / counts[keep, None]
     return TaskReply(arrays=protocol.ClusterMeans(means, counts[keep].astype(np.int64)))
 
 
-def kmeanspp_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def kmeanspp_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     k = task_param(params, "k-local", int)
     seed = task_param(params, "seed", int)
     method = str(params.get("init", "kmeans++"))
@@ -174,10 +219,10 @@ def kmeanspp_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
         seeds = np.asarray(site.X[np.sort(rows)], dtype=np.float64)
     else:
         raise TaskError(f"unknown seeding {method!r}; use 'kmeans++' or 'random'")
-    return _means_of_kept(site.X, seeds, floor)
+    return _means_of_kept(site.X, seeds, floor, guard)
 
 
-def prune_lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def prune_lloyd_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     C = received_centroids(arrays.centroids, site)
     local_iters = task_param(params, "local-iters", int)
     tol = task_param(params, "tol", float)
@@ -190,12 +235,19 @@ def prune_lloyd_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
         # They had no member, so assigning to the rest gives the same statistics.
         kept = counts > 0
         C, sums, counts = C[kept], sums[kept], counts[kept]
-    local_C, counts = _continue_lloyd(site.X, C, sums, counts, local_iters, tol)
+    first = kernels.assign(site.X, C)[0] if guard.active else None
+    local_C, counts, last = _continue_lloyd(site.X, C, sums, counts, local_iters, tol, first)
     keep = counts >= floor
-    return TaskReply(arrays=protocol.ClusterMeans(local_C[keep], counts[keep].astype(np.int64)), metrics={"sse": float(sse)})
+    if guard.active:
+        verdict = guard_clusters(guard, last, np.flatnonzero(keep), floor, counts, site.n_rows)
+        keep[verdict.withheld] = False
+        for j, mask in verdict.substituted.items():
+            local_C[j], counts[j] = set_mean(site.X, mask), np.count_nonzero(mask)
+    return TaskReply(arrays=protocol.ClusterMeans(local_C[keep], counts[keep].astype(np.int64)),
+                     metrics={"sse": float(sse)})
 
 
-def fcm_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def fcm_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     """Local centres after ``local-iters`` fuzzy c-means iterations, and W_j = sum u^m
     against the last centres used. A centre whose hard (argmax) cluster has fewer than
     p members is withheld like a small k-means cluster (W = 0, the received centre)."""
@@ -214,7 +266,7 @@ def fcm_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     return TaskReply(arrays=protocol.FuzzyCentres(centres, weights))
 
 
-def gtv_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def gtv_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     """The site's centroids after up to ``local-iters`` GTVMin updates (E1-E3, M), stopped
     early when the local objective L_i(W) + alpha sum_i' d(i, i') falls by less than
     ``tol`` times its value. ``arrays`` = [W_i (k, d), neighbours' W (deg, k, d)]; empty
@@ -251,19 +303,22 @@ def gtv_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
     objective = sse + alpha * gtv
     for _ in range(local_iters):
         moved |= counts >= floor
-        W = W_new
+        W_before, W = W, W_new
         W_new, counts, sse, gtv = kernels.gtv_update(site.X, W, neighbours, alpha, floor)
         previous, objective = objective, sse + alpha * gtv
         if previous - objective <= tol * previous:
             break
+    if guard.active:  # W's local part: the sums of the assignment to W_before
+        W = guarded_gtv_step(site.X, W_before, neighbours, alpha, floor, guard)
     if first_round and not moved.all():
         W[~moved] = np.asarray(site.X, dtype=np.float64).mean(axis=0)
+    if guard.active or (first_round and not moved.all()):
         _, counts, sse, gtv = kernels.gtv_update(site.X, W, neighbours, alpha, floor)
     counts = np.where(counts >= floor, counts, 0).astype(np.int64)
     return TaskReply(arrays=protocol.ClusterMeans(W, counts), metrics={"sse": float(sse), "gtv": float(gtv)})
 
 
-def evaluate_sets_task(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def evaluate_sets_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     """For each centroid set in ``arrays.sets`` (s, k, d), the local SSE against it (the
     pooled score of every site's centroids, summed over sites by the server)."""
     sets = np.asarray(arrays.sets)
@@ -278,8 +333,6 @@ def _label_names(site: SiteData) -> list[str]:
     if site.label_names is not None:
         return [str(site.label_names[c]) for c in codes]
     return [str(int(c)) for c in codes]
-
-
 
 
 def fuzzy_evaluation_sums(X: np.ndarray, C: np.ndarray, m: float) -> tuple[float, float]:
@@ -302,7 +355,7 @@ def fuzzy_evaluation_sums(X: np.ndarray, C: np.ndarray, m: float) -> tuple[float
     return all_sq_dist, partition_sum
 
 
-def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def evaluate(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     """Pass 1 of the exact metrics (see ``common/metrics.py``); clusters under the floor
     (empty ones included) are left out (zeros) and flagged ``hidden``, contingency cells
     under it are left out, and labels with no cell at or above the floor are not named."""
@@ -316,6 +369,13 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
     # The flag then says no more than the zero count (it exists so that the report can
     # say "<p" rather than 0).
     hidden = counts < floor if floor > 1 else np.zeros(counts.shape, dtype=bool)
+    labels = kernels.assign(site.X, C)[0] if guard.active or site.labels is not None else None
+    verdict = guard_clusters(guard, labels, np.flatnonzero(~hidden & (counts > 0)), floor, counts,
+                             site.n_rows)
+    hidden[verdict.withheld] = True
+    for j, mask in verdict.substituted.items():
+        counts[j], sums[j] = np.count_nonzero(mask), set_sum(site.X, mask)
+        sqnorms[j] = set_sqnorm(site.X, mask)
     counts[hidden], sums[hidden], sqnorms[hidden] = 0, 0.0, 0.0
     reply = TaskReply(
         arrays=protocol.Evaluation(counts, sums, sqnorms, hidden.astype(np.int64)),
@@ -331,7 +391,6 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
         reply.metrics["all-sq-dist"] = all_sq_dist
         reply.metrics["partition-sum"] = partition_sum
     if site.labels is not None:
-        labels = kernels.assign(site.X, C)[0]
         codes, truth = np.unique(site.labels, return_inverse=True)
         table = np.zeros((len(codes), C.shape[0]), dtype=np.int64)
         np.add.at(table, (truth, labels), 1)
@@ -345,11 +404,17 @@ def evaluate(site: SiteData, arrays, params, floor: int) -> TaskReply:
     return reply
 
 
-def evaluate_distances(site: SiteData, arrays, params, floor: int) -> TaskReply:
+def evaluate_distances(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
     """Pass 2 (Davies-Bouldin): per cluster of C, the summed distance to the pooled means."""
     C = received_centroids(arrays.centroids, site)
     means = received_centroids(arrays.means, site)
     distances, counts = kernels.distance_to_means(site.X, C, means)
+    if guard.active:  # the same member sets as the evaluation's: the same verdict
+        verdict = guard_clusters(guard, kernels.assign(site.X, C)[0],
+                                 np.flatnonzero(counts >= floor), floor, counts, site.n_rows)
+        distances[verdict.withheld] = 0.0
+        for j, mask in verdict.substituted.items():
+            distances[j] = set_distance(site.X, mask, means[j])
     distances[counts < floor] = 0.0
     return TaskReply(arrays=protocol.Distances(distances))
 

@@ -278,9 +278,7 @@ def min_sq_dist_update(X, centres, current) -> np.ndarray:
     centres = _check_centres(np.atleast_2d(centres), X, name="centres")
     current = np.ascontiguousarray(current, dtype=np.float64)
     if current.shape != (X.shape[0],):
-        raise ValueError(
-            f"current must have shape ({X.shape[0]},), got {current.shape}"
-        )
+        raise ValueError(f"current must have shape ({X.shape[0]},), got {current.shape}")
     if small_work.small(X, centres.shape[0]):
         out = small_work.min_sq_dist_update(X, centres, current)
     else:
@@ -288,7 +286,7 @@ def min_sq_dist_update(X, centres, current) -> np.ndarray:
     return out[0] if single else out
 
 
-def minibatch_epoch(X, order, batch: int, gamma, beta: float) -> np.ndarray:
+def minibatch_epoch(X, order, batch: int, gamma, beta: float, labels_out=None) -> np.ndarray:
     """One epoch of the federated mini-batch k-means site step (Triebe & Rajagopal).
 
     Rows are visited in ``order`` in batches of ``batch``; each batch is assigned to the
@@ -306,6 +304,9 @@ def minibatch_epoch(X, order, batch: int, gamma, beta: float) -> np.ndarray:
         Centroids, updated IN PLACE (kept float64 whatever X's dtype).
     beta : float
         Client learning rate.
+    labels_out : int64 array of shape (n,), optional
+        Receives each row's cluster (the differencing guard's member sets); the epoch
+        then runs on the NumPy path whatever its size.
 
     Returns
     -------
@@ -324,8 +325,8 @@ def minibatch_epoch(X, order, batch: int, gamma, beta: float) -> np.ndarray:
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     lam = np.zeros(gamma.shape[0], dtype=np.int64)
-    if small_work.minibatch_small(X, gamma.shape[0], int(batch)):
-        small_work.minibatch_epoch(X, order, int(batch), gamma, float(beta), lam)
+    if labels_out is not None or small_work.minibatch_small(X, gamma.shape[0], int(batch)):
+        small_work.minibatch_epoch(X, order, int(batch), gamma, float(beta), lam, labels_out)
         return lam
     _compiled_kernels()._minibatch_epoch_impl(X, order, int(batch), gamma, float(beta), lam)
     return lam
@@ -391,7 +392,7 @@ def fcm_memberships(X, C, m: float) -> np.ndarray:
     return _blocked("_fcm_memberships_impl", X, C, float(m))
 
 
-def gtv_update(X, W, N, alpha: float, floor: int = 1):
+def gtv_update(X, W, N, alpha: float, floor: int = 1, stats=None):
     """One GTVMin k-means update of a site's centroids (Jung; docs/explanation/algorithms.md section 6).
 
     E1 assigns the local rows to ``W`` (the Lloyd kernel: sums and counts); E2 links each
@@ -411,6 +412,8 @@ def gtv_update(X, W, N, alpha: float, floor: int = 1):
     N : (deg, k, d) the neighbours' centroids (deg may be 0)
     alpha : float >= 0, the GTV penalty weight
     floor : int >= 1
+    stats : (sums, counts, sse), optional
+        E1's statistics given instead of computed (the differencing guard's member sets)
 
     Returns
     -------
@@ -427,7 +430,7 @@ def gtv_update(X, W, N, alpha: float, floor: int = 1):
         raise ValueError(f"N must be (deg, k, {W.shape[1]}), got shape {N.shape}")
     if not alpha >= 0.0:
         raise ValueError(f"alpha must be >= 0, got {alpha}")
-    sums, counts, sse = lloyd_stats(X, W)
+    sums, counts, sse = lloyd_stats(X, W) if stats is None else stats
     m_step = (small_work.gtv_m_step if small_work.small(X, W.shape[0])
               else _compiled_kernels()._gtv_m_step_impl)
     W_new, gtv = m_step(W, N, sums, counts, float(alpha), int(floor))

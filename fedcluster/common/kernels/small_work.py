@@ -189,12 +189,17 @@ def minibatch_small(X: np.ndarray, k: int, batch: int) -> bool:
     return small(X, k) and -(-X.shape[0] // batch) <= MAX_BATCHES
 
 
-def minibatch_epoch(X, order, batch: int, gamma: np.ndarray, beta: float, lam: np.ndarray) -> None:
-    """The compiled ``_minibatch_epoch_impl``: ``gamma`` and ``lam`` updated in place."""
+def minibatch_epoch(X, order, batch: int, gamma: np.ndarray, beta: float, lam: np.ndarray,
+                    labels_out: np.ndarray | None = None) -> None:
+    """The compiled ``_minibatch_epoch_impl``: ``gamma`` and ``lam`` updated in place;
+    ``labels_out`` (n,), when given, receives each row's cluster in its batch (the
+    differencing guard's member sets)."""
     k = gamma.shape[0]
     for start in range(0, order.shape[0], batch):
         rows = X[order[start:start + batch]].astype(np.float64)
         labels, _ = _nearest(_sq_dists(rows, gamma))
+        if labels_out is not None:
+            labels_out[order[start:start + batch]] = labels
         counts = np.bincount(labels, minlength=k)
         sums = _cluster_sums(rows, labels, k)
         for c in np.flatnonzero(counts):
