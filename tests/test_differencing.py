@@ -127,7 +127,8 @@ class Coordinator:
     """A coordinator that writes its own 'lloyd' tasks to ONE site's real ClientApp; the
     site's Context (its state) is kept between messages, as a SuperNode keeps it."""
 
-    def __init__(self, X: np.ndarray, *, guard: bool = True, floor: int | None = None) -> None:
+    def __init__(self, X: np.ndarray, *, guard: bool = True, floor: int | None = None,
+                 server_floor: int = 2) -> None:
         self.token = uuid.uuid4().hex
         client_module.MEMORY_SITES[self.token] = [SiteData(np.ascontiguousarray(X), None, None, "site")]
         node = {"data-path": f"{client_module.MEMORY_PREFIX}{self.token}/0", "site-id": "target",
@@ -137,6 +138,7 @@ class Coordinator:
         self.grid = InProcessGrid(client_module.app, [node], run_config_defaults())
         self.node_id = next(iter(self.grid.contexts))
         self.queries = 0
+        self.server_floor = server_floor  # the min-cluster-size its tasks ask for
 
     def close(self) -> None:
         client_module.MEMORY_SITES.pop(self.token, None)
@@ -147,7 +149,8 @@ class Coordinator:
         TaskIdentity.task_id, TaskIdentity.run_id = 1, self.grid.run.run_id
         TaskIdentity.node_id = SUPERLINK_NODE_ID
         fitins = FitIns(ndarrays_to_parameters([np.asarray(centroids, dtype=np.float64)]),
-                        {"task": "lloyd", "local-iters": 1, "tol": 1e-4, "min-cluster-size": 2})
+                        {"task": "lloyd", "local-iters": 1, "tol": 1e-4,
+                         "min-cluster-size": self.server_floor})
         msg = Message(content=compat.fitins_to_recorddict(fitins, True), dst_node_id=self.node_id,
                       message_type=MessageType.TRAIN, group_id=str(self.queries))
         (reply,) = self.grid.pull_messages(self.grid.push_messages([msg]))
@@ -224,6 +227,23 @@ def test_the_binary_search_recovers_no_row_from_a_guarded_site(floor):
     # nor does any pair among all the replies it got
     assert rows_recovered(sums, counts, X) == set()
     assert site.queries >= 45  # it tried at least as long as the unguarded search needed
+
+
+def test_a_coordinator_that_sends_floor_1_meets_the_sites_own_floor():
+    """A malicious coordinator sets min-cluster-size = 1 in its tasks. A site at its default
+    floor (1) then checks nothing (one-row clusters may be reported anyway: the documented
+    limit, privacy-model.md); a site whose own floor is 2 keeps the guard on."""
+    X = _site_rows()
+    outcomes = {}
+    for site_floor in (None, 2):
+        site = Coordinator(X, floor=site_floor, server_floor=1)
+        try:
+            candidates, sums, counts = binary_search_attack(site, 10.0, X.shape[1], max_queries=80)
+        finally:
+            site.close()
+        outcomes[site_floor] = any(_is_row(c, X) for c in candidates) or bool(
+            rows_recovered(sums, counts, X))
+    assert outcomes == {None: True, 2: False}
 
 
 def three_query_site(a_rows: int, d_rows: int) -> tuple[np.ndarray, np.ndarray, int]:
