@@ -197,10 +197,12 @@ def run_in_process(
 
 @contextmanager
 def site_nodes(sites: list[np.ndarray] | None, labels: list[np.ndarray] | None = None,
-               num_sites: int | None = None, differencing_guard: bool = True):
+               num_sites: int | None = None, differencing_guard: bool = True,
+               site_config: dict | None = None):
     """Node configs for in-memory site arrays (registered for the run, removed after it)
-    or, without arrays, for ``num_sites`` partitions of the run's built-in dataset."""
-    guard = {"differencing-guard": bool(differencing_guard)}
+    or, without arrays, for ``num_sites`` partitions of the run's built-in dataset;
+    ``site_config`` adds node-config keys to every site."""
+    guard = {**(site_config or {}), "differencing-guard": bool(differencing_guard)}
     if sites is None:
         if num_sites is None:
             raise ValueError("give either `sites` (arrays) or `num_sites` (built-in dataset)")
@@ -222,9 +224,9 @@ def site_nodes(sites: list[np.ndarray] | None, labels: list[np.ndarray] | None =
 
 def run_server(sites: list[np.ndarray] | None, *, run_config: dict, labels=None,
                num_sites: int | None = None, differencing_guard: bool = True,
-               record_replies: list | None = None):
+               site_config: dict | None = None, record_replies: list | None = None):
     """The ServerApp's result record for a run on in-memory sites or built-in partitions."""
-    with site_nodes(sites, labels, num_sites, differencing_guard) as node_configs:
+    with site_nodes(sites, labels, num_sites, differencing_guard, site_config) as node_configs:
         return serve_in_process(node_configs, run_config, record_replies=record_replies)
 
 
@@ -236,6 +238,7 @@ def simulate(
     init_centroids: np.ndarray | None = None,
     site_min_cluster_size: list[int] | None = None,
     differencing_guard: bool = True,
+    site_config: dict | None = None,
     record_replies: list | None = None,
     true_centres: np.ndarray | None = None,
     **config,
@@ -260,6 +263,9 @@ def simulate(
         The sites' node config ``differencing-guard``: off, a site reports every cluster's
         own statistics, which is exact Lloyd but lets the coordinator difference replies
         (docs/explanation/privacy-model.md); the exactness tests turn it off.
+    site_config : dict, optional
+        Other node-config keys for every site, e.g. ``{"min-site-rows": 1}`` to let sites
+        of fewer than 10 rows take part (docs/reference/node-config.md).
     record_replies : list, optional
         If given, every reply that leaves a site is appended to it as a dict (``task``,
         ``arrays``, ``metrics``, ``num-examples``, ``node-id``): what a site discloses;
@@ -282,7 +288,7 @@ def simulate(
         k = run_config.get("n-clusters", run_config_defaults()["n-clusters"])
         if true_centres.ndim != 2 or true_centres.shape[0] != k:
             raise ValueError(f"true_centres must be a ({k}, d) array, got {true_centres.shape}")
-    with site_nodes(sites, labels, num_sites, differencing_guard) as node_configs:
+    with site_nodes(sites, labels, num_sites, differencing_guard, site_config) as node_configs:
         if site_min_cluster_size is not None:
             for cfg, floor in zip(node_configs, site_min_cluster_size, strict=True):
                 cfg["min-cluster-size"] = int(floor)
@@ -294,8 +300,8 @@ def simulate(
 
 def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] | str,
              labels: list[np.ndarray] | None = None, num_sites: int | None = None,
-             differencing_guard: bool = True, record_replies: list | None = None,
-             **config) -> dict:
+             differencing_guard: bool = True, site_config: dict | None = None,
+             record_replies: list | None = None, **config) -> dict:
     """Run the federation for every k in ``k_range`` (in this process) and choose k.
 
     Parameters
@@ -307,7 +313,7 @@ def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] 
         Both ends included; 2 <= lo and hi >= lo + 2.
     labels : list of 1-D arrays, optional
         Per-site labels (evaluation only: adds ARI etc. to the per-k figures).
-    differencing_guard, record_replies
+    differencing_guard, site_config, record_replies
         As for :func:`fedcluster.simulate`.
     **config
         Run-config keys with ``_`` for ``-`` (``algorithm``, ``scale``, ``n_init``,
@@ -326,7 +332,8 @@ def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] 
     run_config.setdefault("output-dir", "")
     run_config["k-range"] = text
     record = run_server(sites, labels=labels, num_sites=num_sites, run_config=run_config,
-                        differencing_guard=differencing_guard, record_replies=record_replies)
+                        differencing_guard=differencing_guard, site_config=site_config,
+                        record_replies=record_replies)
     data = json.loads(str(record["choose-k"]))
     out: dict = dict(data["best"])
     out["per-k"] = {int(k): row for k, row in data["per-k"].items()}

@@ -46,7 +46,7 @@ def bad_inf(tmp_path):
 
 def bad_few_rows(tmp_path):
     (tmp_path / "one.csv").write_text("f0,f1,f2\n1,2,3\n")
-    return str(tmp_path / "one.csv"), "at least 2 are needed"
+    return str(tmp_path / "one.csv"), "site policy min-site-rows=10: this site holds 1 rows"
 
 
 def bad_width(tmp_path):

@@ -167,8 +167,9 @@ def test_fkm_on_paper_grid_close_to_central_and_above_kfed():
         y_sites = y[order]
         ari["central"].append(adjusted_rand_score(y, KMeans(16, n_init=10, random_state=seed).fit_predict(X)))
         for alg in ("fkm", "kfed"):
+            # (the paper's sites can be tiny: they take part with min-site-rows lowered)
             r = fedcluster.simulate(sites, algorithm=alg, n_clusters=16, seed=seed, num_rounds=50,
-                                    min_sites=5)
+                                    min_sites=5, site_config={"min-site-rows": 1})
             ari[alg].append(adjusted_rand_score(y_sites, r.model.predict(X[order])))
     mean = {k: float(np.mean(v)) for k, v in ari.items()}
     assert abs(mean["fkm"] - mean["central"]) <= 0.05, mean
@@ -234,7 +235,8 @@ def test_fkm_site_with_only_tiny_clusters_is_not_a_failure():
     tiny = np.array([[0.0, 0.0], [5.0, 5.0], [0.0, 5.0]])  # 2 clusters of it: both under p = 3
     replies = []
     r = fedcluster.simulate([*big, tiny], algorithm="fkm", n_clusters=2, num_rounds=3,
-                            tol=0.0, min_sites=3, min_cluster_size=3, record_replies=replies)
+                            tol=0.0, min_sites=3, min_cluster_size=3, record_replies=replies,
+                            site_config={"min-site-rows": 1})  # the 3-row site takes part
     assert all(h["sites-failed"] == 0 for h in r.history)
     assert all(h["sites-answered"] == 3 for h in r.history)
     tiny_replies = [m for m in replies if m["task"] in ("kmeanspp", "prune_lloyd")

@@ -120,6 +120,21 @@ def test_max_rounds_counts_answered_task_rounds_in_process():
     assert "site 1 answered its max-rounds=2 task rounds" in summary_table(result.metrics)
 
 
+def test_a_site_under_its_min_site_rows_refuses_to_take_part():
+    small = _sites()
+    small[2] = small[2][:6]
+    results = {}
+    for min_rows in (None, 6):
+        with site_nodes(small) as nodes:
+            if min_rows is not None:
+                nodes[2]["min-site-rows"] = min_rows
+            results[min_rows] = run_in_process(nodes, {**CONFIG, "output-dir": ""})
+    refused = results[None].metrics["rejected-sites"]
+    assert list(refused) == ["2"] and "site policy min-site-rows=10" in refused["2"]
+    assert "holds 6 rows" in refused["2"]
+    assert results[6].metrics["rejected-sites"] == {} and results[6].metrics["n-sites"] == 3
+
+
 def test_a_site_at_its_limit_that_is_still_asked_refuses():
     """The site enforces its limit whatever the server does: a server that ignores the
     declared max-rounds (here: it forgets its count every round) gets refusals, recorded

@@ -162,6 +162,7 @@ class SiteClient(NumPyClient):
         try:
             self._check_policy(task)
             site = self._load()
+            site_policy.check_site_rows(self.node, site.n_rows)
             with self._kept_row_sets(site) as history:
                 guard = DifferencingGuard(history)
                 reply = run_task(site, [np.asarray(a) for a in parameters], dict(config),

@@ -16,8 +16,13 @@
     is refused and recorded under ``site-failures``. A new run (a resumed run
     included) starts a new count.
 
-The ``min-cluster-size`` floor is the third site policy; it is applied in
-``common/tasks.py``.
+``min-site-rows``
+    The fewest rows with which the site takes part (default 10): a smaller site refuses
+    every task, ``describe`` included, so the server rejects it at once.
+
+The ``min-cluster-size`` floor is another site policy; it is applied in
+``client_app/tasks.py``; the differencing guard (``differencing-guard``) in
+``client_app/differencing_guard.py``.
 
 The count must survive between messages: in a deployment Flower starts a fresh ClientApp
 process per message, but the SuperNode keeps one ``Context.state`` per run (series) and
@@ -55,6 +60,21 @@ def check_algorithm(node: NodeConfig, algorithm: str) -> None:
         raise PolicyRefusal(
             f"site policy allow-algorithms={listed} refuses algorithm {algorithm!r} "
             f"(this site takes part only in: {', '.join(allowed)})"
+        )
+
+
+def check_site_rows(node: NodeConfig, n_rows: int) -> None:
+    """Refuse every task of a site with fewer than ``min-site-rows`` rows.
+
+    Raises
+    ------
+    PolicyRefusal
+        Naming the policy, the site's size and the minimum.
+    """
+    if n_rows < node.min_site_rows:
+        raise PolicyRefusal(
+            f"site policy min-site-rows={node.min_site_rows}: this site holds {n_rows} rows "
+            f"and takes part only with at least {node.min_site_rows}"
         )
 
 

@@ -310,6 +310,9 @@ class NodeConfig(_Strict):
     # site answers (describe excluded), and the algorithms it takes part in (None: all).
     max_rounds: int | None = Field(None, ge=1, description="task rounds answered per run")
     allow_algorithms: tuple[str, ...] | None = None
+    # The fewest rows with which the site takes part at all (a smaller site's aggregates
+    # are close to its rows); checked before every task, describe included.
+    min_site_rows: int = Field(10, ge=1, description="the site's own minimum size")
     # The differencing guard (client_app/differencing_guard.py): never report a cluster
     # whose rows differ from an earlier reported cluster's by 1..p-1 (on by default).
     differencing_guard: bool = True
