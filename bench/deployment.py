@@ -72,6 +72,10 @@ def write_sites(directory: Path, rows: int, d: int, k: int) -> list[Path]:
     return paths
 
 
+#: init "random" without data-bounds: a bounds round, which the sites allow (node config)
+MINMAX = {"allow-minmax": True}
+
+
 def run_config(k: int, rounds: int) -> dict:
     # random init and tol 0: every run trains for exactly `rounds` rounds
     return {"algorithm": "dwf", "n-clusters": k, "num-rounds": rounds, "init": "random",
@@ -79,7 +83,7 @@ def run_config(k: int, rounds: int) -> dict:
 
 
 def node_configs(paths: list[Path], cache: Path) -> list[dict]:
-    return [{"data-path": str(p), "site-id": str(i), "cache-dir": str(cache)}
+    return [{"data-path": str(p), "site-id": str(i), "cache-dir": str(cache), **MINMAX}
             for i, p in enumerate(paths)]
 
 
@@ -103,7 +107,7 @@ def deployment(paths: list[Path], config: dict, workdir: Path) -> tuple[list[flo
                     FEDCLUSTER_CACHE_DIR=workdir / "site-cache") as bed:
         bed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.2"
         link = bed.superlink(simulation=False)
-        bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i)}
+        bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i), **MINMAX}
                               for i, p in enumerate(paths)})
         bed.connect("bench", link.control_address)
         # a first short run installs the app and fills Numba's cache (not measured)

@@ -85,7 +85,8 @@ def child_harness(spec: dict) -> dict:
     import fedcluster
 
     config = dict(algorithm="dwf", init="random", tol=0.0, min_sites=2,
-                  central_baseline=False, seed=0, n_clusters=spec["k"])
+                  central_baseline=False, seed=0, n_clusters=spec["k"],
+                  site_config={"allow-minmax": True})  # the bounds round of init random
     if spec["kind"] == "builtin":
         call = dict(num_sites=spec["sites"], dataset="blobs", partitioning="iid")
     else:
@@ -122,7 +123,10 @@ def engine_runs(site_counts: list[int], workdir: Path) -> dict[int, dict]:
         def run(n_sites: int, rounds: int, log_name: str):
             return bed.run(ROOT, "sim", {
                 "algorithm": "dwf", "n-clusters": 5, "num-rounds": rounds,
-                "init": "random", "tol": 0.0, "dataset": "blobs",
+                # (the engine's sites have no node config of ours: init random's
+                # bounds round would be refused without allow-minmax; data-bounds
+                # declares the box instead, so no site round and no min/max)
+                "init": "random", "data-bounds": "-2:2", "tol": 0.0, "dataset": "blobs",
                 "partitioning": "iid", "central-baseline": False, "output-dir": "",
             }, {"num-supernodes": n_sites}, timeout=3600, log_name=log_name)
 

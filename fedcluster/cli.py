@@ -4,6 +4,7 @@
 ``fedcluster choose-k``   run it for every k in a range and report the best k per criterion
 ``fedcluster partition``  write a built-in data set as one CSV per site (for deployments)
 ``fedcluster predict``    label a site's own rows with a trained model.json
+``fedcluster site ledger`` summarise a site's disclosure ledger (for its data officer)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Literal, get_args, get_origin
 import numpy as np
 
 from fedcluster.common.config import ConfigError, RunConfig, kebab_keys
+from fedcluster.client_app import disclosure_ledger
 from fedcluster.client_app.site_data import SiteDataError
 
 
@@ -151,6 +153,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_site_ledger(args: argparse.Namespace) -> int:
+    lines = disclosure_ledger.read(args.path)
+    print(disclosure_ledger.summary(lines, args.path))
+    return 0
+
+
 CHOOSE_K_HELP = """\
 Run the federation once for every k in --k-range LO:HI (the configured --algorithm; each
 k warm-started from the previous k's centroids with its largest cluster split, unless
@@ -210,6 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--id-column", default=None, help="a column to ignore (record ids)")
     pred.add_argument("--out", required=True)
     pred.set_defaults(func=cmd_predict)
+
+    site = sub.add_parser("site", help="a site's own records").add_subparsers(
+        dest="site_command", required=True)
+    ledger = site.add_parser(
+        "ledger", help="summarise a disclosure ledger: runs, rounds, what left the site, "
+                       "refusals, the DP budget spent and left")
+    ledger.add_argument("path", help="the ledger file (node config ledger-path; default "
+                                     "<cache-dir>/disclosure-ledger.jsonl)")
+    ledger.set_defaults(func=cmd_site_ledger)
     return parser
 
 

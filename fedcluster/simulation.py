@@ -38,7 +38,10 @@ from fedcluster.client_app.site_data import SiteData, check_site_array
 from fedcluster.strategies.metrics import knowledge_gap
 from fedcluster.common.model import Model
 
-_RUN_IDS = itertools.count(1)
+def _new_run_id() -> int:
+    """A fresh run id, random as Flower's (sites key what they keep across runs by it:
+    the privacy budget, the disclosure ledger; a counter would repeat in a new process)."""
+    return uuid.uuid4().int >> 65
 
 
 class InProcessGrid(Grid):
@@ -47,7 +50,7 @@ class InProcessGrid(Grid):
     def __init__(
         self, client_app, node_configs: list[dict], run_config: dict, recorder: list | None = None
     ) -> None:
-        self._run = Run.create_empty(next(_RUN_IDS))
+        self._run = Run.create_empty(_new_run_id())
         self.client_app = client_app
         # When a list is given, every reply that leaves a site is appended to it, decoded
         # (for audits of what crosses the trust boundary).

@@ -48,6 +48,15 @@ def nothing_left_behind(request):
                     pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def site_cache_of_the_test(tmp_path_factory, monkeypatch):
+    """A site with a data file and no cache-dir keeps its files (data cache, the guard's
+    row sets, the privacy budget, the disclosure ledger) in FEDCLUSTER_CACHE_DIR: one
+    fresh directory per test, never the user's ~/.cache (a test that wants another
+    monkeypatches it again)."""
+    monkeypatch.setenv("FEDCLUSTER_CACHE_DIR", str(tmp_path_factory.mktemp("site-cache")))
+
+
 @pytest.fixture(scope="session")
 def numba_cache(tmp_path_factory) -> Path:
     """One Numba cache directory for the real Flower processes of the session, and one
@@ -85,7 +94,7 @@ def bed(tmp_path, numba_cache):
 # so the long single-test modules never end the session on one worker alone.
 SLOW_MODULES = ["test_flower_algorithms", "test_flower_engine", "test_deployment", "test_faults",
                 "test_secure_deployment", "test_secure_aggregation", "test_site_policy",
-                "test_parity"]
+                "test_site_ledgers_processes", "test_parity"]
 
 
 def pytest_collection_modifyitems(items):

@@ -149,7 +149,7 @@ NOT_STATE = {"config", "_pending"}
 SMALL = {"n_clusters": 4, "num_rounds": 3, "tol": 0.0, "min_sites": 3, "seed": 4, "n_init": 2}
 STATE_RUNS = {
     "dwf": {**SMALL, "algorithm": "dwf", "momentum": 0.3},
-    "ewf": {**SMALL, "algorithm": "ewf", "init": "random"},
+    "ewf": {**SMALL, "algorithm": "ewf", "init": "random", "site_config": {"allow-minmax": True}},
     "minibatch": {**SMALL, "algorithm": "minibatch", "batch_size": 32, "reassign_patience": 1,
                   "reassign_fraction": 0.3},
     "kfed": {**SMALL, "algorithm": "kfed"},
@@ -157,7 +157,8 @@ STATE_RUNS = {
     "ffcm": {**SMALL, "algorithm": "ffcm", "aggregation": "avg2", "eval_every": 2},
     "gtv": {**SMALL, "algorithm": "gtv", "topology": "ring", "eval_every": 2},
     "dp": {"algorithm": "dwf", "n_clusters": 3, "num_rounds": 3, "tol": 0.0, "seed": 1,
-           "init": "random", "data_bounds": "", "dp_epsilon": 5.0, "central_baseline": False},
+           "init": "random", "data_bounds": "", "dp_epsilon": 5.0, "central_baseline": False,
+           "site_config": {"allow-minmax": True}},  # no data-bounds: a bounds round
     "secure": {"algorithm": "dwf", "n_clusters": 3, "num_rounds": 3, "tol": 0.0, "seed": 1,
                "min_sites": 3, "init": "random", "data_bounds": "0:5",
                "secure_aggregation": True, "secagg_data_bound": 5.0, "central_baseline": False},

@@ -82,13 +82,15 @@ def sandbox(tmp_path, numba_cache):
     return make
 
 
-def start_federation(bed: fp.FlowerSandbox, connection: str, sites: dict[str, Path]) -> fp.SuperLink:
-    """SuperLink (gRPC Fleet API) + one SuperNode per ``site-id -> data file``."""
+def start_federation(bed: fp.FlowerSandbox, connection: str, sites: dict[str, Path],
+                     policy: dict | None = None) -> fp.SuperLink:
+    """SuperLink (gRPC Fleet API) + one SuperNode per ``site-id -> data file``, each with
+    the node-config keys of ``policy``."""
     link = bed.superlink(simulation=False)
     bed.supernodes(
         link,
         {
-            f"supernode-{site_id}": {"data-path": str(path), "site-id": site_id}
+            f"supernode-{site_id}": {"data-path": str(path), "site-id": site_id, **(policy or {})}
             for site_id, path in sites.items()
         },
     )
@@ -132,11 +134,13 @@ def test_broken_site_is_rejected_and_the_run_goes_on(sandbox, digits_sites, tmp_
     cells[3] = "n/a"  # data row 5, column x3
     lines[5] = ",".join(cells)
     broken.write_text("\n".join(lines) + "\n")
-    # init "random" (a min/max round) and one training round keep this run short
+    # init "random" (a min/max round, which the sites allow) and one training round keep
+    # this run short
     config = {"n-clusters": 8, "num-rounds": 1, "min-sites": 2, "seed": 1, "init": "random"}
     out = tmp_path / "outputs"
     with sandbox() as bed:
-        start_federation(bed, "dep-broken", {"0": paths[0], "1": broken, "2": paths[2]})
+        start_federation(bed, "dep-broken", {"0": paths[0], "1": broken, "2": paths[2]},
+                         policy={"allow-minmax": True})
         bed.run(APP_DIR, "dep-broken", {**config, "output-dir": str(out), "run-name": "broken"},
                 timeout=RUN_TIMEOUT)
     assert not fp.find_processes(tag=bed.tag, patterns=bed.patterns), "processes left behind"
@@ -154,7 +158,8 @@ def test_broken_site_is_rejected_and_the_run_goes_on(sandbox, digits_sites, tmp_
     assert got[0] == ("describe", 3, 2)
     assert all(asked == answered == 2 for _, asked, answered in got[1:])
     # the two good sites give what the in-process harness gives on their arrays
-    harness = fedcluster.simulate([arrays[0], arrays[2]], **py_kwargs(config))
+    harness = fedcluster.simulate([arrays[0], arrays[2]], site_config={"allow-minmax": True},
+                                  **py_kwargs(config))
     np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
 
 

@@ -35,6 +35,7 @@ from fedcluster.client_app.differencing_guard import (
     DifferencingGuard, RowSetHistory, kept_in_file, kept_in_state, pack,
 )
 from fedcluster.client_app.site_data import SiteData
+from fedcluster.common import privacy
 from fedcluster.common.config import run_config_defaults
 from fedcluster.simulation import InProcessGrid
 
@@ -128,13 +129,14 @@ class Coordinator:
     site's Context (its state) is kept between messages, as a SuperNode keeps it."""
 
     def __init__(self, X: np.ndarray, *, guard: bool = True, floor: int | None = None,
-                 server_floor: int = 2) -> None:
+                 server_floor: int = 2, policy: dict | None = None) -> None:
         self.token = uuid.uuid4().hex
         client_module.MEMORY_SITES[self.token] = [SiteData(np.ascontiguousarray(X), None, None, "site")]
         node = {"data-path": f"{client_module.MEMORY_PREFIX}{self.token}/0", "site-id": "target",
                 "differencing-guard": guard}
         if floor is not None:
             node["min-cluster-size"] = floor
+        node.update(policy or {})
         self.grid = InProcessGrid(client_module.app, [node], run_config_defaults())
         self.node_id = next(iter(self.grid.contexts))
         self.queries = 0
@@ -143,14 +145,15 @@ class Coordinator:
     def close(self) -> None:
         client_module.MEMORY_SITES.pop(self.token, None)
 
-    def lloyd(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | str:
-        """The site's reply to a 'lloyd' task (means, counts), or its error text."""
+    def lloyd(self, centroids: np.ndarray, **params) -> tuple[np.ndarray, np.ndarray] | str:
+        """The site's reply to a 'lloyd' task (means, counts), or its error text; ``params``
+        are more task parameters (e.g. DP's)."""
         self.queries += 1
         TaskIdentity.task_id, TaskIdentity.run_id = 1, self.grid.run.run_id
         TaskIdentity.node_id = SUPERLINK_NODE_ID
         fitins = FitIns(ndarrays_to_parameters([np.asarray(centroids, dtype=np.float64)]),
                         {"task": "lloyd", "local-iters": 1, "tol": 1e-4,
-                         "min-cluster-size": self.server_floor})
+                         "min-cluster-size": self.server_floor, **params})
         msg = Message(content=compat.fitins_to_recorddict(fitins, True), dst_node_id=self.node_id,
                       message_type=MessageType.TRAIN, group_id=str(self.queries))
         (reply,) = self.grid.pull_messages(self.grid.push_messages([msg]))
@@ -244,6 +247,48 @@ def test_a_coordinator_that_sends_floor_1_meets_the_sites_own_floor():
         outcomes[site_floor] = any(_is_row(c, X) for c in candidates) or bool(
             rows_recovered(sums, counts, X))
     assert outcomes == {None: True, 2: False}
+
+
+def test_a_site_dp_policy_leaves_the_best_placed_attack_an_error_the_noise_implies():
+    """The site's own DP policy (require-dp, dp-budget epsilon 1 for all runs, the clipping
+    box given): the coordinator cannot ask plain tasks, and even one that already knows
+    where a row crosses between its two clusters (found on an unguarded, non-DP copy of
+    the site) and spends the whole budget on the two queries that bracket it gets the row
+    only up to the noise; a third query is refused."""
+    X = _site_rows()
+    d = X.shape[1]
+    plain = Coordinator(X, guard=False)
+    try:
+        candidates, _, _ = binary_search_attack(plain, 10.0, d)
+    finally:
+        plain.close()
+    (row,) = candidates  # the exact row, and the plane offsets that bracket it:
+    direction = np.eye(d)[0]
+    h = row[0]
+    brackets = [h - 1e-9, h + 1e-9]
+
+    rho_total = privacy.rho_from_epsilon(1.0, 1e-5)
+    box = "-6:6"
+    dp = {"dp-rho": rho_total / 2, "dp-rho-planned": rho_total, "data-bounds": box}
+    site = Coordinator(X, policy={"require-dp": True, "dp-budget": "1"})
+    try:
+        refused = site.lloyd(np.stack([(h - 1.0) * direction, (h + 1.0) * direction]))
+        replies = [site.lloyd(np.stack([(b - 1.0) * direction, (b + 1.0) * direction]), **dp)
+                   for b in brackets]
+        third = site.lloyd(np.stack([(h - 1.0) * direction, (h + 1.0) * direction]), **dp)
+    finally:
+        site.close()
+    assert isinstance(refused, str) and "site policy require-dp" in refused
+    assert isinstance(third, str) and "site policy dp-budget=1,1e-05" in third
+    (m_lo, n_lo), (m_hi, n_hi) = replies
+    recovered = m_lo[0] * n_lo[0] - m_hi[0] * n_hi[0]  # the row moved out of cluster 0
+    lo, hi = np.full(d, -6.0), np.full(d, 6.0)
+    sigma = privacy.sums_counts_sigma(lo, hi, rho_total / 2)
+    # Each released sum carries noise of std sigma per coordinate (here 7 box diameters),
+    # their difference sigma sqrt(2): the "row" comes out box widths away from it. (The
+    # site's noise is seeded in simulation, so the figure is the same every run.)
+    error = float(np.linalg.norm(recovered - row))
+    assert sigma > 5 * privacy.l2_diameter(lo, hi) and error > sigma / 2, (error, sigma)
 
 
 def three_query_site(a_rows: int, d_rows: int) -> tuple[np.ndarray, np.ndarray, int]:

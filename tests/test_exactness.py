@@ -50,7 +50,8 @@ def test_dwf_beats_ewf_on_non_iid_split():
     X, y = load_builtin("blobs", seed=1)
     parts = partition(y, 5, "by-label", seed=1)
     sites = [X[rows] for rows in parts]
-    common = dict(n_clusters=5, num_rounds=8, init="random", seed=2, min_sites=5, tol=0.0)
+    common = dict(n_clusters=5, num_rounds=8, init="random", seed=2, min_sites=5, tol=0.0,
+                  site_config={"allow-minmax": True})  # init random: the sites' min/max
     dwf = fedcluster.simulate(sites, algorithm="dwf", **common)
     ewf = fedcluster.simulate(sites, algorithm="ewf", **common)
     assert dwf.metrics["score"] < 0.8 * ewf.metrics["score"]

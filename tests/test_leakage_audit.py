@@ -32,12 +32,16 @@ a list of values are caught too.
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
 
 import fedcluster
 from fedcluster.common import scaling
+from fedcluster.common.algorithms import ALGORITHMS
+from fedcluster.common.privacy import PrivacyLeakWarning
+from test_differencing import leaked_rows
 
 P = 5  # the privacy floor of the audited runs (run-config min-cluster-size)
 K, D = 4, 3
@@ -169,13 +173,15 @@ def audit(records: list[dict], sites: list[np.ndarray], floor: int,
 
 # ------------------------------------------------------------------ the runs
 
+MINMAX = {"allow-minmax": True}
 COMMON = {"n_clusters": K, "num_rounds": 3, "tol": 0.0, "seed": 0, "min_sites": 2}
 CASES = {
     # name: (run config, tasks the run must have recorded)
     "dwf": ({"algorithm": "dwf"},
             {"describe", "local_kmeans", "lloyd", "evaluate", "evaluate_distances"}),
-    "dwf-random-local-iters": ({"algorithm": "dwf", "init": "random", "local_iters": 3},
-                               {"bounds", "lloyd"}),
+    # (init random without data-bounds: a bounds round, which the sites must allow)
+    "dwf-random-local-iters": ({"algorithm": "dwf", "init": "random", "local_iters": 3,
+                                "site_config": MINMAX}, {"bounds", "lloyd"}),
     "ewf": ({"algorithm": "ewf", "local_iters": 2}, {"local_kmeans", "lloyd"}),
     "minibatch": ({"algorithm": "minibatch", "batch_size": 16, "epochs": 2}, {"minibatch"}),
     "minibatch-full": ({"algorithm": "minibatch"}, {"minibatch"}),
@@ -183,13 +189,16 @@ CASES = {
     "fkm-random": ({"algorithm": "fkm", "init": "random", "local_iters": 2},
                    {"kmeanspp", "prune_lloyd"}),
     "kfed": ({"algorithm": "kfed", "k_local": 6}, {"local_kmeans"}),
-    "ffcm-avg1": ({"algorithm": "ffcm", "aggregation": "avg1"}, {"bounds", "fcm", "evaluate"}),
+    "ffcm-avg1": ({"algorithm": "ffcm", "aggregation": "avg1"},
+                  {"local_kmeans", "fcm", "evaluate"}),
     "ffcm-avg2": ({"algorithm": "ffcm", "aggregation": "avg2", "local_iters": 2},
-                  {"bounds", "fcm", "evaluate"}),
+                  {"local_kmeans", "fcm", "evaluate"}),
+    "ffcm-random": ({"algorithm": "ffcm", "init": "random", "site_config": MINMAX},
+                    {"bounds", "fcm", "evaluate"}),
     "gtv": ({"algorithm": "gtv", "local_iters": 2}, {"gtv", "evaluate_sets"}),
     "scale-standard": ({"algorithm": "dwf", "scale": "standard"}, {"stats", "lloyd"}),
-    "scale-minmax": ({"algorithm": "dwf", "scale": "minmax", "init": "random"},
-                     {"stats", "bounds", "lloyd"}),
+    "scale-minmax": ({"algorithm": "dwf", "scale": "minmax", "init": "random",
+                      "site_config": MINMAX}, {"stats", "bounds", "lloyd"}),
     "eval-every": ({"algorithm": "dwf", "eval_every": 1}, {"lloyd", "evaluate"}),
 }
 
@@ -215,6 +224,28 @@ def test_nothing_leaks(name):
     if name == "eval-every":  # an interim evaluation after every training round
         assert sum(rec["task"] == "evaluate" for rec in records) > 2 * len(SITES)
     assert audit(records, SITES, P, LABELS) == []
+    # The site policies hold in the same runs. Per-feature minima and maxima leave a site
+    # only where it allows them (allow-minmax, default false) ...
+    allowed = config.get("site_config", {}).get("allow-minmax", False)
+    minmax = [rec for rec in records if rec["task"] == "bounds"
+              or (rec["task"] == "stats" and rec["params"].get("scale") == "minmax")]
+    assert bool(minmax) == allowed
+    # ... and (unscaled runs, where a difference of sums would be a raw row) subtracting
+    # every pair of a site's reported sums gives no row: the differencing guard is on
+    if "scale" not in config:
+        assert leaked_rows(records, SITES) == 0
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_algorithm_at_its_defaults_warns_of_no_leak(algorithm):
+    """No default run needs a round outside the aggregates-only promise: none raises a
+    PrivacyLeakWarning, and none sends per-feature minima or maxima."""
+    records: list[dict] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        fedcluster.simulate(SITES, algorithm=algorithm, n_clusters=K, record_replies=records)
+    tasks = {rec["task"] for rec in records}
+    assert "describe" in tasks and "bounds" not in tasks and "stats" not in tasks
 
 
 def test_distributed_dp_sends_only_masked_vectors():

@@ -203,6 +203,10 @@ def _blobs():
     return np.array_split(X, 3), centres
 
 
+#: Site policy for the runs without data-bounds (their box comes from a bounds round).
+MINMAX = {"allow-minmax": True}
+
+
 def _run(sites, **config):
     defaults = dict(n_clusters=3, algorithm="dwf", num_rounds=8, tol=0.0, seed=1,
                     data_bounds="0:5", init="random", central_baseline=False)
@@ -264,7 +268,7 @@ def test_a_run_that_sends_minima_and_maxima_warns_and_one_that_does_not_is_silen
 
     sites, _ = _blobs()
     with pytest.warns(privacy.PrivacyLeakWarning, match="init 'random' without data-bounds"):
-        _run(sites, data_bounds="", num_rounds=2)
+        _run(sites, data_bounds="", num_rounds=2, site_config=MINMAX)
     with warnings.catch_warnings():
         warnings.simplefilter("error", privacy.PrivacyLeakWarning)
         _run(sites, num_rounds=2)  # data-bounds "0:5": the start is drawn in that box
@@ -274,7 +278,7 @@ def test_a_run_that_sends_minima_and_maxima_warns_and_one_that_does_not_is_silen
 def test_missing_bounds_warn_and_come_from_a_bounds_round():
     sites, _ = _blobs()
     with pytest.warns(privacy.PrivacyLeakWarning, match="without data-bounds"):
-        result = _run(sites, dp_epsilon=5.0, data_bounds="")
+        result = _run(sites, dp_epsilon=5.0, data_bounds="", site_config=MINMAX)
     assert result.metrics["dp-bounds-from-data"] is True
     with pytest.raises(Exception, match="data-bounds"):
         _run(sites, dp_epsilon=5.0, data_bounds="", init_centroids=np.ones((3, 2)))
@@ -287,7 +291,8 @@ def test_distributed_dp_refuses_a_box_from_the_data_beyond_the_secure_bound():
     from fedcluster.strategies.base import FederationError
 
     sites, _ = _blobs()  # values up to about 5
-    secure_dp = dict(dp_epsilon=5.0, data_bounds="", secure_aggregation=True, min_sites=3)
+    secure_dp = dict(dp_epsilon=5.0, data_bounds="", secure_aggregation=True, min_sites=3,
+                     site_config=MINMAX)
     with pytest.raises(FederationError, match="beyond secagg-data-bound 3"):
         _run(sites, secagg_data_bound=3.0, **secure_dp)
     with pytest.warns(privacy.PrivacyLeakWarning):

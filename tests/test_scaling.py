@@ -26,9 +26,11 @@ def uneven_sites(X, rng):
 
 
 def scaled_run(sites, scale, **config):
-    # (the one-row and 7-row sites take part only with their min-site-rows lowered)
+    # (the one-row and 7-row sites take part only with their min-site-rows lowered; init
+    # random's bounds round and scale minmax send minima and maxima, which they allow)
     return fedcluster.simulate(sites, n_clusters=2, num_rounds=2, min_sites=1, min_cluster_size=1,
-                               init="random", scale=scale, site_config={"min-site-rows": 1},
+                               init="random", scale=scale,
+                               site_config={"min-site-rows": 1, "allow-minmax": True},
                                **config)
 
 

@@ -149,8 +149,10 @@ ALGORITHMS_PROCESS = textwrap.dedent('''
     sites = [X[rows] for rows in partition(y, 3, "dirichlet:1.0", seed=4)]
     for algorithm, extra in [("dwf", {}), ("ewf", {}), ("kfed", {}), ("fkm", {}),
                              ("minibatch", {"batch_size": 64}), ("ffcm", {}),
-                             ("gtv", {"topology": "ring"}), ("dwf", {"init": "random"}),
-                             ("dwf", {"secure_aggregation": True, "secagg_data_bound": 20.0}),
+                             ("gtv", {"topology": "ring"}),
+                             ("dwf", {"init": "random", "site_config": {"allow-minmax": True}}),
+                             ("dwf", {"secure_aggregation": True, "secagg_data_bound": 20.0,
+                                     "site_config": {"allow-minmax": True}}),
                              ("dwf", {"dp_epsilon": 1.0, "data_bounds": "-20:20"})]:
         fedcluster.simulate(sites, algorithm=algorithm, n_clusters=6, num_rounds=2,
                             seed=2, **extra)

@@ -34,15 +34,21 @@ def test_stops_on_convergence_and_records_history(sites):
     assert r.metrics["rounds"] == len(train)
 
 
+#: init "random" without data-bounds: the bounds round sends minima and maxima, allowed here
+MINMAX = {"allow-minmax": True}
+
+
 def test_n_init_keeps_lowest_score(sites):
-    runs = [fedcluster.simulate(sites, n_clusters=6, init="random", num_rounds=3, seed=s)
-            for s in (10, 11, 12)]
-    best = fedcluster.simulate(sites, n_clusters=6, init="random", num_rounds=3, seed=10, n_init=3)
+    runs = [fedcluster.simulate(sites, n_clusters=6, init="random", num_rounds=3, seed=s,
+                                site_config=MINMAX) for s in (10, 11, 12)]
+    best = fedcluster.simulate(sites, n_clusters=6, init="random", num_rounds=3, seed=10, n_init=3,
+                               site_config=MINMAX)
     assert best.metrics["score"] == pytest.approx(min(r.metrics["score"] for r in runs), rel=1e-12)
 
 
 def test_no_reported_cluster_under_floor_end_to_end(sites):
-    r = fedcluster.simulate(sites, n_clusters=12, min_cluster_size=15, init="random", num_rounds=4)
+    r = fedcluster.simulate(sites, n_clusters=12, min_cluster_size=15, init="random", num_rounds=4,
+                            site_config=MINMAX)
     sizes = np.array(r.metrics["cluster-sizes"])
     # sizes are sums of per-site counts, each 0 or >= 15
     assert np.all((sizes == 0) | (sizes >= 15))

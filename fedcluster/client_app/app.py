@@ -18,6 +18,7 @@ The site's own policy (``allow-algorithms``, ``max-rounds``; see
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import zlib
 from pathlib import Path
@@ -33,7 +34,7 @@ from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
 from fedcluster.client_app import site_policy
 from fedcluster.common.config import ConfigError, NodeConfig, parse_node_config, run_config_defaults
-from fedcluster.client_app import differencing_guard
+from fedcluster.client_app import differencing_guard, disclosure_ledger, private_tasks, privacy_budget
 from fedcluster.client_app.differencing_guard import DifferencingGuard
 from fedcluster.client_app.site_data import (
     SiteData, SiteDataError, default_cache_dir, load_partition, load_site_file,
@@ -126,44 +127,111 @@ class SiteClient(NumPyClient):
     def _noise_seed(self, config) -> list[int] | None:
         """The seed of this round's DP noise. In simulation (partitions of a built-in
         data set, or the in-process harness's arrays) it is derived from the run's seed,
-        the site key and the round, so that runs are reproducible. A deployed site draws
+        the site key, the round and how many DP tasks this site has answered in this run
+        (so that runs are reproducible, and a server that sends one round number twice
+        still gets fresh noise, not the same draw to subtract). A deployed site draws
         fresh OS entropy (None): a seed the server knows would let it subtract the noise."""
         simulated = self.node.partition_id is not None or (
             self.node.data_path is not None and self.node.data_path.startswith(MEMORY_PREFIX))
         if not simulated or "dp-rho" not in config:
             return None
         key = zlib.crc32(self.key.encode())
-        return [int(self.run_config.get("seed", 0)) % 2**32, key, int(config.get("dp-round", 0))]
+        draws = site_policy.next_draw(self.state, self.run_id)
+        return [int(self.run_config.get("seed", 0)) % 2**32, key, int(config.get("dp-round", 0)),
+                draws]
 
-    def _kept_row_sets(self, site: SiteData):
+    def _site_dir(self) -> Path | None:
+        """Where this site keeps its files across runs (the guard's row sets, the privacy
+        budget): its cache for a data file; None in simulation (Context.state instead)."""
+        if self.node.data_path is None or self.node.data_path.startswith(MEMORY_PREFIX):
+            return None
+        return Path(self.node.cache_dir or default_cache_dir())
+
+    def _kept_row_sets(self, site: SiteData, fingerprint: str):
         """Where the differencing guard keeps the row sets this site reported: a file in
         the site's cache for a data file (every run on it), else this run's Context.state
         (simulation). Yields None when the site turned the guard off."""
         if not self.node.differencing_guard:
             return contextlib.nullcontext(None)
-        fingerprint = differencing_guard.data_fingerprint(np.asarray(site.X))
-        if self.node.data_path is not None and not self.node.data_path.startswith(MEMORY_PREFIX):
-            directory = Path(self.node.cache_dir or default_cache_dir()) / "row-sets"
-            return _refuse_on_os_error(
-                differencing_guard.kept_in_file(directory, fingerprint, site.n_rows), directory)
+        directory = self._site_dir()
+        if directory is not None:
+            return _refuse_on_os_error(differencing_guard.kept_in_file(
+                directory / "row-sets", fingerprint, site.n_rows), "the differencing guard",
+                directory / "row-sets")
         return differencing_guard.kept_in_state(self.state, fingerprint, site.n_rows)
+
+    def _budget_ledger(self, fingerprint: str):
+        """The site's dp-budget ledger (a file beside the data cache; Context.state in
+        simulation). Yields None when the site set no budget."""
+        if self.node.dp_budget is None:
+            return contextlib.nullcontext(None)
+        directory = self._site_dir()
+        if directory is not None:
+            return _refuse_on_os_error(privacy_budget.ledger_in_file(
+                directory / "privacy-budget", fingerprint), "the privacy budget",
+                directory / "privacy-budget")
+        return privacy_budget.ledger_in_state(self.state, fingerprint)
+
+    def _charge(self, ledger: dict | None, task: str, config) -> tuple[float | None, dict | None]:
+        """Spend this task's ``dp-rho`` from the site's budget (before its reply leaves);
+        return the rho spent and the budget's state after it."""
+        if protocol.DP_RHO not in config or task not in private_tasks.SPENDING_TASKS:
+            return None, None
+        rho = float(config[protocol.DP_RHO])
+        if ledger is None:
+            return rho, None
+        budget = privacy_budget.Budget(*self.node.dp_budget)
+        planned = config.get(protocol.DP_RHO_PLANNED)
+        privacy_budget.charge(budget, ledger, self.run_id, rho,
+                              None if planned is None else float(planned))
+        return rho, privacy_budget.status(budget, ledger)
+
+    def _ledger_path(self) -> Path | None:
+        """The disclosure ledger's file (None: this site keeps none)."""
+        if self.node.ledger_path is not None:
+            return None if self.node.ledger_path == disclosure_ledger.OFF else Path(self.node.ledger_path)
+        directory = self._site_dir()
+        return None if directory is None else directory / disclosure_ledger.DEFAULT_NAME
+
+    def _disclose(self, task: str, config, **fields) -> None:
+        """Append this reply (or refusal) to the disclosure ledger. A ledger that cannot
+        be written stops the reply: nothing leaves the site unrecorded."""
+        path = self._ledger_path()
+        if path is None:
+            return
+        line = disclosure_ledger.entry(
+            **{"run-id": str(self.run_id), "site": self.key, "round": config.get(protocol.ROUND),
+               "task": task, "algorithm": self.run_config.get("algorithm")},
+            **{key.replace("_", "-"): value for key, value in fields.items()})
+        try:
+            disclosure_ledger.append(path, line)
+        except OSError as err:
+            raise disclosure_ledger.LedgerUnwritable(
+                f"the disclosure ledger {path} cannot be written ({err}): the site answers "
+                f"no task until it can record what it sends") from None
 
     def get_parameters(self, config):
         return []
 
-    def _check_policy(self, task: str) -> None:
+    def _check_policy(self, task: str, config) -> None:
         """Raise PolicyRefusal if the site's own policy refuses this task."""
         algorithm = str(self.run_config.get("algorithm", run_config_defaults()["algorithm"]))
         site_policy.check_algorithm(self.node, algorithm)
         site_policy.check_rounds(self.node, self.state, self.run_id, task)
+        site_policy.check_private(self.node, task, config)
+        site_policy.check_minmax(self.node, task, config)
 
     def fit(self, parameters, config):
         task = str(config.get("task", "?"))
+        fingerprint = None
         try:
-            self._check_policy(task)
+            self._check_policy(task, config)
             site = self._load()
             site_policy.check_site_rows(self.node, site.n_rows)
-            with self._kept_row_sets(site) as history:
+            fingerprint = differencing_guard.data_fingerprint(np.asarray(site.X))
+            with (self._kept_row_sets(site, fingerprint) as history,
+                  self._budget_ledger(fingerprint) as budget_ledger):
+                rho, budget = self._charge(budget_ledger, task, config)
                 guard = DifferencingGuard(history)
                 reply = run_task(site, [np.asarray(a) for a in parameters], dict(config),
                                  self.node.min_cluster_size, noise_seed=self._noise_seed(config),
@@ -173,31 +241,46 @@ class SiteClient(NumPyClient):
                     "site %s: task %s: the differencing guard (site policy differencing-guard) "
                     "reported %d cluster(s) as an earlier row set and withheld %d",
                     self.key, task, guard.snapped, guard.withheld)
-        except (site_policy.PolicyRefusal, SiteDataError, TaskError) as err:
+            answer = self._answer(task, config, site, reply)
+            data = fingerprint[:16]
+            if secure.SECURE_PARAM in config:
+                self._disclose(task, config, data=data, dp_rho=rho, budget=budget,
+                               secure={"terms": json.loads(str(config[secure.SECURE_PARAM]))["terms"],
+                                       "length": int(sum(np.size(a) for a in answer[0]))})
+            else:
+                self._disclose(task, config, data=data, n_rows=answer[1],
+                               values=disclosure_ledger.values_of(reply.arrays),
+                               metrics=answer[2], dp_rho=rho, budget=budget)
+        except (site_policy.PolicyRefusal, SiteDataError, TaskError,
+                secure.SecureAggregationError) as err:
             log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
+            if not isinstance(err, disclosure_ledger.LedgerUnwritable):
+                with contextlib.suppress(disclosure_ledger.LedgerUnwritable):
+                    self._disclose(task, config, refused=str(err),
+                                   data=None if fingerprint is None else fingerprint[:16])
             if secure.SECURE_PARAM in config:
                 # Under SecAgg+ an empty reply would be summed with the others: fail the
                 # message instead (the protocol then drops this site from the sum).
                 raise
             return [], 0, {protocol.SITE_KEY: self.key, protocol.ERROR: str(err)}
         site_policy.count_round(self.state, self.run_id, task)
+        return answer
+
+    def _answer(self, task: str, config, site: SiteData, reply) -> tuple[list, int, dict]:
+        """What leaves the site for ``reply``: Flower's (arrays, num_examples, metrics)."""
         if secure.SECURE_PARAM in config:
             # Secure round: only the encoded terms leave the site, masked by SecAgg+;
             # num_examples is SecAgg+'s weight factor (1) and no per-site metric is sent.
-            try:
-                arrays = secure.encode(task, reply.arrays, reply.metrics, site.n_rows,
-                                       str(config[secure.SECURE_PARAM]), reply.terms)
-            except secure.SecureAggregationError as err:
-                log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
-                raise
+            arrays = secure.encode(task, reply.arrays, reply.metrics, site.n_rows,
+                                   str(config[secure.SECURE_PARAM]), reply.terms)
             return arrays, secure.WEIGHT, {protocol.SITE_KEY: self.key}
         metrics = dict(reply.metrics)
         metrics[protocol.SITE_KEY] = self.key
         if self.node.max_rounds is not None and task != "describe":
             # The site's own count (a policy figure, not data), which the server follows
-            # (under SecAgg+ the server counts the rounds itself).
-            metrics[protocol.ROUNDS_LEFT] = (self.node.max_rounds
-                                      - site_policy.rounds_answered(self.state, self.run_id))
+            # (under SecAgg+ the server counts the rounds itself); this reply is the next.
+            metrics[protocol.ROUNDS_LEFT] = (self.node.max_rounds - 1
+                                             - site_policy.rounds_answered(self.state, self.run_id))
         if task == "describe":
             metrics.update(self._provenance)
             # Whether the site key is stable (site-id or partition-id) or a node id.
@@ -210,14 +293,19 @@ class SiteClient(NumPyClient):
 
 
 @contextlib.contextmanager
-def _refuse_on_os_error(kept, directory):
+def _refuse_on_os_error(kept, what: str, directory: Path):
+    in_body = False  # only the record's own reading and writing is turned into a refusal
     try:
-        with kept as history:
-            yield history
-    except OSError as err:
+        with kept as record:
+            in_body = True
+            yield record
+            in_body = False
+    except (OSError, ValueError) as err:
+        if in_body:
+            raise
         raise site_policy.PolicyRefusal(
-            f"the differencing guard cannot keep this site's reported row sets in {directory} "
-            f"({err}): the site answers no task until its cache-dir is writable") from None
+            f"{what} cannot keep this site's record in {directory} ({err}): the site "
+            f"answers no task until its cache-dir is writable") from None
 
 
 def client_fn(context: Context) -> Client:

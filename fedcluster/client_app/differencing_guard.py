@@ -34,14 +34,13 @@ within p of it, plus, for triples, one per candidate pair (pairs are filtered by
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
-from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from fedcluster.client_app import site_files
 from fedcluster.client_app.site_policy import PolicyRefusal
 
 #: The most memory the kept sets of one data set may take (bytes); past it the guard
@@ -252,21 +251,9 @@ def kept_in_file(directory: str | os.PathLike, fingerprint: str, n_rows: int):
     OSError
         The directory cannot hold the file (the site then answers no task).
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"row-sets-{fingerprint[:40]}.npy"
-    with open(directory / f"row-sets-{fingerprint[:40]}.lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            bits = np.load(target) if target.exists() else None
-            history = RowSetHistory(n_rows, bits)
-            yield history
-            if history.changed:
-                partial = target.with_suffix(f".{os.getpid()}.partial")
-                with open(partial, "wb") as out:
-                    np.save(out, history.arrays())
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(partial, target)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with site_files.locked(directory, f"row-sets-{fingerprint[:40]}.npy") as target:
+        bits = np.load(target) if target.exists() else None
+        history = RowSetHistory(n_rows, bits)
+        yield history
+        if history.changed:
+            site_files.replace_atomically(target, lambda out: np.save(out, history.arrays()))

@@ -132,6 +132,10 @@ def private_distances(site: SiteData, arrays, params, floor: int, dp: SitePrivac
     return TaskReply(arrays=protocol.Distances(np.zeros(C.shape[0])))
 
 
+#: The tasks whose reply is noised, each spending its ``dp-rho`` of the run's budget (and
+#: of a site's ``dp-budget``); ``evaluate_distances`` answers zeros and spends nothing.
+SPENDING_TASKS = ("lloyd", "evaluate")
+
 PRIVATE_TASKS = {
     "lloyd": private_lloyd,
     "evaluate": private_evaluate,

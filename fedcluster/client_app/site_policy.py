@@ -20,6 +20,17 @@
     The fewest rows with which the site takes part (default 10): a smaller site refuses
     every task, ``describe`` included, so the server rejects it at once.
 
+``require-dp``
+    The site answers only differentially private tasks (those carrying ``dp-rho``; the
+    size-and-width ``describe`` handshake is answered too): every other task of a run
+    is refused, naming the run settings that make it private.
+``allow-minmax``
+    Whether the site sends its per-feature minima and maxima (the ``bounds`` task, and
+    ``stats`` under ``scale = minmax``): each is one person's value, so the default is
+    false and such a task is refused, naming the run settings that avoid it.
+``dp-budget``
+    The site's DP budget across all runs on its data (``client_app/privacy_budget.py``).
+
 The ``min-cluster-size`` floor is another site policy; it is applied in
 ``client_app/tasks.py``; the differencing guard (``differencing-guard``) in
 ``client_app/differencing_guard.py``.
@@ -112,3 +123,49 @@ def count_round(state: RecordDict, run_id: int, task: str) -> None:
         # The run id as text: Flower's run ids are unsigned 64-bit, a record's ints signed.
         {"run-id": str(run_id), "answered": rounds_answered(state, run_id) + 1}
     )
+
+
+def check_private(node: NodeConfig, task: str, params: dict) -> None:
+    """Refuse a task that is not differentially private at a ``require-dp`` site.
+
+    Raises
+    ------
+    PolicyRefusal
+        Naming the policy, the task and the run settings that make it private.
+    """
+    if node.require_dp and task != "describe" and "dp-rho" not in params:
+        raise PolicyRefusal(
+            f"site policy require-dp refuses task {task!r}: it is not differentially private; "
+            f"this site answers only runs with dp-epsilon > 0 and data-bounds given (and scale "
+            f"'none': the scaling statistics round is not private)")
+
+
+def check_minmax(node: NodeConfig, task: str, params: dict) -> None:
+    """Refuse a task that sends per-feature minima and maxima unless ``allow-minmax``.
+
+    Raises
+    ------
+    PolicyRefusal
+        Naming the policy and the run settings that avoid the task.
+    """
+    if node.allow_minmax:
+        return
+    if task == "bounds" or (task == "stats" and params.get("scale") == "minmax"):
+        raise PolicyRefusal(
+            f"site policy allow-minmax=false refuses task {task!r}: it sends this site's "
+            f"per-feature minima and maxima (each one person's value); run with data-bounds "
+            f"given (the box is then declared), init 'kfed' instead of 'random', and scale "
+            f"'standard' instead of 'minmax'")
+
+
+#: The ``Context.state`` record counting a simulated site's DP noise draws per run.
+DRAWS_RECORD = "fedcluster-noise-draws"
+
+
+def next_draw(state: RecordDict, run_id: int) -> int:
+    """The number of this DP noise draw of run ``run_id`` at this site (0, 1, ...): part
+    of a simulated site's noise seed, so that no two tasks of a run share a draw."""
+    record = state.config_records.get(DRAWS_RECORD)
+    draws = int(record["draws"]) if record is not None and record.get("run-id") == str(run_id) else 0
+    state.config_records[DRAWS_RECORD] = ConfigRecord({"run-id": str(run_id), "draws": draws + 1})
+    return draws

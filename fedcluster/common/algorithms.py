@@ -80,7 +80,7 @@ CARDS: dict[str, AlgorithmCard] = {card.name: card for card in (
         dp_refused="its sites send k-means++ seeds' clusters and several local Lloyd "
                    "iterations, which have no bounded sensitivity"),
     AlgorithmCard(
-        "ffcm", "Stallmann & Wilbik 2022", default_init="random",
+        "ffcm", "Stallmann & Wilbik 2022", default_init="kfed",
         allowed_init=("random", "kfed"),
         dp_refused="its fuzzy sums are not privatised yet (avg2 also clusters the sites' "
                    "centres)"),

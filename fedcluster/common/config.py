@@ -316,11 +316,20 @@ class NodeConfig(_Strict):
     # The differencing guard (client_app/differencing_guard.py): never report a cluster
     # whose rows differ from an earlier reported cluster's by 1..p-1 (on by default).
     differencing_guard: bool = True
+    # The site's DP budget for its data across ALL runs ("epsilon" or "epsilon,delta";
+    # client_app/privacy_budget.py), and whether it answers only DP tasks.
+    dp_budget: tuple[float, float] | None = None
+    require_dp: bool = False
+    # Whether the site sends its per-feature minima and maxima (each one person's value).
+    allow_minmax: bool = False
+    # The disclosure ledger (client_app/disclosure_ledger.py): a JSONL file, "off" for none.
+    ledger_path: str | None = None
     # Set by Flower's simulation engine.
     partition_id: int | None = None
     num_partitions: int | None = None
 
-    @field_validator("site_id", "data_path", "label_column", "cache_dir", "id_column", mode="before")
+    @field_validator("site_id", "data_path", "label_column", "cache_dir", "id_column", "ledger_path",
+                     mode="before")
     @classmethod
     def _text(cls, value: Any) -> str | None:
         return None if value is None or value == "" else str(value)
@@ -339,6 +348,23 @@ class NodeConfig(_Strict):
             raise ValueError(f"{value!r} names {', '.join(duplicates)} more than once")
         return tuple(names)
 
+
+    @field_validator("dp_budget", mode="before")
+    @classmethod
+    def _budget(cls, value: Any) -> tuple[float, float] | None:
+        if value is None or value == "":
+            return None
+        parts = [p.strip() for p in str(value).split(",")] if not isinstance(value, (int, float)) \
+            else [str(value)]
+        try:
+            epsilon = float(parts[0])
+            delta = float(parts[1]) if len(parts) == 2 else 1e-5
+        except ValueError:
+            parts = []
+        if len(parts) not in (1, 2) or not epsilon > 0 or not 0 < delta < 1:
+            raise ValueError(f"{value!r} is not 'epsilon' or 'epsilon,delta' with epsilon > 0 "
+                             "and 0 < delta < 1 (delta defaults to 1e-5)")
+        return epsilon, delta
 
     @field_validator("max_rounds", mode="before")
     @classmethod

@@ -172,6 +172,9 @@ METRICS = {
 #: Every reply may carry these: the site's key, the rounds its policy still allows, a
 #: refusal (an error reply: the reason, no arrays).
 SITE_KEY, ROUNDS_LEFT, ERROR = "site-key", "rounds-left", "error"
+#: Every task carries the server's round number; a DP task also the run's planned spend
+#: (rho-zCDP, for the site's ``dp-budget``) besides its own ``dp-rho``.
+ROUND, DP_RHO, DP_RHO_PLANNED = "round", "dp-rho", "dp-rho-planned"
 
 
 def task(name: str) -> Task:

@@ -71,6 +71,7 @@ class ClusteringStrategy(Strategy):
         self.rejected: dict[str, str] = {}
         # Per site key: every failed or dropped reply, "round N (task): reason".
         self.site_failures: dict[str, list[str]] = {}
+        self.round_failures: list[str] = []  # this round's, named if too few sites answered
         self.history: list[dict] = []
         self.repetitions: list[dict] = []  # one per n-init seed: score, centroids
         self.phase = "describe"
@@ -130,10 +131,9 @@ class ClusteringStrategy(Strategy):
         """The most server rounds a run can take (the workflow's loop bound): describe and
         statistics (scale), then per repetition init + rounds + interim evaluations +
         evaluate (+ extras), then Davies-Bouldin's distances round."""
-        config = self.config
-        interim = config.num_rounds // config.eval_every if config.eval_every else 0
-        per_repetition = config.num_rounds + interim + 2 + self.extra_rounds_per_repetition
-        return 3 + config.n_init * per_repetition
+        c = self.config
+        interim = c.num_rounds // c.eval_every if c.eval_every else 0
+        return 3 + c.n_init * (c.num_rounds + interim + 2 + self.extra_rounds_per_repetition)
 
     def admit_sites(self, replies: list[Reply]) -> None:
         """Admit the sites of the describe round (``sites.admit``); GTV adds its graph."""
@@ -198,7 +198,8 @@ class ClusteringStrategy(Strategy):
                 usable = sites.sample(self, usable)
             targets = {s.node_id: available[str(s.node_id)] for s in usable}
             keys = {s.node_id: s.key for s in usable}
-        base = {"task": plan.task, "min-cluster-size": self.config.min_cluster_size, **plan.params}
+        base = {"task": plan.task, "min-cluster-size": self.config.min_cluster_size,
+                protocol.ROUND: server_round + self.round_offset, **plan.params}
         if self.config.secure_aggregation and self.phase in secure.SECURE_PHASES:
             plan.secure = secure_sum.terms_and_scales(self, plan, [self.sites[k] for k in keys.values()])
             # clip: distributed DP's noise-margin case (secure.encode says why)
@@ -253,6 +254,7 @@ class ClusteringStrategy(Strategy):
         for reason in failed:
             log(logging.WARNING, "round %s (%s): dropped %s", server_round, plan.task, reason)
         replies.sort(key=lambda r: site_order(r.site_key))
+        self.round_failures = failed
         row = self.reduce_round(server_round, plan, replies)
         row.update(
             {
@@ -405,10 +407,9 @@ class ClusteringStrategy(Strategy):
             log(logging.WARNING, "task %s: no valid reply this round", task)
         answered = sum(r.n_sites for r in replies)
         if task != "lloyd" and answered < min(self.config.min_sites, len(self.sites)):
-            raise FederationError(
-                f"task {task}: only {answered} valid replies, min-sites = "
-                f"{self.config.min_sites}"
-            )
+            dropped = "; ".join(self.round_failures)
+            raise FederationError(f"task {task}: only {answered} valid replies, min-sites = "
+                                  f"{self.config.min_sites}" + (f"; dropped: {dropped}" * bool(dropped)))
 
     def finish_repetition(self, replies: list[Reply]) -> dict:
         stats = metrics.pool([reports.site_stats(r) for r in replies])

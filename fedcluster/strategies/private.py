@@ -118,15 +118,18 @@ def noise_share(config: RunConfig, n_sites: int) -> float:
 def task_params(strategy, task: str, server_round: int, n_sites: int) -> dict:
     """The parameters a round of ``n_sites`` sites adds to the task: ``data-bounds``
     (every task but ``describe`` and ``stats``, when the box is known) and, under DP,
-    ``dp-rho``, ``dp-noise-share`` (``noise_share``) and ``dp-round`` (names the round;
-    the noise seed in simulation)."""
+    ``dp-rho``, ``dp-rho-planned`` (the whole run's budget, for a site's ``dp-budget``),
+    ``dp-noise-share`` (``noise_share``) and ``dp-round`` (names the round; the noise seed
+    in simulation)."""
     if task in ("describe", "stats", "bounds") or strategy.box is None:
         if strategy.config.private and task in DP_PARAM_TASKS:
             raise RuntimeError(f"a DP {task} round without a clipping box")
         return {}
     out = {"data-bounds": privacy.encode_bounds(*strategy.box)}
     if strategy.config.private and task in DP_PARAM_TASKS:
-        out.update({"dp-rho": strategy.dp_rho_round,
+        out.update({protocol.DP_RHO: strategy.dp_rho_round,
+                    protocol.DP_RHO_PLANNED: privacy.rho_from_epsilon(strategy.config.dp_epsilon,
+                                                                      strategy.config.dp_delta),
                     "dp-noise-share": noise_share(strategy.config, n_sites),
                     "dp-round": server_round + strategy.round_offset})
     return out

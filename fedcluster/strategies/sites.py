@@ -204,7 +204,9 @@ def fix_transform(strategy, replies: list[Reply]) -> None:
     answered = {r.site_key for r in replies}
     for key in [k for k in strategy.sites if k not in answered]:
         del strategy.sites[key]
-        strategy.rejected[key] = "no valid reply to the statistics round (scale)"
+        said = [f for f in strategy.round_failures if f.startswith(f"site {key}: ")]
+        strategy.rejected[key] = ("no valid reply to the statistics round (scale)"
+                                  + (f": {said[0][len(f'site {key}: '):]}" if said else ""))
         log(logging.ERROR, "site %s rejected: %s", key, strategy.rejected[key])
     if len(strategy.sites) < strategy.config.min_sites or not replies:
         raise FederationError(too_few(strategy, f"{len(strategy.sites)} site(s) sent statistics"))

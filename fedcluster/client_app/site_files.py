@@ -1,0 +1,57 @@
+"""The files a deployed site keeps about itself across runs (the differencing guard's row
+sets, the privacy budget, the disclosure ledger): where they live, and how they are
+written so that two messages never interleave and a crash never leaves half a file.
+
+Flower starts a fresh ClientApp process per message, and a SuperNode can run several
+runs at once: every read-modify-write holds an exclusive ``flock`` on a lock file beside
+the target, and a rewritten file replaces the old one atomically (``os.replace`` of a
+fsynced temporary), so a reader sees the old file or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+
+@contextlib.contextmanager
+def locked(directory: str | os.PathLike, name: str) -> Iterator[Path]:
+    """Hold the lock of ``directory/name`` (made if missing) and yield that path.
+
+    Raises
+    ------
+    OSError
+        The directory cannot be made or the lock file cannot be opened.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / name
+    with open(target.with_name(target.name + ".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield target
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def replace_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``target`` anew through ``write(file)``: a fsynced temporary beside it, then
+    ``os.replace`` (call it with the target's lock held)."""
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    with open(partial, "wb") as out:
+        write(out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, target)
+
+
+def append_line(target: Path, line: str) -> None:
+    """Append one line and fsync it (call it with the target's lock held)."""
+    with open(target, "a", encoding="utf-8") as out:
+        out.write(line.rstrip("\n") + "\n")
+        out.flush()
+        os.fsync(out.fileno())

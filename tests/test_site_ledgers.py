@@ -1,0 +1,245 @@
+"""A site's own records across runs: the privacy budget (``dp-budget``, ``require-dp``),
+the disclosure ledger (``ledger-path``, ``fedcluster site ledger``) and the min/max policy
+(``allow-minmax``), in process (the real-process test is in test_site_ledgers_processes.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import fedcluster
+from fedcluster import cli
+from fedcluster.client_app import disclosure_ledger, privacy_budget
+from fedcluster.common import privacy, protocol
+from fedcluster.common.config import ConfigError, parse_node_config
+from fedcluster.simulation import run_in_process, site_nodes
+from fedcluster.strategies.errors import FederationError
+
+BOX = "-4:10"
+DP_RUN = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 2, "tol": 0.0, "seed": 4,
+          "min-sites": 1, "dp-epsilon": 1.0, "data-bounds": BOX, "output-dir": ""}
+
+
+def _sites(n_sites: int = 2, rows: int = 60) -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    centres = np.array([[0.0, 0.0], [6.0, 0.0], [0.0, 6.0]])
+    return [centres[rng.integers(0, 3, rows)] + rng.normal(size=(rows, 2)) for _ in range(n_sites)]
+
+
+def _file_nodes(tmp_path, sites, **policy) -> list[dict]:
+    """Deployed-style sites: a data file and a cache directory each (the budget and the
+    ledgers are kept there, across runs)."""
+    nodes = []
+    for i, X in enumerate(sites):
+        path = tmp_path / f"site-{i}.npy"
+        np.save(path, X)
+        nodes.append({"data-path": str(path), "site-id": str(i),
+                      "cache-dir": str(tmp_path / f"cache-{i}"), **policy})
+    return nodes
+
+
+# ------------------------------------------------------------------ the budget maths
+
+
+def test_budget_parses_and_bad_values_name_the_key():
+    assert parse_node_config({"dp-budget": "3"}).dp_budget == (3.0, 1e-5)
+    assert parse_node_config({"dp-budget": "2.5,1e-6"}).dp_budget == (2.5, 1e-6)
+    for bad in ("", ):
+        assert parse_node_config({"dp-budget": bad}).dp_budget is None
+    for bad in ("x", "0", "1,2", "1,1e-5,3"):
+        with pytest.raises(ConfigError, match="dp-budget"):
+            parse_node_config({"dp-budget": bad})
+
+
+def test_charge_adds_rho_per_run_and_refuses_what_does_not_fit():
+    budget = privacy_budget.Budget(2.0, 1e-5)
+    run = privacy.rho_from_epsilon(1.0, 1e-5)  # a whole run of epsilon 1
+    ledger: dict = {}
+    for _ in range(4):  # run 1: four equal shares
+        privacy_budget.charge(budget, ledger, 1, run / 4, planned=run)
+    assert ledger["runs"]["1"]["spent-rho"] == pytest.approx(run)
+    assert ledger["runs"]["1"]["tasks"] == 4
+    # zCDP adds rho, which composes below the sum of epsilons: three whole runs of
+    # epsilon 1 fit in a budget of epsilon 2 (floor(rho(2) / rho(1)) = 3) ...
+    fits = int(budget.rho // run)
+    assert fits == 3
+    for run_id in range(2, fits + 1):
+        for _ in range(4):
+            privacy_budget.charge(budget, ledger, run_id, run / 4, planned=run)
+    assert privacy_budget.status(budget, ledger)["spent-epsilon"] < 2.0
+    before = json.dumps(ledger)
+    # ... but a fourth does not: refused at its first task, nothing charged
+    with pytest.raises(privacy_budget.BudgetExhausted) as refusal:
+        privacy_budget.charge(budget, ledger, fits + 1, run / 4, planned=run)
+    assert json.dumps(ledger) == before
+    text = str(refusal.value)
+    now = privacy_budget.status(budget, ledger)
+    assert "site policy dp-budget=2,1e-05" in text and "this run plans epsilon 1" in text
+    assert f"{now['spent-epsilon']:.4g} spent over 3 run(s)" in text
+    assert f"{now['remaining-epsilon']:.4g} remaining" in text
+    # a run that planned little but keeps asking is stopped at the task that overflows
+    ledger2: dict = {}
+    with pytest.raises(privacy_budget.BudgetExhausted, match="this task would spend"):
+        for _ in range(100):
+            privacy_budget.charge(budget, ledger2, 9, run / 4, planned=run / 4)
+    assert privacy_budget.spent_rho(ledger2) <= budget.rho
+
+
+def test_budget_file_survives_and_a_foreign_file_is_never_overwritten(tmp_path):
+    budget = privacy_budget.Budget(1.0, 1e-5)
+    with privacy_budget.ledger_in_file(tmp_path, "ab" * 32) as ledger:
+        privacy_budget.charge(budget, ledger, 5, 0.001, planned=0.002)
+    (target,) = tmp_path.glob("budget-*.json")
+    with privacy_budget.ledger_in_file(tmp_path, "ab" * 32) as ledger:
+        assert ledger["runs"]["5"]["spent-rho"] == 0.001
+    assert not list(tmp_path.glob("*.partial"))
+    target.write_text("not json")
+    with pytest.raises(ValueError, match="is not a privacy-budget ledger"):
+        with privacy_budget.ledger_in_file(tmp_path, "ab" * 32):
+            pass
+    assert target.read_text() == "not json"
+
+
+# ------------------------------------------------------------- budget over runs
+
+
+def test_a_site_budget_refuses_the_run_that_does_not_fit(tmp_path):
+    sites = _sites()
+    nodes = _file_nodes(tmp_path, sites)
+    nodes[0].update({"dp-budget": "1.2", "require-dp": True})
+    first = run_in_process([dict(n) for n in nodes], DP_RUN)
+    assert first.metrics["site-failures"] == {} and sorted(first.metrics["per-site"]) == ["0", "1"]
+    second = run_in_process([dict(n) for n in nodes], DP_RUN)
+    # site 0 refused the second run at its first DP task, naming what is left
+    failures = second.metrics["site-failures"]
+    assert list(failures) == ["0"]
+    assert "site policy dp-budget=1.2,1e-05: this run plans epsilon 1" in failures["0"][0]
+    assert "spent over 1 run(s)" in failures["0"][0] and "remaining" in failures["0"][0]
+    assert sorted(second.metrics["per-site"]) == ["1"]
+    # what the site recorded: the first run's spend, exactly the run's budget
+    (ledger_file,) = (tmp_path / "cache-0" / "privacy-budget").glob("budget-*.json")
+    runs = json.loads(ledger_file.read_text())["runs"]
+    assert len(runs) == 1
+    (spent,) = [r["spent-rho"] for r in runs.values()]
+    assert spent == pytest.approx(privacy.rho_from_epsilon(1.0, 1e-5))
+
+
+def test_require_dp_refuses_a_plain_run_and_answers_a_private_one(tmp_path):
+    sites = _sites()
+    plain = {k: v for k, v in DP_RUN.items() if k not in ("dp-epsilon",)}
+    with site_nodes(sites, site_config={"require-dp": True}) as nodes:
+        with pytest.raises(FederationError, match="site policy require-dp refuses task 'local_kmeans'"):
+            run_in_process(nodes, plain)
+    with site_nodes(sites, site_config={"require-dp": True}) as nodes:
+        result = run_in_process(nodes, DP_RUN)
+    assert result.metrics["site-failures"] == {}
+
+
+# ---------------------------------------------------------------- allow-minmax
+
+
+@pytest.mark.parametrize("config, task", [({"init": "random"}, "bounds"),
+                                          ({"scale": "minmax"}, "stats")])
+def test_minmax_is_refused_by_default_naming_the_settings_that_avoid_it(config, task):
+    run = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 2, "seed": 4, "output-dir": "",
+           **config}
+    with pytest.raises(FederationError) as refusal:
+        fedcluster.simulate(_sites(), **{k.replace("-", "_"): v for k, v in run.items()})
+    text = str(refusal.value)
+    assert f"site policy allow-minmax=false refuses task {task!r}" in text
+    assert "data-bounds" in text and "scale 'standard'" in text and "init 'kfed'" in text
+    allowed = fedcluster.simulate(_sites(), site_config={"allow-minmax": True},
+                                  **{k.replace("-", "_"): v for k, v in run.items()})
+    assert allowed.history[1]["task"] == task
+
+
+# ----------------------------------------------------------- disclosure ledger
+
+
+def _replies_by_site_round(records: list[dict]) -> dict:
+    out = {}
+    for record in records:
+        if record["task"] is None:
+            continue
+        key = (str(record["metrics"][protocol.SITE_KEY]), int(record["params"][protocol.ROUND]))
+        out[key] = record
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["dwf", "ffcm"])
+def test_every_ledger_line_is_exactly_what_the_server_received(tmp_path, algorithm):
+    path = tmp_path / "ledger.jsonl"
+    records: list = []
+    fedcluster.simulate(_sites(3), algorithm=algorithm, n_clusters=3, seed=1, eval_every=1,
+                        record_replies=records, site_config={"ledger-path": str(path)})
+    lines = disclosure_ledger.read(path)
+    received = _replies_by_site_round(records)
+    assert len(lines) == len(received) > 6
+    for line in lines:
+        record = received[(line["site"], line["round"])]
+        assert line["task"] == record["task"] and line["algorithm"] == algorithm
+        sent = [np.asarray(v, dtype=np.float64) for v in line["values"].values()]
+        assert len(sent) == len(record["arrays"])
+        for mine, theirs in zip(sent, record["arrays"]):
+            np.testing.assert_array_equal(mine, theirs)  # exact, not close
+        assert line["metrics"] == json.loads(json.dumps(record["metrics"]))
+        assert line["n-rows"] == record["num-examples"]
+    out = cli_output(["site", "ledger", str(path)])
+    assert f"disclosure ledger {path}: {len(lines)} line(s)" in out
+    assert f"({algorithm}), site 0:" in out and "numbers in plain replies" in out
+
+
+def cli_output(argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert cli.main(argv) == 0
+    return buffer.getvalue()
+
+
+def test_the_ledger_records_refusals_and_the_budget(tmp_path):
+    sites = _sites()
+    nodes = _file_nodes(tmp_path, sites)
+    nodes[0].update({"dp-budget": "1.2"})
+    run_in_process([dict(n) for n in nodes], DP_RUN)
+    run_in_process([dict(n) for n in nodes], DP_RUN)
+    path = tmp_path / "cache-0" / disclosure_ledger.DEFAULT_NAME
+    lines = disclosure_ledger.read(path)
+    refused = [line for line in lines if "refused" in line]
+    # every noised task of the second run was refused (none of them charged)
+    assert refused and {line["task"] for line in refused} <= {"lloyd", "evaluate"}
+    assert refused[0]["task"] == "lloyd" and refused[0]["run-id"] != lines[0]["run-id"]
+    spent = [line["dp-rho"] for line in lines if "dp-rho" in line]
+    assert sum(spent) == pytest.approx(privacy.rho_from_epsilon(1.0, 1e-5))
+    last = [line["budget"] for line in lines if "budget" in line][-1]
+    assert last["runs"] == 1 and last["budget-epsilon"] == 1.2
+    out = cli_output(["site", "ledger", str(path)])
+    assert "refused round 2 (lloyd): site policy dp-budget=1.2" in out
+    assert "privacy budget (as last recorded): epsilon" in out and "spent of 1.2" in out
+
+
+def test_a_ledger_that_is_not_jsonl_is_named_with_its_line(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    path.write_text('{"task": "lloyd"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"ledger.jsonl, line 2: not a ledger line"):
+        disclosure_ledger.read(path)
+    assert cli.main(["site", "ledger", str(path)]) == 2
+
+
+def test_under_secure_aggregation_the_ledger_records_the_masked_share_only(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    fedcluster.simulate(_sites(3), n_clusters=3, num_rounds=2, seed=1, min_sites=3,
+                        secure_aggregation=True, secagg_data_bound=12.0, data_bounds=BOX,
+                        site_config={"ledger-path": str(path)})
+    lines = disclosure_ledger.read(path)
+    masked = [line for line in lines if "secure" in line]
+    assert {line["task"] for line in masked} >= {"lloyd", "evaluate"}
+    # no values of a masked share are kept (only their sum over the sites is learnt) ...
+    assert all("values" not in line and "metrics" not in line for line in masked)
+    assert all(line["secure"]["length"] > 0 and line["secure"]["terms"] for line in masked)
+    # ... while the plain describe round's reply is recorded with its values
+    assert all("metrics" in line for line in lines if line["task"] == "describe")
