@@ -9,6 +9,8 @@
 #   FEDCLUSTER_LABEL_COLUMN=        a CSV column with labels (evaluation only, never sent)
 #   FEDCLUSTER_SITE_PORT=9094       local port of the SuperNode's ClientApp API
 #   FEDCLUSTER_CACHE_DIR=~/.cache/fedcluster  where the parsed data file is cached
+#   FEDCLUSTER_TRUSTED_ENTITIES=    a trusted-entities YAML file: run only apps signed by
+#                                   one of its keys (docs/how-to/signed-apps.md)
 set -euo pipefail
 
 if [ "$#" -ne 5 ]; then
@@ -25,6 +27,11 @@ config="data-path=\"$data\" site-id=\"$site\" min-cluster-size=${FEDCLUSTER_MIN_
 if [ -n "${FEDCLUSTER_LABEL_COLUMN:-}" ]; then
     config="$config label-column=\"$FEDCLUSTER_LABEL_COLUMN\""
 fi
+trust=()
+if [ -n "${FEDCLUSTER_TRUSTED_ENTITIES:-}" ]; then
+    [ -r "$FEDCLUSTER_TRUSTED_ENTITIES" ] || { echo "$FEDCLUSTER_TRUSTED_ENTITIES is not readable" >&2; exit 2; }
+    trust=(--trusted-entities "$FEDCLUSTER_TRUSTED_ENTITIES")
+fi
 
 exec flower-supernode \
     --superlink "$3" \
@@ -32,4 +39,5 @@ exec flower-supernode \
     --auth-supernode-private-key "$5" \
     --host 127.0.0.1 \
     --port "${FEDCLUSTER_SITE_PORT:-9094}" \
-    --node-config "$config"
+    --node-config "$config" \
+    ${trust[@]+"${trust[@]}"}

@@ -16,3 +16,12 @@ else
     echo "note: not root, so the site keys are world-readable; on a real site only that" \
          "site's key exists on its machine" >&2
 fi
+# The sites' trusted-entities file (compose.tls.yml mounts it): made empty (`{}`: no list,
+# any app runs) only if missing, and said so; list the reviewers' public keys in it to
+# run signed apps only (docs/how-to/signed-apps.md).
+if [ ! -e "$here/certs/trusted-entities.yaml" ]; then
+    printf '%s\n' "# key id: OpenSSH Ed25519 public key of a reviewer whose signed apps the sites run" \
+        "# (empty {}: no list, any app runs; docs/how-to/signed-apps.md)" "{}" \
+        > "$here/certs/trusted-entities.yaml"
+    echo "note: $here/certs/trusted-entities.yaml lists no key yet: the sites run any app" >&2
+fi

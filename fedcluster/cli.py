@@ -5,6 +5,7 @@
 ``fedcluster partition``  write a built-in data set as one CSV per site (for deployments)
 ``fedcluster predict``    label a site's own rows with a trained model.json
 ``fedcluster site ledger`` summarise a site's disclosure ledger (for its data officer)
+``fedcluster app sign``   sign an app bundle (FAB); ``fedcluster app serve``: serve signed apps
 """
 
 from __future__ import annotations
@@ -159,6 +160,37 @@ def cmd_site_ledger(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_app_sign(args: argparse.Namespace) -> int:
+    import json
+
+    from fedcluster.server_app import app_registry
+
+    if (args.app or args.version) and not args.registry:
+        raise ValueError("--app and --version name the app in a --registry")
+    fab = Path(args.fab).read_bytes()
+    record = app_registry.sign_fab(fab, args.key, args.key_id)
+    if args.registry:
+        path = app_registry.add_fab(args.registry, fab, args.app, args.version)
+        app_id, version = app_registry.fab_metadata(fab)  # add_fab checked they agree
+        app_registry.add_signature(args.registry, app_id, version, record)
+        print(f"{path}: {app_id}=={version}, signed by {args.key_id}")
+    else:
+        print(json.dumps(record))
+    print("a site trusts this signer with this line in its trusted-entities file:\n  "
+          + app_registry.trusted_entity_line(args.key, args.key_id))
+    return 0
+
+
+def cmd_app_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from fedcluster.server_app import app_registry
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    app_registry.serve(args.directory, args.host, args.port)
+    return 0
+
+
 CHOOSE_K_HELP = """\
 Run the federation once for every k in --k-range LO:HI (the configured --algorithm; each
 k warm-started from the previous k's centroids with its largest cluster split, unless
@@ -227,6 +259,32 @@ def build_parser() -> argparse.ArgumentParser:
     ledger.add_argument("path", help="the ledger file (node config ledger-path; default "
                                      "<cache-dir>/disclosure-ledger.jsonl)")
     ledger.set_defaults(func=cmd_site_ledger)
+
+    apps = sub.add_parser("app", help="sign app bundles (FABs) and serve them to the "
+                                      "SuperLink (docs/how-to/signed-apps.md)").add_subparsers(
+        dest="app_command", required=True)
+    sign = apps.add_parser("sign", help="sign a FAB (flwr build) with an Ed25519 key; "
+                                        "with --registry, add both to a registry")
+    sign.add_argument("fab", help="the .fab file")
+    sign.add_argument("--key", required=True,
+                      help="the signer's Ed25519 private key, OpenSSH format (ssh-keygen -t ed25519)")
+    sign.add_argument("--key-id", required=True,
+                      help="the name sites list the public key under in their trusted-entities file")
+    sign.add_argument("--registry", default=None, metavar="DIR",
+                      help="add the FAB and the signature to this registry directory "
+                           "(without it: print the signature record)")
+    sign.add_argument("--app", default=None, metavar="@ACCOUNT/APP",
+                      help="with --registry: the app id (default and only allowed value: the "
+                           "FAB's own @publisher/name)")
+    sign.add_argument("--version", default=None, metavar="X.Y.Z",
+                      help="with --registry: the version (default: the FAB's own)")
+    sign.set_defaults(func=cmd_app_sign)
+    serve = apps.add_parser("serve", help="serve a registry directory over Flower Hub's API "
+                                          "(start the SuperLink with FLWR_SUPERGRID_API_URL)")
+    serve.add_argument("directory", help="the registry directory")
+    serve.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
+    serve.add_argument("--port", type=int, default=9080, help="default 9080")
+    serve.set_defaults(func=cmd_app_serve)
     return parser
 
 

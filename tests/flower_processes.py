@@ -578,10 +578,12 @@ def supernode(
     log_dir: Path,
     env: Mapping[str, str],
     wait: bool = True,
+    extra_args: Iterable[str] = (),
 ) -> Iterator[FlowerProcess]:
     """A ``flower-supernode`` connected to ``fleet_address`` (gRPC grpc-rere, insecure)
     with its own ClientAppIo port; ready when that port is open and the node logged its
-    SuperNode ID (``.ready_match.group(1)``), i.e. the SuperLink has activated it."""
+    SuperNode ID (``.ready_match.group(1)``), i.e. the SuperLink has activated it.
+    ``extra_args`` are appended to its command line (e.g. ``--trusted-entities FILE``)."""
     port = free_port()
     argv = [
         "flower-supernode",
@@ -595,6 +597,7 @@ def supernode(
         str(port),
         "--node-config",
         format_node_config(node_config),
+        *extra_args,
     ]
     with flower_process(
         name, argv, log_dir=log_dir, env=env, ready_ports=[port], ready_log=SUPERNODE_ID,
@@ -870,8 +873,13 @@ def run_flwr(
     timeout: float = 300.0,
     processes: Iterable[FlowerProcess] = (),
     log_path: Path | None = None,
+    app_spec: str | None = None,
 ) -> FlwrRun:
     """``flwr run APP_DIR CONNECTION --stream --run-config ...``, waiting for the run.
+
+    With ``app_spec`` (``@account/app==x.y.z``) the run is of that app, which the
+    SuperLink fetches from its app registry (Flower Hub, or ``FLWR_SUPERGRID_API_URL``),
+    instead of APP_DIR, which is then only the working directory of ``flwr``.
 
     Its output (the ServerApp's streamed log) is also written to ``log_path`` as it
     comes, if given, so a test can follow a run in progress.
@@ -884,7 +892,7 @@ def run_flwr(
     ``finished:completed``.
     """
     app_dir = Path(app_dir)
-    args = ["run", str(app_dir), connection, "--stream"]
+    args = ["run", app_spec or str(app_dir), connection, "--stream"]
     if run_config:
         args += ["--run-config", format_run_config(run_config)]
     if federation_config:
