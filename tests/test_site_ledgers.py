@@ -112,11 +112,12 @@ def test_a_site_budget_refuses_the_run_that_does_not_fit(tmp_path):
     first = run_in_process([dict(n) for n in nodes], DP_RUN)
     assert first.metrics["site-failures"] == {} and sorted(first.metrics["per-site"]) == ["0", "1"]
     second = run_in_process([dict(n) for n in nodes], DP_RUN)
-    # site 0 refused the second run at its first DP task, naming what is left
-    failures = second.metrics["site-failures"]
-    assert list(failures) == ["0"]
-    assert "site policy dp-budget=1.2,1e-05: this run plans epsilon 1" in failures["0"][0]
-    assert "spent over 1 run(s)" in failures["0"][0] and "remaining" in failures["0"][0]
+    # site 0 refused the second run at its first task (describe), naming what is left,
+    # and the server rejected it at once
+    rejected = second.metrics["rejected-sites"]
+    assert list(rejected) == ["0"]
+    assert "site policy dp-budget=1.2,1e-05: this run plans epsilon 1" in rejected["0"]
+    assert "spent over 1 run(s)" in rejected["0"] and "remaining" in rejected["0"]
     assert sorted(second.metrics["per-site"]) == ["1"]
     # what the site recorded: the first run's spend, exactly the run's budget
     (ledger_file,) = (tmp_path / "cache-0" / "privacy-budget").glob("budget-*.json")
@@ -210,15 +211,15 @@ def test_the_ledger_records_refusals_and_the_budget(tmp_path):
     path = tmp_path / "cache-0" / disclosure_ledger.DEFAULT_NAME
     lines = disclosure_ledger.read(path)
     refused = [line for line in lines if "refused" in line]
-    # every noised task of the second run was refused (none of them charged)
-    assert refused and {line["task"] for line in refused} <= {"lloyd", "evaluate"}
-    assert refused[0]["task"] == "lloyd" and refused[0]["run-id"] != lines[0]["run-id"]
+    # the second run was refused at its describe handshake, and asked nothing more
+    assert [line["task"] for line in refused] == ["describe"]
+    assert refused[0]["run-id"] != lines[0]["run-id"] and lines[-1] == refused[0]
     spent = [line["dp-rho"] for line in lines if "dp-rho" in line]
     assert sum(spent) == pytest.approx(privacy.rho_from_epsilon(1.0, 1e-5))
     last = [line["budget"] for line in lines if "budget" in line][-1]
     assert last["runs"] == 1 and last["budget-epsilon"] == 1.2
     out = cli_output(["site", "ledger", str(path)])
-    assert "refused round 2 (lloyd): site policy dp-budget=1.2" in out
+    assert "refused round 1 (describe): site policy dp-budget=1.2" in out
     assert "privacy budget (as last recorded): epsilon" in out and "spent of 1.2" in out
 
 

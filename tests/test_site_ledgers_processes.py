@@ -22,9 +22,9 @@ from fedcluster.common import privacy
 from test_deployment import write_site_csv
 from test_site_policy import APP_DIR
 
-# Two training rounds and the final evaluation under DP (epsilon 1 for the whole run);
+# One training round and the final evaluation under DP (epsilon 1 for the whole run);
 # the sites' own budget at site 0 holds one such run and not two.
-CONFIG = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 2, "tol": 0.0, "seed": 4,
+CONFIG = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 1, "tol": 0.0, "seed": 4,
           "min-sites": 1, "dp-epsilon": 1.0, "data-bounds": "-4:10"}
 BUDGET = {"require-dp": True, "dp-budget": "1.2"}
 
@@ -59,9 +59,9 @@ def test_a_site_budget_outlives_runs_and_supernode_restarts(bed, tmp_path):
     bed.run(APP_DIR, "budget", {**CONFIG, "output-dir": str(out), "run-name": "second"},
             timeout=300, log_name="flwr-run-second")
     second = fedcluster.Model.load(out / "second" / "model.json")
-    failures = second.metrics["site-failures"]
-    assert list(failures) == ["0"], failures
-    refusal = failures["0"][0]
+    rejected = second.metrics["rejected-sites"]
+    assert list(rejected) == ["0"], rejected
+    refusal = rejected["0"]
     # the remaining budget: epsilon (at delta 1e-5) of rho(1.2) - rho(1)
     remaining = privacy.epsilon_from_rho(
         privacy.rho_from_epsilon(1.2, 1e-5) - privacy.rho_from_epsilon(1.0, 1e-5), 1e-5)
@@ -86,7 +86,7 @@ def test_a_site_budget_outlives_runs_and_supernode_restarts(bed, tmp_path):
     with contextlib.redirect_stdout(buffer):
         assert cli.main(["site", "ledger", str(ledger)]) == 0
     summary = buffer.getvalue()
-    assert "refused round 2 (lloyd): site policy dp-budget=1.2" in summary
+    assert "refused round 1 (describe): site policy dp-budget=1.2" in summary
     assert "spent of 1.2 (delta 1e-05)" in summary
     # site 1 keeps its own ledger, with no refusal
     other = disclosure_ledger.read(tmp_path / "cache-1" / disclosure_ledger.DEFAULT_NAME)

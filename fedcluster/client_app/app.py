@@ -174,7 +174,11 @@ class SiteClient(NumPyClient):
 
     def _charge(self, ledger: dict | None, task: str, config) -> tuple[float | None, dict | None]:
         """Spend this task's ``dp-rho`` from the site's budget (before its reply leaves);
-        return the rho spent and the budget's state after it."""
+        return the rho spent and the budget's state after it. A DP run's ``describe`` is
+        refused if the run's planned spend does not fit."""
+        if ledger is not None and task == "describe" and protocol.DP_RHO_PLANNED in config:
+            privacy_budget.check_fits(privacy_budget.Budget(*self.node.dp_budget), ledger,
+                                      self.run_id, float(config[protocol.DP_RHO_PLANNED]))
         if protocol.DP_RHO not in config or task not in private_tasks.SPENDING_TASKS:
             return None, None
         rho = float(config[protocol.DP_RHO])

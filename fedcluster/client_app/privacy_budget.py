@@ -9,10 +9,11 @@ on the same table needs a bound on all of them together. ``dp-budget = "epsilon,
   Lemma 2.3): every noised task (``private_tasks.SPENDING_TASKS``) adds the task's
   ``dp-rho`` to its run's entry BEFORE its reply leaves the site; a task that would take
   the total past the budget's rho (``privacy.rho_from_epsilon(epsilon, delta)``) is refused.
-- A run's first DP task also carries the run's planned total (``dp-rho-planned``, the
-  run's whole ``dp-epsilon``/``dp-delta`` as rho): a run that would not fit in what is
-  left is refused at that task, with the spent and remaining budget in the message, so
-  it does not spend half of what is left on rounds it cannot finish.
+- A DP run's ``describe`` handshake and every DP task carry the run's planned total
+  (``dp-rho-planned``, the run's whole ``dp-epsilon``/``dp-delta`` as rho): a run that
+  would not fit in what is left is refused at its first task (the server then rejects
+  the site at once), with the spent and remaining budget in the message, so it does not
+  spend half of what is left on rounds it cannot finish.
 - The ledger is a JSON file beside the data cache (``<cache-dir>/privacy-budget/
   budget-<fingerprint>.json``), written under a lock and replaced atomically, so it
   survives SuperNode restarts and is shared by the runs of every SuperNode using that
@@ -80,6 +81,22 @@ def status(budget: Budget, ledger: dict) -> dict:
             "runs": len(ledger.get("runs", {}))}
 
 
+def check_fits(budget: Budget, ledger: dict, run_id: int, planned: float) -> None:
+    """Refuse a run whose planned spend does not fit in what is left (a run already in
+    the ledger was admitted before and passes; its tasks are still checked one by one).
+
+    Raises
+    ------
+    BudgetExhausted
+        With the spent and remaining budget.
+    """
+    if str(run_id) in ledger.get("runs", {}):
+        return
+    if spent_rho(ledger) + planned > budget.rho * (1.0 + _SLACK):
+        raise BudgetExhausted(_refusal(budget, ledger, f"this run plans epsilon "
+                                       f"{budget.epsilon_of(planned):.4g}"))
+
+
 def charge(budget: Budget, ledger: dict, run_id: int, rho: float, planned: float | None) -> None:
     """Add one task's ``rho`` to run ``run_id`` in ``ledger`` (in place), or refuse it.
 
@@ -97,12 +114,9 @@ def charge(budget: Budget, ledger: dict, run_id: int, rho: float, planned: float
     """
     runs = ledger.setdefault("runs", {})
     key = str(run_id)
-    spent = spent_rho(ledger)
-    limit = budget.rho * (1.0 + _SLACK)
-    if key not in runs and planned is not None and spent + planned > limit:
-        raise BudgetExhausted(_refusal(budget, ledger, f"this run plans epsilon "
-                                       f"{budget.epsilon_of(planned):.4g}"))
-    if spent + rho > limit:
+    if planned is not None:
+        check_fits(budget, ledger, run_id, planned)
+    if spent_rho(ledger) + rho > budget.rho * (1.0 + _SLACK):
         raise BudgetExhausted(_refusal(budget, ledger, f"this task would spend epsilon "
                                        f"{budget.epsilon_of(rho):.4g} more"))
     run = runs.setdefault(key, {"planned-rho": planned, "spent-rho": 0.0, "tasks": 0})

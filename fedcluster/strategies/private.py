@@ -121,6 +121,9 @@ def task_params(strategy, task: str, server_round: int, n_sites: int) -> dict:
     ``dp-rho``, ``dp-rho-planned`` (the whole run's budget, for a site's ``dp-budget``),
     ``dp-noise-share`` (``noise_share``) and ``dp-round`` (names the round; the noise seed
     in simulation)."""
+    if task == "describe" and strategy.config.private:  # a site's dp-budget checks it
+        return {protocol.DP_RHO_PLANNED: privacy.rho_from_epsilon(strategy.config.dp_epsilon,
+                                                                  strategy.config.dp_delta)}
     if task in ("describe", "stats", "bounds") or strategy.box is None:
         if strategy.config.private and task in DP_PARAM_TASKS:
             raise RuntimeError(f"a DP {task} round without a clipping box")
