@@ -268,7 +268,9 @@ def simulate(
         (docs/explanation/privacy-model.md); the exactness tests turn it off.
     site_config : dict, optional
         Other node-config keys for every site, e.g. ``{"min-site-rows": 1}`` to let sites
-        of fewer than 10 rows take part (docs/reference/node-config.md).
+        of fewer than 10 rows take part, ``{"allow-minmax": True}`` for ``init = "random"``
+        or ``scale = "minmax"`` without ``data-bounds``, ``{"ledger-path": path}`` for a
+        disclosure ledger (docs/reference/node-config.md).
     record_replies : list, optional
         If given, every reply that leaves a site is appended to it as a dict (``task``,
         ``arrays``, ``metrics``, ``num-examples``, ``node-id``): what a site discloses;
