@@ -55,7 +55,7 @@ CENTRES = 8.0 * np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], dtype=np.
 # Which arrays of a task's reply are counts (no entry in 1..P-1) or 0/1 flags.
 COUNT_ARRAYS = {
     "local_kmeans": (1,), "lloyd": (1,), "minibatch": (1,), "kmeanspp": (1,),
-    "prune_lloyd": (1,), "gtv": (1,), "evaluate": (0, 4),
+    "prune_lloyd": (1,), "gtv": (1,), "evaluate": (0, 5),
 }
 FLAG_ARRAYS = {"evaluate": (3,)}  # which clusters were withheld (hidden)
 MAX_METRIC_TEXT = 200  # characters; feature and label names are short
@@ -177,8 +177,9 @@ MINMAX = {"allow-minmax": True}
 COMMON = {"n_clusters": K, "num_rounds": 3, "tol": 0.0, "seed": 0, "min_sites": 2}
 CASES = {
     # name: (run config, tasks the run must have recorded)
-    "dwf": ({"algorithm": "dwf"},
-            {"describe", "local_kmeans", "lloyd", "evaluate", "evaluate_distances"}),
+    # (a converged run: the evaluation's distances stand for Davies-Bouldin's second
+    # pass, which the one-shot and fuzzy runs below still send)
+    "dwf": ({"algorithm": "dwf"}, {"describe", "local_kmeans", "lloyd", "evaluate"}),
     # (init random without data-bounds: a bounds round, which the sites must allow)
     "dwf-random-local-iters": ({"algorithm": "dwf", "init": "random", "local_iters": 3,
                                 "site_config": MINMAX}, {"bounds", "lloyd"}),
@@ -188,7 +189,8 @@ CASES = {
     "fkm": ({"algorithm": "fkm"}, {"kmeanspp", "prune_lloyd"}),
     "fkm-random": ({"algorithm": "fkm", "init": "random", "local_iters": 2},
                    {"kmeanspp", "prune_lloyd"}),
-    "kfed": ({"algorithm": "kfed", "k_local": 6}, {"local_kmeans"}),
+    "kfed": ({"algorithm": "kfed", "k_local": 6},
+             {"local_kmeans", "evaluate", "evaluate_distances"}),
     "ffcm-avg1": ({"algorithm": "ffcm", "aggregation": "avg1"},
                   {"local_kmeans", "fcm", "evaluate"}),
     "ffcm-avg2": ({"algorithm": "ffcm", "aggregation": "avg2", "local_iters": 2},
@@ -258,7 +260,8 @@ def test_distributed_dp_sends_only_masked_vectors():
     assert result.metrics["dp-mode"] == "distributed" and not result.metrics["site-failures"]
     replies = [rec for rec in records if rec["task"]]  # the others: SecAgg+'s keys and shares
     private = [rec for rec in replies if "dp-rho" in rec["params"]]
-    assert {rec["task"] for rec in private} == {"lloyd", "evaluate", "evaluate_distances"}
+    # (no Davies-Bouldin round under DP: it is not released)
+    assert {rec["task"] for rec in private} == {"lloyd", "evaluate"}
     assert all(rec["arrays"] == [] and set(rec["metrics"]) == {"site-key"} for rec in private)
     assert audit(replies, SITES, P, LABELS) == []
 
@@ -276,8 +279,7 @@ def test_choose_k_leaks_nothing():
         record = serve_in_process(nodes, run_config, None, records)
     per_k = json.loads(str(record["choose-k"]))["per-k"]
     assert sorted(int(k) for k in per_k) == [2, 3, 4, 5]
-    assert {"describe", "local_kmeans", "lloyd", "evaluate", "evaluate_distances"} <= {
-        rec["task"] for rec in records}
+    assert {"describe", "local_kmeans", "lloyd", "evaluate"} <= {rec["task"] for rec in records}
     assert {rec["metrics"]["site-key"] for rec in records} == {"0", "1", "2", "3"}
     assert audit(records, SITES, P, LABELS) == []
 
@@ -293,7 +295,7 @@ def test_audit_catches_counts_under_the_floor():
     # ... and name the labels of which they hold only MINORITY rows
     assert "site 0, task evaluate: label-names names labels with fewer than 5 rows: ['2', '3']" \
         in problems
-    assert any("evaluate: count array 4 has entries under the floor" in p for p in problems)
+    assert any("evaluate: count array 5 has entries under the floor" in p for p in problems)
 
 
 def _fake(task: str, arrays: list, metrics: dict | None = None, site: int = 1) -> dict:
@@ -326,8 +328,9 @@ def test_audit_catches_per_row_arrays_and_value_lists():
     n = SITE_ROWS[1]
     labels = np.zeros(n, dtype=np.int64)  # an assignment per row
     problems = audit([_fake("evaluate", [np.full(4, 9), np.zeros((4, 3)), np.zeros(4),
-                                         np.zeros(4, dtype=np.int64), labels])], SITES, P)
-    assert problems == [f"site 1, task evaluate: array 4 ({n},) has a dimension equal to the "
+                                         np.zeros(4, dtype=np.int64), np.zeros(4), labels])],
+                     SITES, P)
+    assert problems == [f"site 1, task evaluate: array 5 ({n},) has a dimension equal to the "
                         f"site's {n} rows"]
     row = json.dumps(SITES[1][0].tolist())  # short enough, but a list of values
     value = float(SITES[1][5, 2])

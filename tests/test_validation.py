@@ -44,7 +44,21 @@ def test_local_kmeans_rows_bounded():
 
 
 EVALUATION = Expect(task="evaluate", n_features=2, n_clusters=3, floor=1, declared_rows=10)
-GOOD_EVALUATION = [np.array([3, 3, 4]), np.zeros((3, 2)), np.ones(3), np.zeros(3)]
+GOOD_EVALUATION = [np.array([3, 3, 4]), np.zeros((3, 2)), np.ones(3), np.zeros(3), np.ones(3)]
+
+
+@pytest.mark.parametrize("distances, reason", [
+    (np.array([1.0, -0.5, 2.0]), "negative squared norms or distance sums"),
+    (np.array([1.0, np.nan, 2.0]), "distance sums"),
+    (np.ones(2), "distance sums"),
+])
+def test_evaluation_distance_sums_checked(distances, reason):
+    """The evaluation's per-cluster distance sums (Davies-Bouldin's, when the run has
+    converged) are validated like its other statistics."""
+    metrics = {"sse": 4.0, "silhouette-sum": 1.0}
+    validate(GOOD_EVALUATION, metrics, 10, EVALUATION)
+    with pytest.raises(ReplyError, match=reason):
+        validate([*GOOD_EVALUATION[:4], distances], metrics, 10, EVALUATION)
 
 
 @pytest.mark.parametrize(

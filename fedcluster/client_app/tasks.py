@@ -372,13 +372,16 @@ def evaluate(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply
     labels = kernels.assign(site.X, C)[0] if guard.active or site.labels is not None else None
     verdict = guard_clusters(guard, labels, np.flatnonzero(~hidden & (counts > 0)), floor, counts,
                              site.n_rows)
+    # Davies-Bouldin's distances, measured to C: the server uses them when the pooled
+    # means are C (a converged run) and spares the second pass (strategies/base.py).
+    distances, _ = kernels.distance_to_means(site.X, C, C)
     hidden[verdict.withheld] = True
     for j, mask in verdict.substituted.items():
         counts[j], sums[j] = np.count_nonzero(mask), set_sum(site.X, mask)
-        sqnorms[j] = set_sqnorm(site.X, mask)
-    counts[hidden], sums[hidden], sqnorms[hidden] = 0, 0.0, 0.0
+        sqnorms[j], distances[j] = set_sqnorm(site.X, mask), set_distance(site.X, mask, C[j])
+    counts[hidden], sums[hidden], sqnorms[hidden], distances[hidden] = 0, 0.0, 0.0, 0.0
     reply = TaskReply(
-        arrays=protocol.Evaluation(counts, sums, sqnorms, hidden.astype(np.int64)),
+        arrays=protocol.Evaluation(counts, sums, sqnorms, hidden.astype(np.int64), distances),
         # floor: the site's effective privacy floor (a policy, not data), so that the
         # server can say what a hidden size is under ("<p" with the site's own p).
         metrics={"sse": float(sse), "silhouette-sum": float(silhouette), "floor": int(floor)},

@@ -109,13 +109,16 @@ class SetScores(NamedTuple):
 
 class Evaluation(NamedTuple):
     """The exact evaluation's sufficient statistics: per-cluster sizes, coordinate sums,
-    squared norms, hidden flags (1: withheld under the floor) and, where the site has
-    labels, the (labels x clusters) contingency table."""
+    squared norms, hidden flags (1: withheld under the floor), the summed distances of
+    each cluster's members to the centroid they were sent (Davies-Bouldin's distances
+    when the pooled means turn out to be those centroids: ``strategies/base.py``) and,
+    where the site has labels, the (labels x clusters) contingency table."""
 
     counts: np.ndarray
     sums: np.ndarray
     sqnorms: np.ndarray
     hidden: np.ndarray
+    distances: np.ndarray
     contingency: np.ndarray | None = None
 
 
@@ -242,7 +245,8 @@ def secure_terms(name: str, reply: tuple) -> dict[str, np.ndarray]:
         return {"wc": weights[:, None] * centres, "w": weights, "c": centres}
     if isinstance(reply, Evaluation):
         return {"counts": as_float(reply.counts), "sums": as_float(reply.sums),
-                "sqnorms": as_float(reply.sqnorms), "hidden": as_float(reply.hidden)}
+                "sqnorms": as_float(reply.sqnorms), "hidden": as_float(reply.hidden),
+                "distances": as_float(reply.distances)}
     if isinstance(reply, Distances):
         return {"distances": as_float(reply.distances)}
     return {}

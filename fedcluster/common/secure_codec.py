@@ -139,7 +139,7 @@ def term_names(task: str, dynamic: bool = True, fuzzy_eval: bool = False,
             names = ["wc", "w" if task == "fcm" else "w-int"]
         return names + (["sse"] if with_sse else []) + ["n"]
     if task == "evaluate":
-        names = ["counts", "sums", "sqnorms", "hidden", "sse", "silhouette-sum", "n"]
+        names = ["counts", "sums", "sqnorms", "hidden", "distances", "sse", "silhouette-sum", "n"]
         return names + (["all-sq-dist", "partition-sum"] if fuzzy_eval else [])
     if task == "evaluate_distances":
         return ["distances", "n"]

@@ -14,7 +14,10 @@ its task (:attr:`ClusteringStrategy.PHASE_TASKS`):
    has stopped improving: ``aggregate.score_stalled``).
 4. ``evaluate`` (one round, all sites): the EXACT pooled score sum SSE_i / sum n_i of the
    repetition's centroids; with ``n-init`` > 1 the lowest score wins. Then
-   ``distances`` (Davies-Bouldin's second pass) ends the run.
+   ``distances`` (Davies-Bouldin's second pass, to the pooled means) ends the run, unless
+   the evaluation's own distances (to the centroids) already are those: when the pooled
+   means are the centroids (:func:`metrics.means_are_centroids`, a converged run), or
+   under DP (Davies-Bouldin is not released; the sites would answer zeros).
 
 Subclasses provide the algorithm through public hooks, in the style of Flower's FedAvg:
 :meth:`init_task` / :meth:`reduce_init`, :meth:`train_task` / :meth:`reduce_train`,
@@ -58,6 +61,8 @@ class ClusteringStrategy(Strategy):
     has_training = True
     #: Rounds a repetition adds to init + training + evaluate (GTV scores every site).
     extra_rounds_per_repetition = 0
+    #: Davies-Bouldin from the evaluation when the means are the centroids (False: a second pass).
+    fold_distances = True
 
     def __init__(self, config: RunConfig, initial_centroids: np.ndarray | None = None) -> None:
         super().__init__()
@@ -128,9 +133,8 @@ class ClusteringStrategy(Strategy):
         return True
 
     def max_server_rounds(self) -> int:
-        """The most server rounds a run can take (the workflow's loop bound): describe and
-        statistics (scale), then per repetition init + rounds + interim evaluations +
-        evaluate (+ extras), then Davies-Bouldin's distances round."""
+        """The most server rounds a run can take (the loop's bound): describe, stats, per
+        repetition init + rounds + interims + evaluate (+ extras), Davies-Bouldin's round."""
         c = self.config
         interim = c.num_rounds // c.eval_every if c.eval_every else 0
         return 3 + c.n_init * (c.num_rounds + interim + 2 + self.extra_rounds_per_repetition)
@@ -140,8 +144,7 @@ class ClusteringStrategy(Strategy):
         sites.admit(self, replies)
 
     def begin_resume(self) -> None:
-        """Continue a checkpointed run: a describe round first (node ids change when
-        sites reconnect; site ids do not), then the phase the run was in."""
+        """Resume: a describe round (node ids change, site ids do not), then the phase."""
         self._resume_phase = self.phase
         self.round_offset = max((row["round"] for row in self.history), default=0)
         self.phase = "describe"
@@ -164,10 +167,8 @@ class ClusteringStrategy(Strategy):
     def per_site_seeds(self, *salt: int) -> dict[str, dict]:
         """``{"seed": ...}`` per site, from the repetition's seed, ``salt`` and the
         site's position in the stable order (so every engine draws the same)."""
-        return {
-            site.key: {"seed": int(np.random.SeedSequence([self.seed, *salt, i]).generate_state(1)[0])}
-            for i, site in enumerate(self.ordered_sites())
-        }
+        return {site.key: {"seed": int(np.random.SeedSequence([self.seed, *salt, i]).generate_state(1)[0])}
+                for i, site in enumerate(self.ordered_sites())}
 
     def ordered_sites(self) -> list[Site]:
         return sorted(self.sites.values(), key=lambda s: site_order(s.key))
@@ -329,7 +330,7 @@ class ClusteringStrategy(Strategy):
             sites.fix_transform(self, replies)
             self._begin_repetition()
             return {"sites-usable": len(self.sites)}
-        self._require_sites(replies, plan.task)
+        sites.require_answers(self, replies, plan.task)
         if plan.task == "evaluate" and self.phase == "interim":
             # eval-every: the exact score of the current centroids over all sites
             self.phase = "train"
@@ -338,7 +339,8 @@ class ClusteringStrategy(Strategy):
         if plan.task == "evaluate":
             return self.finish_repetition(replies)
         if plan.task == "evaluate_distances":
-            return self._finish_run(replies)
+            return self._finish_run(np.sum([r.arrays.distances for r in replies], axis=0)
+                                    if replies else None)
         if self.phase == "init":
             self.start_training(self.reduce_init(plan, replies))
             return {}
@@ -402,15 +404,6 @@ class ClusteringStrategy(Strategy):
         self.previous = centroids.copy()
         self.phase = "train" if self.has_training else "evaluate"
 
-    def _require_sites(self, replies: list[Reply], task: str) -> None:
-        if not replies:
-            log(logging.WARNING, "task %s: no valid reply this round", task)
-        answered = sum(r.n_sites for r in replies)
-        if task != "lloyd" and answered < min(self.config.min_sites, len(self.sites)):
-            dropped = "; ".join(self.round_failures)
-            raise FederationError(f"task {task}: only {answered} valid replies, min-sites = "
-                                  f"{self.config.min_sites}" + (f"; dropped: {dropped}" * bool(dropped)))
-
     def finish_repetition(self, replies: list[Reply]) -> dict:
         stats = metrics.pool([reports.site_stats(r) for r in replies])
         # Under secure aggregation there is no site's own reply to report.
@@ -426,19 +419,25 @@ class ClusteringStrategy(Strategy):
                 "centroids": self.centroids,
                 "rounds": self.train_round,
                 "movement": self.last_movement,
+                # summed distances to the centroids (Davies-Bouldin's, if the means are those)
+                "distances": np.sum([r.arrays.distances for r in replies], axis=0),
             }
         )
         if self.repetition + 1 < self.config.n_init:
             self.repetition += 1
             self._begin_repetition()
+        elif self.config.private:  # Davies-Bouldin is not released under DP: no second pass
+            self._finish_run(np.zeros(self.k))
+        elif self.fold_distances and metrics.means_are_centroids(self.best["stats"],
+                                                                 self.best["centroids"]):
+            self._finish_run(self.best["distances"])
         else:
             self.phase = "distances"
         return {"score": score}
 
-    def _finish_run(self, replies: list[Reply]) -> dict:
-        """Davies-Bouldin's second pass done: the final metrics of the best repetition."""
+    def _finish_run(self, distances: np.ndarray | None) -> dict:
+        """Davies-Bouldin's distances known: the final metrics of the best repetition."""
         best = self.best
-        distances = np.sum([r.arrays.distances for r in replies], axis=0) if replies else None
         self.final_metrics = metrics.compute_metrics(best["stats"], distances)
         self.phase = "done"
         self.finished = True

@@ -30,6 +30,7 @@ from flwr.common.logger import log
 from fedcluster.common import protocol
 from fedcluster.common.kernels import frobenius
 from fedcluster.strategies.topology import TopologyError, build_topology, edges
+from fedcluster.strategies import sites
 from fedcluster.strategies.aggregate import gtv_distance, kmeans_on_centroids
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.errors import FederationError
@@ -146,7 +147,7 @@ class GTVKMeans(ClusteringStrategy):
     def reduce_round(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
         if plan.task != "evaluate_sets":
             return super().reduce_round(server_round, plan, replies)
-        self._require_sites(replies, plan.task)
+        sites.require_answers(self, replies, plan.task)
         if not replies:
             raise FederationError("gtv: no site scored the sites' centroids")
         total = np.sum([r.arrays.sse for r in replies], axis=0)

@@ -5,7 +5,9 @@ Sites report, against the final centroids C (``tasks.evaluate``): n, SSE, per-cl
 counts, sums and sums of squared norms, the simplified-silhouette sum and, where they
 hold labels, their contingency table (true label x cluster). A second pass
 (``tasks.evaluate_distances``) sends the pooled cluster means back and gets the sums of
-distances to them, which Davies-Bouldin needs as scikit-learn defines it. Summed over
+distances to them, which Davies-Bouldin needs as scikit-learn defines it; the first
+pass's own distances (to the centroids) spare it when the means are the centroids
+(:func:`means_are_centroids`). Summed over
 sites these give exactly what scikit-learn computes on the pooled data; the only
 difference is the privacy floor: a cluster (or contingency cell) with fewer than p
 members at a site is left out by that site.
@@ -87,6 +89,29 @@ def pool(site_stats: list[dict]) -> PooledStats:
 def _sum_if_all(site_stats: list[dict], key: str) -> float | None:
     values = [s.get(key) for s in site_stats]
     return None if any(v is None for v in values) else float(sum(values))
+
+
+#: How close (per coordinate, relative to max(1, max |C|)) every non-empty cluster's
+#: pooled mean must be to its centroid for the evaluation's distances to stand for
+#: Davies-Bouldin's second pass.
+MEANS_TOL = 1e-12
+
+
+def means_are_centroids(stats: PooledStats, centroids: np.ndarray) -> bool:
+    """Whether the pooled cluster means are the centroids the evaluation measured its
+    distances to, up to rounding (:data:`MEANS_TOL`).
+
+    Davies-Bouldin's S_k is the mean distance of cluster k's rows to its pooled MEAN,
+    which exists only once the evaluation's sums are pooled: in general a second pass.
+    By the triangle inequality the mean distance to the centroid c_k differs from S_k by
+    at most ||mean_k - c_k|| <= sqrt(d) x MEANS_TOL x max(1, max |C|), so when this holds
+    (a converged run: the last round moved nothing, so the evaluation's clusters are
+    the last training round's and their means the centroids) the evaluation's own
+    distances give S_k to that bound and the second pass is spared."""
+    has = stats.counts > 0
+    centroids = np.asarray(centroids, dtype=np.float64)
+    scale = max(1.0, float(np.max(np.abs(centroids)))) if centroids.size else 1.0
+    return bool(np.all(np.abs(stats.means[has] - centroids[has]) <= MEANS_TOL * scale))
 
 
 def calinski_harabasz(stats: PooledStats) -> float:

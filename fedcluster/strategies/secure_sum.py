@@ -55,7 +55,9 @@ def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
             plan.task == "minibatch" and (
                 batch == 0 or batch >= min((s.n_rows for s in sites), default=0))),
     )
-    means = plan.arrays.means if plan.task == "evaluate_distances" else None
+    # the centres a distance term is measured to: the pooled means, or (evaluate) the centroids
+    means = {"evaluate_distances": getattr(plan.arrays, "means", None),
+             "evaluate": getattr(plan.arrays, "centroids", None)}.get(plan.task)
     scales = secure.term_bounds(names, np.asarray(plan.arrays.centroids), config.secagg_data_bound,
                                 n_max, means)
     return names, private.secure_scales(strategy, plan.task, names, scales, len(sites))
@@ -111,7 +113,8 @@ def sum_reply(strategy, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
         arrays = kind(local, weights)
     elif plan.task == "evaluate":
         arrays = protocol.Evaluation(sums["counts"].astype(np.int64), sums["sums"],
-                                     sums["sqnorms"], sums["hidden"].astype(np.int64))
+                                     sums["sqnorms"], sums["hidden"].astype(np.int64),
+                                     sums["distances"])
     else:
         arrays = protocol.Distances(sums["distances"])
     return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)

@@ -205,16 +205,20 @@ def _evaluation(reply: protocol.Evaluation, metrics, expect: Expect, n_rows: int
         _fuzzy_sums(metrics, n_rows, k)
     with_labels = "label-names" in metrics
     if with_labels != (reply.contingency is not None):
-        raise ReplyError(f"sent {len(protocol.to_arrays(reply))} arrays, expected {5 if with_labels else 4}")
+        raise ReplyError(f"sent {len(protocol.to_arrays(reply))} arrays, expected {6 if with_labels else 5}")
     _shape("cluster sizes", reply.counts, (k,))
     _shape("cluster sums", reply.sums, (k, d))
     _shape("squared norms", reply.sqnorms, (k,))
     _shape("hidden flags", reply.hidden, (k,))
-    for name, a in (("cluster sums", reply.sums), ("squared norms", reply.sqnorms)):
+    _shape("distance sums", reply.distances, (k,))
+    for name, a in (("cluster sums", reply.sums), ("squared norms", reply.sqnorms),
+                    ("distance sums", reply.distances)):
         _finite(name, a)
     counts = _counts("cluster sizes", reply.counts, expect, n_rows)
-    if np.any(reply.sqnorms < 0) or not np.all(np.isin(reply.hidden, (0, 1))):
-        raise ReplyError("negative squared norms or hidden flags other than 0/1")
+    if np.any(reply.sqnorms < 0) or np.any(reply.distances < 0):
+        raise ReplyError("negative squared norms or distance sums")
+    if not np.all(np.isin(reply.hidden, (0, 1))):
+        raise ReplyError("hidden flags other than 0/1")
     contingency = None
     if with_labels:
         try:
@@ -225,7 +229,8 @@ def _evaluation(reply: protocol.Evaluation, metrics, expect: Expect, n_rows: int
             raise ReplyError(f"contingency table of shape {reply.contingency.shape} does not fit its labels")
         contingency = _counts("contingency table", reply.contingency, expect, n_rows)
     return protocol.Evaluation(counts, reply.sums.astype(np.float64), reply.sqnorms.astype(np.float64),
-                               reply.hidden.astype(bool), contingency)
+                               reply.hidden.astype(bool), reply.distances.astype(np.float64),
+                               contingency)
 
 
 def check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows) -> Reply:

@@ -1,0 +1,108 @@
+"""Fewer rounds, same results: the evaluation round's own distances stand for
+Davies-Bouldin's second pass when the pooled means are the centroids (a converged run),
+and the metrics equal those of the old separate second pass."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import fedcluster
+from fedcluster.common.datasets import load_builtin, partition
+from fedcluster.strategies import metrics
+from fedcluster.strategies.base import ClusteringStrategy
+
+
+@pytest.fixture(scope="module")
+def sites():
+    X, y = load_builtin("digits")
+    return [X[rows] for rows in partition(y, 3, "dirichlet:0.5", seed=1)]
+
+
+def _both(monkeypatch, sites, **config):
+    """The same run with the evaluation's distances folded in (today) and with the old
+    separate second pass."""
+    folded = fedcluster.simulate(sites, **config)
+    monkeypatch.setattr(ClusteringStrategy, "fold_distances", False)
+    separate = fedcluster.simulate(sites, **config)
+    monkeypatch.undo()
+    return folded, separate
+
+
+def _assert_same_metrics(folded, separate, db_rtol: float) -> None:
+    assert set(folded.metrics) == set(separate.metrics)
+    for key, value in separate.metrics.items():
+        if key == "davies-bouldin":
+            assert folded.metrics[key] == pytest.approx(value, rel=db_rtol, abs=0)
+        elif key == "rounds" or not isinstance(value, float):
+            assert folded.metrics[key] == value, key
+        else:
+            assert folded.metrics[key] == value or (math.isnan(value) and math.isnan(folded.metrics[key])), key
+    np.testing.assert_array_equal(folded.centroids, separate.centroids)
+
+
+@pytest.mark.parametrize("config", [
+    {},  # DWF at its defaults (k-FED start, tol 1e-4)
+    {"n_init": 2},  # the best of two repetitions
+], ids=["defaults", "n-init"])
+def test_a_converged_run_spares_the_second_pass_with_the_same_metrics(monkeypatch, sites, config):
+    folded, separate = _both(monkeypatch, sites, n_clusters=10, num_rounds=60, seed=3, **config)
+    tasks = [h["task"] for h in folded.history]
+    old_tasks = [h["task"] for h in separate.history]
+    # the run converged: its last training round moved nothing
+    assert [h for h in folded.history if "movement" in h][-1]["movement"] == 0.0
+    assert old_tasks[-1] == "evaluate_distances" and "evaluate_distances" not in tasks
+    assert tasks == old_tasks[:-1]
+    # S_k to the centroid and to the pooled mean differ by at most their distance, which
+    # means_are_centroids bounds by 1e-12 of the data's scale: the index agrees far closer
+    # than that to the second pass's
+    _assert_same_metrics(folded, separate, db_rtol=1e-9)
+    assert np.isfinite(folded.metrics["davies-bouldin"])
+
+
+def test_a_run_stopped_before_convergence_still_runs_the_second_pass(monkeypatch, sites):
+    """One training round from the k-FED start: the evaluation's clusters are not those
+    the centroids are the means of, so Davies-Bouldin needs the pooled means' distances."""
+    folded, separate = _both(monkeypatch, sites, n_clusters=10, num_rounds=1, tol=0.0, seed=3)
+    assert [h["task"] for h in folded.history] == [h["task"] for h in separate.history]
+    assert folded.history[-1]["task"] == "evaluate_distances"
+    _assert_same_metrics(folded, separate, db_rtol=0.0)
+
+
+def test_under_secure_aggregation_the_quantised_means_keep_the_second_pass(sites):
+    """SecAgg+ sums quantised terms: the pooled means of the evaluation differ from the
+    centroids by the quantisation error (~1e-5 here), far above means_are_centroids'
+    bound, so the second pass runs as before (the evaluation's distances travel in the
+    secure sum, unused)."""
+    result = fedcluster.simulate(sites, n_clusters=10, num_rounds=60, seed=3,
+                                 secure_aggregation=True, secagg_data_bound=16.0,
+                                 data_bounds="0:16")
+    assert [h["task"] for h in result.history][-2:] == ["evaluate", "evaluate_distances"]
+    assert np.isfinite(result.metrics["davies-bouldin"])
+
+
+def test_a_dp_run_sends_no_davies_bouldin_round():
+    """Under DP the sites answer the distances round with zeros (Davies-Bouldin is not
+    released): the run no longer asks for it, and still reports no Davies-Bouldin."""
+    rng = np.random.default_rng(4)
+    data = [np.clip(rng.normal(size=(120, 3)) + 4 * (i % 2), -8, 8) for i in range(3)]
+    result = fedcluster.simulate(data, n_clusters=2, dp_epsilon=2.0, data_bounds="-8:8",
+                                 num_rounds=3, min_sites=3)
+    assert result.history[-1]["task"] == "evaluate"
+    assert "evaluate_distances" not in {h["task"] for h in result.history}
+    assert "davies-bouldin" not in result.metrics and result.metrics["dp-mode"] == "local"
+
+
+def test_means_are_centroids_within_the_bound_only():
+    stats = metrics.PooledStats(n_rows=6, sse=1.0, silhouette_sum=0.0,
+                                counts=np.array([2, 4, 0]),
+                                sums=np.array([[2.0, 4.0], [-4.0, 8.0], [0.0, 0.0]]),
+                                sqnorms=np.zeros(3), contingency={})
+    C = np.array([[1.0, 2.0], [-1.0, 2.0], [7.0, 7.0]])  # an empty cluster's row: any
+    assert metrics.means_are_centroids(stats, C)
+    C[1, 0] += 1e-13  # well within 1e-12 x max(1, max |C|) = 7e-12
+    assert metrics.means_are_centroids(stats, C)
+    C[1, 0] += 1e-10
+    assert not metrics.means_are_centroids(stats, C)
