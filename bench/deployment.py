@@ -25,6 +25,15 @@ split into Flower's own time (polling, transport, process start-up) and fedclust
    at once. The ratio of fedcluster's median training round to its median round is
    reported.
 
+5. **The default run, before and after** (issue 18): DWF at its defaults (k-FED start,
+   ``tol`` 1e-4, up to 50 rounds) from ``flwr run`` to model.json, on a federation of
+   its own (a fresh SuperLink and 3 SuperNodes on the same files, the same 0.2 s SuperExec
+   poll), once with the code of ``--before`` (default 62492cf, the last commit before
+   issue 18's work: the ServerApp waits with Flower's ``send_and_receive``, which sleeps
+   3 s between pulls, and every phase is a round of its own) unpacked from git, and once
+   with this checkout. Wall time, rounds per run and the median training round, each also
+   as a ratio to the no-op floor's round.
+
 Flower's share = deployment seconds per round - fedcluster's in-process seconds per round.
 The SuperExecs poll for work every 0.2 s here (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, set
 below; the tests use 0.5 s to spare CPU; Flower's default is 1 s, which adds up to ~1.6 s
@@ -123,6 +132,60 @@ def deployment(paths: list[Path], config: dict, workdir: Path) -> tuple[list[flo
     return train_seconds(model.history), {"run-seconds": run.seconds, **model.metrics}, floor
 
 
+#: The last commit before issue 18's work (the "before" of the default-run comparison).
+BEFORE = "62492cf"
+
+
+def default_config(k: int) -> dict:
+    """DWF at its defaults (k-FED start, tol 1e-4, up to 50 rounds) on the bench's sites."""
+    return {"algorithm": "dwf", "n-clusters": k, "min-sites": N_SITES, "seed": 1}
+
+
+def unpack(commit: str, directory: Path) -> Path:
+    """The app as it was at ``commit`` (``git archive``; the repository is not touched).
+    ``flwr run`` packs it into the FAB, and the fresh ServerApp and ClientApp processes put
+    the FAB's folder first on ``sys.path``, so its ``fedcluster`` is the one that runs."""
+    directory.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
+    return directory
+
+
+def default_runs(app_dir: Path, paths: list[Path], k: int, workdir: Path, name: str,
+                 repeats: int) -> list[dict]:
+    """``repeats`` default runs of the app in ``app_dir`` on a fresh federation (after a
+    one-round warm-up that installs the app and fills its Numba cache): per run the wall
+    time of ``flwr run`` to model.json, the rounds and their tasks, the training rounds'
+    seconds (model.json's history, read as JSON: the format of either version)."""
+    import json
+
+    import flower_processes as fp
+
+    config = default_config(k)
+    out = workdir / f"outputs-{name}"
+    runs = []
+    with fp.sandbox(workdir / name, NUMBA_CACHE_DIR=workdir / f"numba-{name}",
+                    FEDCLUSTER_CACHE_DIR=workdir / f"site-cache-{name}") as bed:
+        bed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.2"
+        link = bed.superlink(simulation=False)
+        bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i)}
+                              for i, p in enumerate(paths)})
+        bed.connect(name, link.control_address)
+        bed.run(app_dir, name, {**config, "num-rounds": 1, "output-dir": ""}, timeout=900,
+                log_name=f"warm-up-{name}")
+        for i in range(repeats):
+            run = bed.run(app_dir, name, {**config, "output-dir": str(out), "run-name": f"run-{i}"},
+                          timeout=1800, log_name=f"{name}-{i}")
+            model = json.loads((out / f"run-{i}" / "model.json").read_text())
+            history = model["history"]
+            runs.append({"seconds": run.seconds, "rounds": len(history),
+                         "tasks": [h["task"] for h in history],
+                         "train": [float(h["seconds"]) for h in history if h["task"] == TRAIN_TASK],
+                         "score": model["metrics"]["score"]})
+    return runs
+
+
 def in_process(paths: list[Path], config: dict, workdir: Path) -> tuple[list[float], dict]:
     from fedcluster.simulation import run_in_process
 
@@ -186,6 +249,9 @@ def main(argv=None) -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=10, help="training rounds per run")
     parser.add_argument("--import-repeats", type=int, default=5)
+    parser.add_argument("--default-runs", type=int, default=2,
+                        help="default DWF runs before and after (0: skip the comparison)")
+    parser.add_argument("--before", default=BEFORE, help="the commit of the 'before' code")
     parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
     args = parser.parse_args(argv)
     t_start = time.perf_counter()
@@ -200,6 +266,16 @@ def main(argv=None) -> None:
         print(f"in-process: {inproc}", flush=True)
         pieces = parts(paths, args.k)
         print(f"parts: {pieces}", flush=True)
+        compared = {}
+        if args.default_runs:
+            before_app = unpack(args.before, workdir / "before-app")
+            compared["before"] = default_runs(before_app, paths, args.k, workdir, "before",
+                                              args.default_runs)
+            print(f"default runs, before: {compared['before']}", flush=True)
+            compared["now"] = default_runs(ROOT, paths, args.k, workdir, "now", args.default_runs)
+            print(f"default runs, now: {compared['now']}", flush=True)
+            # the 'before' really ran the old code: its describe was a round of its own
+            assert compared["before"][0]["tasks"][:2] == ["describe", "local_kmeans"], compared
     imports = {what: min(child_imports(what, args.rows, args.d, args.k)
                          for _ in range(args.import_repeats))
                for what in ("flower", "fedcluster", "fedcluster-small")}
@@ -258,8 +334,44 @@ def main(argv=None) -> None:
         f"Deployment training rounds (s): {', '.join(f'{s:.2f}' for s in dep)}; in-process: "
         f"{', '.join(f'{s:.3f}' for s in inproc)}. Load average (1 min) {load_before:.2f} at "
         f"the start on {os.cpu_count()} cores; total time {time.perf_counter() - t_start:.0f} s.")
+    if compared:
+        text += ["", *default_run_table(compared, floor, args)]
     path = report.write_section("deployment", "\n".join(text), args.out)
     print(f"wrote {path}")
+
+
+def default_run_table(compared: dict, floor: float, args) -> list[str]:
+    """The default run before and after, as seconds, rounds and ratios to the floor."""
+    def median(key: str, name: str) -> float:
+        values = [run[key] for run in compared[name]]
+        return statistics.median(values)
+
+    def train(name: str) -> float:
+        return statistics.median([s for run in compared[name] for s in run["train"]])
+
+    rows = [("wall time, `flwr run` to model.json (s)", median("seconds", "before"),
+             median("seconds", "now")),
+            ("rounds per run", median("rounds", "before"), median("rounds", "now")),
+            ("median training round (s)", train("before"), train("now"))]
+    lines = [f"The default run, before and after: DWF at its defaults (k-FED start, tol 1e-4, "
+             f"up to 50 rounds, k = {args.k}) on the same 3 sites, from `flwr run` to model.json, "
+             f"{args.default_runs} runs each (median), each on a fresh federation after a "
+             f"warm-up run. Before = commit {args.before} (`git archive`: the ServerApp waits "
+             "with Flower's `send_and_receive`, 3 s between pulls; describe, the k-FED round "
+             "and Davies-Bouldin's pass are rounds of their own); now = this checkout. Ratios "
+             f"to the no-op floor's median round ({floor:.3f} s).", "",
+             "| default DWF run | before | now | now / before | before / floor | now / floor |",
+             "|---|---|---|---|---|---|"]
+    for name, before, now in rows:
+        lines.append(f"| {name} | {before:.2f} | {now:.2f} | **{now / before:.2f}** "
+                     f"| {before / floor:.2f} | {now / floor:.2f} |")
+    for name in ("before", "now"):
+        run = compared[name][0]
+        lines.append("")
+        walls = ", ".join(f"{r['seconds']:.1f}" for r in compared[name])
+        lines.append(f"Rounds {name}: {', '.join(run['tasks'])}; wall times {walls} s; "
+                     f"score {run['score']:.6g}.")
+    return lines
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedcluster import client_app as client_module
 from fedcluster import server_app as server_module
+from fedcluster.common import protocol
 from fedcluster.common.config import kebab_keys, parse_run_config, run_config_defaults
 from fedcluster.client_app.site_data import SiteData, check_site_array
 from fedcluster.strategies.metrics import knowledge_gap
@@ -185,6 +186,16 @@ def serve_in_process(
     )
     server_module.app(grid, context)
     return context.state.config_records[server_module.RESULT]
+
+
+def record_tasks(record: dict) -> list[str]:
+    """The tasks a recorded message asked for: its ``task`` and, for a describe that
+    carried the run's first task (``protocol.THEN``), that one too (its arrays are the
+    reply's)."""
+    if record.get("task") is None:
+        return []
+    carried = record.get("params", {}).get(protocol.THEN)
+    return [record["task"]] if carried is None else [record["task"], str(carried)]
 
 
 def run_in_process(

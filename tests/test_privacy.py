@@ -17,6 +17,7 @@ from fedcluster.common.config import ConfigError, parse_run_config
 from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.task_io import TaskError
 from fedcluster.client_app.task_runner import run_task
+from fedcluster.simulation import record_tasks
 
 BOX = (np.zeros(64), np.full(64, 16.0))  # the digits' pixel range, D = 16 * 8 = 128
 
@@ -243,7 +244,7 @@ def test_dp_run_is_reproducible_accounted_and_sends_no_sse():
     spent = [row["dp-epsilon-spent"] for row in first.history]
     assert spent == sorted(spent) and spent[0] == 0.0
     assert spent[-1] == pytest.approx(metrics["dp-epsilon-spent"])
-    tasks = [r["task"] for r in replies]
+    tasks = [task for r in replies for task in record_tasks(r)]
     assert "bounds" not in tasks and "local_kmeans" not in tasks  # init drawn in the box
     for reply in replies:
         if reply["task"] == "lloyd":

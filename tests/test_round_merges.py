@@ -48,7 +48,7 @@ def _assert_same_metrics(folded, separate, db_rtol: float) -> None:
     {"n_init": 2},  # the best of two repetitions
 ], ids=["defaults", "n-init"])
 def test_a_converged_run_spares_the_second_pass_with_the_same_metrics(monkeypatch, sites, config):
-    folded, separate = _both(monkeypatch, sites, n_clusters=10, num_rounds=60, seed=3, **config)
+    folded, separate = _both(monkeypatch, sites, n_clusters=10, num_rounds=60, seed=0, **config)
     tasks = [h["task"] for h in folded.history]
     old_tasks = [h["task"] for h in separate.history]
     # the run converged: its last training round moved nothing
@@ -106,3 +106,52 @@ def test_means_are_centroids_within_the_bound_only():
     assert metrics.means_are_centroids(stats, C)
     C[1, 0] += 1e-10
     assert not metrics.means_are_centroids(stats, C)
+
+
+# --------------------------------------------- the first task, carried by describe
+
+
+@pytest.mark.parametrize("config", [
+    {},  # DWF's k-FED start
+    {"algorithm": "fkm"},  # FKM's seeded clusters
+    {"algorithm": "kfed"},  # k-FED one-shot
+    {"scale": "standard"},  # the statistics round
+    {"init": "random", "site_config": {"allow-minmax": True}},  # the bounding box
+], ids=["dwf", "fkm", "kfed", "scale", "random"])
+def test_describe_carries_the_first_task_with_the_same_result(monkeypatch, sites, config):
+    carried = fedcluster.simulate(sites, n_clusters=10, num_rounds=8, seed=0, **config)
+    monkeypatch.setattr(ClusteringStrategy, "carries_first_task", False)
+    separate = fedcluster.simulate(sites, n_clusters=10, num_rounds=8, seed=0, **config)
+    first, *rest = [h["task"] for h in carried.history]
+    old_first, old_second, *old_rest = [h["task"] for h in separate.history]
+    assert old_first == "describe" and first == f"describe+{old_second}"
+    assert rest == old_rest  # one round fewer, the same rounds after it
+    np.testing.assert_array_equal(carried.centroids, separate.centroids)
+    assert carried.metrics["score"] == separate.metrics["score"]
+
+
+def test_a_site_refusing_the_carried_task_alone_is_admitted_without_its_reply(sites):
+    """Site 2 does not allow minima and maxima: it refuses the carried bounds task, is
+    admitted all the same (its describe stands) and trains with the others, as it did
+    when bounds was a round of its own."""
+    from fedcluster.simulation import run_in_process, site_nodes
+
+    with site_nodes(sites, site_config={"allow-minmax": True}) as nodes:
+        nodes[2]["allow-minmax"] = False
+        result = run_in_process(nodes, {"algorithm": "dwf", "n-clusters": 10, "init": "random",
+                                        "num-rounds": 3, "min-sites": 2, "output-dir": ""})
+    assert result.history[0]["task"] == "describe+bounds"
+    assert result.metrics["rejected-sites"] == {} and result.metrics["n-sites"] == 3
+    (failure,) = result.metrics["site-failures"]["2"]
+    assert failure.startswith("round 1 (bounds): reply dropped: the site refused: site policy "
+                              "allow-minmax=false refuses task 'bounds'")
+    assert result.history[1]["task"] == "lloyd" and result.history[1]["sites-answered"] == 3
+
+
+def test_a_site_draws_the_seed_the_server_would_give_it():
+    from fedcluster.common import protocol
+
+    seeds = {key: protocol.site_seed([7, 2], key) for key in ("0", "1", "hospital-a")}
+    assert len(set(seeds.values())) == 3  # one per site
+    assert seeds == {key: protocol.site_seed((7, 2), key) for key in seeds}  # reproducible
+    assert protocol.site_seed([8, 2], "0") != seeds["0"]  # another repetition, another seed

@@ -26,7 +26,8 @@ import fedcluster
 import flower_processes as fp
 import netns
 from fedcluster.common.datasets import load_builtin, partition
-from test_deployment import py_kwargs, write_site_csv
+from fedcluster.simulation import run_in_process, site_nodes
+from test_deployment import write_site_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -136,9 +137,12 @@ def test_tls_authenticated_run_across_hosts(federation):
                 log_path=fed.bed.log_dir / "flwr-run-tls.log")
     model = fedcluster.Model.load(out / "tls" / "model.json")
     assert model.metrics["n-sites"] == 3 and not model.metrics["rejected-sites"]
-    harness = fedcluster.simulate(fed.arrays, **py_kwargs({**CONFIG, "min-cluster-size": 2}),
-                                  site_min_cluster_size=[2, 2, 2])
-    # sites are named by site-id in both; same seeds, same order: the same numbers
+    # the same sites in process: the same site ids (each site draws its seeds from its id),
+    # floors and order, so the same numbers
+    with site_nodes(fed.arrays) as nodes:
+        for node, site in zip(nodes, SITES):
+            node.update({"site-id": site, "min-cluster-size": 2})
+        harness = run_in_process(nodes, {**CONFIG, "min-cluster-size": 2, "output-dir": ""})
     np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
     assert "Uvicorn running on https://0.0.0.0:8000" in fed.link.log_text()  # TLS
     assert sorted(model.metrics["per-site"]) == SITES

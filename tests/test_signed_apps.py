@@ -48,8 +48,9 @@ from test_deployment import write_site_csv
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_ID = "fedcluster-reviewers"
-# The shortest run there is: describe, one lloyd round, evaluate, evaluate_distances (init
-# "random" in the given data-bounds box needs no round of its own); ~10 s a round here,
+# The shortest run there is: describe, one lloyd round, evaluate (and evaluate_distances
+# unless it converged; init "random" in the given data-bounds box needs no round of its
+# own); ~10 s a round here,
 # for the fresh ClientApp process of every message.
 CONFIG = {"algorithm": "dwf", "n-clusters": 2, "num-rounds": 1, "min-sites": 1,
           "init": "random", "data-bounds": "-5:10"}

@@ -14,7 +14,7 @@ from fedcluster import cli
 from fedcluster.client_app import disclosure_ledger, privacy_budget
 from fedcluster.common import privacy, protocol
 from fedcluster.common.config import ConfigError, parse_node_config
-from fedcluster.simulation import run_in_process, site_nodes
+from fedcluster.simulation import record_tasks, run_in_process, site_nodes
 from fedcluster.strategies.errors import FederationError
 
 BOX = "-4:10"
@@ -153,7 +153,7 @@ def test_minmax_is_refused_by_default_naming_the_settings_that_avoid_it(config, 
     assert "data-bounds" in text and "scale 'standard'" in text and "init 'kfed'" in text
     allowed = fedcluster.simulate(_sites(), site_config={"allow-minmax": True},
                                   **{k.replace("-", "_"): v for k, v in run.items()})
-    assert allowed.history[1]["task"] == task
+    assert allowed.history[0]["task"] == f"describe+{task}"  # carried by the describe round
 
 
 # ----------------------------------------------------------- disclosure ledger
@@ -177,16 +177,26 @@ def test_every_ledger_line_is_exactly_what_the_server_received(tmp_path, algorit
                         record_replies=records, site_config={"ledger-path": str(path)})
     lines = disclosure_ledger.read(path)
     received = _replies_by_site_round(records)
-    assert len(lines) == len(received) > 6
+    # one line per task: a describe that carried the run's first task writes two, in order
+    per_message: dict = {}
     for line in lines:
-        record = received[(line["site"], line["round"])]
-        assert line["task"] == record["task"] and line["algorithm"] == algorithm
-        sent = [np.asarray(v, dtype=np.float64) for v in line["values"].values()]
+        per_message.setdefault((line["site"], line["round"]), []).append(line)
+    assert set(per_message) == set(received) and len(received) > 6
+    assert any(len(tasks) == 2 for tasks in per_message.values())
+    for key, mine in per_message.items():
+        record = received[key]
+        assert [line["task"] for line in mine] == record_tasks(record)
+        assert all(line["algorithm"] == algorithm for line in mine)
+        assert all(line["n-rows"] == record["num-examples"] for line in mine)
+        # the reply's arrays are its last task's (describe sends none), exactly
+        assert all(not line["values"] for line in mine[:-1])
+        sent = [np.asarray(v, dtype=np.float64) for v in mine[-1]["values"].values()]
         assert len(sent) == len(record["arrays"])
-        for mine, theirs in zip(sent, record["arrays"]):
-            np.testing.assert_array_equal(mine, theirs)  # exact, not close
-        assert line["metrics"] == json.loads(json.dumps(record["metrics"]))
-        assert line["n-rows"] == record["num-examples"]
+        for value, theirs in zip(sent, record["arrays"]):
+            np.testing.assert_array_equal(value, theirs)  # exact, not close
+        # and its metrics are those of its tasks together
+        metrics = {name: v for line in mine for name, v in line["metrics"].items()}
+        assert metrics == json.loads(json.dumps(record["metrics"]))
     out = cli_output(["site", "ledger", str(path)])
     assert f"disclosure ledger {path}: {len(lines)} line(s)" in out
     assert f"({algorithm}), site 0:" in out and "numbers in plain replies" in out

@@ -110,9 +110,9 @@ def _policy_run(policies: dict[int, dict], config: dict):
 def test_max_rounds_counts_answered_task_rounds_in_process():
     result = _policy_run({1: {"max-rounds": 2}}, CONFIG)
     rounds = [(h["task"], h["sites-asked"], h["sites-answered"]) for h in result.history]
-    # describe (not counted), bounds + one lloyd answered by all; site 1 declared its
+    # describe (not counted) with bounds, + one lloyd answered by all; site 1 declared its
     # limit, so the server does not ask it after that (no refusals, no failures)
-    assert rounds == [("describe", 3, 3), ("bounds", 3, 3), ("lloyd", 3, 3), ("lloyd", 2, 2),
+    assert rounds == [("describe+bounds", 3, 3), ("lloyd", 3, 3), ("lloyd", 2, 2),
                       ("evaluate", 2, 2), ("evaluate_distances", 2, 2)]
     assert result.metrics["site-failures"] == {}
     assert result.metrics["sites-at-max-rounds"] == {"1": 2}
@@ -152,7 +152,7 @@ def test_a_site_at_its_limit_that_is_still_asked_refuses():
     failures = result.metrics["site-failures"]
     assert list(failures) == ["1"] and len(failures["1"]) == 3
     assert all("site policy max-rounds=2 reached" in event for event in failures["1"])
-    assert [h["sites-answered"] for h in result.history] == [3, 3, 3, 2, 2, 2]
+    assert [h["sites-answered"] for h in result.history] == [3, 3, 2, 2, 2]
 
 
 def test_the_server_follows_the_sites_own_count():
@@ -220,11 +220,11 @@ def test_site_policies_on_real_site_processes(bed, tmp_path):
     # (rounds-left), so had the count not persisted across the fresh ClientApp process
     # of every message, site 1 would have been asked (and answered) every round.
     assert sorted(failures) == ["2"] and model.metrics["sites-at-max-rounds"] == {"1": 2}
-    # (describe, bounds, lloyd, lloyd, evaluate: the run converged, so the evaluation's
-    # distances gave Davies-Bouldin without a second pass)
-    assert [h["task"] for h in model.history][-1] == "evaluate"
-    assert [h["sites-answered"] for h in model.history] == [2, 2, 2, 1, 1]
-    assert [h["sites-asked"] for h in model.history] == [3, 2, 2, 1, 1]
+    # (describe with bounds, lloyd, lloyd, evaluate: the run converged, so the
+    # evaluation's distances gave Davies-Bouldin without a second pass)
+    assert [h["task"] for h in model.history] == ["describe+bounds", "lloyd", "lloyd", "evaluate"]
+    assert [h["sites-answered"] for h in model.history] == [2, 2, 1, 1]
+    assert [h["sites-asked"] for h in model.history] == [3, 2, 1, 1]
     assert sorted(model.metrics["per-site"]) == ["0"]
     # the refusing site says so in its own log (its ClientApp processes log there)
     assert "refused" not in procs["supernode-1"].log_text()

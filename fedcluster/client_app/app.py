@@ -226,6 +226,30 @@ class SiteClient(NumPyClient):
         site_policy.check_minmax(self.node, task, config)
 
     def fit(self, parameters, config):
+        config = dict(config)
+        if protocol.SEED_BASE in config:  # this site's own seed (the same at the server)
+            try:
+                base = json.loads(str(config[protocol.SEED_BASE]))
+                config["seed"] = protocol.site_seed(base, self.key)
+            except (TypeError, ValueError):
+                pass  # the task then refuses for want of a seed, naming the parameter
+        if config.get("task") == "describe" and protocol.THEN in config:
+            return self._describe_and_first_task(parameters, config)
+        return self._fit_task(parameters, config)
+
+    def _describe_and_first_task(self, parameters, config):
+        """The describe handshake with the run's first task (``protocol.THEN``): both
+        run as two tasks would (policies, ledger lines, counts), one reply carries both."""
+        carried = {**config, "task": str(config.pop(protocol.THEN))}
+        arrays, n_rows, metrics = self._fit_task(parameters, config)
+        if protocol.ERROR in metrics:
+            return arrays, n_rows, metrics
+        carried_arrays, _, carried_metrics = self._fit_task(parameters, carried)
+        if protocol.ERROR in carried_metrics:  # admitted, but without this task's reply
+            return arrays, n_rows, {**metrics, protocol.THEN_ERROR: carried_metrics[protocol.ERROR]}
+        return carried_arrays, n_rows, {**metrics, **carried_metrics}
+
+    def _fit_task(self, parameters, config):
         task = str(config.get("task", "?"))
         fingerprint = None
         try:

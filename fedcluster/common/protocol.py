@@ -15,7 +15,8 @@ strategy hook that plans and reduces it (``strategies/``).
 
 Tasks
 -----
-``describe``      -> metrics only (rows as num_examples, ``n-features``, ``feature-names``)
+``describe``      -> metrics only (rows as num_examples, ``n-features``, ``feature-names``);
+                     with ``then`` (:data:`THEN`) also the carried task's reply
 ``stats``         -> :class:`Moments` (``scale`` standard) or :class:`Range` (minmax)
 ``bounds``        -> :class:`Range`
 ``local_kmeans``, ``kmeanspp``, ``prune_lloyd`` -> :class:`ClusterMeans` (at most the rows
@@ -29,6 +30,7 @@ Tasks
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -178,6 +180,21 @@ SITE_KEY, ROUNDS_LEFT, ERROR = "site-key", "rounds-left", "error"
 #: Every task carries the server's round number; a DP task also the run's planned spend
 #: (rho-zCDP, for the site's ``dp-budget``) besides its own ``dp-rho``.
 ROUND, DP_RHO, DP_RHO_PLANNED = "round", "dp-rho", "dp-rho-planned"
+#: The describe handshake may carry the run's first task (``stats``, or an initialisation
+#: that needs nothing the handshake tells): ``then`` names it, its parameters ride along,
+#: and the site answers both in one reply (describe's metrics, the task's arrays and
+#: metrics), or, when it refuses the task alone, describe's metrics and ``then-error``.
+THEN, THEN_ERROR = "then", "then-error"
+#: A seeded task's seed base (JSON list of ints); the site draws its own seed from it and
+#: its key (:func:`site_seed`), so the server need not know which site is which yet.
+SEED_BASE = "seed-base"
+
+
+def site_seed(base: list[int], key: str) -> int:
+    """The seed of site ``key`` for a task seeded by ``base`` (the repetition's seed and a
+    salt): the same at the site and the server, in every engine."""
+    digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little")
+    return int(np.random.SeedSequence([*map(int, base), digest]).generate_state(1)[0])
 
 
 def task(name: str) -> Task:

@@ -48,7 +48,7 @@ def progress_line(row: dict, max_rounds: int) -> str:
         return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
 
     return (
-        f"round {row['round']:>3} [{row['task']:<18}] rep {row['repetition']} "
+        f"round {row['round']:>3} [{row['task']:<21}] rep {row['repetition']} "
         f"sites {row['sites-answered']}/{row['sites-asked']} "
         f"(failed {row['sites-failed']}) movement {num('movement', '.3e')} "
         f"score {num('score', '.6g')} {num('seconds', '.2f')}s"

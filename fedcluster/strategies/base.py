@@ -6,7 +6,8 @@ its task (:attr:`ClusteringStrategy.PHASE_TASKS`):
 
 1. ``describe`` (once, every available site): size, width and feature names; the sites
    are admitted or rejected with a logged reason (``sites.py``). With ``scale``, a
-   ``stats`` round gives the global transform that every later task carries.
+   ``stats`` round gives the global transform that every later task carries. The
+   describe message carries the run's first task when it can (``first_task.py``).
 2. ``init`` (one round per n-init repetition): the algorithm's initialisation task.
 3. ``train`` (up to ``num-rounds`` rounds): sampled sites (fraction C, seeded) run the
    algorithm's site step; the subclass reduces the replies to new centroids, until the
@@ -47,7 +48,7 @@ from fedcluster.common import protocol, scaling
 from fedcluster.common import secure_codec as secure
 from fedcluster.common.config import RunConfig
 from fedcluster.common.kernels import frobenius
-from fedcluster.strategies import aggregate, metrics, private, reports, secure_sum, sites
+from fedcluster.strategies import aggregate, first_task, metrics, private, reports, secure_sum, sites
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.sites import Site, site_order
 from fedcluster.strategies.task_plan import TaskPlan
@@ -63,6 +64,8 @@ class ClusteringStrategy(Strategy):
     extra_rounds_per_repetition = 0
     #: Davies-Bouldin from the evaluation when the means are the centroids (False: a second pass).
     fold_distances = True
+    #: Send the run's first task with the describe handshake when it can (``first_task.py``).
+    carries_first_task = True
 
     def __init__(self, config: RunConfig, initial_centroids: np.ndarray | None = None) -> None:
         super().__init__()
@@ -164,12 +167,6 @@ class ClusteringStrategy(Strategy):
         names = [s.feature_names for s in self.sites.values() if s.feature_names]
         return names[0] if names else []
 
-    def per_site_seeds(self, *salt: int) -> dict[str, dict]:
-        """``{"seed": ...}`` per site, from the repetition's seed, ``salt`` and the
-        site's position in the stable order (so every engine draws the same)."""
-        return {site.key: {"seed": int(np.random.SeedSequence([self.seed, *salt, i]).generate_state(1)[0])}
-                for i, site in enumerate(self.ordered_sites())}
-
     def ordered_sites(self) -> list[Site]:
         return sorted(self.sites.values(), key=lambda s: site_order(s.key))
 
@@ -188,7 +185,7 @@ class ClusteringStrategy(Strategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         available = client_manager.all()
         if self.phase == "describe":
-            plan = TaskPlan("describe")
+            plan = TaskPlan("describe", carries=first_task.carried_task(self))
             targets = {int(p.node_id): p for p in available.values()}
             keys = {node_id: "" for node_id in targets}
         else:
@@ -201,6 +198,10 @@ class ClusteringStrategy(Strategy):
             keys = {s.node_id: s.key for s in usable}
         base = {"task": plan.task, "min-cluster-size": self.config.min_cluster_size,
                 protocol.ROUND: server_round + self.round_offset, **plan.params}
+        if plan.carries is not None:  # the run's first task, answered with describe
+            base.update({**plan.carries.params, protocol.THEN: plan.carries.task})
+        if seed_base := plan.seed_base or (plan.carries and plan.carries.seed_base):  # site-drawn
+            base[protocol.SEED_BASE] = json.dumps([int(v) for v in seed_base])
         if self.config.secure_aggregation and self.phase in secure.SECURE_PHASES:
             plan.secure = secure_sum.terms_and_scales(self, plan, [self.sites[k] for k in keys.values()])
             # clip: distributed DP's noise-margin case (secure.encode says why)
@@ -229,11 +230,7 @@ class ClusteringStrategy(Strategy):
             replies = secure_sum.secure_replies(self, server_round, plan, keys, results, failures,
                                                 failed)
             results, failures = [], []
-        for failure in failures:
-            key, reason = sites.failure_reason(failure, keys)
-            failed.append(f"site {key}: {reason}")
-            self.site_failures.setdefault(key, []).append(
-                f"round {server_round + self.round_offset} ({plan.task}): {reason}")
+        failed += sites.record_failures(self, server_round, plan.task, keys, failures)
         for proxy, res in results:
             node_id = int(proxy.node_id)
             metrics = dict(res.metrics)
@@ -241,6 +238,8 @@ class ClusteringStrategy(Strategy):
             if protocol.ERROR not in metrics and keys.get(node_id) == key:
                 sites.count_answer(self.sites.get(key), plan.task, metrics.get(protocol.ROUNDS_LEFT))
             arrays = parameters_to_ndarrays(res.parameters)
+            if plan.carries is not None:
+                plan.carries.received[node_id] = (arrays, metrics, res.num_examples)
             try:
                 reply = check_reply(self, plan, node_id, key, keys, arrays, metrics,
                                     res.num_examples)
@@ -261,7 +260,7 @@ class ClusteringStrategy(Strategy):
             {
                 "round": server_round + self.round_offset,
                 "repetition": self.repetition,
-                "task": plan.task,
+                "task": plan.label,
                 "sites-asked": len(keys),
                 "sites-answered": sum(r.n_sites for r in replies),
                 "sites-failed": len(keys) - sum(r.n_sites for r in replies),
@@ -325,6 +324,8 @@ class ClusteringStrategy(Strategy):
                 self._begin_repetition()
             else:
                 self.phase = "stats"
+            if plan.carries is not None:
+                first_task.reduce_carried(self, server_round, plan.carries)
             return {"sites-usable": len(self.sites)}
         if plan.task == "stats":
             sites.fix_transform(self, replies)

@@ -35,7 +35,7 @@ class FederatedKMeansPruning(ClusteringStrategy):
         return TaskPlan(
             "kmeanspp",
             params={"k-local": self.k, "init": self.config.resolved_init},
-            per_site=self.per_site_seeds(),
+            seed_base=(self.seed,),
             max_rows=self.k,
         )
 

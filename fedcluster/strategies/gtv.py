@@ -41,6 +41,9 @@ class GTVKMeans(ClusteringStrategy):
     """Decentralised k-means: sites' own centroids coupled along the edges of a graph."""
 
     extra_rounds_per_repetition = 1  # the evaluate_sets round before the consensus
+    # its first round (local k-means++ and the first GTV step) starts its training phase,
+    # which needs the graph of the admitted sites: not carried by describe
+    carries_first_task = False
 
     # ------------------------------------------------------------- state
     def reset_repetition(self) -> None:
@@ -80,7 +83,7 @@ class GTVKMeans(ClusteringStrategy):
                 "tol": self.config.tol, "n-clusters": self.k}
 
     def init_task(self) -> TaskPlan:
-        return TaskPlan("gtv", params=self._params(), per_site=self.per_site_seeds())
+        return TaskPlan("gtv", params=self._params(), seed_base=(self.seed,))
 
     def train_task(self) -> TaskPlan:
         empty = np.zeros((0, self.k, self.n_features))
@@ -94,7 +97,7 @@ class GTVKMeans(ClusteringStrategy):
                     if j in self.site_centroids]
             payloads[site.key] = protocol.SiteGraphState(own, np.stack(near) if near else empty)
         return TaskPlan("gtv", params=self._params(), sample=True,
-                        per_site=self.per_site_seeds(self.train_round + 1),
+                        seed_base=(self.seed, self.train_round + 1),
                         per_site_arrays=payloads)
 
     def plan_round(self) -> TaskPlan:

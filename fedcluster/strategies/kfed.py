@@ -22,7 +22,7 @@ def kfed_plan(strategy: ClusteringStrategy, k_local: int) -> TaskPlan:
     return TaskPlan(
         "local_kmeans",
         params={"k-local": k_local},
-        per_site=strategy.per_site_seeds(),
+        seed_base=(strategy.seed,),
         max_rows=k_local,
     )
 

@@ -47,7 +47,7 @@ class MiniBatchKMeans(KFedOrRandomInit, ClusteringStrategy):
             params={"epochs": cfg.epochs, "batch-size": cfg.batch_size, "beta": cfg.beta},
             arrays=protocol.Centroids(self.centroids),
             sample=True,
-            per_site=self.per_site_seeds(self.train_round),
+            seed_base=(self.seed, self.train_round),
         )
 
     def reduce_train(self, plan, replies) -> np.ndarray:

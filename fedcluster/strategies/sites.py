@@ -179,6 +179,19 @@ def failure_reason(failure, keys: dict[int, str]) -> tuple[str, str]:
     return keys.get(int(proxy.node_id)) or f"node-{proxy.node_id}", res.status.message
 
 
+def record_failures(strategy, server_round: int, task: str, keys: dict[int, str],
+                    failures) -> list[str]:
+    """Note a round's failed replies in ``strategy.site_failures``; return them as
+    "site K: reason" lines."""
+    failed = []
+    for failure in failures:
+        key, reason = failure_reason(failure, keys)
+        failed.append(f"site {key}: {reason}")
+        strategy.site_failures.setdefault(key, []).append(
+            f"round {server_round + strategy.round_offset} ({task}): {reason}")
+    return failed
+
+
 def too_few(strategy, what: str) -> str:
     """Why the run cannot go on: ``what`` against min-sites, and every rejection."""
     reasons = "; ".join(f"site {k}: {v}" for k, v in strategy.rejected.items())

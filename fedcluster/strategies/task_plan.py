@@ -12,7 +12,9 @@ from fedcluster.common import protocol
 class TaskPlan:
     """One round's task: its name, scalar parameters, arrays, and which sites get it.
 
-    ``per_site`` adds parameters that differ per site (e.g. a seed), keyed by site key.
+    ``per_site`` adds parameters that differ per site, keyed by site key; ``seed_base``
+    seeds the task per site (each site draws ``protocol.site_seed(seed_base, its key)``).
+    ``carries``: a describe round's plan may carry the run's first task (``protocol.THEN``).
     """
 
     task: str
@@ -27,3 +29,13 @@ class TaskPlan:
     # Secure aggregation: the terms the sites encode and their agreed scales (set by
     # configure_fit for a secure round; None: a plain round).
     secure: tuple[list[str], list[float]] | None = None
+    seed_base: tuple[int, ...] | None = None
+    carries: "TaskPlan | None" = None
+    # A carried task's replies as received (node id -> arrays, metrics, rows), validated
+    # once the describe round has admitted the sites (``first_task.py``).
+    received: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """The round's name in the history: its task, and the task it carries."""
+        return self.task if self.carries is None else f"{self.task}+{self.carries.task}"
