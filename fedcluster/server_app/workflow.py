@@ -168,13 +168,13 @@ def central_score(strategy: ClusteringStrategy) -> float | None:
     holds, and the server reloads the same data set. In a deployment there is no pooled
     data anywhere, and no baseline.
     """
+    provenances = [s.provenance for s in strategy.sites.values()]
+    if not provenances or any("dataset" not in p for p in provenances):
+        return None  # (before importing scikit-learn: a deployed ServerApp never needs it)
     from sklearn.cluster import KMeans
 
     from fedcluster.common.datasets import load_builtin
 
-    provenances = [s.provenance for s in strategy.sites.values()]
-    if not provenances or any("dataset" not in p for p in provenances):
-        return None
     first = provenances[0]
     if any(p != first for p in provenances) or len(provenances) != first["num-partitions"]:
         return None
