@@ -188,14 +188,28 @@ def serve_in_process(
     return context.state.config_records[server_module.RESULT]
 
 
-def record_tasks(record: dict) -> list[str]:
-    """The tasks a recorded message asked for: its ``task`` and, for a describe that
-    carried the run's first task (``protocol.THEN``), that one too (its arrays are the
-    reply's)."""
+def record_parts(record: dict) -> list[tuple[str, list, dict]]:
+    """A recorded reply as (task, arrays, metrics) per task whose statistics it carries:
+    a describe that carried the run's first task (``protocol.THEN``) is that task's reply;
+    a training reply with ``protocol.EVALUATE_TOO`` splits into its own and the evaluation."""
     if record.get("task") is None:
         return []
-    carried = record.get("params", {}).get(protocol.THEN)
-    return [record["task"]] if carried is None else [record["task"], str(carried)]
+    params, arrays, metrics = record.get("params", {}), record["arrays"], record["metrics"]
+    task = str(params.get(protocol.THEN, record["task"]))
+    if params.get(protocol.EVALUATE_TOO) and protocol.ERROR not in metrics and arrays:
+        own, own_metrics, evaluation, evaluation_metrics = protocol.split_evaluation(
+            task, arrays, metrics)
+        return [(task, own, own_metrics), ("evaluate", evaluation, evaluation_metrics)]
+    return [(task, arrays, metrics)]
+
+
+def record_tasks(record: dict) -> list[str]:
+    """The tasks a recorded message answered: its ``task``, the first task a describe
+    carried, and ``evaluate`` for a training reply that carried its evaluation."""
+    if record.get("task") is None:
+        return []
+    carried = [record["task"]] if protocol.THEN in record.get("params", {}) else []
+    return carried + [task for task, _, _ in record_parts(record)]
 
 
 def run_in_process(

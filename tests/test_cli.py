@@ -74,4 +74,6 @@ def test_run_writes_a_non_trivial_convergence_png(trained):
     assert len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 50  # not blank
     history = (tmp / "out" / "r" / "history.csv").read_text().splitlines()
     assert history[0].startswith("round,repetition,task")
-    assert len(history) >= 5  # describe, init, >= 1 training round, evaluate, distances
+    # describe with the init, >= 2 training rounds (the last moved nothing, so it carried
+    # the evaluation, whose distances spared Davies-Bouldin's pass)
+    assert len(history) >= 4

@@ -37,7 +37,7 @@ from fedcluster.client_app.differencing_guard import (
 from fedcluster.client_app.site_data import SiteData
 from fedcluster.common import privacy
 from fedcluster.common.config import run_config_defaults
-from fedcluster.simulation import InProcessGrid, record_tasks
+from fedcluster.simulation import InProcessGrid, record_parts
 
 # Replies whose arrays are per-cluster means and counts (their product is a sum) or the
 # evaluation's sums and counts.
@@ -51,17 +51,18 @@ def disclosed_sums(replies: list[dict], site_key: str) -> tuple[np.ndarray, np.n
     for r in replies:
         if r["metrics"].get("site-key") != site_key or not r["arrays"]:
             continue
-        task = record_tasks(r)[-1]  # (a describe's arrays are those of the task it carried)
-        if task in MEAN_REPLIES:
-            means, n = r["arrays"][0], r["arrays"][1]
-            cluster_sums = means * n[:, None]
-        elif task == "evaluate":
-            n, cluster_sums = r["arrays"][0], r["arrays"][1]
-        else:
-            continue
-        for j in np.flatnonzero(n > 0):
-            sums.append(cluster_sums[j])
-            counts.append(int(n[j]))
+        # per task whose statistics the reply carries (simulation.record_parts)
+        for task, arrays, _ in record_parts(r):
+            if task in MEAN_REPLIES:
+                means, n = arrays[0], arrays[1]
+                cluster_sums = means * n[:, None]
+            elif task == "evaluate":
+                n, cluster_sums = arrays[0], arrays[1]
+            else:
+                continue
+            for j in np.flatnonzero(n > 0):
+                sums.append(cluster_sums[j])
+                counts.append(int(n[j]))
     return np.array(sums), np.array(counts)
 
 

@@ -41,7 +41,7 @@ import fedcluster
 from fedcluster.common import scaling
 from fedcluster.common.algorithms import ALGORITHMS
 from fedcluster.common.privacy import PrivacyLeakWarning
-from fedcluster.simulation import record_tasks
+from fedcluster.simulation import record_parts, record_tasks
 from test_differencing import leaked_rows
 
 P = 5  # the privacy floor of the audited runs (run-config min-cluster-size)
@@ -165,11 +165,13 @@ def audit(records: list[dict], sites: list[np.ndarray], floor: int,
         X = sites[site]
         y = None if labels is None else labels[site]
         views = _site_views(X, rec.get("params", {}))
-        # (a describe that carried the run's first task sends that task's arrays)
-        found = [*_array_problems(record_tasks(rec)[-1], rec["arrays"], X.shape[0], views, floor),
-                 *_metric_problems(rec["metrics"], views),
-                 *_label_problems(rec["metrics"], y, floor)]
-        problems += [f"site {site}, task {'+'.join(record_tasks(rec))}: {p}" for p in found]
+        # per task whose statistics the reply carries (a describe's carried first task, a
+        # training round's evaluation: simulation.record_parts)
+        for task, arrays, metrics in record_parts(rec):
+            found = [*_array_problems(task, arrays, X.shape[0], views, floor),
+                     *_metric_problems(metrics, views),
+                     *_label_problems(metrics, y, floor)]
+            problems += [f"site {site}, task {task}: {p}" for p in found]
     return problems
 
 
@@ -224,9 +226,11 @@ def test_nothing_leaks(name):
     assert result.metrics["n-sites"] == len(SITES) and not result.metrics["site-failures"]
     assert {rec["metrics"]["site-key"] for rec in records} == {"0", "1", "2", "3"}
     # the floor withheld clusters at some site (so the count check below is not vacuous)
-    assert any(rec["arrays"][3].any() for rec in records if rec["task"] == "evaluate")
+    evaluations = [arrays for rec in records for task, arrays, _ in record_parts(rec)
+                   if task == "evaluate"]
+    assert any(arrays[3].any() for arrays in evaluations)
     if name == "eval-every":  # an interim evaluation after every training round
-        assert sum(rec["task"] == "evaluate" for rec in records) > 2 * len(SITES)
+        assert len(evaluations) > 2 * len(SITES)
     assert audit(records, SITES, P, LABELS) == []
     # The site policies hold in the same runs. Per-feature minima and maxima leave a site
     # only where it allows them (allow-minmax, default false) ...

@@ -155,3 +155,37 @@ def test_a_site_draws_the_seed_the_server_would_give_it():
     assert len(set(seeds.values())) == 3  # one per site
     assert seeds == {key: protocol.site_seed((7, 2), key) for key in seeds}  # reproducible
     assert protocol.site_seed([8, 2], "0") != seeds["0"]  # another repetition, another seed
+
+
+# ------------------------------------ the evaluation, carried by a converged training round
+
+
+@pytest.mark.parametrize("config", [{}, {"algorithm": "ewf"}, {"n_init": 2},
+                                    {"site_labels": True}], ids=["dwf", "ewf", "n-init", "labels"])
+def test_a_converged_run_needs_no_evaluation_round_and_reports_the_same(monkeypatch, sites,
+                                                                         config):
+    from fedcluster.common.datasets import load_builtin as load
+    from fedcluster.strategies.weighted import WeightedFedKMeans
+
+    config = dict(config)
+    if config.pop("site_labels", False):  # the contingency table rides along too
+        _, y = load("digits")
+        config["labels"] = [y[rows] for rows in partition(y, 3, "dirichlet:0.5", seed=1)]
+    carried = fedcluster.simulate(sites, n_clusters=10, num_rounds=60, seed=0, **config)
+    monkeypatch.setattr(WeightedFedKMeans, "evaluates_with_training", False)
+    separate = fedcluster.simulate(sites, n_clusters=10, num_rounds=60, seed=0, **config)
+    tasks, old_tasks = ([h["task"] for h in r.history] for r in (carried, separate))
+    assert "evaluate" not in tasks and old_tasks.count("evaluate") == config.get("n_init", 1)
+    assert tasks == [task for task in old_tasks if task != "evaluate"]
+    assert any(h.get("evaluated") for h in carried.history)
+    assert carried.metrics == separate.metrics  # every metric, exactly
+    np.testing.assert_array_equal(carried.centroids, separate.centroids)
+
+
+def test_an_unconverged_or_partial_round_still_sends_the_evaluation_round(sites):
+    """The last round moved (num-rounds reached), or a fraction of the sites trained:
+    the evaluation round runs as before."""
+    moved = fedcluster.simulate(sites, n_clusters=10, num_rounds=2, tol=0.0, seed=0)
+    assert moved.history[-2]["task"] == "evaluate" or moved.history[-1]["task"] == "evaluate"
+    sampled = fedcluster.simulate(sites, n_clusters=10, num_rounds=60, seed=0, fraction=0.5)
+    assert "evaluate" in [h["task"] for h in sampled.history]

@@ -14,7 +14,7 @@ from fedcluster import cli
 from fedcluster.client_app import disclosure_ledger, privacy_budget
 from fedcluster.common import privacy, protocol
 from fedcluster.common.config import ConfigError, parse_node_config
-from fedcluster.simulation import record_tasks, run_in_process, site_nodes
+from fedcluster.simulation import run_in_process, site_nodes
 from fedcluster.strategies.errors import FederationError
 
 BOX = "-4:10"
@@ -185,7 +185,10 @@ def test_every_ledger_line_is_exactly_what_the_server_received(tmp_path, algorit
     assert any(len(tasks) == 2 for tasks in per_message.values())
     for key, mine in per_message.items():
         record = received[key]
-        assert [line["task"] for line in mine] == record_tasks(record)
+        # (describe and the first task it carried: two lines; a training reply's carried
+        # evaluation is in its own line, under evaluation- names)
+        carried = [record["params"][protocol.THEN]] if protocol.THEN in record["params"] else []
+        assert [line["task"] for line in mine] == [record["task"], *carried]
         assert all(line["algorithm"] == algorithm for line in mine)
         assert all(line["n-rows"] == record["num-examples"] for line in mine)
         # the reply's arrays are its last task's (describe sends none), exactly

@@ -277,7 +277,8 @@ class SiteClient(NumPyClient):
                                        "length": int(sum(np.size(a) for a in answer[0]))})
             else:
                 self._disclose(task, config, data=data, n_rows=answer[1],
-                               values=disclosure_ledger.values_of(reply.arrays),
+                               values=disclosure_ledger.values_of(
+                                   reply.arrays, reply.evaluation and reply.evaluation.arrays),
                                metrics=answer[2], dp_rho=rho, budget=budget)
         except (site_policy.PolicyRefusal, SiteDataError, TaskError,
                 secure.SecureAggregationError) as err:
@@ -302,7 +303,7 @@ class SiteClient(NumPyClient):
             arrays = secure.encode(task, reply.arrays, reply.metrics, site.n_rows,
                                    str(config[secure.SECURE_PARAM]), reply.terms)
             return arrays, secure.WEIGHT, {protocol.SITE_KEY: self.key}
-        metrics = dict(reply.metrics)
+        arrays, metrics = reply.wire()
         metrics[protocol.SITE_KEY] = self.key
         if self.node.max_rounds is not None and task != "describe":
             # The site's own count (a policy figure, not data), which the server follows
@@ -317,7 +318,7 @@ class SiteClient(NumPyClient):
             if self.node.max_rounds is not None:
                 # A policy, not data: the server then stops asking once it is reached.
                 metrics["max-rounds"] = self.node.max_rounds
-        return protocol.to_arrays(reply.arrays), site.n_rows, metrics
+        return arrays, site.n_rows, metrics
 
 
 @contextlib.contextmanager

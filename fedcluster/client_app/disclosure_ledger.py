@@ -49,12 +49,17 @@ OFF = "off"
 DEFAULT_NAME = "disclosure-ledger.jsonl"
 
 
-def values_of(reply_arrays) -> dict:
-    """A reply's named arrays (a protocol NamedTuple, or None) as JSON-ready lists."""
+def values_of(reply_arrays, evaluation=None) -> dict:
+    """A reply's named arrays (a protocol NamedTuple, or None) as JSON-ready lists, and
+    those of the evaluation it carries (``evaluate-too``) under ``evaluation-`` names."""
     if reply_arrays is None:
         return {}
-    return {name: np.asarray(value).tolist()
-            for name, value in reply_arrays._asdict().items() if value is not None}
+    values = {name: np.asarray(value).tolist()
+              for name, value in reply_arrays._asdict().items() if value is not None}
+    if evaluation is not None:
+        values.update({f"evaluation-{name}": np.asarray(value).tolist()
+                       for name, value in evaluation._asdict().items() if value is not None})
+    return values
 
 
 def entry(**fields) -> dict:

@@ -23,6 +23,17 @@ class TaskReply:
     arrays: tuple = protocol.NoArrays()
     metrics: dict[str, Scalar] = field(default_factory=dict)
     terms: dict[str, np.ndarray] | None = None
+    # ``evaluate-too``: the evaluation of the received centroids, sent after this reply
+    evaluation: "TaskReply | None" = None
+
+    def wire(self) -> tuple[list[np.ndarray], dict]:
+        """The (arrays, metrics) that travel: this reply's, then its evaluation's."""
+        arrays, metrics = protocol.to_arrays(self.arrays), dict(self.metrics)
+        if self.evaluation is None:
+            return arrays, metrics
+        return protocol.with_evaluation(arrays, metrics,
+                                        protocol.to_arrays(self.evaluation.arrays),
+                                        self.evaluation.metrics)
 
 
 class TaskError(ValueError):

@@ -148,7 +148,13 @@ def lloyd_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskRep
             local_C[j] = set_mean(site.X, mask)
             if last is first:  # one local iteration: the weight is that set's size
                 weights[j] = np.count_nonzero(mask)
-    return TaskReply(arrays=protocol.ClusterMeans(local_C, weights), metrics={"sse": float(sse)})
+    reply = TaskReply(arrays=protocol.ClusterMeans(local_C, weights), metrics={"sse": float(sse)})
+    if params.get(protocol.EVALUATE_TOO):
+        # the evaluation of the RECEIVED centroids, exactly as an evaluate round would
+        # send it (the guard sees the same member sets, so it gives the same verdicts)
+        reply.evaluation = evaluate(site, protocol.Centroids(arrays.centroids), params, floor,
+                                    guard)
+    return reply
 
 
 def minibatch_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:

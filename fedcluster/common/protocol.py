@@ -185,6 +185,11 @@ ROUND, DP_RHO, DP_RHO_PLANNED = "round", "dp-rho", "dp-rho-planned"
 #: and the site answers both in one reply (describe's metrics, the task's arrays and
 #: metrics), or, when it refuses the task alone, describe's metrics and ``then-error``.
 THEN, THEN_ERROR = "then", "then-error"
+#: A plain ``lloyd`` task may ask the site to evaluate the centroids it received as well
+#: (``evaluate-too``): the reply then carries the ``evaluate`` reply after its own arrays,
+#: its metrics under :data:`EVALUATION_PREFIX`. When the round moves nothing, that is the
+#: evaluation of the new centroids, and no evaluation round is needed.
+EVALUATE_TOO, EVALUATION_PREFIX = "evaluate-too", "evaluation-"
 #: A seeded task's seed base (JSON list of ints); the site draws its own seed from it and
 #: its key (:func:`site_seed`), so the server need not know which site is which yet.
 SEED_BASE = "seed-base"
@@ -211,6 +216,29 @@ def reply_type(name: str, scale: str | None = None) -> type | None:
             raise ProtocolError(f"no statistics layout for scale {scale!r}")
         return Moments if scale == "standard" else Range
     return task(name).reply
+
+
+def with_evaluation(arrays: list, metrics: dict, evaluation_arrays: list,
+                    evaluation_metrics: dict) -> tuple[list, dict]:
+    """A reply's arrays and metrics with an evaluation appended (:data:`EVALUATE_TOO`)."""
+    return ([*arrays, *evaluation_arrays],
+            {**metrics, **{EVALUATION_PREFIX + k: v for k, v in evaluation_metrics.items()}})
+
+
+def split_evaluation(name: str, arrays: list, metrics: dict) -> tuple[list, dict, list, dict]:
+    """At the server: a reply with an evaluation appended, split into the task's own
+    (arrays, metrics) and the evaluation's (ProtocolError: no evaluation in it)."""
+    kind = task(name).reply
+    own = len(kind._fields) if kind is not None else 0
+    if len(arrays) <= own:
+        raise ProtocolError(f"sent {len(arrays)} arrays, expected {own} and an evaluation")
+    plain = {k: v for k, v in metrics.items() if not k.startswith(EVALUATION_PREFIX)}
+    evaluation = {k[len(EVALUATION_PREFIX):]: v for k, v in metrics.items()
+                  if k.startswith(EVALUATION_PREFIX)}
+    for key in (SITE_KEY, ROUNDS_LEFT):  # the reply's own keys, shared by both parts
+        if key in metrics:
+            evaluation[key] = metrics[key]
+    return list(arrays[:own]), plain, list(arrays[own:]), evaluation
 
 
 def to_arrays(named: tuple | None) -> list[np.ndarray]:

@@ -9,6 +9,7 @@ the privacy floor, and finite non-negative SSE.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,8 @@ class Reply:
     metrics: dict = field(default_factory=dict)
     # How many sites this reply stands for: 1, or N for the decoded sum of a secure round.
     n_sites: int = 1
+    # ``evaluate-too``: the site's evaluation of the centroids it received, validated
+    evaluation: "Reply | None" = None
 
 
 @dataclass(frozen=True)
@@ -248,5 +251,16 @@ def check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows) -> 
         scale=plan.params.get("scale"),
         private=strategy.config.private,
     )
+    evaluation = None
+    if plan.params.get(protocol.EVALUATE_TOO) and protocol.ERROR not in metrics:
+        try:
+            arrays, metrics, eval_arrays, eval_metrics = protocol.split_evaluation(
+                plan.task, arrays, metrics)
+        except protocol.ProtocolError as err:
+            raise ReplyError(str(err)) from None
+        as_evaluation = dataclasses.replace(expect, task="evaluate", max_rows=None, scale=None)
+        evaluation = Reply(key, node_id, int(n_rows),
+                           validate(eval_arrays, eval_metrics, int(n_rows), as_evaluation),
+                           eval_metrics)
     typed = validate(arrays, metrics, int(n_rows), expect)
-    return Reply(key, node_id, int(n_rows), typed, metrics)
+    return Reply(key, node_id, int(n_rows), typed, metrics, evaluation=evaluation)

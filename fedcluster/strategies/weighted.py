@@ -21,19 +21,42 @@ from fedcluster.strategies.kfed import KFedOrRandomInit
 
 
 class WeightedFedKMeans(KFedOrRandomInit, ClusteringStrategy):
-    """DWF (``dynamic=True``) or EWF (``dynamic=False``) federated k-means."""
+    """DWF (``dynamic=True``) or EWF (``dynamic=False``) federated k-means.
+
+    A plain training round (no SecAgg+, no DP, ``local-iters`` 1) also asks every site
+    for the evaluation of the centroids it received (``protocol.EVALUATE_TOO``). When
+    the round moves nothing (the new centroids are bitwise the received ones) and every
+    admitted site answered, those ARE the evaluation of the new centroids: the
+    repetition ends without an evaluation round (:meth:`reduce_round`).
+    """
+
+    #: Ask training rounds for the evaluation too (False: always an evaluation round).
+    evaluates_with_training = True
 
     def __init__(self, config, initial_centroids=None, *, dynamic: bool) -> None:
         super().__init__(config, initial_centroids)
         self.dynamic = dynamic
 
     def train_task(self) -> TaskPlan:
-        return TaskPlan(
-            "lloyd",
-            params={"local-iters": self.config.local_iters, "tol": self.config.tol},
-            arrays=protocol.Centroids(self.centroids),
-            sample=True,
-        )
+        config = self.config
+        params = {"local-iters": config.local_iters, "tol": config.tol}
+        if (self.evaluates_with_training and config.local_iters == 1
+                and not config.secure_aggregation and not config.private):
+            params[protocol.EVALUATE_TOO] = True
+        return TaskPlan("lloyd", params=params, arrays=protocol.Centroids(self.centroids),
+                        sample=True)
+
+    def reduce_round(self, server_round: int, plan: TaskPlan, replies: list) -> dict:
+        row = super().reduce_round(server_round, plan, replies)
+        if (plan.task == "lloyd" and self.phase == "evaluate" and row.get("movement") == 0.0
+                and replies and all(r.evaluation is not None for r in replies)
+                and {r.site_key for r in replies} == set(self.sites)
+                and not any(site.at_limit for site in self.sites.values())):
+            # nothing moved: the sites' evaluations of the received centroids are those
+            # of the new ones, and every site an evaluation round would ask has answered
+            self.finish_repetition([r.evaluation for r in replies])
+            row["evaluated"] = True
+        return row
 
     def reduce_train(self, plan, replies) -> np.ndarray:
         site_centroids = np.stack([r.arrays.centroids for r in replies])
