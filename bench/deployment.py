@@ -17,9 +17,10 @@ split into Flower's own time (polling, transport, process start-up) and fedclust
    on their own; the rest of the in-process round is (de)serialisation and aggregation.
 3. **A ClientApp process start**: Flower's deployment runs every message in a fresh
    ``flwr-clientapp`` process. Its imports are timed in a fresh interpreter: Flower's
-   ClientApp modules alone, then fedcluster's ClientApp on top with its first Lloyd pass:
-   on the benchmark's site shape (numba and the compiled kernels from Numba's on-disk
-   cache) and on a small site (the NumPy path of ``kernels/small_work.py``, no Numba).
+   ClientApp modules alone, then fedcluster's ClientApp on top with the training round's
+   site task on the benchmark's site shape (a Lloyd step of one local iteration: NumPy,
+   ``kernels/small_work.py``, no Numba), and with one pass through the compiled kernels
+   (numba and the kernels from Numba's on-disk cache), as a task of many passes loads them.
 4. **Flower's floor**: on the same federation, right after, the no-op app of
    ``bench/noop-app`` runs as many rounds: one message per site, a ClientApp that replies
    at once. The ratio of fedcluster's median training round to its median round is
@@ -100,7 +101,18 @@ def train_seconds(history: list[dict]) -> list[float]:
     return [float(h["seconds"]) for h in history if h["task"] == TRAIN_TASK]
 
 
-def deployment(paths: list[Path], config: dict, workdir: Path) -> tuple[list[float], dict, list[float]]:
+def credentials(workdir: Path) -> Path:
+    """A CA and the SuperLink's TLS certificate for loopback (``deploy/make-credentials.sh``,
+    as an operator makes them; the site key it also makes is not used: no SuperNode
+    authentication here)."""
+    creds = workdir / "creds"
+    subprocess.run(["bash", str(ROOT / "deploy" / "make-credentials.sh"), str(creds), "127.0.0.1",
+                    "bench-site"], check=True, capture_output=True)
+    return creds
+
+
+def deployment(paths: list[Path], config: dict, workdir: Path,
+               tls: Path | None) -> tuple[list[float], dict, list[float]]:
     """One run on a real SuperLink + 3 SuperNodes, then the no-op app (``bench/noop-app``)
     for as many rounds on the same federation: (training-round seconds, model metrics,
     no-op round seconds)."""
@@ -115,10 +127,10 @@ def deployment(paths: list[Path], config: dict, workdir: Path) -> tuple[list[flo
     with fp.sandbox(workdir / "deploy", NUMBA_CACHE_DIR=numba_cache,
                     FEDCLUSTER_CACHE_DIR=workdir / "site-cache") as bed:
         bed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.2"
-        link = bed.superlink(simulation=False)
+        link = bed.superlink(simulation=False, tls=tls)
         bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i), **MINMAX}
                               for i, p in enumerate(paths)})
-        bed.connect("bench", link.control_address)
+        bed.connect("bench", link.control_address, link.ca)
         # a first short run installs the app and fills Numba's cache (not measured)
         bed.run(ROOT, "bench", {**config, "num-rounds": 1, "output-dir": ""}, timeout=600,
                 log_name="warm-up")
@@ -154,7 +166,7 @@ def unpack(commit: str, directory: Path) -> Path:
 
 
 def default_runs(app_dir: Path, paths: list[Path], k: int, workdir: Path, name: str,
-                 repeats: int) -> list[dict]:
+                 repeats: int, tls: Path | None) -> list[dict]:
     """``repeats`` default runs of the app in ``app_dir`` on a fresh federation (after a
     one-round warm-up that installs the app and fills its Numba cache): per run the wall
     time of ``flwr run`` to model.json, the rounds and their tasks, the training rounds'
@@ -169,10 +181,10 @@ def default_runs(app_dir: Path, paths: list[Path], k: int, workdir: Path, name: 
     with fp.sandbox(workdir / name, NUMBA_CACHE_DIR=workdir / f"numba-{name}",
                     FEDCLUSTER_CACHE_DIR=workdir / f"site-cache-{name}") as bed:
         bed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.2"
-        link = bed.superlink(simulation=False)
+        link = bed.superlink(simulation=False, tls=tls)
         bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i)}
                               for i, p in enumerate(paths)})
-        bed.connect(name, link.control_address)
+        bed.connect(name, link.control_address, link.ca)
         bed.run(app_dir, name, {**config, "num-rounds": 1, "output-dir": ""}, timeout=900,
                 log_name=f"warm-up-{name}")
         for i in range(repeats):
@@ -223,19 +235,24 @@ def parts(paths: list[Path], k: int, repeats: int = 5) -> dict[str, float]:
 
 
 def child_imports(what: str, rows: int, d: int, k: int) -> float:
-    """Seconds of a fresh interpreter's imports and, for fedcluster, its first Lloyd pass:
-    on the benchmark's site shape (``rows x d``, k centroids: the compiled kernels, from
-    Numba's cache, when rows x k x d is over ``NUMPY_MAX_WORK``) and on a small site
-    (100 x 4, k = 3: the NumPy path, Numba never imported)."""
-    lloyd = ("import numpy as np; from fedcluster.client_app import local_kmeans as local; "
-             "X = np.random.default_rng(0).standard_normal(({n}, {d})); "
-             "local.lloyd(X, X[:{k}].copy(), 1, 0.0)")
+    """Seconds of a fresh interpreter's imports and, for fedcluster, its first pass on the
+    benchmark's site shape (``rows x d``, k centroids): the training round's site task as a
+    site runs it (``task_runner.run_task``, ``lloyd`` with one local iteration: a task of a
+    few passes, NumPy up to ``small_work.FEW_PASSES_MAX_WORK``), or one Lloyd pass through
+    the compiled kernels (numba and the kernels from Numba's on-disk cache: what a task of
+    many passes, such as k-FED's local k-means, loads)."""
+    site = ("import numpy as np; X = np.random.default_rng(0).standard_normal(({n}, {d})); "
+            "C = X[:{k}].copy(); ").format(n=rows, d=d, k=k)
     code = {
         "flower": "import flwr.clientapp, flwr.client",
         "fedcluster": ("import flwr.clientapp, flwr.client; import fedcluster.client_app; "
-                       + lloyd.format(n=rows, d=d, k=k)),
-        "fedcluster-small": ("import flwr.clientapp, flwr.client; import fedcluster.client_app; "
-                             + lloyd.format(n=100, d=4, k=3)),
+                       "from fedcluster.client_app.site_data import SiteData; "
+                       "from fedcluster.client_app.task_runner import run_task; " + site
+                       + "run_task(SiteData(X, None, None, 'bench'), [C], {'task': 'lloyd', "
+                       "'local-iters': 1, 'tol': 0.0}, 1)"),
+        "fedcluster-compiled": ("import flwr.clientapp, flwr.client; import fedcluster.client_app; "
+                                "from fedcluster.client_app import local_kmeans as local; "
+                                + site + "local.lloyd(X, C, 1, 0.0)"),
     }[what]
     script = f"import time; t0 = time.perf_counter(); {code}; print(time.perf_counter() - t0)"
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -253,6 +270,8 @@ def main(argv=None) -> None:
     parser.add_argument("--default-runs", type=int, default=2,
                         help="default DWF runs before and after (0: skip the comparison)")
     parser.add_argument("--before", default=BEFORE, help="the commit of the 'before' code")
+    parser.add_argument("--no-tls", dest="tls", action="store_false",
+                        help="insecure gRPC (default: TLS on every connection, as deployed)")
     parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
     args = parser.parse_args(argv)
     t_start = time.perf_counter()
@@ -261,7 +280,8 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="fcdeploy-") as tmp:
         workdir = Path(tmp)
         paths = write_sites(workdir, args.rows, args.d, args.k)
-        dep, dep_metrics, noop = deployment(paths, config, workdir)
+        tls = credentials(workdir) if args.tls else None
+        dep, dep_metrics, noop = deployment(paths, config, workdir, tls)
         noop, noop_run = noop[:-1], noop[-1]
         print(f"deployment: {dep}; no-op app: {noop}", flush=True)
         inproc, in_metrics = in_process(paths, config, workdir)
@@ -272,15 +292,16 @@ def main(argv=None) -> None:
         if args.default_runs:
             before_app = unpack(args.before, workdir / "before-app")
             compared["before"] = default_runs(before_app, paths, args.k, workdir, "before",
-                                              args.default_runs)
+                                              args.default_runs, tls)
             print(f"default runs, before: {compared['before']}", flush=True)
-            compared["now"] = default_runs(ROOT, paths, args.k, workdir, "now", args.default_runs)
+            compared["now"] = default_runs(ROOT, paths, args.k, workdir, "now", args.default_runs,
+                                           tls)
             print(f"default runs, now: {compared['now']}", flush=True)
             # the 'before' really ran the old code: its describe was a round of its own
             assert compared["before"][0]["tasks"][:2] == ["describe", "local_kmeans"], compared
     imports = {what: min(child_imports(what, args.rows, args.d, args.k)
                          for _ in range(args.import_repeats))
-               for what in ("flower", "fedcluster", "fedcluster-small")}
+               for what in ("flower", "fedcluster", "fedcluster-compiled")}
     print(f"imports: {imports}", flush=True)
     same = np.isclose(dep_metrics["score"], in_metrics["score"], rtol=1e-9)
 
@@ -289,14 +310,16 @@ def main(argv=None) -> None:
     fc_imports = imports["fedcluster"] - imports["flower"]
     flower = dep_round - in_round - fc_imports
     text = [report.header("Deployment overhead: a real SuperLink + 3 sites on loopback"), ""]
+    transport = ("TLS on every connection (a CA and the SuperLink's certificate from "
+                 "`deploy/make-credentials.sh`)" if args.tls else "insecure gRPC (`--no-tls`)")
     text.append(
-        f"DWF, k = {args.k}, {args.rounds} training rounds (random init, tol 0), 3 sites of "
+        f"{transport}. DWF, k = {args.k}, {args.rounds} training rounds (random init, tol 0), 3 sites of "
         f"{args.rows:,} x {args.d} float64 rows each (.npy, memory-mapped). Seconds per round = "
         "the ServerApp's wall time of a training round (history `seconds`), median over the "
         "training rounds. fedcluster's time = the same run in-process (the real ServerApp and "
         "ClientApp code, the same files; sites one after the other, so an upper bound) + what "
         "fedcluster adds to the imports of the fresh ClientApp process Flower starts for every "
-        "message (numba and the compiled kernels; the sites' processes run in parallel, so "
+        "message (its modules and the training task's first pass; the sites' processes run in parallel, so "
         "one process's imports are counted). Flower's = the rest (the SuperExecs' polling every "
         "0.2 s (set by the script), gRPC transport, starting the ClientApp process and "
         "Flower's own imports in it). Same final score in both: "
@@ -304,14 +327,15 @@ def main(argv=None) -> None:
     rest = (in_round - pieces["site task (lloyd), sum of 3 sites"]
             - 3 * pieces["open the site's file (per site)"])
     text += ["| per training round | seconds | share |", "|---|---|---|",
-             f"| deployment (SuperLink + 3 SuperNodes, gRPC on loopback) | {dep_round:.3f} | 100% |",
+             f"| deployment (SuperLink + 3 SuperNodes, gRPC{' + TLS' if args.tls else ''} on "
+             f"loopback) | {dep_round:.3f} | 100% |",
              f"| **fedcluster** | **{in_round + fc_imports:.3f}** "
              f"| **{(in_round + fc_imports) / dep_round:.1%}** |",
              f"| &nbsp;&nbsp;the round in-process | {in_round:.3f} | {in_round / dep_round:.1%} |"]
     for name, seconds in [*pieces.items(), ("(de)serialisation and the server's aggregation "
                                             "(the rest of the in-process round)", rest)]:
         text.append(f"| &nbsp;&nbsp;&nbsp;&nbsp;{name} | {seconds:.4f} | {seconds / dep_round:.1%} |")
-    text.append(f"| &nbsp;&nbsp;its imports in the fresh ClientApp process (numba, kernels) "
+    text.append(f"| &nbsp;&nbsp;its imports and first pass in the fresh ClientApp process "
                 f"| {fc_imports:.3f} | {fc_imports / dep_round:.1%} |")
     text.append(f"| **Flower** (polling, transport, ClientApp process start and Flower's imports: "
                 f"the rest) | **{flower:.3f}** | **{flower / dep_round:.1%}** |")
@@ -325,13 +349,15 @@ def main(argv=None) -> None:
              "| fresh interpreter imports | seconds |", "|---|---|",
              f"| Flower's ClientApp modules (`flwr.clientapp`, `flwr.client`) "
              f"| {imports['flower']:.2f} |",
-             f"| + fedcluster's ClientApp and its first Lloyd pass on a {args.rows:,} x "
-             f"{args.d} site, k = {args.k} (compiled kernels, Numba cache) "
+             f"| + fedcluster's ClientApp and the training round's site task (lloyd, one local "
+             f"iteration: NumPy, no Numba) on a {args.rows:,} x {args.d} site, k = {args.k} "
              f"| {imports['fedcluster']:.2f} |",
              f"| fedcluster's part | {imports['fedcluster'] - imports['flower']:.2f} |",
-             "| + fedcluster's ClientApp and its first Lloyd pass on a 100 x 4 site, k = 3 "
-             f"(NumPy path, no Numba) | {imports['fedcluster-small']:.2f} |",
-             f"| fedcluster's part | {imports['fedcluster-small'] - imports['flower']:.2f} |", ""]
+             "| + fedcluster's ClientApp and one Lloyd pass through the compiled kernels (Numba "
+             "cache) on the same site, as a task of many passes (k-FED's local k-means) loads "
+             f"them | {imports['fedcluster-compiled']:.2f} |",
+             f"| fedcluster's part | {imports['fedcluster-compiled'] - imports['flower']:.2f} |",
+             ""]
     text.append(
         f"Deployment training rounds (s): {', '.join(f'{s:.2f}' for s in dep)}; in-process: "
         f"{', '.join(f'{s:.3f}' for s in inproc)}. Load average (1 min) {load_before:.2f} at "

@@ -520,6 +520,7 @@ class SuperLink:
     process: FlowerProcess
     control_port: int
     fleet_port: int | None
+    ca: Path | None = None  # the CA of its TLS certificate (None: insecure)
 
     @property
     def control_address(self) -> str:
@@ -532,9 +533,11 @@ class SuperLink:
 
 @contextlib.contextmanager
 def superlink(
-    *, log_dir: Path, env: Mapping[str, str], simulation: bool, name: str = "superlink"
+    *, log_dir: Path, env: Mapping[str, str], simulation: bool, name: str = "superlink",
+    tls: Path | None = None,
 ) -> Iterator[SuperLink]:
-    """A ``flower-superlink`` on loopback, free ports only.
+    """A ``flower-superlink`` on loopback, free ports only; with ``tls`` (a directory made
+    by ``deploy/make-credentials.sh``) over TLS with its ``server.pem``, else insecure.
 
     Simulation: the Control and Runtime HTTP APIs on one port, Ray behind it.
     Deployment: the same, plus the gRPC (grpc-rere) Fleet API on a second port.
@@ -544,9 +547,12 @@ def superlink(
         control_port, fleet_port = free_port(), None
     else:
         control_port, fleet_port = free_ports(2)
+    security = (["--insecure"] if tls is None else
+                ["--ssl-ca-certfile", str(tls / "ca.crt"), "--ssl-certfile", str(tls / "server.pem"),
+                 "--ssl-keyfile", str(tls / "server.key")])
     argv = [
         "flower-superlink",
-        "--insecure",
+        *security,
         "--disable-runtime-dependency-installation",
         "--host",
         "127.0.0.1",
@@ -562,7 +568,7 @@ def superlink(
     with flower_process(
         name, argv, log_dir=log_dir, env=env, ready_ports=ready, ready_log=SUPEREXEC_STARTED
     ) as proc:
-        yield SuperLink(proc, control_port, fleet_port)
+        yield SuperLink(proc, control_port, fleet_port, None if tls is None else tls / "ca.crt")
 
 
 def format_node_config(config: Mapping[str, object]) -> str:
@@ -579,15 +585,17 @@ def supernode(
     env: Mapping[str, str],
     wait: bool = True,
     extra_args: Iterable[str] = (),
+    root_certificates: Path | None = None,
 ) -> Iterator[FlowerProcess]:
-    """A ``flower-supernode`` connected to ``fleet_address`` (gRPC grpc-rere, insecure)
-    with its own ClientAppIo port; ready when that port is open and the node logged its
+    """A ``flower-supernode`` connected to ``fleet_address`` (gRPC grpc-rere; over TLS
+    trusting ``root_certificates`` when given, else insecure) with its own ClientAppIo port; ready when that port is open and the node logged its
     SuperNode ID (``.ready_match.group(1)``), i.e. the SuperLink has activated it.
     ``extra_args`` are appended to its command line (e.g. ``--trusted-entities FILE``)."""
     port = free_port()
     argv = [
         "flower-supernode",
-        "--insecure",
+        *(["--insecure"] if root_certificates is None
+          else ["--root-certificates", str(root_certificates)]),
         "--grpc-rere",
         "--superlink",
         fleet_address,
@@ -623,8 +631,9 @@ class FlowerSandbox:
     leftovers: list[ProcInfo] = field(default_factory=list)
     patterns: list[str | re.Pattern[str]] = field(default_factory=list)
 
-    def superlink(self, *, simulation: bool) -> SuperLink:
-        link = self.stack.enter_context(superlink(log_dir=self.log_dir, env=self.env, simulation=simulation))
+    def superlink(self, *, simulation: bool, tls: Path | None = None) -> SuperLink:
+        link = self.stack.enter_context(superlink(log_dir=self.log_dir, env=self.env,
+                                                  simulation=simulation, tls=tls))
         self.processes.append(link.process)
         self.patterns += [port_pattern(p) for p in link.process.ports]
         return link
@@ -646,6 +655,7 @@ class FlowerSandbox:
                     log_dir=self.log_dir,
                     env=self.env,
                     wait=False,
+                    root_certificates=link.ca,
                 )
             )
             self.processes.append(proc)
@@ -657,9 +667,11 @@ class FlowerSandbox:
             wait_for_log(link.process, rf"Activated node_id={node_id}\b")
         return procs
 
-    def connect(self, name: str, address: str) -> None:
-        """Add a SuperLink connection to this sandbox's ``FLWR_HOME``."""
-        flwr_home(self.home.parent, name, address, home=self.home)
+    def connect(self, name: str, address: str, root_certificates: Path | None = None) -> None:
+        """Add a SuperLink connection to this sandbox's ``FLWR_HOME`` (over TLS trusting
+        ``root_certificates`` when given)."""
+        flwr_home(self.home.parent, name, address, home=self.home,
+                  root_certificates=root_certificates)
 
     def run(
         self,
@@ -745,24 +757,29 @@ def sandbox(
 # --------------------------------------------------------------------- flwr CLI
 
 
-def flwr_home(tmp_path: Path, name: str, address: str, *, home: Path | None = None) -> Path:
+def flwr_home(tmp_path: Path, name: str, address: str, *, home: Path | None = None,
+              root_certificates: Path | None = None) -> Path:
     """Write (or extend) ``tmp_path/flwr-home/config.toml`` (or ``home/config.toml``) with
-    an insecure SuperLink connection ``name`` -> ``address``; the first connection
-    written is the default. Return the directory, to be used as ``FLWR_HOME``."""
+    a SuperLink connection ``name`` -> ``address`` (insecure, or over TLS trusting
+    ``root_certificates``); the first connection written is the default. Return the
+    directory, to be used as ``FLWR_HOME``."""
     home = Path(home) if home is not None else Path(tmp_path) / "flwr-home"
     home.mkdir(parents=True, exist_ok=True)
     path = home / "config.toml"
-    connections: dict[str, str] = {}
+    connections: dict[str, dict] = {}
     default = name
     if path.exists():
         data = tomllib.loads(path.read_text())
         section = dict(data.get("superlink", {}))
         default = str(section.pop("default", name))
-        connections = {key: str(value["address"]) for key, value in section.items()}
-    connections[name] = address
+        connections = {key: dict(value) for key, value in section.items()}
+    connections[name] = {"address": address}
+    connections[name].update({"insecure": True} if root_certificates is None
+                             else {"root-certificates": str(root_certificates)})
     lines = ["[superlink]", f"default = {json.dumps(default)}", ""]
     for key, value in connections.items():
-        lines += [f"[superlink.{key}]", f"address = {json.dumps(value)}", "insecure = true", ""]
+        lines += [f"[superlink.{key}]",
+                  *(f"{field} = {json.dumps(entry)}" for field, entry in value.items()), ""]
     path.write_text("\n".join(lines))
     return home
 

@@ -1,6 +1,6 @@
 """The NumPy path of the distance kernels (fedcluster/common/kernels/small_work.py):
 the same references and special cases as the compiled kernels, agreement with them,
-a choice that depends on the shape alone, and a site process that never imports Numba
+a choice that depends on the shape and the task alone, and a site process that never imports Numba
 for a small task."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from fedcluster.client_app.task_runner import few_passes
 from fedcluster.common import kernels
 from fedcluster.common.kernels import small_work
 
@@ -132,8 +133,9 @@ SITE_PROCESS = textwrap.dedent('''
     X = np.random.default_rng(0).normal(size=(n, 8))
     site = SiteData(X=X, feature_names=None, labels=None, source="site")
     C = X[:5].copy()
+    lloyd_iters = int(sys.argv[2])
     for task, arrays, extra in [("describe", [], {}),
-                                ("lloyd", [C], {"local-iters": 2, "tol": 0.0}),
+                                ("lloyd", [C], {"local-iters": lloyd_iters, "tol": 0.0}),
                                 ("evaluate", [C], {}), ("evaluate_distances", [C, C], {})]:
         run_task(site, arrays, {"task": task, **extra}, 1)
     print(json.dumps(sorted(m for m in ("numba", "sklearn", "scipy", "matplotlib")
@@ -170,12 +172,34 @@ def test_every_algorithm_on_small_sites_runs_without_numba():
     assert json.loads(out.stdout.strip().splitlines()[-1]) is False
 
 
-@pytest.mark.parametrize("rows,heavy", [(3000, []), (40000, ["numba", "scipy"])])
-def test_a_site_process_loads_numba_only_for_work_that_needs_it(rows, heavy):
+@pytest.mark.parametrize("rows,lloyd_iters,heavy", [(3000, 2, []), (40000, 2, ["numba", "scipy"]),
+                                                     (40000, 1, []), (900000, 1, ["numba", "scipy"])])
+def test_a_site_process_loads_numba_only_for_work_that_needs_it(rows, lloyd_iters, heavy):
     """As a fresh ClientApp process: 3000 x 8 rows against 5 centroids (120,000
     multiply-adds per pass) run describe, lloyd and both evaluation tasks without
-    importing Numba (or scikit-learn, SciPy, matplotlib); 40,000 rows go to the compiled
-    kernels (Numba brings SciPy in for its BLAS check)."""
-    out = subprocess.run([sys.executable, "-c", SITE_PROCESS, str(rows)], check=True,
-                         capture_output=True, text=True, timeout=300)
+    importing Numba (or scikit-learn, SciPy, matplotlib); 40,000 rows (1.6 M per pass, over
+    NUMPY_MAX_WORK) go to the compiled kernels for a Lloyd step of 2 local iterations (Numba
+    brings SciPy in for its BLAS check), but not when every task is one of a few passes (a
+    Lloyd step of one iteration, the evaluations: up to FEW_PASSES_MAX_WORK); 900,000 rows
+    (36 M per pass) are over that too."""
+    out = subprocess.run([sys.executable, "-c", SITE_PROCESS, str(rows), str(lloyd_iters)],
+                         check=True, capture_output=True, text=True, timeout=300)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == heavy
+
+
+def test_few_pass_tasks_raise_the_numpy_limit_only_inside_the_task(monkeypatch):
+    monkeypatch.setattr(small_work, "NUMPY_MAX_WORK", 1000)
+    monkeypatch.setattr(small_work, "FEW_PASSES_MAX_WORK", 5000)
+    X = np.zeros((500, 5))  # 5000 multiply-adds against 2 centres
+    assert not small_work.small(X, 2)
+    with small_work.few_passes():
+        assert small_work.small(X, 2) and not small_work.small(np.zeros((501, 5)), 2)
+        with small_work.few_passes(False):
+            assert not small_work.small(X, 2)
+        monkeypatch.setattr(small_work, "NUMPY_MAX_WORK", -1)  # a test forcing compiled
+        assert not small_work.small(X, 2)
+    monkeypatch.setattr(small_work, "NUMPY_MAX_WORK", 1000)
+    assert not small_work.small(X, 2)
+    assert few_passes("evaluate", {}) and few_passes("evaluate_distances", {})
+    assert few_passes("lloyd", {"local-iters": 1}) and not few_passes("lloyd", {"local-iters": 3})
+    assert not few_passes("local_kmeans", {}) and not few_passes("fcm", {"local-iters": 1})

@@ -13,6 +13,7 @@ from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.task_io import TaskError, TaskReply, task_param
 from fedcluster.client_app.tasks import TASKS
 from fedcluster.common import privacy, protocol, scaling
+from fedcluster.common.kernels import small_work
 
 
 def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor: int,
@@ -44,10 +45,23 @@ def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor:
     if box is not None:  # data-bounds: every task sees the clipped rows
         site = dataclasses.replace(site, X=privacy.clip_rows(site.X, *box))
     reply = None
-    if dp is not None:
-        rng = np.random.default_rng(noise_seed)
-        reply = private_tasks.run_private(name, site, arrays, params, floor, dp, rng)
-    if reply is None:
-        reply = TASKS[name](site, arrays, params, floor, guard)
+    with small_work.few_passes(few_passes(name, params)):
+        if dp is not None:
+            rng = np.random.default_rng(noise_seed)
+            reply = private_tasks.run_private(name, site, arrays, params, floor, dp, rng)
+        if reply is None:
+            reply = TASKS[name](site, arrays, params, floor, guard)
     reply.metrics.setdefault("n-rows", site.n_rows)
     return reply
+
+
+#: Tasks that pass over the rows only a few times, at the centroids sent.
+FEW_PASS_TASKS = frozenset({"evaluate", "evaluate_distances"})
+
+
+def few_passes(name: str, params: dict) -> bool:
+    """Whether task ``name`` makes only a few passes over the rows (the evaluation, its
+    second pass, a Lloyd step of one local iteration): its passes then go to NumPy up to
+    ``small_work.FEW_PASSES_MAX_WORK``, so the fresh process Flower starts for the message
+    need not load Numba (~1 s) for a fraction of a second of arithmetic."""
+    return name in FEW_PASS_TASKS or (name == "lloyd" and params.get("local-iters") == 1)

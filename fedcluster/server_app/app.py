@@ -7,7 +7,9 @@ with ``secure-aggregation`` the sum rounds go through ``secure_fit.py``.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import threading
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Context
@@ -28,9 +30,28 @@ from fedcluster.strategies import FederationError, make_strategy
 app = ServerApp()
 
 
+def import_ahead(config) -> None:
+    """Import in a background thread what this run's server needs only later (scikit-learn
+    for clustering the sites' centroids, matplotlib for the plots), while it waits for the
+    sites' first replies, instead of after them: ~1-2 s less wall time per run."""
+    clusters = config.resolved_init == "kfed" or config.algorithm in ("kfed", "fkm", "gtv")
+    plots = bool(config.output_dir)
+
+    def imports() -> None:
+        if clusters:
+            importlib.import_module("sklearn.cluster")
+        if plots:  # the backend the plots use (outputs.py), chosen before pyplot loads
+            importlib.import_module("matplotlib").use("Agg")
+            importlib.import_module("matplotlib.pyplot")
+
+    if clusters or plots:
+        threading.Thread(target=imports, name="fedcluster-import-ahead", daemon=True).start()
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = parse_run_config(dict(context.run_config))
+    import_ahead(config)
     initial = context.state.array_records.get(INITIAL_CENTROIDS)
     initial_centroids = initial.to_numpy_ndarrays()[0] if initial is not None else None
     if config.k_bounds is not None:

@@ -24,10 +24,9 @@ Dtypes
 ------
 ``X`` may be float32 or float64.  The public wrappers convert the centroids
 to ``X``'s dtype (so a float64 ``C`` used with float32 ``X`` is rounded to
-float32 first); this keeps exactly two compiled specialisations per kernel
-(Numba also specialises on whether an array is read-only, as a site's data
-is).  Distances, sums
-and SSE are accumulated in float64 whatever the input dtype.
+float32 first); this keeps exactly two compiled specialisations per kernel (Numba
+also specialises on whether an array is read-only, as a site's data is).  Distances,
+sums and SSE are accumulated in float64 whatever the input dtype.
 
 Empty clusters
 --------------
@@ -45,6 +44,7 @@ SSE NaN, which callers can detect.  The wrappers do not scan for NaN.
 from __future__ import annotations
 
 import importlib
+import os
 
 import numpy as np
 
@@ -63,6 +63,10 @@ _COMPILED_NAMES = frozenset({
 
 def _compiled_kernels():
     """The compiled-kernel module (imports Numba the first time)."""
+    # OpenMP threads spin between parallel regions by default, starving other processes
+    # on a shared machine (3 sites' local k-means on 2 cores ran 8x slower than one alone:
+    # bench/deployment.py); waiting passively costs a lone process nothing measurable.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return importlib.import_module("fedcluster.common.kernels._compiled")
 
 
@@ -73,19 +77,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "FASTMATH",
-    "MIN_BLOCK_ROWS",
-    "MAX_BLOCKS",
-    "block_rows",
-    "assign",
-    "lloyd_stats",
-    "min_sq_dist_update",
-    "minibatch_epoch",
-    "evaluation_stats",
-    "distance_to_means",
-    "fcm_stats",
-    "fcm_memberships",
-    "gtv_update",
+    "FASTMATH", "MIN_BLOCK_ROWS", "MAX_BLOCKS", "block_rows", "assign", "lloyd_stats",
+    "min_sq_dist_update", "minibatch_epoch", "evaluation_stats", "distance_to_means",
+    "fcm_stats", "fcm_memberships", "gtv_update",
 ]
 
 # Rows per block is max(MIN_BLOCK_ROWS, ceil(n / MAX_BLOCKS)): at least 2048

@@ -8,8 +8,11 @@ rows takes well under a millisecond. Below :data:`NUMPY_MAX_WORK` multiply-adds
 (``rows x centroids x features``) the wrappers in the package's ``__init__`` call these
 instead, and such a process never imports Numba.
 
-The choice depends on the input's shape alone (never on what a process has loaded), so a
-site computes the same numbers in a deployment, on the simulation engine and in process.
+The choice depends on the input's shape and the task alone (never on what a process has
+loaded), so a site computes the same numbers in a deployment, on the simulation engine
+and in process: a pass of at most :data:`NUMPY_MAX_WORK`, or of at most
+:data:`FEW_PASSES_MAX_WORK` in a task of only a few passes (:func:`few_passes`), where
+loading Numba would cost more than the whole task's arithmetic in NumPy.
 The semantics are the compiled kernels' (``_compiled.py``): distances in float64 in the
 difference form (exactly 0 for a row against itself), ties to the lowest centroid index,
 a NaN row labelled 0 with distance NaN, per-cluster sums and counts, no relocation of
@@ -19,6 +22,9 @@ anything but the shape. No BLAS call anywhere: OpenBLAS's thread count would cha
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
 
 import numpy as np
 
@@ -32,9 +38,33 @@ NUMPY_MAX_WORK = 1 << 20
 BLOCK_TERMS = 1 << 18
 
 
+#: Up to this many multiply-adds per pass, the tasks that make only a handful of passes
+#: at the centroids sent (:func:`few_passes`) use NumPy: a pass takes ~0.13 s here at
+#: this size, so even the five passes of a Lloyd step that carries the evaluation (and
+#: the differencing guard's assignment) cost less than loading the compiled kernels.
+FEW_PASSES_MAX_WORK = 1 << 25
+_few_passes = contextvars.ContextVar("few_passes", default=False)
+
+
+@contextlib.contextmanager
+def few_passes(active: bool = True):
+    """Within this block (a site task of a few passes, ``task_runner.few_passes``), a
+    pass goes to NumPy up to :data:`FEW_PASSES_MAX_WORK`. The choice then depends on
+    the task and the shape, the same in a deployment, on the simulation engine and in
+    process."""
+    token = _few_passes.set(active)
+    try:
+        yield
+    finally:
+        _few_passes.reset(token)
+
+
 def small(X: np.ndarray, k: int) -> bool:
     """Whether a pass of ``X`` against ``k`` centres goes to NumPy."""
-    return X.shape[0] * k * X.shape[1] <= NUMPY_MAX_WORK
+    limit = NUMPY_MAX_WORK
+    if _few_passes.get() and NUMPY_MAX_WORK >= 0:  # (< 0: a test forces the compiled path)
+        limit = max(limit, FEW_PASSES_MAX_WORK)
+    return X.shape[0] * k * X.shape[1] <= limit
 
 
 def _blocks(X: np.ndarray, k: int):
