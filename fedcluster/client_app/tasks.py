@@ -153,7 +153,7 @@ def lloyd_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskRep
         # the evaluation of the RECEIVED centroids, exactly as an evaluate round would
         # send it (the guard sees the same member sets, so it gives the same verdicts)
         reply.evaluation = evaluate(site, protocol.Centroids(arrays.centroids), params, floor,
-                                    guard)
+                                    guard, labels=first)
     return reply
 
 
@@ -361,10 +361,11 @@ def fuzzy_evaluation_sums(X: np.ndarray, C: np.ndarray, m: float) -> tuple[float
     return all_sq_dist, partition_sum
 
 
-def evaluate(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+def evaluate(site: SiteData, arrays, params, floor: int, guard=OFF, labels=None) -> TaskReply:
     """Pass 1 of the exact metrics (see ``common/metrics.py``); clusters under the floor
     (empty ones included) are left out (zeros) and flagged ``hidden``, contingency cells
-    under it are left out, and labels with no cell at or above the floor are not named."""
+    under it are left out, and labels with no cell at or above the floor are not named.
+    ``labels``: the assignment to the centroids sent, when the caller has made it."""
     C = received_centroids(arrays.centroids, site)
     sums, counts, sqnorms, sse, silhouette = kernels.evaluation_stats(site.X, C)
     # The site's own figures, unfiltered, stay in the site's own log.
@@ -375,7 +376,8 @@ def evaluate(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply
     # The flag then says no more than the zero count (it exists so that the report can
     # say "<p" rather than 0).
     hidden = counts < floor if floor > 1 else np.zeros(counts.shape, dtype=bool)
-    labels = kernels.assign(site.X, C)[0] if guard.active or site.labels is not None else None
+    if labels is None and (guard.active or site.labels is not None):
+        labels = kernels.assign(site.X, C)[0]
     verdict = guard_clusters(guard, labels, np.flatnonzero(~hidden & (counts > 0)), floor, counts,
                              site.n_rows)
     # Davies-Bouldin's distances, measured to C: the server uses them when the pooled

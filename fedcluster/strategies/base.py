@@ -52,7 +52,7 @@ from fedcluster.strategies import aggregate, first_task, metrics, private, repor
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.sites import Site, site_order
 from fedcluster.strategies.task_plan import TaskPlan
-from fedcluster.strategies.validation import Reply, ReplyError, check_reply
+from fedcluster.strategies.validation import Reply
 
 
 class ClusteringStrategy(Strategy):
@@ -231,29 +231,20 @@ class ClusteringStrategy(Strategy):
                                                 failed)
             results, failures = [], []
         failed += sites.record_failures(self, server_round, plan.task, keys, failures)
+        received = []
         for proxy, res in results:
             node_id = int(proxy.node_id)
             metrics = dict(res.metrics)
             key = str(metrics.get(protocol.SITE_KEY, keys.get(node_id) or f"node-{node_id}"))
-            if protocol.ERROR not in metrics and keys.get(node_id) == key:
-                sites.count_answer(self.sites.get(key), plan.task, metrics.get(protocol.ROUNDS_LEFT))
             arrays = parameters_to_ndarrays(res.parameters)
             if plan.carries is not None:
                 plan.carries.received[node_id] = (arrays, metrics, res.num_examples)
-            try:
-                reply = check_reply(self, plan, node_id, key, keys, arrays, metrics,
-                                    res.num_examples)
-            except ReplyError as err:
-                failed.append(f"site {key}: {err}")
-                self.site_failures.setdefault(key, []).append(
-                    f"round {server_round + self.round_offset} ({plan.task}): reply dropped: {err}")
-                if plan.task == "describe":
-                    self.rejected[key] = str(err)
-                continue
-            replies.append(reply)
+            received.append((node_id, key, arrays, metrics, res.num_examples))
+        checked, dropped = sites.check_replies(self, server_round, plan, keys, received)
+        replies = sorted(replies + checked, key=lambda r: site_order(r.site_key))
+        failed += dropped
         for reason in failed:
             log(logging.WARNING, "round %s (%s): dropped %s", server_round, plan.task, reason)
-        replies.sort(key=lambda r: site_order(r.site_key))
         self.round_failures = failed
         row = self.reduce_round(server_round, plan, replies)
         row.update(

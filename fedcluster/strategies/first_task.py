@@ -20,9 +20,7 @@ from flwr.common.logger import log
 
 from fedcluster.common import protocol
 from fedcluster.strategies import sites
-from fedcluster.strategies.sites import site_order
 from fedcluster.strategies.task_plan import TaskPlan
-from fedcluster.strategies.validation import ReplyError, check_reply
 
 
 def carried_task(strategy) -> TaskPlan | None:
@@ -45,24 +43,16 @@ def reduce_carried(strategy, server_round: int, carried: TaskPlan) -> None:
     """Validate the admitted sites' replies to the carried task and reduce them as the
     phase the describe round left the strategy in (``stats`` or ``init``) would."""
     keys = {site.node_id: site.key for site in strategy.sites.values()}
-    replies, failed = [], []
+    received = []
     for node_id, (arrays, metrics, n_rows) in carried.received.items():
-        key = keys.get(node_id)
-        if key is None:  # rejected at describe: its carried reply is not looked at
+        if node_id not in keys:  # rejected at describe: its carried reply is not looked at
             continue
-        try:
-            if protocol.THEN_ERROR in metrics:
-                raise ReplyError(f"the site refused: {metrics[protocol.THEN_ERROR]}")
-            sites.count_answer(strategy.sites[key], carried.task, metrics.get(protocol.ROUNDS_LEFT))
-            replies.append(check_reply(strategy, carried, node_id, key, keys, arrays, metrics,
-                                       n_rows))
-        except ReplyError as err:
-            failed.append(f"site {key}: {err}")
-            strategy.site_failures.setdefault(key, []).append(
-                f"round {server_round + strategy.round_offset} ({carried.task}): reply dropped: {err}")
+        if protocol.THEN_ERROR in metrics:  # the site refused the carried task alone
+            metrics = {protocol.ERROR: metrics[protocol.THEN_ERROR]}
+        received.append((node_id, keys[node_id], arrays, metrics, n_rows))
+    replies, failed = sites.check_replies(strategy, server_round, carried, keys, received)
     for reason in failed:
         log(logging.WARNING, "round %s (%s): dropped %s", server_round, carried.task, reason)
-    replies.sort(key=lambda r: site_order(r.site_key))
     strategy.round_failures = failed
     if strategy.phase == "stats":
         sites.fix_transform(strategy, replies)

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.common.logger import log
 
-from fedcluster.common import scaling
+from fedcluster.common import protocol, scaling
 
 from fedcluster.strategies import private
 from fedcluster.strategies.errors import FederationError, SiteFailure
-from fedcluster.strategies.validation import Reply
+from fedcluster.strategies.validation import Reply, ReplyError, check_reply
 
 
 @dataclass
@@ -190,6 +190,29 @@ def record_failures(strategy, server_round: int, task: str, keys: dict[int, str]
         strategy.site_failures.setdefault(key, []).append(
             f"round {server_round + strategy.round_offset} ({task}): {reason}")
     return failed
+
+
+def check_replies(strategy, server_round: int, plan, keys: dict[int, str],
+                  received) -> tuple[list[Reply], list[str]]:
+    """A round's replies, validated: the valid ones in site order, and a "site K: reason"
+    line per dropped one. ``received`` holds (node id, site key, arrays, metrics, rows) per
+    reply. Each answer of a joined site counts towards its max-rounds; a reply that does
+    not validate is dropped and noted in ``strategy.site_failures`` (at describe, the site
+    is rejected), and the round goes on with the others."""
+    replies, dropped = [], []
+    for node_id, key, arrays, metrics, n_rows in received:
+        if protocol.ERROR not in metrics and keys.get(node_id) == key:
+            count_answer(strategy.sites.get(key), plan.task, metrics.get(protocol.ROUNDS_LEFT))
+        try:
+            replies.append(check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows))
+        except ReplyError as err:
+            dropped.append(f"site {key}: {err}")
+            strategy.site_failures.setdefault(key, []).append(
+                f"round {server_round + strategy.round_offset} ({plan.task}): reply dropped: {err}")
+            if plan.task == "describe":
+                strategy.rejected[key] = str(err)
+    replies.sort(key=lambda r: site_order(r.site_key))
+    return replies, dropped
 
 
 def too_few(strategy, what: str) -> str:
