@@ -194,6 +194,7 @@ def default_runs(app_dir: Path, paths: list[Path], k: int, workdir: Path, name: 
             history = model["history"]
             runs.append({"seconds": run.seconds, "rounds": len(history),
                          "tasks": [h["task"] for h in history],
+                         "round-seconds": [float(h["seconds"]) for h in history],
                          "train": [float(h["seconds"]) for h in history if h["task"] == TRAIN_TASK],
                          "score": model["metrics"]["score"]})
     return runs
@@ -406,11 +407,23 @@ def default_run_table(compared: dict, floor: float, noop_run: float, args) -> li
     for name, before, now, seconds in rows:
         ratios = (f"{before / floor:.2f} | {now / floor:.2f}" if seconds else "- | -")
         lines.append(f"| {name} | {before:.2f} | {now:.2f} | **{now / before:.2f}** | {ratios} |")
+    # What the same number of rounds costs at Flower's floor: the no-op app's run less its
+    # rounds is Flower's start and end of a run (submit, ServerApp start, the last pull).
+    start_end = noop_run - args.rounds * floor
+    rounds_now = median("rounds", "now")
+    at_floor = rounds_now * floor + start_end
+    lines += ["", f"At Flower's floor a run of {rounds_now:.0f} rounds would take ~{at_floor:.1f} s "
+              f"({rounds_now:.0f} x {floor:.2f} s + {start_end:.1f} s of start and end, from the "
+              f"no-op app's run) = {at_floor / median('seconds', 'before'):.2f} of the run "
+              "before."]
     for name in ("before", "now"):
         run = compared[name][0]
         lines.append("")
         walls = ", ".join(f"{r['seconds']:.1f}" for r in compared[name])
-        lines.append(f"Rounds {name}: {', '.join(run['tasks'])}; wall times {walls} s; "
+        rounds = ", ".join(f"{task} {seconds:.1f} s" for task, seconds
+                           in zip(run["tasks"], run.get("round-seconds", [])))
+        lines.append(f"Rounds {name} (the first run's, with the ServerApp's seconds each): "
+                     f"{rounds or ', '.join(run['tasks'])}; wall times {walls} s; "
                      f"score {run['score']:.6g}.")
     return lines
 

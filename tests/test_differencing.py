@@ -424,3 +424,26 @@ def test_kept_sets_survive_in_the_state_and_in_a_file(tmp_path):
     with kept_in_file(tmp_path, "abc", 12) as history:
         assert len(history) == 1
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_kept_sets_grow_without_losing_one_and_reload_as_they_were(tmp_path):
+    """Sets added one by one across several growths of the store (and after a reload) are
+    all kept, in order, found again, and saved as exactly the added sets."""
+    n = 50
+    masks = [_mask(n, range(i, i + 5 + i % 7)) for i in range(30)]
+    with kept_in_file(tmp_path, "grow", n) as history:
+        for mask in masks[:20]:
+            history.add(pack(mask))
+    with kept_in_file(tmp_path, "grow", n) as history:
+        assert len(history) == 20
+        for mask in masks[20:]:
+            history.add(pack(mask))
+        assert history.nbytes == 30 * pack(masks[0]).nbytes
+    with kept_in_file(tmp_path, "grow", n) as history:
+        np.testing.assert_array_equal(history.arrays(), np.stack([pack(m) for m in masks]))
+        for i, mask in enumerate(masks):
+            assert history.find(pack(mask)) == i
+            np.testing.assert_array_equal(history.mask(i), mask)
+        near = masks[29].copy()
+        near[0] = True  # one row from the last set only
+        assert history.closest(pack(near), int(near.sum()), within=1) == 29

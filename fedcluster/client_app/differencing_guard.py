@@ -76,6 +76,7 @@ class RowSetHistory:
                       else np.ascontiguousarray(bits, dtype=np.uint8))
         if self._bits.ndim != 2 or self._bits.shape[1] != width:
             raise ValueError(f"kept sets of shape {self._bits.shape} do not fit {n_rows} rows")
+        self._store = self._bits  # _bits is a view of its first rows (add() grows it)
         self._sizes = np.bitwise_count(self._bits).sum(axis=1, dtype=np.int64)
         self._index = {hashlib.sha1(row.tobytes()).digest(): i for i, row in enumerate(self._bits)}
         self.changed = False
@@ -103,8 +104,16 @@ class RowSetHistory:
                 f"the differencing guard keeps {len(self)} row sets of this data "
                 f"({self.nbytes / 2**20:.0f} MiB, its limit): the site answers no more tasks "
                 "on it (a new set could not be checked against the earlier ones)")
-        self._index[hashlib.sha1(bits.tobytes()).digest()] = len(self)
-        self._bits = np.vstack([self._bits, bits[None, :]])
+        m = len(self)
+        self._index[hashlib.sha1(bits.tobytes()).digest()] = m
+        if m == self._store.shape[0]:  # grown by doubling (an add copies nothing), to the cap
+            width = max(1, self._store.shape[1])
+            grown = np.zeros((min(max(8, 2 * m), MAX_BYTES // width + 1), self._store.shape[1]),
+                             dtype=np.uint8)
+            grown[:m] = self._store[:m]
+            self._store = grown
+        self._store[m] = bits
+        self._bits = self._store[:m + 1]
         self._sizes = np.append(self._sizes, np.bitwise_count(bits).sum(dtype=np.int64))
         self.changed = True
 
