@@ -13,7 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from fedcluster.client_app.task_runner import few_passes
+from fedcluster.client_app.task_runner import is_few_pass_task
 from fedcluster.common import kernels
 from fedcluster.common.kernels import small_work
 
@@ -200,6 +200,8 @@ def test_few_pass_tasks_raise_the_numpy_limit_only_inside_the_task(monkeypatch):
         assert not small_work.small(X, 2)
     monkeypatch.setattr(small_work, "NUMPY_MAX_WORK", 1000)
     assert not small_work.small(X, 2)
-    assert few_passes("evaluate", {}) and few_passes("evaluate_distances", {})
-    assert few_passes("lloyd", {"local-iters": 1}) and not few_passes("lloyd", {"local-iters": 3})
-    assert not few_passes("local_kmeans", {}) and not few_passes("fcm", {"local-iters": 1})
+    assert is_few_pass_task("evaluate", {}) and is_few_pass_task("evaluate_distances", {})
+    assert is_few_pass_task("lloyd", {"local-iters": 1})
+    assert not is_few_pass_task("lloyd", {"local-iters": 3})
+    assert not is_few_pass_task("local_kmeans", {})
+    assert not is_few_pass_task("fcm", {"local-iters": 1})

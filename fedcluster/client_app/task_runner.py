@@ -45,7 +45,7 @@ def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor:
     if box is not None:  # data-bounds: every task sees the clipped rows
         site = dataclasses.replace(site, X=privacy.clip_rows(site.X, *box))
     reply = None
-    with small_work.few_passes(few_passes(name, params)):
+    with small_work.few_passes(is_few_pass_task(name, params)):
         if dp is not None:
             rng = np.random.default_rng(noise_seed)
             reply = private_tasks.run_private(name, site, arrays, params, floor, dp, rng)
@@ -59,7 +59,7 @@ def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor:
 FEW_PASS_TASKS = frozenset({"evaluate", "evaluate_distances"})
 
 
-def few_passes(name: str, params: dict) -> bool:
+def is_few_pass_task(name: str, params: dict) -> bool:
     """Whether task ``name`` makes only a few passes over the rows (the evaluation, its
     second pass, a Lloyd step of one local iteration): its passes then go to NumPy up to
     ``small_work.FEW_PASSES_MAX_WORK``, so the fresh process Flower starts for the message

@@ -48,7 +48,7 @@ _few_passes = contextvars.ContextVar("few_passes", default=False)
 
 @contextlib.contextmanager
 def few_passes(active: bool = True):
-    """Within this block (a site task of a few passes, ``task_runner.few_passes``), a
+    """Within this block (a site task of a few passes, ``task_runner.is_few_pass_task``), a
     pass goes to NumPy up to :data:`FEW_PASSES_MAX_WORK`. The choice then depends on
     the task and the shape, the same in a deployment, on the simulation engine and in
     process."""
