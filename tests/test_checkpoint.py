@@ -156,12 +156,16 @@ STATE_RUNS = {
     "fkm": {**SMALL, "algorithm": "fkm", "scale": "standard"},
     "ffcm": {**SMALL, "algorithm": "ffcm", "aggregation": "avg2", "eval_every": 2},
     "gtv": {**SMALL, "algorithm": "gtv", "topology": "ring", "eval_every": 2},
+    "divisive": {**SMALL, "algorithm": "dwf", "init": "divisive"},
     "dp": {"algorithm": "dwf", "n_clusters": 3, "num_rounds": 3, "tol": 0.0, "seed": 1,
            "init": "random", "data_bounds": "", "dp_epsilon": 5.0, "central_baseline": False,
            "site_config": {"allow-minmax": True}},  # no data-bounds: a bounds round
     "secure": {"algorithm": "dwf", "n_clusters": 3, "num_rounds": 3, "tol": 0.0, "seed": 1,
                "min_sites": 3, "init": "random", "data_bounds": "0:5",
                "secure_aggregation": True, "secagg_data_bound": 5.0, "central_baseline": False},
+    "secure-divisive": {"algorithm": "dwf", "n_clusters": 3, "num_rounds": 3, "tol": 0.0,
+                        "seed": 1, "min_sites": 3, "secure_aggregation": True,
+                        "secagg_data_bound": 5.0, "central_baseline": False},
 }
 
 
@@ -187,7 +191,7 @@ def test_every_round_checkpoint_restores_the_whole_state(case, sites, tmp_path, 
         saves.append(strategy.phase)
 
     monkeypatch.setattr(workflow, "save_checkpoint", save_and_compare)
-    data = _dp_sites() if case in ("dp", "secure") else sites
+    data = _dp_sites() if case in ("dp", "secure", "secure-divisive") else sites
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fedcluster.simulate(data, output_dir=str(tmp_path), run_name=case, **STATE_RUNS[case])

@@ -206,6 +206,8 @@ CASES = {
     "scale-minmax": ({"algorithm": "dwf", "scale": "minmax", "init": "random",
                       "site_config": MINMAX}, {"stats", "bounds", "lloyd"}),
     "eval-every": ({"algorithm": "dwf", "eval_every": 1}, {"lloyd", "evaluate"}),
+    # the sum-only start's Lloyd rounds (grown clusters' sums and counts, under the floor)
+    "divisive": ({"algorithm": "dwf", "init": "divisive"}, {"lloyd", "evaluate"}),
 }
 
 
@@ -254,6 +256,35 @@ def test_every_algorithm_at_its_defaults_warns_of_no_leak(algorithm):
         fedcluster.simulate(SITES, algorithm=algorithm, n_clusters=K, record_replies=records)
     tasks = {task for rec in records for task in record_tasks(rec)}
     assert "describe" in tasks and "bounds" not in tasks and "stats" not in tasks
+
+
+#: Secure aggregation and DP at their defaults (the start: ``divisive``), per algorithm
+#: that accepts them.
+PRIVATE_DEFAULTS = {
+    "secure-dwf": {"algorithm": "dwf", "secure_aggregation": True, "secagg_data_bound": 12.0},
+    "secure-ewf": {"algorithm": "ewf", "secure_aggregation": True, "secagg_data_bound": 12.0},
+    "secure-minibatch": {"algorithm": "minibatch", "secure_aggregation": True,
+                         "secagg_data_bound": 12.0},
+    "secure-ffcm": {"algorithm": "ffcm", "aggregation": "avg1", "secure_aggregation": True,
+                    "secagg_data_bound": 12.0},
+    "dp-dwf": {"algorithm": "dwf", "dp_epsilon": 10.0, "data_bounds": "-4:12"},
+    "dp-ewf": {"algorithm": "ewf", "dp_epsilon": 10.0, "data_bounds": "-4:12"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRIVATE_DEFAULTS))
+def test_secure_and_dp_defaults_warn_of_no_leak_and_send_no_extremes(name):
+    """Under secure aggregation and DP (with data-bounds) the default start sends sums
+    and counts only: no PrivacyLeakWarning, no per-feature minima or maxima (issue 21)."""
+    records: list[dict] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        result = fedcluster.simulate(SITES, n_clusters=K, record_replies=records,
+                                     **PRIVATE_DEFAULTS[name])
+    tasks = {task for rec in records for task in record_tasks(rec)}
+    assert "bounds" not in tasks and "stats" not in tasks and "local_kmeans" not in tasks
+    assert result.centroids.shape == (K, D)
+    assert audit([rec for rec in records if rec["task"]], SITES, 1, LABELS) == []
 
 
 def test_distributed_dp_sends_only_masked_vectors():

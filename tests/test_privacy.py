@@ -165,7 +165,7 @@ def test_budget_is_split_over_the_data_rounds_and_adds_up():
         ({"dp-epsilon": 1.0, "algorithm": "ffcm"}, "'dp-epsilon' > 0: algorithm 'ffcm'"),
         ({"dp-epsilon": 1.0, "algorithm": "minibatch"}, "'dp-epsilon' > 0: algorithm 'minibatch'"),
         ({"dp-epsilon": 1.0, "local-iters": 3}, "'local-iters' must be 1"),
-        ({"dp-epsilon": 1.0, "init": "kfed"}, "'init' must be 'random'"),
+        ({"dp-epsilon": 1.0, "init": "kfed"}, "'init' must be 'divisive', 'random'"),
         ({"dp-epsilon": 1.0, "scale": "standard"}, "'scale' must be 'none'"),
         ({"dp-epsilon": 1.0, "k-range": "2:5"}, "'k-range' cannot"),
         ({"data-bounds": "0:1", "scale": "minmax"}, "'data-bounds' cannot be combined"),
@@ -176,9 +176,9 @@ def test_config_errors_name_the_key(values, key):
         parse_run_config(values)
 
 
-def test_dp_config_accepted_and_init_resolves_to_random():
+def test_dp_config_accepted_and_init_resolves_to_divisive():
     config = parse_run_config({"dp-epsilon": 2.0, "data-bounds": "0:16", "algorithm": "ewf"})
-    assert config.private and config.resolved_init == "random"
+    assert config.private and config.resolved_init == "divisive"
     assert parse_run_config({}).resolved_init == "kfed" and not parse_run_config({}).private
 
 
@@ -438,11 +438,11 @@ def test_dp_with_secure_aggregation_is_accepted_and_the_other_constraints_stay()
     both = {"algorithm": "dwf", "dp-epsilon": 1.0, "data-bounds": "0:1",
             "secure-aggregation": True, "secagg-data-bound": 1.0, "min-sites": 2}
     config = parse_run_config(both)
-    assert config.private and config.secure_aggregation and config.resolved_init == "random"
+    assert config.private and config.secure_aggregation and config.resolved_init == "divisive"
     for extra, key in [({"algorithm": "ewf"}, "need algorithm 'dwf'"),
                        ({"data-bounds": "-2:1"}, "'data-bounds' must lie within"),
                        ({"local-iters": 2}, "'local-iters' must be 1"),
-                       ({"init": "kfed"}, "'init' must be 'random'"),
+                       ({"init": "kfed"}, "'init' must be 'divisive', 'random'"),
                        ({"algorithm": "ffcm"}, "algorithm 'ffcm'"),
                        ({"min-sites": 1}, "'min-sites' >= 2")]:
         with pytest.raises(ConfigError, match=key):

@@ -88,7 +88,7 @@ def test_algorithms_that_need_each_reply_refuse(algorithm, extra, why):
     assert why in str(err.value)
 
 
-def test_secure_config_needs_a_data_bound_and_resolves_init_to_random():
+def test_secure_config_needs_a_data_bound_and_resolves_init_to_divisive():
     with pytest.raises(ConfigError, match="'secagg-data-bound' > 0"):
         parse_run_config({"algorithm": "dwf", "secure-aggregation": True})
     with pytest.raises(ConfigError, match="secagg-quantization-range"):
@@ -96,7 +96,7 @@ def test_secure_config_needs_a_data_bound_and_resolves_init_to_random():
                           "secagg-quantization-range": 2**31})
     config = parse_run_config({"algorithm": "minibatch", "secure-aggregation": True,
                                "secagg-data-bound": 1.0})
-    assert config.resolved_init == "random"  # k-FED (auto) is not a sum
+    assert config.resolved_init == "divisive"  # k-FED (auto) is not a sum; the sum-only start
     assert parse_run_config({"algorithm": "minibatch"}).resolved_init == "kfed"
 
 

@@ -154,8 +154,8 @@ def check_minmax(node: NodeConfig, task: str, params: dict) -> None:
         raise PolicyRefusal(
             f"site policy allow-minmax=false refuses task {task!r}: it sends this site's "
             f"per-feature minima and maxima (each one person's value); run with data-bounds "
-            f"given (the box is then declared), init 'kfed' instead of 'random', and scale "
-            f"'standard' instead of 'minmax'")
+            f"given (the box is then declared), init 'kfed' or 'divisive' instead of 'random', "
+            f"and scale 'standard' instead of 'minmax'")
 
 
 #: The ``Context.state`` record counting a simulated site's DP noise draws per run.

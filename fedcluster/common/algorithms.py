@@ -55,7 +55,7 @@ class AlgorithmCard:
 # to 47 rounds to reach 1.001 x central (IID) and missed it in 1 seed of 10 on each
 # split (stuck at 1.0016-1.0018); with 2k and weighted, it reached it within 2 rounds in
 # all 20 runs. For DWF/EWF/mini-batch, `weighted` concerns only that round.
-_WEIGHTED_KFED_START = dict(default_init="kfed", allowed_init=("kfed", "random"),
+_WEIGHTED_KFED_START = dict(default_init="kfed", allowed_init=("kfed", "divisive", "random"),
                             default_weighted=True, k_local_factor=2)
 
 CARDS: dict[str, AlgorithmCard] = {card.name: card for card in (
@@ -81,7 +81,7 @@ CARDS: dict[str, AlgorithmCard] = {card.name: card for card in (
                    "iterations, which have no bounded sensitivity"),
     AlgorithmCard(
         "ffcm", "Stallmann & Wilbik 2022", default_init="kfed",
-        allowed_init=("random", "kfed"),
+        allowed_init=("random", "kfed", "divisive"),
         dp_refused="its fuzzy sums are not privatised yet (avg2 also clusters the sites' "
                    "centres)"),
     AlgorithmCard(

@@ -69,9 +69,10 @@ def dp_problems(config: "RunConfig") -> list[str]:
         problems.append(f"key 'local-iters' must be 1 under dp-epsilon (got "
                         f"{config.local_iters}): after several local iterations a site's "
                         "centroids are no longer sums with a bounded sensitivity")
-    if config.init not in ("auto", "random"):
-        problems.append(f"key 'init' must be 'random' (or 'auto') under dp-epsilon, "
-                        f"got '{config.init}': k-FED's local centroids are not private")
+    if config.init not in ("auto", "divisive", "random"):
+        problems.append(f"key 'init' must be 'divisive', 'random' (or 'auto') under "
+                        f"dp-epsilon, got '{config.init}': k-FED's local centroids are not "
+                        "private")
     if config.scale != "none":
         problems.append("key 'scale' must be 'none' under dp-epsilon: its statistics "
                         "round is not private; scale with known constants at the sites")
@@ -138,7 +139,7 @@ class RunConfig(_Strict):
     tol: float = Field(1e-4, ge=0.0)
     score_tol: float = Field(0.0, ge=0.0, description="stop when the score stops improving")
     n_init: int = Field(1, ge=1)
-    init: Literal["auto", "kfed", "random", "kmeans++"] = "auto"
+    init: Literal["auto", "kfed", "divisive", "random", "kmeans++"] = "auto"
     weighted: Literal["auto"] | bool = "auto"
     k_local: int = Field(0, ge=0, description="k-FED local k; 0: n-clusters (kfed), 2 x n-clusters (init)")
     learning_rate: float = Field(1.0, gt=0.0, le=1.0)
@@ -241,7 +242,8 @@ class RunConfig(_Strict):
                              f"'{self.algorithm}': {why}")
         if self.init == "kfed":
             raise ValueError("secure-aggregation = true needs a sum-only initialisation: init "
-                             "'kfed' sends each site's local centroids; use init = \"random\"")
+                             "'kfed' sends each site's local centroids; use init = \"divisive\" "
+                             "(the default under secure aggregation)")
         if self.k_range:
             raise ValueError("secure-aggregation = true is not supported with k-range")
         if self.secagg_data_bound <= 0:
@@ -261,10 +263,10 @@ class RunConfig(_Strict):
     @property
     def resolved_init(self) -> str:
         """The initialisation actually used (``auto`` resolved per algorithm; under
-        secure aggregation ``random``, the only sum-compatible one; under DP ``random``,
-        the only one without a non-private data round)."""
+        secure aggregation and DP ``divisive``, the start that only sends sums and counts:
+        ``strategies/divisive.py``)."""
         if self.init == "auto" and (self.secure_aggregation or self.private):
-            return "random"
+            return "divisive"
         return DEFAULT_INIT[self.algorithm] if self.init == "auto" else self.init
 
     @property

@@ -161,13 +161,14 @@ def gaussian_rho(sensitivity: float, sigma: float) -> float:
     return sensitivity**2 / (2.0 * sigma**2)
 
 
-def data_rounds(num_rounds: int, eval_every: int, n_init: int) -> int:
-    """The most rounds of a run that touch data under DP: per n-init repetition, every
-    training round, the interim evaluations (``eval-every``) and the final evaluation.
-    (The DP initialisation draws from the declared box and touches no data; the
-    Davies-Bouldin round is not run on data under DP.)"""
+def data_rounds(num_rounds: int, eval_every: int, n_init: int, start_rounds: int = 0) -> int:
+    """The most rounds of a run that touch data under DP: per n-init repetition, the
+    start's noised rounds (``start_rounds``: the divisive start's Lloyd rounds; a start
+    drawn from the declared box touches no data), every training round, the interim
+    evaluations (``eval-every``) and the final evaluation. (The Davies-Bouldin round is
+    not run on data under DP.)"""
     interim = num_rounds // eval_every if eval_every else 0
-    return n_init * (num_rounds + interim + 1)
+    return n_init * (start_rounds + num_rounds + interim + 1)
 
 
 def rho_per_round(epsilon: float, delta: float, rounds: int) -> float:

@@ -55,7 +55,8 @@ WEIGHT = 1
 
 # Terms whose sums are integers (rounded after decoding; exact, see check_exact_counts).
 INTEGER_TERMS = {"n", "w-int", "counts", "hidden"}
-# The phases whose round is a secure sum; describe, stats and init (bounds) run plain.
+# The phases whose round is a secure sum; describe and stats run plain, and init is secure
+# when its task is a sum (``strategies/secure_sum.is_secure_round``).
 SECURE_PHASES = ("train", "evaluate", "interim", "distances")
 
 SECURE_PARAM = "secure"  # the task parameter that asks a site for encoded terms

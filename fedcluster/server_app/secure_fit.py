@@ -11,7 +11,8 @@ from collections.abc import Callable
 from flwr.common.logger import log
 
 from fedcluster.server_app.polling import FastPollGrid
-from fedcluster.common.secure_codec import CLIP, MODULUS, SECURE_PHASES, WEIGHT
+from fedcluster.common.secure_codec import CLIP, MODULUS, WEIGHT
+from fedcluster.strategies import secure_sum
 from fedcluster.strategies.errors import FederationError
 
 
@@ -34,7 +35,7 @@ def make_fit_workflow(config, plain_round: Callable) -> Callable:
 
     def fit(grid, context) -> None:
         strategy = context.strategy
-        if strategy.phase not in SECURE_PHASES:
+        if not secure_sum.is_secure_round(strategy):
             plain_round(grid, context)
             return
         rows_before = len(strategy.history)

@@ -8,7 +8,8 @@ its task (:attr:`ClusteringStrategy.PHASE_TASKS`):
    are admitted or rejected with a logged reason (``sites.py``). With ``scale``, a
    ``stats`` round gives the global transform that every later task carries. The
    describe message carries the run's first task when it can (``first_task.py``).
-2. ``init`` (one round per n-init repetition): the algorithm's initialisation task.
+2. ``init`` (per n-init repetition): the algorithm's initialisation task, one round or,
+   for a start that grows (``divisive.py``), until :meth:`reduce_init` has centroids.
 3. ``train`` (up to ``num-rounds`` rounds): sampled sites (fraction C, seeded) run the
    algorithm's site step; the subclass reduces the replies to new centroids, until the
    centroid movement ||C_t - C_{t-1}||_F < ``tol`` (or, with ``score-tol``, the score
@@ -21,7 +22,8 @@ its task (:attr:`ClusteringStrategy.PHASE_TASKS`):
    under DP (Davies-Bouldin is not released; the sites would answer zeros).
 
 Subclasses provide the algorithm through public hooks, in the style of Flower's FedAvg:
-:meth:`init_task` / :meth:`reduce_init`, :meth:`train_task` / :meth:`reduce_train`,
+:meth:`init_task` / :meth:`reduce_init` / :meth:`init_rounds`, :meth:`train_task` /
+:meth:`reduce_train`,
 :meth:`movement`, :meth:`evaluation_params`, :meth:`round_metrics`, :meth:`can_stop`,
 :meth:`admit_sites`, and (GTV) :meth:`plan_round`, :meth:`reduce_round`,
 :meth:`start_training`, :meth:`reset_repetition`, :meth:`finish_repetition`. The maths
@@ -103,9 +105,13 @@ class ClusteringStrategy(Strategy):
         """The initialisation round's task."""
         raise NotImplementedError
 
-    def reduce_init(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
-        """Initial (k, d) centroids from the init round's replies."""
+    def reduce_init(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray | None:
+        """Initial (k, d) centroids from the init round's replies (None: another round)."""
         raise NotImplementedError
+
+    def init_rounds(self) -> int:
+        """The most rounds ``init_task`` takes (a multi-round start says more)."""
+        return 1
 
     def init_without_round(self) -> np.ndarray | None:
         """Initial centroids that need no site round (None: run ``init_task``)."""
@@ -137,10 +143,11 @@ class ClusteringStrategy(Strategy):
 
     def max_server_rounds(self) -> int:
         """The most server rounds a run can take (the loop's bound): describe, stats, per
-        repetition init + rounds + interims + evaluate (+ extras), Davies-Bouldin's round."""
+        repetition init rounds + rounds + interims + evaluate (+ extras), Davies-Bouldin's."""
         c = self.config
         interim = c.num_rounds // c.eval_every if c.eval_every else 0
-        return 3 + c.n_init * (c.num_rounds + interim + 2 + self.extra_rounds_per_repetition)
+        return 3 + c.n_init * (c.num_rounds + interim + 1 + self.init_rounds()
+                               + self.extra_rounds_per_repetition)
 
     def admit_sites(self, replies: list[Reply]) -> None:
         """Admit the sites of the describe round (``sites.admit``); GTV adds its graph."""
@@ -202,7 +209,7 @@ class ClusteringStrategy(Strategy):
             base.update({**plan.carries.params, protocol.THEN: plan.carries.task})
         if seed_base := plan.seed_base or (plan.carries and plan.carries.seed_base):  # site-drawn
             base[protocol.SEED_BASE] = json.dumps([int(v) for v in seed_base])
-        if self.config.secure_aggregation and self.phase in secure.SECURE_PHASES:
+        if secure_sum.is_secure_round(self):
             plan.secure = secure_sum.terms_and_scales(self, plan, [self.sites[k] for k in keys.values()])
             # clip: distributed DP's noise-margin case (secure.encode says why)
             base[secure.SECURE_PARAM] = json.dumps(
@@ -334,7 +341,7 @@ class ClusteringStrategy(Strategy):
             return self._finish_run(np.sum([r.arrays.distances for r in replies], axis=0)
                                     if replies else None)
         if self.phase == "init":
-            self.start_training(self.reduce_init(plan, replies))
+            self.take_init(plan, replies)
             return {}
         # train
         self.train_round += 1
@@ -369,10 +376,7 @@ class ClusteringStrategy(Strategy):
             start = self.warm_start
         if start is None:
             start = self.init_without_round()
-        if self.config.private and self.box is None and start is not None:
-            raise FederationError(
-                "dp-epsilon without data-bounds takes the clipping box from the init round "
-                "(init 'random'), which a run from given centroids skips; set data-bounds")
+        private.check_start(self.config, self.box, start)
         if start is not None:
             self.start_training(np.array(start, dtype=np.float64))
         else:
@@ -385,6 +389,11 @@ class ClusteringStrategy(Strategy):
         self.rejected = dict(previous.rejected)
         self.transform = previous.transform
         self._begin_repetition()
+
+    def take_init(self, plan: TaskPlan, replies: list[Reply]) -> None:
+        """Reduce an init round; train from its centroids (None: the start goes on)."""
+        if (start := self.reduce_init(plan, replies)) is not None:
+            self.start_training(start)
 
     def start_training(self, centroids: np.ndarray) -> None:
         if centroids.shape != (self.k, self.n_features):

@@ -33,6 +33,8 @@ def carried_task(strategy) -> TaskPlan | None:
         return strategy.stats_task()
     if strategy.initial_centroids is not None or strategy.warm_start is not None:
         return None  # training starts at once, from centroids checked against the width
+    if strategy.init_rounds() > 1:
+        return None  # a start that grows (divisive) sends centroids of the width
     plan = strategy.init_task()
     if plan.per_site or plan.per_site_arrays or plan.sample or protocol.to_arrays(plan.arrays):
         return None
@@ -59,6 +61,6 @@ def reduce_carried(strategy, server_round: int, carried: TaskPlan) -> None:
         strategy._begin_repetition()
     elif strategy.phase == "init":
         sites.require_answers(strategy, replies, carried.task)
-        strategy.start_training(strategy.reduce_init(carried, replies))
+        strategy.take_init(carried, replies)
     else:
         raise RuntimeError(f"a carried {carried.task} task in phase {strategy.phase}")

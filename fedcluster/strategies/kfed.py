@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.strategies import private
+from fedcluster.strategies import divisive, private
+from fedcluster.strategies.divisive import DivisiveStart
 from fedcluster.strategies.aggregate import bounding_box_init, kmeans_on_centroids
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.errors import FederationError
@@ -42,9 +43,22 @@ def kfed_reduce(replies: list[Reply], k: int, seed: int, weighted: bool) -> np.n
 
 
 class KFedOrRandomInit:
-    """The initialisation shared by DWF, EWF and mini-batch k-means (a strategy mixin):
-    ``init = "kfed"`` runs the k-FED round; ``"random"`` draws k points uniformly in the
-    federated bounding box (per-site minima and maxima)."""
+    """The initialisation shared by DWF, EWF, mini-batch k-means and FFCM (a strategy
+    mixin): ``init = "kfed"`` runs the k-FED round; ``"divisive"`` the sum-only start
+    (``divisive.py``: a few Lloyd rounds that only report sums and counts, the default
+    under secure aggregation and DP); ``"random"`` draws k points uniformly in the
+    declared box (``data-bounds``) or, without it, the federated bounding box
+    (per-site minima and maxima)."""
+
+    def reset_repetition(self) -> None:
+        super().reset_repetition()
+        self.divisive_start: DivisiveStart | None = None
+
+    def init_rounds(self) -> int:
+        if self.config.resolved_init != "divisive":
+            return 1
+        declared = self.config.data_bounds or not self.config.private  # else a bounds round
+        return divisive.start_rounds(self.k) + (0 if declared else 1)
 
     def init_without_round(self) -> np.ndarray | None:
         """``init = "random"`` with ``data-bounds``: k points uniform in the declared
@@ -54,24 +68,32 @@ class KFedOrRandomInit:
         return None
 
     def init_task(self) -> TaskPlan:
-        if self.config.resolved_init == "kfed":
+        init = self.config.resolved_init
+        if init == "kfed":
             return kfed_plan(self, self.config.resolved_k_local)
-        return TaskPlan("bounds")
+        if init == "divisive" and not (self.config.private and self.box is None):
+            if self.divisive_start is None:
+                self.divisive_start = DivisiveStart.new(self.k, self.n_features, self.seed)
+            return self.divisive_start.plan()
+        return TaskPlan("bounds")  # (DP without data-bounds: the clipping box first)
 
-    def reduce_init(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
+    def reduce_init(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray | None:
         if plan.task == "local_kmeans":
             return kfed_reduce(replies, self.k, self.seed, self.config.resolved_weighted)
+        if plan.task == "lloyd":
+            return self.divisive_start.reduce(replies)
         mins = np.stack([r.arrays.minima for r in replies])
         maxs = np.stack([r.arrays.maxima for r in replies])
         if self.config.private and self.box is None:
             self.box, self.bounds_from_data = private.box_from_data(self.config, mins, maxs), True
+            if self.config.resolved_init == "divisive":
+                return None  # the box is for clipping; the start is still to grow
         else:
             # k-FED's round sends aggregates only, but DP and SecAgg+ refuse it.
-            kfed_allowed = not (self.config.private or self.config.secure_aggregation)
             private.warn_leak("init 'random' without data-bounds: the sites sent their "
                               "per-feature minima and maxima (each one person's value) for the "
-                              "bounding box the start is drawn in; give data-bounds"
-                              + (", or use init 'kfed' (aggregates only)" if kfed_allowed else ""))
+                              "bounding box the start is drawn in; give data-bounds, or use "
+                              "init 'divisive' (sums and counts only)")
         return bounding_box_init(mins, maxs, self.k, self.seed)
 
 

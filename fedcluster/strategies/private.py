@@ -34,6 +34,7 @@ from flwr.common.logger import log
 from fedcluster.common import secure_codec as secure
 from fedcluster.common import privacy, protocol
 from fedcluster.common.config import RunConfig
+from fedcluster.strategies import divisive
 from fedcluster.strategies.errors import FederationError
 
 #: Server tasks that release noised data under DP (and count against the budget).
@@ -49,8 +50,14 @@ def rho_per_round(config: RunConfig) -> float:
     """This run's zCDP share per data round (0 without DP)."""
     if not config.private:
         return 0.0
-    rounds = privacy.data_rounds(config.num_rounds, config.eval_every, config.n_init)
+    rounds = privacy.data_rounds(config.num_rounds, config.eval_every, config.n_init,
+                                 start_rounds(config))
     return privacy.rho_per_round(config.dp_epsilon, config.dp_delta, rounds)
+
+
+def start_rounds(config: RunConfig) -> int:
+    """The noised rounds of a repetition's start: the divisive start's Lloyd rounds."""
+    return divisive.start_rounds(config.n_clusters) if config.resolved_init == "divisive" else 0
 
 
 def declared_box(config: RunConfig, n_features: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -62,6 +69,15 @@ def declared_box(config: RunConfig, n_features: int) -> tuple[np.ndarray, np.nda
         return privacy.bounds_for(parsed, n_features)
     except ValueError as err:
         raise FederationError(f"run-config key 'data-bounds' {err}") from None
+
+
+def check_start(config: RunConfig, box, start) -> None:
+    """A DP run without ``data-bounds`` takes its clipping box from a ``bounds`` round in
+    the init phase, which a run from given centroids (``start``) skips: FederationError."""
+    if config.private and box is None and start is not None:
+        raise FederationError(
+            "dp-epsilon without data-bounds takes the clipping box from a bounds round at "
+            "the start, which a run from given centroids skips; set data-bounds")
 
 
 def box_from_data(config: RunConfig, mins: np.ndarray,
@@ -195,7 +211,7 @@ def accounting(config: RunConfig, history: list[dict], box, bounds_from_data: bo
     out = {"dp-epsilon": config.dp_epsilon, "dp-delta": config.dp_delta,
            "dp-mode": dp_mode(config), "dp-rho-per-round": rho_round,
            "dp-rounds-planned": privacy.data_rounds(config.num_rounds, config.eval_every,
-                                                     config.n_init),
+                                                     config.n_init, start_rounds(config)),
            **privacy.spent(rho_round, rounds_run, config.dp_delta),
            "dp-bounds-from-data": bounds_from_data}
     if box is not None:

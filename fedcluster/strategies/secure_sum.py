@@ -27,6 +27,13 @@ from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.validation import Reply, ReplyError
 
 
+def is_secure_round(strategy) -> bool:
+    """Whether the strategy's next round runs under SecAgg+: in a secure run, the rounds
+    whose task is a sum (training, evaluation, and a start of sums: ``divisive``)."""
+    return strategy.config.secure_aggregation and (strategy.phase in secure.SECURE_PHASES or (
+        strategy.phase == "init" and strategy.init_task().task in protocol.SECURE_TASKS))
+
+
 def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
     """The terms a secure round of ``plan`` over ``sites`` sums, and their agreed scales
     (``secure.term_bounds``; under distributed DP widened by ``private.secure_scales``).
@@ -48,7 +55,8 @@ def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
     batch = config.batch_size
     names = secure.term_names(
         plan.task,
-        dynamic=getattr(strategy, "dynamic", True),
+        # EWF's plain mean of centroids is for training; a start's Lloyd rounds weight
+        dynamic=getattr(strategy, "dynamic", True) or strategy.phase == "init",
         fuzzy_eval="fuzzifier" in plan.params,
         # under DP a training round sends no SSE (docs/how-to/differential-privacy.md)
         with_sse=(plan.task == "lloyd" and not config.private) or (
@@ -83,7 +91,7 @@ def sum_reply(strategy, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
     sites with ``n_rows`` rows, in the layout of one site's plain reply (ReplyError
     when the sum does not validate). Under distributed DP the noisy sum is
     post-processed here (``private.release_sum``)."""
-    config, k = strategy.config, strategy.k
+    config, k = strategy.config, plan.n_clusters or strategy.k
     check_sum(sums, n_rows, k, strategy.n_features)
     if config.private:
         arrays, metrics_out = private.release_sum(

@@ -21,7 +21,7 @@ so shared arrays stay shared). What it writes, and :func:`decode` reads back:
   and up to 64-bit float dtypes; others go to the arrays as a 0-d array);
 - a numpy ``Generator``: its ``bit_generator.state`` (bit generators of :data:`BIT_GENERATORS`);
 - the dataclasses of :data:`DATACLASSES` (a site, pooled statistics, the scaling
-  transform): ``{"__type__": "dataclass", "name": "Site", "fields": {...}}``.
+  transform, the divisive start's state): ``{"__type__": "dataclass", "name": "Site", "fields": {...}}``.
 
 Decoding builds only these types: a name that is not in the two registries is refused
 (:class:`StateError`); nothing is imported by name, no code of the file runs. Exact types
@@ -38,6 +38,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from fedcluster.common.scaling import FeatureTransform
+from fedcluster.strategies.divisive import DivisiveStart
 from fedcluster.strategies.metrics import PooledStats
 from fedcluster.strategies.sites import Site
 
@@ -45,7 +46,8 @@ from fedcluster.strategies.sites import Site
 #: beside the state; a resumed run takes the new, equal one) and the round in flight.
 TRANSIENT = frozenset({"config", "_pending"})
 #: The dataclasses a checkpoint may hold, by name.
-DATACLASSES = {cls.__name__: cls for cls in (Site, PooledStats, FeatureTransform)}
+DATACLASSES = {cls.__name__: cls for cls in (Site, PooledStats, FeatureTransform,
+                                                DivisiveStart)}
 #: The numpy bit generators a stored ``Generator`` may use, by their state's name.
 BIT_GENERATORS = {cls.__name__: cls for cls in (np.random.PCG64, np.random.PCG64DXSM,
                                                 np.random.Philox, np.random.SFC64,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fedcluster.common import protocol
 
 
@@ -34,6 +36,13 @@ class TaskPlan:
     # A carried task's replies as received (node id -> arrays, metrics, rows), validated
     # once the describe round has admitted the sites (``first_task.py``).
     received: dict = field(default_factory=dict)
+
+    @property
+    def n_clusters(self) -> int | None:
+        """How many centroids the task sends (None: it sends none); a reply has one row
+        per centroid (a start may send more or fewer than k: ``divisive.py``)."""
+        centroids = getattr(self.arrays, "centroids", None)
+        return None if centroids is None else int(np.shape(centroids)[0])
 
     @property
     def label(self) -> str:

@@ -244,7 +244,7 @@ def check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows) -> 
     expect = Expect(
         task=plan.task,
         n_features=strategy.n_features if strategy.sites else None,
-        n_clusters=strategy.k,
+        n_clusters=plan.n_clusters or strategy.k,
         max_rows=plan.max_rows,
         floor=strategy.config.min_cluster_size,
         declared_rows=site.n_rows if site else None,
