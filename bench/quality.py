@@ -155,6 +155,8 @@ def main() -> None:
                                                       "g2", "mnist", "outliers", "tiny"])
     parser.add_argument("--data", type=Path, default=report.SHARED_DATA)
     parser.add_argument("--out", type=Path, default=None, help="write the tables into this file")
+    parser.add_argument("--section", default="quality",
+                        help="the BENCHMARKS.md section to write (one per sweep)")
     args = parser.parse_args()
     report.quiet_flower()
     from sklearn.cluster import KMeans
@@ -192,7 +194,7 @@ def main() -> None:
                               flush=True)
     groups = [(a, m, f, s) for a in args.algorithms for m in args.modes for f in args.floors
               for s in args.splits]
-    lines = [report.header("Quality at defaults (quality)"), "",
+    lines = [report.header(f"Quality at defaults ({args.section})"), "",
              f"{len(args.sets)} data sets ({', '.join(args.sets)}), z-scored, k = their classes, "
              f"{SITES} sites (IID, and Dirichlet 0.3 label skew), seed 0. Each figure is the "
              "k-means objective of the run's final centroids on the pooled data over that of "
@@ -209,7 +211,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        report.write_section("quality", text, args.out)
+        report.write_section(args.section, text, args.out)
 
 
 if __name__ == "__main__":
