@@ -144,9 +144,9 @@ def sse(X: np.ndarray, C: np.ndarray) -> float:
     return total
 
 
-def run(sites, k, algorithm, mode, floor, X, central) -> tuple[float, int]:
+def run(sites, k, algorithm, mode, floor, X, central, extra: dict) -> tuple[float, int]:
     config = {"algorithm": algorithm, "n_clusters": k, "min_cluster_size": floor, "seed": 0,
-              "central_baseline": False}
+              "central_baseline": False, **extra}
     if mode == "secure":
         config.update(secure_aggregation=True,
                       secagg_data_bound=float(np.ceil(np.abs(X).max() + 1e-9)))
@@ -192,12 +192,19 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", default=["iris", "wine", "cancer", "digits", *SIPU,
                                                       "g2", "mnist", "outliers", "tiny"])
     parser.add_argument("--data", type=Path, default=report.SHARED_DATA)
+    parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="run-config keys for every run (e.g. aggregation=avg2)")
     parser.add_argument("--out", type=Path, default=None, help="write the tables into this file")
     parser.add_argument("--section", default="quality",
                         help="the BENCHMARKS.md section to write (one per sweep)")
     args = parser.parse_args()
     report.quiet_flower()
     from sklearn.cluster import KMeans
+
+    extra = {}
+    for item in args.config:
+        key, _, value = item.partition("=")
+        extra[key.replace("-", "_")] = value
 
     rows = []
     for name in args.sets:
@@ -214,7 +221,7 @@ def main() -> None:
                         started = time.monotonic()
                         try:
                             score, rounds = run(sites, k, algorithm, mode, floor, X,
-                                                reference.cluster_centers_)
+                                                reference.cluster_centers_, extra)
                         except Exception as err:  # a refused mode is a row, not a crash
                             print(f"{name} {split} {algorithm} {mode} floor {floor}: {err}")
                             continue
@@ -243,7 +250,8 @@ def main() -> None:
              "`dp10` (dp-epsilon 10, data-bounds = the pooled range, num-rounds 10, the "
              "`divisive` start), `dp10-box` (the same from k points uniform in the box, the "
              "start `divisive` replaced), `dp10-oracle` (the same from central k-means' own "
-             "centroids: what the noise costs whatever the start).", "",
+             "centroids: what the noise costs whatever the start)."
+             + (f" Every run also had {', '.join(args.config)}." if args.config else ""), "",
              "Against central k-means:", "", *table(rows, "central", groups)]
     if any("plain" in r for r in rows):
         lines += ["", "The secure and DP runs against the plain run of the same data and split "
