@@ -16,8 +16,9 @@ W_j = sum_i u_ij^m. The server aggregates with ``aggregation``:
   towards the data and is claimed by a better-placed global centre): on the G2 sets
   (uniform split) that froze a centre in about half the runs.
 
-A run stops when sum_j ||c_j,t - c_j,t-1|| <= ``tol``. Initial centres: uniform in the
-federated bounding box (``init = "random"``, seeded) or the k-FED round.
+A run stops when sum_j ||c_j,t - c_j,t-1|| <= ``tol``. Initial centres: the sum-only
+divisive start (the default, ``divisive.py``), uniform in the (declared or federated)
+bounding box (``init = "random"``, seeded), or the k-FED round.
 """
 
 from __future__ import annotations
