@@ -91,6 +91,8 @@ def test_the_start_pools_sums_and_counts_grows_to_8k_and_merges_to_k():
     while True:
         plan = start.plan()
         assert plan.task == "lloyd" and plan.params["local-iters"] == 1
+        # planning is pure: a second plan of the same round sends the same centroids
+        np.testing.assert_array_equal(start.plan().arrays.centroids, plan.arrays.centroids)
         sent.append(len(plan.arrays.centroids))
         result = start.reduce(_replies(plan, sites))
         if start.rounds == 1:  # one centroid: the pooled mean of every row
@@ -110,12 +112,22 @@ def test_the_start_pools_sums_and_counts_grows_to_8k_and_merges_to_k():
     assert polished <= best * (1 + 1e-9)
 
 
-def test_clusters_the_floor_empties_are_dropped_and_too_few_is_an_error():
-    start = DivisiveStart.new(3, 2, seed=0)
-    start.plan()
+def test_too_few_grown_clusters_are_completed_in_the_box_or_are_an_error():
+    """A small site under DP or the floor may leave fewer than k clusters: the start
+    completes them uniformly in the (declared or clipping) box; without a box it stops
+    with an error naming the start."""
     empty = Reply("0", 0, 5, protocol.ClusterMeans(np.zeros((1, 2)), np.zeros(1, np.int64)), {})
-    with pytest.raises(FederationError, match="divisive start"):
+    start = DivisiveStart.new(3, 2, seed=0)
+    with pytest.raises(FederationError, match="divisive start grew 0 distinct clusters"):
         start.reduce([empty])
+    one = Reply("0", 0, 5, protocol.ClusterMeans(np.array([[0.5, 0.5]]), np.array([5])), {})
+    start = DivisiveStart.new(3, 2, seed=0)
+    box = (np.array([-1.0, -1.0]), np.array([1.0, 2.0]))
+    for _ in range(divisive.start_rounds(3) - 1):  # nothing grows past the one cluster
+        assert start.reduce([one]) is None
+    C = start.reduce([one], box)
+    assert C.shape == (3, 2) and C[0].tolist() == [0.5, 0.5]
+    assert np.all((C[1:] >= box[0]) & (C[1:] <= box[1]))
 
 
 # -------------------------------------------------------------- the run config

@@ -99,8 +99,10 @@ def test_gtv_falls_and_consensus_is_near_central(blobs_iid, topology):
     from sklearn.cluster import KMeans
 
     X, sites = blobs_iid
+    # (the best site's consensus, not refined; the default is tested below)
     r = fedcluster.simulate(sites, algorithm="gtv", n_clusters=5, topology=topology,
-                            num_rounds=20, min_sites=10, seed=0)
+                            num_rounds=20, min_sites=10, seed=0, consensus="best-site",
+                            consensus_rounds=0)
     per_edge = [h["gtv-per-edge"] for h in gtv_rows(r)]
     assert per_edge[-1] < 0.8 * per_edge[0], per_edge
     assert max(per_edge[len(per_edge) // 2:]) < per_edge[0], per_edge  # no way back up
@@ -111,6 +113,26 @@ def test_gtv_falls_and_consensus_is_near_central(blobs_iid, topology):
     np.testing.assert_allclose(r.centroids, r.model.site_centroids[best])
     assert r.metrics["site-scores"][best] == pytest.approx(r.metrics["score"], rel=1e-12)
     assert r.metrics["site-scores"][best] == min(r.metrics["site-scores"].values())
+
+
+def test_refining_rounds_take_the_consensus_to_central_on_label_skewed_sites():
+    """On label-skewed sites no site's centroids fit the federation (each site has seen
+    some clusters only): the best site's consensus is far above central k-means. The
+    default (k-means of the sites' centroids weighted by members, refined by federated
+    Lloyd rounds) reaches central k-means' score, below every site's own."""
+    from sklearn.cluster import KMeans
+
+    X, y = load_builtin("blobs", seed=3)
+    sites = [X[rows] for rows in partition(y, 6, "dirichlet:0.3", seed=3)]
+    config = dict(algorithm="gtv", n_clusters=5, topology="ring", min_sites=6, seed=0)
+    chosen = fedcluster.simulate(sites, consensus="best-site", consensus_rounds=0, **config)
+    refined = fedcluster.simulate(sites, **config)
+    central = KMeans(5, n_init=10, random_state=0).fit(X).inertia_ / len(X)
+    lloyd = [h for h in refined.history if h["task"] == "lloyd"]
+    assert 1 <= len(lloyd) <= 10 and not any(h["task"] == "lloyd" for h in chosen.history)
+    assert refined.metrics["score"] <= min(refined.metrics["site-scores"].values())
+    assert refined.metrics["score"] <= 1.01 * central
+    assert chosen.metrics["score"] > 1.01 * central  # what the refining rounds are for
 
 
 def test_kmeans_consensus_and_per_round_pooled_scores(blobs_iid):

@@ -159,7 +159,8 @@ class RunConfig(_Strict):
     # GTVMin k-means over a graph of sites
     topology: str = "complete"
     alpha: float = Field(1.0, ge=0.0, description="GTV penalty weight")
-    consensus: Literal["best-site", "kmeans"] = "best-site"
+    consensus: Literal["best-site", "kmeans"] = "kmeans"
+    consensus_rounds: int = Field(10, ge=0)
     round_timeout: float = Field(600.0, gt=0.0)
     eval_every: int = Field(0, ge=0, description="an exact evaluation every N training rounds")
     # Federated preprocessing: one statistics round fixes a global per-feature transform.

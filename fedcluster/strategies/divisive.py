@@ -35,10 +35,12 @@ idea; Dennis, Li, Smith (2021) for clustering a summary at the server.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import numpy as np
+from flwr.common.logger import log
 
 from fedcluster.common import protocol
 from fedcluster.strategies.aggregate import kmeans_on_centroids, site_weighted_mean
@@ -53,7 +55,7 @@ BRANCH = 4
 RADIUS = 1e-3
 #: Growth rounds allowed beyond the fewest (clusters the floor or the noise empties).
 SPARE_ROUNDS = 1
-#: Salts the split directions' generator (apart from the other draws of the seed).
+#: Salts the split directions' generator (with the seed and the round).
 SALT = 17
 
 
@@ -91,34 +93,40 @@ def split(means: np.ndarray, counts: np.ndarray, target: int,
 @dataclass
 class DivisiveStart:
     """The start's state, kept on the strategy (a checkpoint holds it: it is one of
-    ``state.py``'s dataclasses): the grown clusters' means and counts, the rounds run,
-    and the generator of the split directions."""
+    ``state.py``'s dataclasses): the grown clusters' means and counts and the rounds run.
+
+    :meth:`plan` is pure (the split directions are drawn from the seed and the round),
+    so planning a round twice, as a secure run does to learn whether it is a sum, sends
+    the same centroids."""
 
     k: int
     seed: int
     means: np.ndarray
     counts: np.ndarray
-    rng: np.random.Generator
     rounds: int = 0
 
     @classmethod
     def new(cls, k: int, n_features: int, seed: int) -> "DivisiveStart":
         """A start about to send its first round (one centroid: any point will do, every
         row is its member; the reply is the pooled mean)."""
-        return cls(k, seed, np.zeros((1, n_features)), np.zeros(1),
-                   np.random.default_rng([seed, SALT]))
+        return cls(k, seed, np.zeros((1, n_features)), np.zeros(1))
 
     def plan(self) -> TaskPlan:
         """This round's task: a Lloyd step (one local iteration) against the centroids
         that grow the clusters (the first round: the single centroid)."""
         centroids = self.means if self.rounds == 0 else split(
-            self.means, self.counts, OVERSPLIT * self.k, self.rng)
+            self.means, self.counts, OVERSPLIT * self.k,
+            np.random.default_rng([self.seed, SALT, self.rounds]))
         return TaskPlan("lloyd", params={"local-iters": 1, "tol": 0.0},
                         arrays=protocol.Centroids(centroids))
 
-    def reduce(self, replies: list) -> np.ndarray | None:
+    def reduce(self, replies: list, box=None) -> np.ndarray | None:
         """Take a round's (validated) replies; the k starting centroids once the clusters
-        have grown (or can grow no further, or the rounds are spent), else None."""
+        have grown (or can grow no further, or the rounds are spent), else None.
+
+        Fewer than k distinct grown clusters (the privacy floor or DP noise withheld the
+        rest: a small site under DP) are completed with points uniform in ``box`` (the
+        declared or clipping box), logged; without a box that is an error."""
         if not replies:
             raise FederationError("the divisive start: no site answered its round")
         site_means = np.stack([r.arrays.centroids for r in replies])
@@ -131,9 +139,18 @@ class DivisiveStart:
         if (len(self.means) < OVERSPLIT * self.k and np.any(self.counts >= 2)
                 and self.rounds < start_rounds(self.k)):
             return None
-        try:
+        distinct = len(np.unique(self.means, axis=0))
+        if distinct >= self.k:
             return kmeans_on_centroids(self.means, self.k, self.seed, weights=self.counts)
-        except ValueError as err:
+        if box is None:
             raise FederationError(
-                f"the divisive start: {err} (the grown clusters, after the privacy floor); "
-                "use a smaller k or min-cluster-size") from None
+                f"the divisive start grew {distinct} distinct clusters, fewer than the k = "
+                f"{self.k} asked for (after the privacy floor); use a smaller k or "
+                "min-cluster-size, or give data-bounds")
+        log(logging.WARNING, "the divisive start grew %s distinct clusters of the k = %s "
+            "(the privacy floor or the noise withheld the rest); the other %s start "
+            "uniform in the box", distinct, self.k, self.k - distinct)
+        lo, hi = np.asarray(box[0], dtype=np.float64), np.asarray(box[1], dtype=np.float64)
+        rng = np.random.default_rng([self.seed, SALT, self.rounds, 1])
+        grown = np.unique(self.means, axis=0)
+        return np.concatenate([grown, lo + rng.random((self.k - distinct, lo.shape[0])) * (hi - lo)])

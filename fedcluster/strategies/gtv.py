@@ -14,10 +14,16 @@ mean and max local score L_i / n_i; with ``eval-every`` the pooled score of each
 centroids (an ``evaluate_sets`` round, which shows every site's centroids to every
 site). A run ends when no site's centroids move by ``tol`` or more (Frobenius norm), or
 after ``num-rounds``. Then every site's centroids are scored on the pooled data and the
-consensus model is chosen: ``consensus = "best-site"`` takes the centroids of the site
-with the lowest POOLED score (docs/explanation/algorithms.md says lowest local score; a site with an easy
-local data set would win that while fitting the federation badly), ``"kmeans"`` runs
-k-means on all sites' centroids. The consensus goes through the usual exact evaluation.
+consensus model is chosen: ``consensus = "kmeans"`` (the default) runs k-means on all
+sites' centroids weighted by their members, ``"best-site"`` takes the centroids of the
+site with the lowest POOLED score (docs/explanation/algorithms.md says lowest local score;
+a site with an easy local data set would win that while fitting the federation badly).
+Then up to ``consensus-rounds`` federated Lloyd rounds (every site, one local iteration,
+count-weighted: DWF's step) refine the consensus, until it moves less than ``tol``. Why:
+on label-skewed sites no site has seen every cluster, and the best site's centroids fit
+the federation 1.17 x central k-means in the median and 2.2 x at the 90th percentile
+(bench/quality.py, 21 sets, Dirichlet 0.3); refined, 1.007 / 1.45; the weighted k-means
+consensus refined, 1.0000 / 1.009. The consensus goes through the usual exact evaluation.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from fedcluster.common import protocol
 from fedcluster.common.kernels import frobenius
 from fedcluster.strategies.topology import TopologyError, build_topology, edges
 from fedcluster.strategies import sites
-from fedcluster.strategies.aggregate import gtv_distance, kmeans_on_centroids
+from fedcluster.strategies.aggregate import gtv_distance, kmeans_on_centroids, site_weighted_mean
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.validation import Reply
@@ -40,7 +46,10 @@ from fedcluster.strategies.validation import Reply
 class GTVKMeans(ClusteringStrategy):
     """Decentralised k-means: sites' own centroids coupled along the edges of a graph."""
 
-    extra_rounds_per_repetition = 1  # the evaluate_sets round before the consensus
+    @property
+    def extra_rounds_per_repetition(self) -> int:
+        """The evaluate_sets round before the consensus, and its refining rounds."""
+        return 1 + self.config.consensus_rounds
     # its first round (local k-means++ and the first GTV step) starts its training phase,
     # which needs the graph of the admitted sites: not carried by describe
     carries_first_task = False
@@ -49,12 +58,14 @@ class GTVKMeans(ClusteringStrategy):
     def reset_repetition(self) -> None:
         super().reset_repetition()
         self.site_centroids: dict[str, np.ndarray] = {}
+        self.site_counts: dict[str, np.ndarray] = {}  # members per site centroid
         self.local_scores: dict[str, float] = {}
         self.pooled_scores: dict[str, float] = {}
         self.scored_sets: list[str] = []
         self.sets_scored = False
         self.site_movement = float("nan")
         self.last_round: dict = {}
+        self.refine_round = 0
 
     def admit_sites(self, replies: list[Reply]) -> None:
         named = []
@@ -101,6 +112,9 @@ class GTVKMeans(ClusteringStrategy):
                         per_site_arrays=payloads)
 
     def plan_round(self) -> TaskPlan:
+        if self.phase == "refine":  # a federated Lloyd step from the consensus
+            return TaskPlan("lloyd", params={"local-iters": 1, "tol": 0.0},
+                            arrays=protocol.Centroids(self.centroids))
         if self.phase == "interim" or (self.phase == "evaluate" and not self.sets_scored):
             self.scored_sets = [s.key for s in self.ordered_sites() if s.key in self.site_centroids]
             sets = np.stack([self.site_centroids[key] for key in self.scored_sets])
@@ -114,6 +128,7 @@ class GTVKMeans(ClusteringStrategy):
         for r in replies:
             old = self.site_centroids.get(r.site_key)
             self.site_centroids[r.site_key] = r.arrays.centroids
+            self.site_counts[r.site_key] = np.asarray(r.arrays.counts, dtype=np.float64)
             self.local_scores[r.site_key] = r.metrics["sse"] / r.n_rows
             if old is not None:
                 moves.append(frobenius(r.arrays.centroids - old))
@@ -148,6 +163,8 @@ class GTVKMeans(ClusteringStrategy):
         super().start_training(centroids)
 
     def reduce_round(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
+        if plan.task == "lloyd":
+            return self._refine(replies)
         if plan.task != "evaluate_sets":
             return super().reduce_round(server_round, plan, replies)
         sites.require_answers(self, replies, plan.task)
@@ -162,8 +179,26 @@ class GTVKMeans(ClusteringStrategy):
         else:
             self.sets_scored = True
             self.centroids = self.consensus()
+            if self.config.consensus_rounds > 0:
+                self.phase = "refine"
         return {"pooled-score-best": min(values), "pooled-score-mean": float(np.mean(values)),
                 "pooled-score-worst": max(values)}
+
+    def _refine(self, replies: list[Reply]) -> dict:
+        """One refining round: the count-weighted mean of the sites' means per cluster (a
+        cluster no site reports keeps its centroid), until it moves less than ``tol``."""
+        sites.require_answers(self, replies, "lloyd")
+        self.refine_round += 1
+        row = {"movement": float("nan"), "score": float("nan")}
+        if replies:
+            new = site_weighted_mean(np.stack([r.arrays.centroids for r in replies]),
+                                     np.stack([r.arrays.counts for r in replies]), dynamic=True)
+            row = {"movement": frobenius(new - self.centroids),
+                   "score": sum(r.metrics["sse"] for r in replies) / sum(r.n_rows for r in replies)}
+            self.centroids = new
+        if row["movement"] < self.config.tol or self.refine_round >= self.config.consensus_rounds:
+            self.phase = "evaluate"
+        return row
 
     def finish_repetition(self, replies: list[Reply]) -> dict:
         kept = {
@@ -192,10 +227,14 @@ class GTVKMeans(ClusteringStrategy):
     def consensus(self) -> np.ndarray:
         """One (k, d) model from the sites' centroids (``consensus``)."""
         if self.config.consensus == "kmeans":
-            points = np.concatenate([self.site_centroids[s.key] for s in self.ordered_sites()
-                                     if s.key in self.site_centroids])
+            keys = [s.key for s in self.ordered_sites() if s.key in self.site_centroids]
+            points = np.concatenate([self.site_centroids[key] for key in keys])
+            # weighted by members: a site's centroid of 3 rows is not one of 300
+            weights = np.concatenate([self.site_counts.get(key, np.ones(self.k))
+                                      for key in keys])
             try:
-                return kmeans_on_centroids(points, self.k, self.seed)
+                return kmeans_on_centroids(points[weights > 0], self.k, self.seed,
+                                           weights=weights[weights > 0])
             except ValueError:  # fewer than k distinct centroids: every site agrees
                 pass
         return np.array(self.site_centroids[self.consensus_site()], dtype=np.float64)

@@ -81,7 +81,7 @@ class KFedOrRandomInit:
         if plan.task == "local_kmeans":
             return kfed_reduce(replies, self.k, self.seed, self.config.resolved_weighted)
         if plan.task == "lloyd":
-            return self.divisive_start.reduce(replies)
+            return self.divisive_start.reduce(replies, self.box)
         mins = np.stack([r.arrays.minima for r in replies])
         maxs = np.stack([r.arrays.maxima for r in replies])
         if self.config.private and self.box is None:
