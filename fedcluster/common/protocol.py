@@ -21,7 +21,8 @@ Tasks
 ``bounds``        -> :class:`Range`
 ``local_kmeans``, ``kmeanspp``, ``prune_lloyd`` -> :class:`ClusterMeans` (at most the rows
                      asked for; clusters under the floor left out)
-``lloyd``, ``minibatch``, ``gtv`` -> :class:`ClusterMeans` (one row per global cluster)
+``lloyd``, ``minibatch``, ``gtv`` -> :class:`ClusterMeans` (one row per centroid sent: the k
+                     global clusters, or the divisive start's grown clusters)
 ``fcm``           -> :class:`FuzzyCentres`
 ``evaluate_sets`` -> :class:`SetScores`
 ``evaluate``      -> :class:`Evaluation`
@@ -134,7 +135,7 @@ class Distances(NamedTuple):
 class Task:
     """One task of the protocol: what it takes and what it answers.
 
-    ``rows``: "per-cluster" (one reply row per global cluster), "at-most" (at most the
+    ``rows``: "per-cluster" (one reply row per centroid sent), "at-most" (at most the
     rows asked for) or None. ``secure``: the task is a sum SecAgg+ can carry. ``private``:
     a DP variant exists (``client_app/private_tasks.py``); other tasks are refused under DP.
     """

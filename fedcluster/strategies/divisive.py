@@ -43,7 +43,8 @@ import numpy as np
 from flwr.common.logger import log
 
 from fedcluster.common import protocol
-from fedcluster.strategies.aggregate import kmeans_on_centroids, site_weighted_mean
+from fedcluster.strategies.aggregate import (bounding_box_init, kmeans_on_centroids,
+                                             site_weighted_mean)
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.task_plan import TaskPlan
 
@@ -150,7 +151,6 @@ class DivisiveStart:
         log(logging.WARNING, "the divisive start grew %s distinct clusters of the k = %s "
             "(the privacy floor or the noise withheld the rest); the other %s start "
             "uniform in the box", distinct, self.k, self.k - distinct)
-        lo, hi = np.asarray(box[0], dtype=np.float64), np.asarray(box[1], dtype=np.float64)
-        rng = np.random.default_rng([self.seed, SALT, self.rounds, 1])
-        grown = np.unique(self.means, axis=0)
-        return np.concatenate([grown, lo + rng.random((self.k - distinct, lo.shape[0])) * (hi - lo)])
+        extra = bounding_box_init(np.asarray(box[0])[None], np.asarray(box[1])[None],
+                                  self.k - distinct, self.seed)
+        return np.concatenate([np.unique(self.means, axis=0), extra])
