@@ -135,6 +135,25 @@ def test_minibatch_reseeds_dead_centroid_then_matches_central():
     assert np.linalg.norm(r.centroids, axis=1).max() < 20
 
 
+def test_minibatch_keeps_a_real_small_cluster():
+    """A cluster of 0.5% of the rows is a cluster, not a dead centroid: at the defaults
+    it keeps its centroid (a 0.01 share rule re-seeded it next to the largest cluster)."""
+    rng = np.random.default_rng(4)
+    centres = np.array([[0.0, 0.0], [8.0, 0.0], [4.0, 30.0]])
+    sites = [np.vstack([rng.normal(centres[0], 1.0, (300, 2)), rng.normal(centres[1], 1.0, (300, 2)),
+                        rng.normal(centres[2], 0.2, (3, 2))]) for _ in range(3)]
+    r = fedcluster.simulate(sites, algorithm="minibatch", init_centroids=centres, n_clusters=3,
+                            min_sites=3, min_cluster_size=1)
+    assert np.linalg.norm(r.centroids - centres[2], axis=1).min() < 1.0
+    X = np.vstack(sites)
+    central = KMeans(3, n_init=10, random_state=0).fit(X).inertia_ / len(X)
+    assert r.metrics["score"] == pytest.approx(central, rel=1e-6)
+    assert len(r.history) < 10  # it converges: no cluster counts towards a re-seed
+    old = fedcluster.simulate(sites, algorithm="minibatch", init_centroids=centres, n_clusters=3,
+                              min_sites=3, min_cluster_size=1, reassign_fraction=0.01)
+    assert np.linalg.norm(old.centroids - centres[2], axis=1).min() > 10.0
+
+
 def paper_grid(seed, beta=0.1, n_sites=5):
     """FKM paper sec. 4.1: 16 centres 5 apart, 50 points each from N(0, 1), dealt to
     sites at random locations in (-12.5, 12.5)^2: site s accepts a point with
@@ -176,12 +195,29 @@ def test_fkm_on_paper_grid_close_to_central_and_above_kfed():
     assert mean["fkm"] > mean["kfed"], mean
 
 
+def test_fkm_starts_from_the_kfed_round_and_keeps_the_papers_seeds():
+    rng = np.random.default_rng(3)
+    sites = [np.vstack([rng.normal(c, 0.4, (60, 2)) for c in ([0, 0], [4, 0], [0, 4])])
+             for _ in range(3)]
+    kfed = fedcluster.simulate(sites, algorithm="kfed", n_clusters=3, k_local=6, weighted=True,
+                               seed=1, min_sites=3)
+    fkm = fedcluster.simulate(sites, algorithm="fkm", n_clusters=3, seed=1, num_rounds=1,
+                              min_sites=3)
+    assert [h["task"] for h in fkm.history][:2] == ["describe+local_kmeans", "prune_lloyd"]
+    # round 0 is k-FED's (weighted, 2k local clusters): one Lloyd step from its centroids
+    X = np.vstack(sites)
+    np.testing.assert_allclose(fkm.centroids, central_lloyd(X, kfed.centroids, 1), atol=1e-9)
+    paper = fedcluster.simulate(sites, algorithm="fkm", init="kmeans++", n_clusters=3, seed=1,
+                                num_rounds=1, min_sites=3)
+    assert paper.history[0]["task"] == "describe+kmeanspp"
+
+
 def test_fkm_replies_never_carry_counts_under_floor():
     X, y, parts = paper_grid(0)
     replies = []
     r = fedcluster.simulate([X[p] for p in parts], algorithm="fkm", n_clusters=16,
                             min_cluster_size=5, min_sites=5, record_replies=replies)
-    where = {"kmeanspp": 1, "prune_lloyd": 1, "evaluate": 0}  # the counts array per task
+    where = {"local_kmeans": 1, "kmeanspp": 1, "prune_lloyd": 1, "evaluate": 0}  # counts
     counts = [msg["arrays"][where[msg["task"]]] for msg in replies if msg["task"] in where]
     assert len(counts) > 10
     assert all(np.all((c == 0) | (c >= 5)) for c in counts)
@@ -220,9 +256,10 @@ def test_dwf_kfed_init_is_the_kfed_round():
 def test_kfed_round_defaults_per_algorithm():
     from fedcluster.common.config import parse_run_config
 
-    for algorithm in ("dwf", "ewf", "minibatch"):
+    for algorithm in ("dwf", "ewf", "minibatch", "fkm"):
         config = parse_run_config({"algorithm": algorithm, "n-clusters": 4})
         assert (config.resolved_k_local, config.resolved_weighted) == (8, True)
+        assert config.resolved_init == "kfed"
     kfed = parse_run_config({"algorithm": "kfed", "n-clusters": 4})  # k-FED proper
     assert (kfed.resolved_k_local, kfed.resolved_weighted) == (4, False)
     explicit = parse_run_config({"algorithm": "dwf", "n-clusters": 4, "k-local": 5,

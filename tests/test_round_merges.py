@@ -113,7 +113,7 @@ def test_means_are_centroids_within_the_bound_only():
 
 @pytest.mark.parametrize("config", [
     {},  # DWF's k-FED start
-    {"algorithm": "fkm"},  # FKM's seeded clusters
+    {"algorithm": "fkm", "init": "kmeans++"},  # FKM's seeded clusters (the paper's)
     {"algorithm": "kfed"},  # k-FED one-shot
     {"scale": "standard"},  # the statistics round
     {"init": "random", "site_config": {"allow-minmax": True}},  # the bounding box

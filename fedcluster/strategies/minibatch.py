@@ -7,9 +7,11 @@ batch order from a per-site per-round seed) and return their centroids Gamma_i a
 counts Lambda_i; the server forms Gamma* = sum_i Lambda_i Gamma_i / sum_i Lambda_i and
 moves C <- C + alpha (Gamma* - C), alpha = ``learning-rate``.
 
-Dead clusters: a cluster whose total count stays below ``reassign-fraction`` of the
-round's total for ``reassign-patience`` consecutive rounds is re-seeded next to the
-largest cluster (see :func:`aggregate.reseed_small_clusters`).
+Dead clusters: a cluster with no reported member at any site (or, with
+``reassign-fraction`` > 0, a total count under that share of the round's total) for
+``reassign-patience`` consecutive rounds is re-seeded next to the largest cluster (see
+:func:`aggregate.reseed_small_clusters`). By default only empty clusters are dead: a
+real small cluster (a rare subgroup, a few outliers) keeps its centroid.
 
 With the full batch, one epoch, beta = 1, alpha = 1 and all sites, one round is exactly
 one central Lloyd step (a test checks it).
@@ -55,7 +57,7 @@ class MiniBatchKMeans(KFedOrRandomInit, ClusteringStrategy):
         lambdas = np.stack([r.arrays.counts for r in replies])
         gamma_star, totals = count_weighted_mean(gammas, lambdas, self.centroids)
         new = self.centroids + self.config.learning_rate * (gamma_star - self.centroids)
-        small = totals < self.config.reassign_fraction * totals.sum()
+        small = (totals <= 0) | (totals < self.config.reassign_fraction * totals.sum())
         self.small_streak = np.where(small, self.small_streak + 1, 0)
         dead = self.small_streak >= self.config.reassign_patience
         if np.any(dead):
