@@ -260,7 +260,7 @@ class SiteClient(NumPyClient):
             with (self._kept_row_sets(site, fingerprint) as history,
                   self._budget_ledger(fingerprint) as budget_ledger):
                 rho, budget = self._charge(budget_ledger, task, config)
-                guard = DifferencingGuard(history)
+                guard = DifferencingGuard(history, refuse=self.node.guard_refuse)
                 reply = run_task(site, [np.asarray(a) for a in parameters], dict(config),
                                  self.node.min_cluster_size, noise_seed=self._noise_seed(config),
                                  guard=guard)

@@ -26,6 +26,15 @@ max(2p, |S|/4) rows, else the cluster is withheld as if it were under the floor 
 site does not refuse the task: honest runs meet such triples too, e.g. a cluster that
 became two earlier ones merged, give or take a row). Combinations of four or more kept sets are not checked.
 
+A site may refuse instead (node config ``guard-refuse = true``): any task the guard would
+answer with an earlier set or a withheld cluster is refused with an error reply naming
+the policy, and nothing of it is kept. Not the default, because honest runs meet the
+guard nearly always (at floor 2, 207 of 210 default runs of DWF, FFCM, mini-batch, FKM
+and GTV on bench/quality.py's sets; a withheld cluster in 95): a site cannot tell a
+crafted query from an honest cluster that gained a row or split in two, so refusing
+would drop honest sites from honest runs, while snapping already gives the coordinator
+nothing new.
+
 Cost, stated: memory n/8 bytes per distinct kept set (n = the site's rows), at most
 :data:`MAX_BYTES`; time per checked cluster: one XOR-popcount per kept set of a size
 within p of it, plus, for triples, one per candidate pair (pairs are filtered by size).
@@ -52,6 +61,10 @@ MAX_PAIRS = 200_000
 
 class GuardFull(PolicyRefusal):
     """The kept sets reached :data:`MAX_BYTES`: the site answers no more tasks."""
+
+
+class GuardRefusal(PolicyRefusal):
+    """``guard-refuse``: the task asked for a cluster the guard would have altered."""
 
 
 def pack(mask: np.ndarray) -> np.ndarray:
@@ -170,10 +183,14 @@ class DifferencingGuard:
     history : RowSetHistory or None
         The site's kept sets; None: the guard is off (node config
         ``differencing-guard = false``) and every set is reported as it is.
+    refuse : bool
+        Refuse the task (:class:`GuardRefusal`) instead of snapping or withholding
+        (node config ``guard-refuse``).
     """
 
-    def __init__(self, history: RowSetHistory | None) -> None:
+    def __init__(self, history: RowSetHistory | None, refuse: bool = False) -> None:
         self.history = history
+        self.refuse = refuse
         self.snapped = 0  # clusters reported as an earlier set
         self.withheld = 0  # clusters withheld (a triple no kept set stands in for)
 
@@ -203,15 +220,28 @@ class DifferencingGuard:
             # No kept set is that close, but two combine with this one into a few rows:
             # report the closest kept set if it is near (honest runs meet this in small
             # clusters, a few rows apart; a crafted query is far from every kept set).
+            self._refuse_if_asked(size, "with two clusters it reported before combines into "
+                                        f"1 to {gap - 1} rows")
             near = self.history.closest(bits, size, max(2 * gap, size // 4))
             if near is None:
                 self.withheld += 1
                 return None
         if near is not None:
+            self._refuse_if_asked(size, f"differs from a cluster it reported before by 1 to "
+                                        f"{gap - 1} rows")
             self.snapped += 1
             return self.history.mask(near)
         self.history.add(bits)
         return mask
+
+
+    def _refuse_if_asked(self, size: int, why: str) -> None:
+        if self.refuse:
+            raise GuardRefusal(
+                f"site policy differencing-guard (guard-refuse): the task asks for a cluster "
+                f"of {size} rows that {why} (the privacy floor); a coordinator could "
+                "difference the replies into fewer rows than the floor, so the site refuses "
+                "the task rather than answer with an earlier cluster")
 
 
 #: The guard that is off (exactness tests, ``differencing-guard = false``).

@@ -322,6 +322,8 @@ class NodeConfig(_Strict):
     # The differencing guard (client_app/differencing_guard.py): never report a cluster
     # whose rows differ from an earlier reported cluster's by 1..p-1 (on by default).
     differencing_guard: bool = True
+    # Refuse a task the guard would answer with an earlier cluster or withhold one in.
+    guard_refuse: bool = False
     # The site's DP budget for its data across ALL runs ("epsilon" or "epsilon,delta";
     # client_app/privacy_budget.py), and whether it answers only DP tasks.
     dp_budget: tuple[float, float] | None = None
