@@ -1,0 +1,224 @@
+"""Encoding a raw table against the agreed schema (``schema.py``): the features a site
+clusters, and the same for ``Model.predict``.
+
+Steps, column by column, each failure a ``SiteDataError`` naming file, row (1-based
+data row), column and value:
+
+1. **Columns** are found by name or alias (case- and space-insensitive), in any order; a
+   header may carry its unit (``glucose [mmol/L]``). A feature, id or label column the
+   schema lists and the file lacks is an error naming it; a file column the schema does
+   not list is not read.
+2. **Numeric**: parsed (a cell in :data:`schema.MISSING_TOKENS` is missing), converted
+   from the file's unit to the schema's (``units``), checked against ``range`` (error, or
+   clipped with ``out-of-range = "clip"``).
+3. **Categorical**: one-hot against the schema's levels (``category-weight`` for the 1);
+   an unlisted value is an error unless the column has an ``other`` level.
+4. **Missing cells**: ``error`` names the first; ``drop-row`` drops the row; the
+   ``impute-*`` policies leave NaN for :func:`impute`, which fills them with the POOLED
+   values computed by the statistics round; ``missing-indicator`` adds a 0/1 column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedcluster.common.datasets import SiteDataError
+from fedcluster.common.schema import MISSING_TOKENS, Column, Schema, normalise, split_unit
+
+_MISSING = frozenset(MISSING_TOKENS)
+
+
+@dataclass
+class EncodedTable:
+    """A table encoded against a schema.
+
+    ``X``: (rows kept, features) float64, NaN where a cell waits for :func:`impute`;
+    ``names``: the encoded feature names (``Schema.feature_names``); ``blocks``: per
+    feature column of the schema, the slice of ``X`` it fills; ``labels``: the label
+    column's cells (or None); ``rows_dropped``: rows dropped by ``drop-row``;
+    ``cells_missing``: per feature column, the missing cells among the kept rows.
+    """
+
+    X: np.ndarray
+    names: list[str]
+    blocks: dict[str, slice]
+    labels: np.ndarray | None = None
+    rows_dropped: int = 0
+    cells_missing: dict[str, int] = field(default_factory=dict)
+
+
+def match_columns(header: list[str], schema: Schema, source: str,
+                  declared_units: dict[str, str] | None = None) -> dict[str, tuple[int, str | None]]:
+    """Schema column name -> (its index in ``header``, the unit its values are in, None
+    for the schema's own). ``declared_units`` (a site's node config) override a header's
+    unit suffix."""
+    found: dict[str, tuple[int, str | None]] = {}
+    by_name = {}
+    for column in schema.columns:
+        for name in (column.name, *column.aliases):
+            by_name[normalise(name)] = column
+    for j, cell in enumerate(header):
+        base, unit = split_unit(cell)
+        column = by_name.get(normalise(cell)) or by_name.get(normalise(base))
+        if column is None:
+            continue
+        if column.name in found:
+            raise SiteDataError(f"{source}: columns {header[found[column.name][0]]!r} and "
+                                f"{cell!r} are both the schema's {column.name!r}")
+        if by_name.get(normalise(cell)) is column:
+            unit = None  # the whole header is a name: no unit suffix
+        found[column.name] = (j, unit)
+    for name, unit in (declared_units or {}).items():
+        if name not in found:
+            raise SiteDataError(f"{source}: a unit is declared for {name!r}, which is not a "
+                                "column of this file")
+        found[name] = (found[name][0], unit)
+    lacking = [c.name for c in schema.columns if c.type != "ignore" and c.name not in found]
+    if lacking:
+        raise SiteDataError(f"{source}: the schema's column(s) {', '.join(map(repr, lacking))} "
+                            f"are not in the file (its columns: {', '.join(header)})")
+    return found
+
+
+def _factor(column: Column, unit: str | None, source: str) -> tuple[float, float]:
+    if unit is None or unit == column.unit:
+        return 1.0, 0.0
+    if unit not in column.units:
+        accepted = ", ".join([column.unit or "(none)", *column.units])
+        raise SiteDataError(f"{source}: column {column.name!r} is in {unit!r}, which the schema "
+                            f"does not convert (accepted units: {accepted})")
+    return column.units[unit], column.unit_offsets.get(unit, 0.0)
+
+
+def _numeric(cells, column: Column, unit, source: str, header: str) -> np.ndarray:
+    values = np.full(len(cells), np.nan)
+    for i, cell in enumerate(cells):
+        if isinstance(cell, (float, int, np.floating, np.integer)) and not isinstance(cell, bool):
+            values[i] = float(cell)
+            continue
+        text = "" if cell is None else str(cell).strip()
+        if text in _MISSING:
+            continue
+        try:
+            if "_" in text:  # float() takes '1_000'; a table's reader must not
+                raise ValueError(text)
+            values[i] = float(text)
+        except ValueError:
+            raise SiteDataError(f"{source}: row {i + 1}, column {header!r}: {text!r} is not a "
+                                "number") from None
+    infinite = np.isinf(values)
+    if infinite.any():
+        i = int(np.flatnonzero(infinite)[0])
+        raise SiteDataError(f"{source}: row {i + 1}, column {header!r}: {cells[i]!s} is not a "
+                            "finite number")
+    factor, offset = _factor(column, unit, source)
+    values = values * factor + offset
+    if column.range is not None:
+        lo, hi = column.range
+        outside = ~np.isnan(values) & ((values < lo) | (values > hi))
+        if np.any(outside) and column.out_of_range == "error":
+            i = int(np.flatnonzero(outside)[0])
+            raise SiteDataError(
+                f"{source}: row {i + 1}, column {header!r}: {cells[i]!s} is outside the "
+                f"schema's range [{lo:g}, {hi:g}] {column.unit or ''}".rstrip()
+                + f" ({int(outside.sum())} such cell(s) in the column)")
+        values[outside] = np.clip(values[outside], lo, hi)
+    return values
+
+
+def _categorical(cells, column: Column, source: str, header: str) -> np.ndarray:
+    levels = {level: j for j, level in enumerate(column.categories)}
+    onehot = np.zeros((len(cells), len(levels)))
+    for i, cell in enumerate(cells):
+        text = "" if cell is None or (isinstance(cell, float) and np.isnan(cell)) else str(cell).strip()
+        if text in _MISSING:
+            onehot[i] = np.nan
+            continue
+        j = levels.get(text)
+        if j is None:
+            if column.other is None:
+                raise SiteDataError(
+                    f"{source}: row {i + 1}, column {header!r}: {text!r} is not one of the "
+                    f"schema's categories ({', '.join(column.categories)})")
+            j = levels[column.other]
+        onehot[i, j] = column.category_weight
+    return onehot
+
+
+def encode_table(header: list[str], columns: list, schema: Schema, source: str,
+                 declared_units: dict[str, str] | None = None) -> EncodedTable:
+    """Encode a table given column-wise (``columns[j]``: the cells of ``header[j]``: text
+    from a CSV file, or numbers from a .npy/Parquet file or a DataFrame).
+
+    Raises
+    ------
+    SiteDataError
+        A missing column, an unconvertible unit, a cell that is not a number, outside the
+        range, an unknown category, a missing cell under ``missing = "error"``, or no row
+        left after ``drop-row``; the message names file, row, column and value.
+    """
+    where = match_columns(header, schema, source, declared_units)
+    n = len(columns[0]) if columns else 0
+    parts, blocks, names, start = [], {}, schema.feature_names(), 0
+    missing_rows = np.zeros(n, dtype=bool)
+    drop = np.zeros(n, dtype=bool)
+    labels = None
+    for column in schema.columns:
+        if column.type == "label":
+            labels = np.asarray([str(c).strip() for c in columns[where[column.name][0]]])
+        if not column.is_feature:
+            continue
+        j, unit = where[column.name]
+        cells = columns[j]
+        if column.type == "numeric":
+            block = _numeric(cells, column, unit, source, header[j])[:, None]
+        else:
+            block = _categorical(cells, column, source, header[j])
+        missing = np.isnan(block).any(axis=1)
+        policy = schema.policy(column)
+        if policy == "error" and missing.any():
+            i = int(np.flatnonzero(missing)[0])
+            raise SiteDataError(
+                f"{source}: row {i + 1}, column {header[j]!r}: the cell is missing "
+                f"({int(missing.sum())} missing in the column); the schema's missing policy "
+                "for it is 'error' (choose drop-row, impute-mean or impute-median)")
+        if policy == "drop-row":
+            drop |= missing
+        missing_rows = missing_rows | missing
+        if column.missing_indicator:
+            block = np.column_stack([block, missing.astype(np.float64)])
+        parts.append(block)
+        blocks[column.name] = slice(start, start + block.shape[1])
+        start += block.shape[1]
+    X = np.column_stack(parts) if parts else np.zeros((n, 0))
+    keep = ~drop
+    if n and not keep.any():
+        raise SiteDataError(f"{source}: every one of its {n} rows has a missing cell in a "
+                            "column whose policy is drop-row: no row is left")
+    cells_missing = {c.name: int(np.isnan(X[keep][:, blocks[c.name]]).any(axis=1).sum())
+                     for c in schema.features}
+    return EncodedTable(np.ascontiguousarray(X[keep]), names, blocks,
+                        None if labels is None else labels[keep], int(drop.sum()), cells_missing)
+
+
+def impute(table: EncodedTable, schema: Schema, fill: dict[str, np.ndarray]) -> np.ndarray:
+    """The features with every NaN filled from ``fill`` (per feature column, the pooled
+    mean or median of its block: a numeric column's value, a category's share of each
+    level). Post-processing of public values: nothing of the site's own is used."""
+    X = table.X.copy()
+    for column in schema.features:
+        block = table.blocks[column.name]
+        values = np.asarray(fill.get(column.name, []), dtype=np.float64).ravel()
+        part = X[:, block]
+        rows = np.isnan(part).any(axis=1)
+        if not rows.any():
+            continue
+        width = part.shape[1] - (1 if column.missing_indicator else 0)
+        if values.shape != (width,):
+            raise ValueError(f"column {column.name!r}: {width} fill value(s) needed, "
+                             f"{values.size} given")
+        part[np.ix_(rows, np.arange(width))] = values
+        X[:, block] = part
+    return X
