@@ -5,6 +5,7 @@
 ``fedcluster partition``  write a built-in data set as one CSV per site (for deployments)
 ``fedcluster predict``    label a site's own rows with a trained model.json
 ``fedcluster site ledger`` summarise a site's disclosure ledger (for its data officer)
+``fedcluster site check``  check a site's table against the agreed schema, sending nothing
 ``fedcluster app sign``   sign an app bundle (FAB); ``fedcluster app serve``: serve signed apps
 """
 
@@ -160,6 +161,20 @@ def cmd_site_ledger(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_site_check(args: argparse.Namespace) -> int:
+    from fedcluster.client_app.site_check import check
+    from fedcluster.common.schema import load_schema
+
+    units = {}
+    for item in args.units or []:
+        name, sep, unit = item.partition("=")
+        if not sep or not name.strip() or not unit.strip():
+            raise ValueError(f"--units {item!r}: write COLUMN=UNIT, e.g. glucose=mmol/L")
+        units[name.strip()] = unit.strip()
+    print(check(args.data, load_schema(args.schema), units))
+    return 0
+
+
 def cmd_app_sign(args: argparse.Namespace) -> int:
     import json
 
@@ -259,6 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
     ledger.add_argument("path", help="the ledger file (node config ledger-path; default "
                                      "<cache-dir>/disclosure-ledger.jsonl)")
     ledger.set_defaults(func=cmd_site_ledger)
+    check = site.add_parser(
+        "check", help="check a data file against the agreed schema without contacting anyone: "
+                      "rows, usable rows, missing cells, out-of-range cells, category counts")
+    check.add_argument("data", help="the site's table (.csv or .tsv with a header row)")
+    check.add_argument("--schema", required=True, help="the schema file (.toml or .json)")
+    check.add_argument("--units", nargs="*", metavar="COLUMN=UNIT",
+                       help="the unit a column of this file is in, when its header does not say")
+    check.set_defaults(func=cmd_site_check)
 
     apps = sub.add_parser("app", help="sign app bundles (FABs) and serve them to the "
                                       "SuperLink (docs/how-to/signed-apps.md)").add_subparsers(

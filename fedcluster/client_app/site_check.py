@@ -1,0 +1,139 @@
+"""``fedcluster site check``: a site's data file against the agreed schema, before it
+joins, without contacting anyone (for the site's own eyes: its data officer's).
+
+It reads the file as text, encodes it as a site would (``common/table_encoding.py``)
+and reports rows, usable rows, per column the missing share, cells outside the range and
+the unit read, per category the count of each level and of unlisted values. When the
+table does not fit the schema, the check fails with the same message the encoding gives
+(file, row, column, value).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedcluster.common.datasets import SiteDataError
+from fedcluster.common.schema import MISSING_TOKENS, Schema
+from fedcluster.common.table_encoding import EncodedTable, encode_table, match_columns
+
+DELIMITERS = {".csv": ",", ".tsv": "\t"}
+
+
+def read_text_table(path: str | Path) -> tuple[list[str], list[list[str]]]:
+    """(header, columns of cells as text) of a CSV/TSV file with a header row.
+
+    Raises
+    ------
+    SiteDataError
+        Not a .csv/.tsv file, unreadable, not UTF-8, no header or no data row, or a row
+        whose number of fields differs from the header's (named by data row and line).
+    """
+    path = Path(path)
+    delimiter = DELIMITERS.get(path.suffix.lower())
+    if delimiter is None:
+        raise SiteDataError(f"{path}: a table to check against a schema is a .csv or .tsv file")
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f, delimiter=delimiter)
+            header = next(reader, None)
+            if not header:
+                raise SiteDataError(f"{path}: the file is empty")
+            rows = []
+            for record in reader:
+                if not record:
+                    continue
+                if len(record) != len(header):
+                    raise SiteDataError(
+                        f"{path}: data row {len(rows) + 1} (line {reader.line_num}) has "
+                        f"{len(record)} fields; the header has {len(header)}")
+                rows.append(record)
+    except UnicodeDecodeError as err:
+        raise SiteDataError(f"{path}: is not UTF-8 text ({err.reason}); save it as UTF-8") from None
+    except OSError as err:
+        raise SiteDataError(f"{path}: cannot be read ({err.strerror})") from None
+    if not rows:
+        raise SiteDataError(f"{path}: has a header row but no data rows")
+    return [h.strip() for h in header], [list(col) for col in zip(*rows)]
+
+
+@dataclass
+class ColumnSurvey:
+    """What the check saw in one schema column of the file."""
+
+    name: str
+    header: str
+    kind: str
+    unit: str | None = None
+    missing: int = 0
+    out_of_range: int = 0
+    levels: dict[str, int] = field(default_factory=dict)
+    unlisted: dict[str, int] = field(default_factory=dict)
+
+
+def survey(header: list[str], columns: list[list[str]], schema: Schema, source: str,
+           declared_units: dict[str, str] | None = None) -> tuple[list[ColumnSurvey], EncodedTable]:
+    """Per feature column, its counts; and the table encoded (``SiteDataError`` as a run's)."""
+    where = match_columns(header, schema, source, declared_units)
+    missing_tokens = frozenset(MISSING_TOKENS)
+    out = []
+    for column in schema.features:
+        j, unit = where[column.name]
+        cells = [c.strip() for c in columns[j]]
+        seen = ColumnSurvey(column.name, header[j], column.type,
+                            unit or column.unit if column.type == "numeric" else None)
+        seen.missing = sum(c in missing_tokens for c in cells)
+        if column.type == "categorical":
+            for c in cells:
+                if c in missing_tokens:
+                    continue
+                bucket = seen.levels if c in column.categories else seen.unlisted
+                bucket[c] = bucket.get(c, 0) + 1
+        elif column.range is not None:
+            factor = column.units.get(unit, 1.0) if unit and unit != column.unit else 1.0
+            offset = column.unit_offsets.get(unit, 0.0) if unit and unit != column.unit else 0.0
+            values = []
+            for c in cells:
+                try:
+                    values.append(float(c) * factor + offset)
+                except ValueError:
+                    continue
+            lo, hi = column.range
+            seen.out_of_range = sum(not lo <= v <= hi for v in values if v == v)
+        out.append(seen)
+    return out, encode_table(header, columns, schema, source, declared_units)
+
+
+def format_survey(source: str, n_rows: int, columns: list[ColumnSurvey], table: EncodedTable,
+                  schema: Schema) -> str:
+    lines = [f"{source}: {n_rows} rows, {table.X.shape[0]} usable ({table.rows_dropped} dropped "
+             f"by drop-row), {table.X.shape[1]} encoded features", "",
+             "column | read from | missing | policy | outside the range | unit read"]
+    by_name = {c.name: c for c in schema.features}
+    for seen in columns:
+        column = by_name[seen.name]
+        share = f"{seen.missing} ({100 * seen.missing / max(n_rows, 1):.1f}%)"
+        outside = "-" if column.range is None else (
+            f"{seen.out_of_range} ({'clipped' if column.out_of_range == 'clip' else 'an error'})")
+        lines.append(f"{seen.name} | {seen.header} | {share} | {schema.policy(column)} | "
+                     f"{outside} | {seen.unit or '-'}")
+    for seen in columns:
+        if seen.kind == "categorical":
+            counts = ", ".join(f"{level} {seen.levels.get(level, 0)}"
+                               for level in by_name[seen.name].categories)
+            lines.append(f"{seen.name}: {counts}" + (
+                f"; unlisted (mapped to {by_name[seen.name].other!r}): "
+                + ", ".join(f"{k} {v}" for k, v in sorted(seen.unlisted.items()))
+                if seen.unlisted else ""))
+    lines += ["", "These counts are for this site's eyes: the check sends nothing."]
+    return "\n".join(lines)
+
+
+def check(path: str | Path, schema: Schema, declared_units: dict[str, str] | None = None) -> str:
+    """The report of ``fedcluster site check`` (``SiteDataError`` when the file does not fit)."""
+    header, columns = read_text_table(path)
+    seen, table = survey(header, columns, schema, str(path), declared_units)
+    return format_survey(str(path), len(columns[0]), seen, table, schema)

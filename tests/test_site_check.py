@@ -1,0 +1,69 @@
+"""`fedcluster site check` (issue 20): a site's table against the agreed schema, before it
+joins and without contacting anyone; a file that does not fit fails with the message a
+run gives (file, row, column, value) and exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedcluster.cli import main
+from test_schema import SCHEMA_TOML
+
+GOOD = """outcome,smoking,Glu [mmol/L],age,patient_id
+a,never,5,40,p1
+b,vaper,NA,130,p2
+a,,6.5,61,p3
+b,former,7,,p4
+"""
+
+
+@pytest.fixture()
+def schema_path(tmp_path):
+    path = tmp_path / "schema.toml"
+    path.write_text(SCHEMA_TOML)
+    return path
+
+
+def test_the_check_reports_what_the_file_holds(tmp_path, schema_path, capsys):
+    data = tmp_path / "site.csv"
+    data.write_text(GOOD)
+    assert main(["site", "check", str(data), "--schema", str(schema_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{data}: 4 rows, 3 usable (1 dropped by drop-row), 7 encoded features" in out
+    assert "glucose | Glu [mmol/L] | 1 (25.0%) | impute-mean | 0 (an error) | mmol/L" in out
+    assert "age | age | 1 (25.0%) | drop-row | 1 (clipped) | -" in out
+    assert "smoking: never 1, former 1, current 0, unknown 0; unlisted (mapped to 'unknown'): vaper 1" in out
+    assert "the check sends nothing" in out
+
+
+@pytest.mark.parametrize("body, message", [
+    ("patient_id,glucose,age,smoking,outcome\np1,5000,4,never,a\n",
+     "row 1, column 'glucose': 5000 is outside the schema's range [10, 1000] mg/dL"),
+    ("patient_id,glucose,smoking,outcome\np1,50,never,a\n",
+     "the schema's column(s) 'age' are not in the file"),
+    ("patient_id,glucose,age,smoking,outcome\np1,50,4,never\n",
+     "data row 1 (line 2) has 4 fields; the header has 5"),
+    ("patient_id,glucose (g/L),age,smoking,outcome\np1,5,4,never,a\n",
+     "column 'glucose' is in 'g/L', which the schema does not convert"),
+])
+def test_a_file_that_does_not_fit_fails_with_the_runs_message(tmp_path, schema_path, capsys,
+                                                              body, message):
+    data = tmp_path / "site.csv"
+    data.write_text(body)
+    assert main(["site", "check", str(data), "--schema", str(schema_path)]) == 2
+    err = capsys.readouterr().err
+    assert str(data) in err and message in err
+
+
+def test_units_given_on_the_command_line_and_a_bad_schema(tmp_path, schema_path, capsys):
+    data = tmp_path / "site.csv"
+    data.write_text("patient_id,glucose,age,smoking,outcome\np1,5,40,never,a\n")
+    assert main(["site", "check", str(data), "--schema", str(schema_path),
+                 "--units", "glucose=mmol/L"]) == 0
+    assert "| mmol/L" in capsys.readouterr().out
+    assert main(["site", "check", str(data), "--schema", str(schema_path), "--units", "glucose"]) == 2
+    assert "write COLUMN=UNIT" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[columns]]\nname = "a"\ntype = "categorical"\n')
+    assert main(["site", "check", str(data), "--schema", str(bad)]) == 2
+    assert "a categorical column needs its list of categories" in capsys.readouterr().err
