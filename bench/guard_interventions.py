@@ -64,9 +64,21 @@ def main() -> None:
     from flwr.common.logger import FLOWER_LOGGER
 
     lines = GuardLines()
+    handlers, level = FLOWER_LOGGER.handlers, FLOWER_LOGGER.level
     FLOWER_LOGGER.handlers = [lines]  # only the guard's lines, counted, not printed
     FLOWER_LOGGER.setLevel(logging.INFO)
-    runs = collections.defaultdict(list)  # algorithm -> (stepped max, withheld any, rounds)
+    try:
+        runs = sweep(args, lines)
+    finally:
+        FLOWER_LOGGER.handlers = handlers
+        FLOWER_LOGGER.setLevel(level)
+    write(args, runs)
+
+
+def sweep(args, lines: GuardLines) -> dict[str, list]:
+    """Every run; per algorithm (the most rounds of a site the guard stepped in, whether it
+    withheld a cluster, the run's rounds)."""
+    runs = collections.defaultdict(list)
     for name in args.sets:
         X, y = quality.load(name, args.data)
         k = len(np.unique(y))
@@ -90,6 +102,10 @@ def main() -> None:
                 print(f"{name:11s} {split:4s} {algorithm:9s} {len(result.history):3d} rounds; "
                       f"the guard stepped in on up to {most} rounds of a site, withheld in "
                       f"{sum(lines.withheld.values())} site-rounds", flush=True)
+    return runs
+
+
+def write(args, runs: dict[str, list]) -> None:
     table = ["| algorithm | runs | guard stepped in (runs) | withheld a cluster (runs) | "
              "rounds of one site it stepped in: median / most | rounds per run (median) |",
              "|---|---|---|---|---|---|"]

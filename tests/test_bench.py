@@ -42,3 +42,32 @@ def test_choose_k_s1_writes_its_table(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| iid | warm"))
     assert row.split("|")[3].strip().endswith("/ 15 / 15 / 15")  # picks, k = 13..16
     assert (tmp_path / "ck.png").stat().st_size > 10_000
+
+
+def test_quality_writes_its_tables_with_the_dp_runs_against_the_oracle(tmp_path, monkeypatch):
+    import quality
+
+    out = tmp_path / "BENCHMARKS.md"
+    monkeypatch.setattr(sys, "argv", ["bench/quality.py", "--sets", "iris", "--splits", "iid",
+                                      "--modes", "plain", "dp10", "dp10-oracle", "--out", str(out)])
+    quality.main()
+    text = out.read_text()
+    assert "## Quality at defaults (quality)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| dwf | dp10 | 1 | iid |")]
+    assert len(rows) == 3  # against central, against the plain run, against the oracle
+    assert "against the `dp10-oracle` run" in text
+    oracle = rows[2].split("|")
+    assert oracle[5].strip() == oracle[7].strip().split()[0]  # one set: median = worst
+
+
+def test_guard_interventions_writes_its_table(tmp_path, monkeypatch):
+    import guard_interventions
+
+    out = tmp_path / "BENCHMARKS.md"
+    monkeypatch.setattr(sys, "argv", ["bench/guard_interventions.py", "--algorithms", "dwf",
+                                      "--sets", "iris", "--out", str(out)])
+    guard_interventions.main()
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| dwf |"))
+    assert row.split("|")[2].strip() == "2"  # iris, IID and label skew
+    assert "honest runs" in text

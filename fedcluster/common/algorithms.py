@@ -84,7 +84,7 @@ CARDS: dict[str, AlgorithmCard] = {card.name: card for card in (
                    "iterations, which have no bounded sensitivity"),
     # FFCM starts from the sum-only divisive start in every mode: measured with
     # bench/quality.py (21 sets, IID and label skew, floor 1), its fuzzy objective was
-    # <= 1.007 x central fuzzy c-means at the 90th percentile (worst 1.05), against 1.06-1.2
+    # <= 1.015 x central fuzzy c-means at the 90th percentile (worst 1.054), against 1.06-1.2
     # (worst 3.5, a set with outliers; 1.3-1.5 on digits) from the k-FED round.
     AlgorithmCard(
         "ffcm", "Stallmann & Wilbik 2022", default_init="divisive",

@@ -7,7 +7,7 @@ The default (``init = "kfed"``) is the k-FED round DWF starts from instead: ever
 runs k-means to convergence with 2k clusters (``k-local``) and returns their means and
 sizes (the paper's seeds alone left FKM at 1.01-1.03 x central k-means on four of
 bench/quality.py's 21 sets, IID; from the k-FED round, at most 1.009 but on the
-outliers set). The server
+outliers set, 1.035 as with DWF). The server
 runs k-means with k clusters on the concatenated local means, weighted by their sizes
 (``weighted``), k-means++ seeded at round 0 and warm-started from the previous global
 centroids afterwards (so rounds improve monotonically instead of jumping between
