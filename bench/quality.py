@@ -265,8 +265,9 @@ def main() -> None:
                   "(its k-FED start):", "", *table(rows, "plain", groups)]
     if any("oracle" in r for r in rows):
         lines += ["", "The DP runs against the `dp10-oracle` run of the same data and split (the "
-                  "same budget, rounds and noise model from central k-means' own centroids: what "
-                  "the start costs under DP, the noise's own cost taken out):", "",
+                  "same budget, training rounds and noise model, from central k-means' own "
+                  "centroids: what the start costs under DP, its rounds' share of the budget "
+                  "included, the noise's own cost taken out):", "",
                   *table(rows, "oracle", [g for g in groups if g[1] in ("dp10", "dp10-box")])]
     text = "\n".join(lines) + "\n"
     print(text)
