@@ -29,8 +29,8 @@ became two earlier ones merged, give or take a row). Combinations of four or mor
 A site may refuse instead (node config ``guard-refuse = true``): any task the guard would
 answer with an earlier set or a withheld cluster is refused with an error reply naming
 the policy, and nothing of it is kept. Not the default, because honest runs meet the
-guard nearly always (at floor 2, 207 of 210 default runs of DWF, FFCM, mini-batch, FKM
-and GTV on bench/quality.py's sets; a withheld cluster in 95): a site cannot tell a
+guard nearly always (at floor 2, 285 of 294 default runs of the seven algorithms on
+bench/quality.py's sets; a withheld cluster in 125: bench/guard_interventions.py): a site cannot tell a
 crafted query from an honest cluster that gained a row or split in two, so refusing
 would drop honest sites from honest runs, while snapping already gives the coordinator
 nothing new.
