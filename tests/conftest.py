@@ -89,10 +89,9 @@ def bed(tmp_path, numba_cache):
 
 # The modules that run real Flower processes, longest first, collected before the rest.
 # xdist (with pyproject's --no-loadscope-reorder, which keeps this order instead of
-# putting the modules with the most tests first) hands them out longest first, so the
-# long single-test modules start at once on different workers and never end the session
-# on one worker alone. (Four workers on two cores: these modules mostly wait on Flower's
-# 3 s polls, so they overlap instead of queueing.)
+# putting the modules with the most tests first) hands each worker two modules to start:
+# the gRPC runs and test_deployment to one, the engine runs and test_faults to the other,
+# so the long single-test modules never end the session on one worker alone.
 SLOW_MODULES = ["test_flower_algorithms", "test_flower_engine", "test_deployment", "test_faults",
                 "test_secure_deployment", "test_secure_aggregation", "test_site_policy",
                 "test_site_ledgers_processes", "test_signed_apps", "test_parity"]
