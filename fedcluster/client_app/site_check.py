@@ -18,9 +18,10 @@ import numpy as np
 
 from fedcluster.common.datasets import SiteDataError
 from fedcluster.common.schema import MISSING_TOKENS, Schema
-from fedcluster.common.table_encoding import EncodedTable, encode_table, match_columns
-
-DELIMITERS = {".csv": ",", ".tsv": "\t"}
+from fedcluster.client_app.tables import DELIMITERS
+from fedcluster.common.table_encoding import (
+    EncodedTable, encode_table, match_columns, numeric_values,
+)
 
 
 def read_text_table(path: str | Path) -> tuple[list[str], list[list[str]]]:
@@ -82,27 +83,22 @@ def survey(header: list[str], columns: list[list[str]], schema: Schema, source: 
     out = []
     for column in schema.features:
         j, unit = where[column.name]
-        cells = [c.strip() for c in columns[j]]
-        seen = ColumnSurvey(column.name, header[j], column.type,
-                            unit or column.unit if column.type == "numeric" else None)
-        seen.missing = sum(c in missing_tokens for c in cells)
+        seen = ColumnSurvey(column.name, header[j], column.type)
         if column.type == "categorical":
+            cells = [c.strip() for c in columns[j]]
+            seen.missing = sum(c in missing_tokens for c in cells)
             for c in cells:
                 if c in missing_tokens:
                     continue
                 bucket = seen.levels if c in column.categories else seen.unlisted
                 bucket[c] = bucket.get(c, 0) + 1
-        elif column.range is not None:
-            factor = column.units.get(unit, 1.0) if unit and unit != column.unit else 1.0
-            offset = column.unit_offsets.get(unit, 0.0) if unit and unit != column.unit else 0.0
-            values = []
-            for c in cells:
-                try:
-                    values.append(float(c) * factor + offset)
-                except ValueError:
-                    continue
-            lo, hi = column.range
-            seen.out_of_range = sum(not lo <= v <= hi for v in values if v == v)
+        else:  # parsed and converted as a run does (its errors, too)
+            seen.unit = unit or column.unit
+            values = numeric_values(columns[j], column, unit, source, header[j])
+            seen.missing = int(np.isnan(values).sum())
+            if column.range is not None:
+                lo, hi = column.range
+                seen.out_of_range = int(((values < lo) | (values > hi)).sum())
         out.append(seen)
     return out, encode_table(header, columns, schema, source, declared_units)
 

@@ -92,7 +92,9 @@ def _factor(column: Column, unit: str | None, source: str) -> tuple[float, float
     return column.units[unit], column.unit_offsets.get(unit, 0.0)
 
 
-def _numeric(cells, column: Column, unit, source: str, header: str) -> np.ndarray:
+def numeric_values(cells, column: Column, unit, source: str, header: str) -> np.ndarray:
+    """A numeric column's cells parsed and converted to the schema's unit (NaN: missing),
+    before its range is applied."""
     values = np.full(len(cells), np.nan)
     for i, cell in enumerate(cells):
         if isinstance(cell, (float, int, np.floating, np.integer)) and not isinstance(cell, bool):
@@ -114,7 +116,11 @@ def _numeric(cells, column: Column, unit, source: str, header: str) -> np.ndarra
         raise SiteDataError(f"{source}: row {i + 1}, column {header!r}: {cells[i]!s} is not a "
                             "finite number")
     factor, offset = _factor(column, unit, source)
-    values = values * factor + offset
+    return values * factor + offset
+
+
+def _numeric(cells, column: Column, unit, source: str, header: str) -> np.ndarray:
+    values = numeric_values(cells, column, unit, source, header)
     if column.range is not None:
         lo, hi = column.range
         outside = ~np.isnan(values) & ((values < lo) | (values > hi))
