@@ -10,55 +10,16 @@ table does not fit the schema, the check fails with the same message the encodin
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from fedcluster.common.datasets import SiteDataError
 from fedcluster.common.schema import MISSING_TOKENS, Schema
-from fedcluster.client_app.tables import DELIMITERS
+from fedcluster.client_app.table_files import read_table
 from fedcluster.common.table_encoding import (
     EncodedTable, encode_table, match_columns, numeric_values,
 )
-
-
-def read_text_table(path: str | Path) -> tuple[list[str], list[list[str]]]:
-    """(header, columns of cells as text) of a CSV/TSV file with a header row.
-
-    Raises
-    ------
-    SiteDataError
-        Not a .csv/.tsv file, unreadable, not UTF-8, no header or no data row, or a row
-        whose number of fields differs from the header's (named by data row and line).
-    """
-    path = Path(path)
-    delimiter = DELIMITERS.get(path.suffix.lower())
-    if delimiter is None:
-        raise SiteDataError(f"{path}: a table to check against a schema is a .csv or .tsv file")
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as f:
-            reader = csv.reader(f, delimiter=delimiter)
-            header = next(reader, None)
-            if not header:
-                raise SiteDataError(f"{path}: the file is empty")
-            rows = []
-            for record in reader:
-                if not record:
-                    continue
-                if len(record) != len(header):
-                    raise SiteDataError(
-                        f"{path}: data row {len(rows) + 1} (line {reader.line_num}) has "
-                        f"{len(record)} fields; the header has {len(header)}")
-                rows.append(record)
-    except UnicodeDecodeError as err:
-        raise SiteDataError(f"{path}: is not UTF-8 text ({err.reason}); save it as UTF-8") from None
-    except OSError as err:
-        raise SiteDataError(f"{path}: cannot be read ({err.strerror})") from None
-    if not rows:
-        raise SiteDataError(f"{path}: has a header row but no data rows")
-    return [h.strip() for h in header], [list(col) for col in zip(*rows)]
 
 
 @dataclass
@@ -130,6 +91,6 @@ def format_survey(source: str, n_rows: int, columns: list[ColumnSurvey], table: 
 
 def check(path: str | Path, schema: Schema, declared_units: dict[str, str] | None = None) -> str:
     """The report of ``fedcluster site check`` (``SiteDataError`` when the file does not fit)."""
-    header, columns = read_text_table(path)
+    header, columns = read_table(path)
     seen, table = survey(header, columns, schema, str(path), declared_units)
     return format_survey(str(path), len(columns[0]), seen, table, schema)
