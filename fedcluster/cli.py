@@ -112,6 +112,8 @@ def cmd_choose_k(args: argparse.Namespace) -> int:
 def cmd_partition(args: argparse.Namespace) -> int:
     from fedcluster.common.datasets import load_builtin, partition
 
+    if args.dataset == "clinical":
+        return _partition_clinical(args)
     X, y = load_builtin(args.dataset, args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,6 +124,24 @@ def cmd_partition(args: argparse.Namespace) -> int:
         names = header + (",label" if args.with_labels else "")
         np.savetxt(path, data, delimiter=",", header=names, comments="", fmt="%.17g")
         print(f"{path}: {len(rows)} rows")
+    return 0
+
+
+def _partition_clinical(args: argparse.Namespace) -> int:
+    """The synthetic clinical demo: its schema.toml and one CSV per site (its own site
+    split, with the phenotype label column always written)."""
+    import csv
+
+    from fedcluster.common.clinical_demo import write_clinical
+
+    if args.partitioning != "iid":
+        raise ValueError("--partitioning does not apply to --dataset clinical (its sites are "
+                         "generated as such, with their own sizes and phenotype mixes)")
+    schema, *sites = write_clinical(args.out, args.num_sites, args.seed)
+    print(f"{schema}: the schema")
+    for path in sites:
+        with open(path, encoding="utf-8", newline="") as f:
+            print(f"{path}: {sum(1 for _ in csv.reader(f)) - 1} rows")
     return 0
 
 
@@ -248,11 +268,14 @@ def build_parser() -> argparse.ArgumentParser:
     choose.set_defaults(func=cmd_choose_k)
 
     part = sub.add_parser("partition", help="write a built-in dataset as one CSV per site")
-    part.add_argument("--dataset", default="digits")
+    part.add_argument("--dataset", default="digits",
+                      help="digits, blobs, or clinical (a synthetic hospital table with its "
+                           "schema.toml: missing cells, units, aliases; label column included)")
     part.add_argument("--num-sites", type=int, default=3)
-    part.add_argument("--partitioning", default="iid")
+    part.add_argument("--partitioning", default="iid", help="not for clinical")
     part.add_argument("--seed", type=int, default=0)
-    part.add_argument("--with-labels", action="store_true", help="add a 'label' column")
+    part.add_argument("--with-labels", action="store_true",
+                      help="add a 'label' column (clinical always has its 'phenotype')")
     part.add_argument("--out", required=True, help="output directory")
     part.set_defaults(func=cmd_partition)
 
