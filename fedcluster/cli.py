@@ -153,7 +153,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         model = Model.load(args.model)
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"{args.model}: not a fedcluster model.json ({err})") from None
-    from fedcluster.common.config import parse_node_config
+    from fedcluster.common.node_config import parse_node_config
 
     node = parse_node_config({"columns": args.columns, "id-column": args.id_column,
                               "label-column": args.label_column})
@@ -191,7 +191,9 @@ def cmd_site_check(args: argparse.Namespace) -> int:
         if not sep or not name.strip() or not unit.strip():
             raise ValueError(f"--units {item!r}: write COLUMN=UNIT, e.g. glucose=mmol/L")
         units[name.strip()] = unit.strip()
-    print(check(args.data, load_schema(args.schema), units))
+    if args.min_cluster_size < 1:
+        raise ValueError("--min-cluster-size must be >= 1")
+    print(check(args.data, load_schema(args.schema), units, args.min_cluster_size))
     return 0
 
 
@@ -300,10 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
     check = site.add_parser(
         "check", help="check a data file against the agreed schema without contacting anyone: "
                       "rows, usable rows, missing cells, out-of-range cells, category counts")
-    check.add_argument("data", help="the site's table (.csv or .tsv with a header row)")
+    check.add_argument("data", help="the site's table (.csv, .tsv with a header row, or .parquet)")
     check.add_argument("--schema", required=True, help="the schema file (.toml or .json)")
     check.add_argument("--units", nargs="*", metavar="COLUMN=UNIT",
                        help="the unit a column of this file is in, when its header does not say")
+    check.add_argument("--min-cluster-size", type=int, default=2, metavar="P",
+                       help="the privacy floor the report states (the larger of the run's and "
+                            "this site's; default 2, the run's default)")
     check.set_defaults(func=cmd_site_check)
 
     apps = sub.add_parser("app", help="sign app bundles (FABs) and serve them to the "

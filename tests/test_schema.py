@@ -136,7 +136,7 @@ def test_columns_the_file_lacks_or_holds_twice_or_in_an_unknown_unit(schema):
 def test_numbers_from_an_array_and_the_header_unit_suffix():
     schema = parse_schema({"columns": [{"name": "x", "unit": "cm", "units": {"mm": 0.1}},
                                        {"name": "t", "unit": "C", "units": {"F": 5 / 9},
-                                        "unit-offsets": {"F": -160 / 9}, "missing": "impute-median"}]})
+                                        "unit-offsets": {"F": -160 / 9}, "missing": "impute-mean"}]})
     out = encode_table(["x (mm)", "t [F]"], [np.array([10.0, 25.0]), np.array([212.0, np.nan])],
                        schema, "frame")
     np.testing.assert_allclose(out.X, [[1.0, 100.0], [2.5, np.nan]])
@@ -152,6 +152,9 @@ def test_numbers_from_an_array_and_the_header_unit_suffix():
     ({"columns": [{"name": "a", "type": "categorical", "categories": ["x"],
                    "missing": "impute-median"}]}, r"a category has no median"),
     ({"columns": [{"name": "a", "units": {"b": 2.0}}]}, r"units converts to unit, which is not given"),
+    ({"columns": [{"name": "a"}], "missing": "impute-median"}, r"'a': impute-median needs the column's range"),
+    ({"columns": [{"name": "a", "type": "categorical", "categories": ["x"]}], "missing": "impute-median"},
+     r"'a': a category has no median"),
     ({"columns": [{"name": "a", "range": [3, 1]}]}, r"range must be \[low, high\]"),
     ({"columns": [{"name": "a"}, {"name": "b", "aliases": ["A"]}]}, r"'A' is used by columns 'a' and 'b'"),
     ({"columns": [{"name": "a", "colour": "red"}]}, r"columns\.0\.colour: Extra inputs"),

@@ -33,13 +33,16 @@ from fedcluster.client_app.secure_mod import secure_mod
 from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
 from fedcluster.client_app import site_policy
-from fedcluster.common.config import ConfigError, NodeConfig, parse_node_config, run_config_defaults
+from fedcluster.common.config import run_config_defaults
+from fedcluster.common.node_config import ConfigError, NodeConfig, parse_node_config
 from fedcluster.client_app import differencing_guard, disclosure_ledger, private_tasks, privacy_budget
 from fedcluster.client_app.differencing_guard import DifferencingGuard
 from fedcluster.client_app.site_data import (
     SiteData, SiteDataError, default_cache_dir, load_partition, load_site_file,
 )
+from fedcluster.client_app.schema_table import load_schema_table
 from fedcluster.client_app.task_io import TaskError
+from fedcluster.common.schema import SchemaError, load_schema
 from fedcluster.client_app.task_runner import run_task
 
 # In-process harness only: ``data-path = "memory://<token>/<i>"`` names arrays that the
@@ -64,6 +67,8 @@ def load_site(node: NodeConfig, run_config: dict) -> tuple[SiteData, dict]:
             if value is not None:
                 raise SiteDataError(f"node-config key '{key}' selects columns of a CSV data-path; "
                                     "this site has none")
+    if node.schema_path is not None or node.units is not None:
+        return load_schema_site(node), {}
     if node.data_path is not None:
         if node.data_path.startswith(MEMORY_PREFIX):
             token, _, index = node.data_path[len(MEMORY_PREFIX) :].partition("/")
@@ -91,6 +96,26 @@ def load_site(node: NodeConfig, run_config: dict) -> tuple[SiteData, dict]:
         "num-partitions": node.num_partitions,
     }
     return site, provenance
+
+
+def load_schema_site(node: NodeConfig) -> SiteData:
+    """A site whose table is read through the agreed schema (``schema-path``): the
+    schema names the id and label columns, so the CSV column keys do not apply."""
+    if node.schema_path is None:
+        raise SiteDataError("node-config key 'units' applies to a table read through a "
+                            "schema; set 'schema-path'")
+    for key, value in (("columns", node.columns), ("id-column", node.id_column),
+                       ("label-column", node.label_column)):
+        if value is not None:
+            raise SiteDataError(f"node-config key '{key}' does not apply with 'schema-path': "
+                                "the schema says which columns are features, id and label")
+    if node.data_path is None or node.data_path.startswith(MEMORY_PREFIX):
+        raise SiteDataError("node-config key 'schema-path' needs a 'data-path' (the site's table)")
+    try:
+        schema = load_schema(node.schema_path)
+    except SchemaError as err:
+        raise SiteDataError(f"schema-path: {err}") from None
+    return load_schema_table(node.data_path, schema, units=node.units, cache_dir=node.cache_dir)
 
 
 class SiteClient(NumPyClient):

@@ -3,7 +3,8 @@ joins, without contacting anyone (for the site's own eyes: its data officer's).
 
 It reads the file as text, encodes it as a site would (``common/table_encoding.py``)
 and reports rows, usable rows, per column the missing share, cells outside the range and
-the unit read, per category the count of each level and of unlisted values. When the
+the unit read, per category the count of each level and of unlisted values, and what a
+run would send from the file, task by task. When the
 table does not fit the schema, the check fails with the same message the encoding gives
 (file, row, column, value).
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster.common.imputation import imputation_plan
 from fedcluster.common.schema import MISSING_TOKENS, Schema
 from fedcluster.client_app.table_files import read_table
 from fedcluster.common.table_encoding import (
@@ -46,7 +48,7 @@ def survey(header: list[str], columns: list[list[str]], schema: Schema, source: 
         j, unit = where[column.name]
         seen = ColumnSurvey(column.name, header[j], column.type)
         if column.type == "categorical":
-            cells = [c.strip() for c in columns[j]]
+            cells = ["" if c is None else str(c).strip() for c in columns[j]]
             seen.missing = sum(c in missing_tokens for c in cells)
             for c in cells:
                 if c in missing_tokens:
@@ -65,7 +67,7 @@ def survey(header: list[str], columns: list[list[str]], schema: Schema, source: 
 
 
 def format_survey(source: str, n_rows: int, columns: list[ColumnSurvey], table: EncodedTable,
-                  schema: Schema) -> str:
+                  schema: Schema, floor: int = 2) -> str:
     lines = [f"{source}: {n_rows} rows, {table.X.shape[0]} usable ({table.rows_dropped} dropped "
              f"by drop-row), {table.X.shape[1]} encoded features", "",
              "column | read from | missing | policy | outside the range | unit read"]
@@ -85,12 +87,36 @@ def format_survey(source: str, n_rows: int, columns: list[ColumnSurvey], table: 
                 f"; unlisted (mapped to {by_name[seen.name].other!r}): "
                 + ", ".join(f"{k} {v}" for k, v in sorted(seen.unlisted.items()))
                 if seen.unlisted else ""))
-    lines += ["", "These counts are for this site's eyes: the check sends nothing."]
-    return "\n".join(lines)
+    lines += ["", "These counts are for this site's eyes: the check sends nothing.", ""]
+    return "\n".join(lines + would_send(table, schema, floor))
 
 
-def check(path: str | Path, schema: Schema, declared_units: dict[str, str] | None = None) -> str:
-    """The report of ``fedcluster site check`` (``SiteDataError`` when the file does not fit)."""
+def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
+    """What a run would send from this file, task by task (never a row)."""
+    plan = imputation_plan(schema)
+    medians = sorted({c.name for c in schema.features if schema.policy(c) == "impute-median"})
+    lines = [f"What a run sends from this file (privacy floor p = {floor}: the larger of the "
+             "run's min-cluster-size and this site's; a figure over fewer than p rows is "
+             "withheld or sent as \"<p\"):",
+             f"- describe: {table.X.shape[0]} rows, {table.X.shape[1]} features and their "
+             "names, the schema's hash, the rows dropped and the missing cells per column "
+             "(counts)"]
+    if plan.needed:
+        lines.append("- impute_stats (once): per imputed column the sum and count of its "
+                     "present cells" + (f"; for {', '.join(medians)} a histogram over the "
+                                        f"schema's range in {schema.median_bins} bins"
+                                        if medians else ""))
+    lines += ["- stats (with scale = standard, once): per feature the mean, the sum of "
+              "deviations and M2 over all rows",
+              "- training rounds: per cluster the mean (or sum) and the count of its members",
+              "- evaluation: per cluster its size, coordinate sums, squared norms and SSE"]
+    return lines
+
+
+def check(path: str | Path, schema: Schema, declared_units: dict[str, str] | None = None,
+          floor: int = 2) -> str:
+    """The report of ``fedcluster site check`` (``SiteDataError`` when the file does not
+    fit); ``floor``: the privacy floor p the report states (the run's default 2)."""
     header, columns = read_table(path)
     seen, table = survey(header, columns, schema, str(path), declared_units)
-    return format_survey(str(path), len(columns[0]), seen, table, schema)
+    return format_survey(str(path), len(columns[0]), seen, table, schema, floor)

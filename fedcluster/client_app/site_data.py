@@ -16,7 +16,7 @@ import logging
 import mmap
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from fedcluster.client_app.tables import parse_csv
 from fedcluster.common import kernels
 from fedcluster.common.datasets import SiteDataError, load_builtin, partition
 
-__all__ = ["SiteData", "SiteDataError", "check_site_array", "load_partition", "load_site_file"]
+__all__ = ["SiteData", "SiteDataError", "TableFacts", "check_site_array", "load_partition", "load_site_file"]
 
 logger = logging.getLogger(__name__)
 SUPPORTED_SUFFIXES: tuple[str, ...] = (".csv", ".tsv", ".npy")
@@ -49,6 +49,9 @@ class SiteData:
         Human-readable origin (file path or dataset/partition).
     label_names : tuple of str or None
         Original label values when they were not integers: code ``i`` means ``label_names[i]``.
+    table : TableFacts or None
+        A table read through the agreed schema (``schema_table.py``): the schema, what the
+        encoding dropped and left missing. ``X`` then holds NaN in a cell the run imputes.
     """
 
     X: np.ndarray
@@ -56,6 +59,7 @@ class SiteData:
     labels: np.ndarray | None
     source: str
     label_names: tuple[str, ...] | None = None
+    table: "TableFacts | None" = None
 
     @property
     def n_rows(self) -> int:
@@ -64,6 +68,22 @@ class SiteData:
     @property
     def n_features(self) -> int:
         return int(self.X.shape[1])
+
+
+@dataclass(frozen=True)
+class TableFacts:
+    """What a site knows of its table read through the schema: the schema and its hash,
+    the rows ``drop-row`` dropped, per feature column the missing cells among the rows
+    kept (``impute-*`` fills them; the schema's other policies leave none)."""
+
+    schema: object  # common.schema.Schema (kept untyped: site_data stays light to import)
+    schema_hash: str
+    rows_dropped: int = 0
+    cells_missing: dict = field(default_factory=dict)
+
+    @property
+    def has_missing(self) -> bool:
+        return any(self.cells_missing.values())
 
 
 # ---------------------------------------------------------------- validation

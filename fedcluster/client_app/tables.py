@@ -186,7 +186,7 @@ def _scan_csv(path: Path, plan: ColumnPlan, delimiter: str,
     return np.array(rows, dtype=np.float64).reshape(len(rows), len(plan.features)), codes
 
 
-def _encode_labels(first_seen: list[str], codes: np.ndarray) -> tuple[np.ndarray, tuple[str, ...] | None]:
+def encode_labels(first_seen: list[str], codes: np.ndarray) -> tuple[np.ndarray, tuple[str, ...] | None]:
     """Map labels (given as codes into `first_seen`) to int64: integers stay, others are coded
     0..m-1 in sorted order (numeric order when all are numbers) and their names returned."""
     numbers = [float(s) for s in first_seen] if all(map(_is_number, first_seen)) else None
@@ -238,5 +238,5 @@ def parse_csv(path: Path, label_column: str | None = None, columns: tuple[str, .
     feature_names = tuple(plan.names[j] for j in plan.features)
     if plan.label is None:
         return table, feature_names, None, None
-    labels, label_names = _encode_labels(list(seen), np.asarray(codes, dtype=np.int64))
+    labels, label_names = encode_labels(list(seen), np.asarray(codes, dtype=np.int64))
     return table, feature_names, labels, label_names

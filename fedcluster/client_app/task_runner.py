@@ -40,6 +40,13 @@ def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor:
         except ValueError as err:
             raise TaskError(f"task parameter 'transform': {err}") from None
         site = dataclasses.replace(site, X=X)
+    if site.table is not None and site.table.has_missing and name not in RAW_TABLE_TASKS:
+        missing = np.isnan(site.X).any(axis=0)  # the run's fill (in the transform) is due
+        if missing.any():
+            names = site.feature_names or ()
+            which = ", ".join(names[j] if j < len(names) else str(j) for j in np.flatnonzero(missing))
+            raise TaskError(f"{site.source}: task {name}: the table has missing cells in "
+                            f"{which} and the run sent no value to impute them with")
     dp = private_tasks.task_privacy(params, site.n_features)
     box = private_tasks.site_bounds(params, site.n_features) if name != "describe" else None
     if box is not None:  # data-bounds: every task sees the clipped rows
@@ -54,6 +61,9 @@ def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor:
     reply.metrics.setdefault("n-rows", site.n_rows)
     return reply
 
+
+#: Tasks that see the table as encoded, missing cells included.
+RAW_TABLE_TASKS = frozenset({"describe", "impute_stats"})
 
 #: Tasks that pass over the rows only a few times, at the centroids sent.
 FEW_PASS_TASKS = frozenset({"evaluate", "evaluate_distances"})

@@ -10,15 +10,8 @@ centroid row replaced by what the server sent, or dropped where rows are optiona
 
 Tasks (the ``task`` config key):
 
-``describe``
-    Size, width and feature names, so the server can check that sites agree.
-``stats``
-    Per-feature aggregates over all rows for the global scaling (``scale``): mean, sum of
-    deviations and M2 (``standard``) or minimum and maximum (``minmax``); see
-    ``common/scaling.py``. Every later task carries the resulting ``transform``, and
-    ``task_runner.run_task`` hands it the scaled rows.
-``bounds``
-    Per-feature minimum and maximum (random initialisation in the federated box).
+``describe``, ``impute_stats``, ``stats``, ``bounds``
+    Aggregates over all the site's rows (``site_statistics.py``).
 ``local_kmeans``
     k-means++ then Lloyd to convergence on the local data (k-FED, Dennis et al. 2021).
 ``lloyd``
@@ -57,7 +50,7 @@ import numpy as np
 
 from flwr.common.logger import log
 
-from fedcluster.common import kernels, protocol, scaling
+from fedcluster.common import kernels, protocol
 
 from fedcluster.client_app import local_kmeans as local
 from fedcluster.client_app.differencing_guard import OFF
@@ -65,32 +58,10 @@ from fedcluster.client_app.guarded_stats import (
     guard_clusters, guarded_gtv_step, set_distance, set_mean, set_sqnorm, set_sum,
 )
 from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.site_statistics import bounds, describe, impute_stats, stats
 from fedcluster.client_app.task_io import (
     TaskError, TaskReply, apply_privacy_floor, received_centroids, refuse_under_floor, task_param,
 )
-
-
-def describe(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
-    refuse_under_floor(site, floor, "it cannot join")
-    names = list(site.feature_names) if site.feature_names is not None else []
-    return TaskReply(metrics={"n-features": site.n_features, "feature-names": json.dumps(names)})
-
-
-def stats(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
-    """The statistics round: per-feature aggregates over ALL rows (never a row), refused
-    by a site with fewer rows than the privacy floor."""
-    refuse_under_floor(site, floor, "it sends no statistics")
-    kind = params.get("scale")
-    if kind == "standard":
-        return TaskReply(arrays=protocol.Moments(*scaling.site_moments(site.X)))
-    if kind == "minmax":
-        return TaskReply(arrays=protocol.Range(*scaling.site_range(site.X)))
-    raise TaskError(f"task parameter 'scale' must be 'standard' or 'minmax', got {kind!r}")
-
-
-def bounds(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
-    refuse_under_floor(site, floor, "it sends no bounds")
-    return TaskReply(arrays=protocol.Range(np.min(site.X, axis=0), np.max(site.X, axis=0)))
 
 
 def local_kmeans_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
@@ -434,6 +405,7 @@ TaskFn = Callable[[SiteData, list, dict, int], TaskReply]
 
 TASKS: dict[str, TaskFn] = {
     "describe": describe,
+    "impute_stats": impute_stats,
     "stats": stats,
     "bounds": bounds,
     "local_kmeans": local_kmeans_task,

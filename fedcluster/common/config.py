@@ -1,4 +1,4 @@
-"""Validated configuration: the run config, a site's node config, and task parameters.
+"""Validated configuration: the run config (a site's node config: ``node_config.py``).
 
 Every value that crosses a trust boundary goes through one of these pydantic models.
 Run-config keys are kebab-case (``n-clusters``), as Flower's ``--run-config`` writes them;
@@ -169,6 +169,12 @@ class RunConfig(_Strict):
     # Federated preprocessing: one statistics round fixes a global per-feature transform.
     scale: Literal["none", "standard", "minmax"] = Field(
         "none", description="global feature scaling from one federated statistics round")
+    # Real hospital tables (docs/reference/schema.md): the agreed schema's file, which
+    # every site holds a copy of; its hash is checked in the describe round, and its
+    # impute-* columns get a pooled imputation round before the statistics round.
+    # (Named schema_file: pydantic's BaseModel has a ``schema`` method; the key is "schema".)
+    schema_file: str = Field("", alias="schema",
+                             description="the agreed schema file (TOML or JSON); '' = none")
     # Choosing k: run the federation for every k in LO..HI ("" = one run with n-clusters).
     k_range: str = Field("", description="LO:HI, e.g. 2:15: run and evaluate every k in LO..HI")
     k_warm_start: bool = Field(
@@ -296,111 +302,6 @@ class RunConfig(_Strict):
         return [self.seed + i for i in range(self.n_init)]
 
 
-class NodeConfig(_Strict):
-    """A site's own settings (``flower-supernode --node-config``)."""
-
-    model_config = ConfigDict(
-        alias_generator=_kebab, populate_by_name=True, extra="ignore", frozen=True
-    )
-
-    data_path: str | None = None
-    label_column: str | None = None
-    min_cluster_size: int = Field(1, ge=1, description="the site's own privacy floor")
-    cache_dir: str | None = None
-    # CSV column selection: `columns` (comma-separated header names, in this order) and an
-    # `id-column` that is dropped before anything else.
-    columns: tuple[str, ...] | None = None
-    id_column: str | None = None
-    site_id: str | None = None
-    # Site policy (fedcluster/common/site_policy.py): the most task rounds of one run the
-    # site answers (describe excluded), and the algorithms it takes part in (None: all).
-    max_rounds: int | None = Field(None, ge=1, description="task rounds answered per run")
-    allow_algorithms: tuple[str, ...] | None = None
-    # The fewest rows with which the site takes part at all (a smaller site's aggregates
-    # are close to its rows); checked before every task, describe included.
-    min_site_rows: int = Field(10, ge=1, description="the site's own minimum size")
-    # The differencing guard (client_app/differencing_guard.py): never report a cluster
-    # whose rows differ from an earlier reported cluster's by 1..p-1 (on by default).
-    differencing_guard: bool = True
-    # Refuse a task the guard would answer with an earlier cluster or withhold one in.
-    guard_refuse: bool = False
-    # The site's DP budget for its data across ALL runs ("epsilon" or "epsilon,delta";
-    # client_app/privacy_budget.py), and whether it answers only DP tasks.
-    dp_budget: tuple[float, float] | None = None
-    require_dp: bool = False
-    # Whether the site sends its per-feature minima and maxima (each one person's value).
-    allow_minmax: bool = False
-    # The disclosure ledger (client_app/disclosure_ledger.py): a JSONL file, "off" for none.
-    ledger_path: str | None = None
-    # Set by Flower's simulation engine.
-    partition_id: int | None = None
-    num_partitions: int | None = None
-
-    @field_validator("site_id", "data_path", "label_column", "cache_dir", "id_column", "ledger_path",
-                     mode="before")
-    @classmethod
-    def _text(cls, value: Any) -> str | None:
-        return None if value is None or value == "" else str(value)
-
-    @field_validator("columns", mode="before")
-    @classmethod
-    def _column_list(cls, value: Any) -> tuple[str, ...] | None:
-        # Flower's node config holds scalars only, so the list is one comma-separated string.
-        if value is None or value == "":
-            return None
-        names = [str(name).strip() for name in (value.split(",") if isinstance(value, str) else value)]
-        if any(not name for name in names):
-            raise ValueError(f"{value!r} has an empty column name; write names separated by commas")
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"{value!r} names {', '.join(duplicates)} more than once")
-        return tuple(names)
-
-
-    @field_validator("dp_budget", mode="before")
-    @classmethod
-    def _budget(cls, value: Any) -> tuple[float, float] | None:
-        if value is None or value == "":
-            return None
-        parts = [p.strip() for p in str(value).split(",")] if not isinstance(value, (int, float)) \
-            else [str(value)]
-        try:
-            epsilon = float(parts[0])
-            delta = float(parts[1]) if len(parts) == 2 else 1e-5
-        except ValueError:
-            parts = []
-        if len(parts) not in (1, 2) or not epsilon > 0 or not 0 < delta < 1:
-            raise ValueError(f"{value!r} is not 'epsilon' or 'epsilon,delta' with epsilon > 0 "
-                             "and 0 < delta < 1 (delta defaults to 1e-5)")
-        return epsilon, delta
-
-    @field_validator("max_rounds", mode="before")
-    @classmethod
-    def _not_bool(cls, value: Any) -> Any:
-        # pydantic would read `true` as 1; a policy limit must be written as a number.
-        if isinstance(value, bool):
-            raise ValueError("must be a whole number of rounds >= 1, not a boolean")
-        return value
-
-    @field_validator("allow_algorithms", mode="before")
-    @classmethod
-    def _algorithm_list(cls, value: Any) -> tuple[str, ...] | None:
-        if value is None:
-            return None
-        names = [str(n).strip() for n in (value.split(",") if isinstance(value, str) else value)]
-        if not any(names):
-            # An empty list would refuse every run; leaving the key out allows all.
-            raise ValueError("is empty; name at least one algorithm, or leave the key out "
-                             "to allow every algorithm")
-        if any(not name for name in names):
-            raise ValueError(f"{value!r} has an empty algorithm name; separate names by commas")
-        unknown = [name for name in names if name not in ALGORITHMS]
-        if unknown:
-            raise ValueError(f"unknown algorithm(s) {', '.join(map(repr, unknown))}; "
-                             f"known: {', '.join(ALGORITHMS)}")
-        return tuple(dict.fromkeys(names))
-
-
 def _format(err: ValidationError, what: str) -> str:
     lines = []
     for e in err.errors():
@@ -420,14 +321,6 @@ def parse_run_config(values: dict[str, Any]) -> RunConfig:
         return RunConfig.model_validate({_kebab(k): v for k, v in values.items()})
     except ValidationError as err:
         raise ConfigError(_format(err, "run-config")) from None
-
-
-def parse_node_config(values: dict[str, Any]) -> NodeConfig:
-    """Validate a site's node config."""
-    try:
-        return NodeConfig.model_validate({_kebab(k): v for k, v in values.items()})
-    except ValidationError as err:
-        raise ConfigError(_format(err, "node-config")) from None
 
 
 def run_config_defaults() -> dict[str, Any]:

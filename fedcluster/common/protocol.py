@@ -17,6 +17,7 @@ Tasks
 -----
 ``describe``      -> metrics only (rows as num_examples, ``n-features``, ``feature-names``);
                      with ``then`` (:data:`THEN`) also the carried task's reply
+``impute_stats``  -> :class:`MissingStats` (a schema's pooled imputation)
 ``stats``         -> :class:`Moments` (``scale`` standard) or :class:`Range` (minmax)
 ``bounds``        -> :class:`Range`
 ``local_kmeans``, ``kmeanspp``, ``prune_lloyd`` -> :class:`ClusterMeans` (at most the rows
@@ -81,6 +82,15 @@ class Moments(NamedTuple):
     means: np.ndarray
     deviation_sums: np.ndarray
     m2: np.ndarray
+
+
+class MissingStats(NamedTuple):
+    """``impute_stats``: per encoded feature, the sum and count of its present cells and
+    (impute-median) their histogram (d, bins), under the floor (``imputation.py``)."""
+
+    sums: np.ndarray
+    counts: np.ndarray
+    histograms: np.ndarray
 
 
 class Range(NamedTuple):
@@ -150,6 +160,7 @@ class Task:
 
 TASKS: dict[str, Task] = {task.name: task for task in (
     Task("describe", NoArrays, None, private=True),
+    Task("impute_stats", NoArrays, MissingStats),
     Task("stats", NoArrays, Moments),  # Range with scale = minmax (reply_type)
     Task("bounds", NoArrays, Range, private=True),
     Task("local_kmeans", NoArrays, ClusterMeans, rows="at-most"),
@@ -171,13 +182,17 @@ DP_TASKS = tuple(name for name, task in TASKS.items() if task.private)
 
 #: The scalar metrics a reply may carry (besides ``num_examples``, the site's rows).
 METRICS = {
-    "describe": ("n-features", "feature-names", "max-rounds"),
+    "describe": ("n-features", "feature-names", "max-rounds", "schema-hash", "rows-dropped",
+                 "cells-missing"),
     "lloyd": ("sse",), "prune_lloyd": ("sse",), "minibatch": ("sse",), "gtv": ("sse", "gtv"),
     "evaluate": ("sse", "silhouette-sum", "all-sq-dist", "partition-sum", "floor", "label-names"),
 }
 #: Every reply may carry these: the site's key, the rounds its policy still allows, a
 #: refusal (an error reply: the reason, no arrays).
 SITE_KEY, ROUNDS_LEFT, ERROR = "site-key", "rounds-left", "error"
+#: A table read through a schema describes itself with the schema's hash and, as JSON
+#: counts ("<p" under the floor), the rows it dropped and its missing cells per column.
+SCHEMA_HASH, ROWS_DROPPED, CELLS_MISSING = "schema-hash", "rows-dropped", "cells-missing"
 #: Every task carries the server's round number; a DP task also the run's planned spend
 #: (rho-zCDP, for the site's ``dp-budget``) besides its own ``dp-rho``.
 ROUND, DP_RHO, DP_RHO_PLANNED = "round", "dp-rho", "dp-rho-planned"

@@ -35,34 +35,59 @@ _CACHE_SIZE = 32
 
 @dataclass(frozen=True)
 class FeatureTransform:
-    """``(X - shift) / factor`` per feature: the global transform of a run.
+    """``(X - shift) / factor`` per feature, after filling missing cells: the global
+    transform of a run.
 
     Attributes
     ----------
     kind : str
-        ``"standard"`` or ``"minmax"``.
+        ``"standard"``, ``"minmax"``, or ``"none"`` (shift 0, factor 1: imputation only).
     shift, factor : np.ndarray
         float64 (d,); ``factor`` > 0.
+    fill : np.ndarray or None
+        float64 (d,): the value of a missing (NaN) cell of each feature, the pooled mean
+        or median (``imputation.py``); NaN for a feature that is not imputed.
     """
 
     kind: str
     shift: np.ndarray
     factor: np.ndarray
+    fill: np.ndarray | None = None
+
+    @classmethod
+    def fill_only(cls, fill: np.ndarray) -> "FeatureTransform":
+        """Imputation without scaling (``scale = "none"``, or before the ``stats`` round)."""
+        fill = np.asarray(fill, dtype=np.float64)
+        return cls("none", np.zeros(fill.size), np.ones(fill.size), fill)
+
+    def with_fill(self, fill: np.ndarray | None) -> "FeatureTransform":
+        return FeatureTransform(self.kind, self.shift, self.factor, fill)
 
     @property
     def n_features(self) -> int:
         return int(self.shift.shape[0])
 
     def apply(self, X: np.ndarray) -> np.ndarray:
-        """Raw rows -> the scaled space where the clustering happens."""
-        return (np.asarray(X, dtype=np.float64) - self.shift) / self.factor
+        """Raw rows -> the scaled space where the clustering happens (a missing cell
+        filled first; one the transform does not fill stays NaN)."""
+        X = np.asarray(X, dtype=np.float64)
+        if self.fill is not None:
+            missing = np.isnan(X)
+            if missing.any():
+                X = np.where(missing, self.fill, X)
+        if self.kind == "none":
+            return X
+        return (X - self.shift) / self.factor
 
     def inverse(self, Z: np.ndarray) -> np.ndarray:
         """Scaled points (e.g. centroids) -> original units."""
         return np.asarray(Z, dtype=np.float64) * self.factor + self.shift
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "shift": self.shift.tolist(), "factor": self.factor.tolist()}
+        out = {"kind": self.kind, "shift": self.shift.tolist(), "factor": self.factor.tolist()}
+        if self.fill is not None:  # JSON has no NaN: a feature not imputed is null
+            out["fill"] = [None if np.isnan(v) else float(v) for v in self.fill]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "FeatureTransform":
@@ -75,7 +100,7 @@ class FeatureTransform:
             finite positive number.
         """
         kind = data.get("kind")
-        if kind not in ("standard", "minmax"):
+        if kind not in ("standard", "minmax", "none"):
             raise ValueError(f"unknown scaling kind {kind!r}")
         shift = np.asarray(data.get("shift"), dtype=np.float64)
         factor = np.asarray(data.get("factor"), dtype=np.float64)
@@ -83,7 +108,13 @@ class FeatureTransform:
             raise ValueError(f"scaling shift {shift.shape} and factor {factor.shape} do not match")
         if not (np.all(np.isfinite(shift)) and np.all(np.isfinite(factor)) and np.all(factor > 0)):
             raise ValueError("scaling shift and factor must be finite, factor > 0")
-        return cls(kind, shift, factor)
+        fill = data.get("fill")
+        if fill is not None:
+            fill = np.asarray([np.nan if v is None else v for v in fill], dtype=np.float64)
+            if fill.shape != shift.shape or np.isinf(fill).any():
+                raise ValueError(f"imputation fill {fill.shape} does not match the "
+                                 f"{shift.size} features, or is not finite")
+        return cls(kind, shift, factor, fill)
 
     def encode(self) -> str:
         """Exact text form (task parameter); :meth:`decode` gives back the same bits."""

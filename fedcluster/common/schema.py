@@ -46,6 +46,7 @@ import hashlib
 import json
 import re
 import tomllib
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -138,6 +139,8 @@ class Schema(_Strict):
 
     columns: tuple[Column, ...] = Field(min_length=1)
     missing: MissingPolicy = "error"
+    #: The bins of an impute-median column's histogram over its range (``imputation.py``).
+    median_bins: int = Field(200, ge=2, le=100_000)
 
     @model_validator(mode="after")
     def _unique(self) -> "Schema":
@@ -153,6 +156,13 @@ class Schema(_Strict):
             raise ValueError("more than one column has type 'label'")
         if not any(c.is_feature for c in self.columns):
             raise ValueError("no column is numeric or categorical: nothing to cluster")
+        for column in self.features:
+            if self.policy(column) == "impute-median" and column.type == "categorical":
+                raise ValueError(f"column {column.name!r}: a category has no median; give it "
+                                 "missing = \"impute-mean\" (the pooled share of each level)")
+            if self.policy(column) == "impute-median" and column.range is None:
+                raise ValueError(f"column {column.name!r}: impute-median needs the column's "
+                                 "range (its histogram's bins span it)")
         return self
 
     def policy(self, column: Column) -> str:
@@ -230,3 +240,21 @@ def schema_hash(schema: Schema) -> str:
     canonical = json.dumps(schema.model_dump(mode="json", by_alias=True), sort_keys=True,
                            separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@lru_cache(maxsize=8)
+def _load_cached(path: str, mtime_ns: int, size: int) -> tuple[Schema, str]:
+    schema = load_schema(path)
+    return schema, schema_hash(schema)
+
+
+def run_schema(path: str) -> tuple[Schema, str] | None:
+    """The run's schema and its hash (run config ``schema``; None when it names none),
+    read once per file version (the server asks every round)."""
+    if not path:
+        return None
+    try:
+        stat = Path(path).stat()
+    except OSError as err:
+        raise SchemaError(f"{path}: cannot read the run's schema file ({err.strerror})") from None
+    return _load_cached(str(path), stat.st_mtime_ns, stat.st_size)

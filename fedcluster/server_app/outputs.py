@@ -95,6 +95,7 @@ def summary_table(metrics: dict) -> str:
             lines.append(f"    site {key}: {report['n-rows']} rows, score {report['score']:.6g}, sizes [{sizes}]")
         if len(per_site) > MAX_SITE_LINES:
             lines.append(f"    ... {len(per_site) - MAX_SITE_LINES} more in model.json")
+    lines += table_lines(metrics.get("table"))
     for key, reason in metrics.get("rejected-sites", {}).items():
         lines.append(f"  rejected site {key}: {reason}")
     for key, limit in metrics.get("sites-at-max-rounds", {}).items():
@@ -231,3 +232,22 @@ def write_choose_k(directory: Path, result: dict, models: dict) -> None:
     plot_choose_k(directory / "choose-k.png", result)
     for k, model in models.items():
         model.save(directory / f"model-k{k}.json")
+
+
+def table_lines(table: dict | None) -> list[str]:
+    """The summary's lines for tables read through a schema (``reports.table_summary``)."""
+    if not table:
+        return []
+
+    def count(figure: dict) -> str:
+        under = figure.get("sites-under-floor", 0)
+        return f"{figure['total']}" + (f" (+ {under} site(s) with fewer than p)" if under else "")
+
+    lines = [f"  table schema sha256 {table['schema-hash'][:16]}...: rows dropped (drop-row) "
+             f"{count(table['rows-dropped'])}"]
+    missing = {c: f for c, f in table.get("cells-missing", {}).items()
+               if f["total"] or f.get("sites-under-floor")}
+    if missing:
+        lines.append("  imputed cells per column: "
+                     + ", ".join(f"{c} {count(f)}" for c, f in missing.items()))
+    return lines

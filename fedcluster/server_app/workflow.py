@@ -31,10 +31,11 @@ from flwr.serverapp import Grid, ServerApp
 from fedcluster.server_app.checkpoint import load_checkpoint, save_checkpoint
 from fedcluster.common.config import RunConfig, parse_run_config
 from fedcluster.common.model import Model
+from fedcluster.common.schema import run_schema
 from fedcluster.server_app.secure_fit import make_fit_workflow
 from fedcluster.server_app.outputs import progress_line, summary_table, write_outputs
 from fedcluster.server_app.polling import exchange
-from fedcluster.strategies import ClusteringStrategy, FederationError, make_strategy, private
+from fedcluster.strategies import ClusteringStrategy, FederationError, make_strategy, private, reports
 from fedcluster.strategies.errors import SiteFailure
 
 # Keys of the ServerApp's Context state used by the in-process harness.
@@ -202,6 +203,8 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
                                 if site.at_limit},
         **private.accounting(config, strategy.history, strategy.box, strategy.bounds_from_data),
     }
+    if (schema := run_schema(config.schema_file)) is not None:
+        metrics["table"] = reports.table_summary(strategy.ordered_sites(), schema[1])
     if central is not None:
         metrics["central-score"] = central
     if "site-centroids" in best:  # GTV: the sites' own models and how they fit the federation

@@ -5,9 +5,10 @@ Every federated round is a Flower fit round carrying one task of ``common/protoc
 its task (:attr:`ClusteringStrategy.PHASE_TASKS`):
 
 1. ``describe`` (once, every available site): size, width and feature names; the sites
-   are admitted or rejected with a logged reason (``sites.py``). With ``scale``, a
-   ``stats`` round gives the global transform that every later task carries. The
-   describe message carries the run's first task when it can (``first_task.py``).
+   are admitted or rejected with a logged reason (``sites.py``). A schema that imputes
+   adds an ``impute`` round (the pooled fill), ``scale`` a ``stats`` round; the global
+   transform they give travels with every later task. The describe message carries the
+   run's first task when it can (``preparation.py``).
 2. ``init`` (per n-init repetition): the algorithm's initialisation task, one round or,
    for a start that grows (``divisive.py``), until :meth:`reduce_init` has centroids.
 3. ``train`` (up to ``num-rounds`` rounds): sampled sites (fraction C, seeded) run the
@@ -50,7 +51,7 @@ from fedcluster.common import protocol, scaling
 from fedcluster.common import secure_codec as secure
 from fedcluster.common.config import RunConfig
 from fedcluster.common.kernels import frobenius
-from fedcluster.strategies import aggregate, first_task, metrics, private, reports, secure_sum, sites
+from fedcluster.strategies import aggregate, metrics, preparation, private, reports, secure_sum, sites
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.sites import Site, site_order
 from fedcluster.strategies.task_plan import TaskPlan
@@ -66,7 +67,7 @@ class ClusteringStrategy(Strategy):
     extra_rounds_per_repetition = 0
     #: Davies-Bouldin from the evaluation when the means are the centroids (False: a second pass).
     fold_distances = True
-    #: Send the run's first task with the describe handshake when it can (``first_task.py``).
+    #: Send the run's first task with the describe handshake when it can (``preparation.py``).
     carries_first_task = True
 
     def __init__(self, config: RunConfig, initial_centroids: np.ndarray | None = None) -> None:
@@ -142,11 +143,11 @@ class ClusteringStrategy(Strategy):
         return True
 
     def max_server_rounds(self) -> int:
-        """The most server rounds a run can take (the loop's bound): describe, stats, per
+        """The most server rounds a run can take (the loop's bound): describe, impute, stats, per
         repetition init rounds + rounds + interims + evaluate (+ extras), Davies-Bouldin's."""
         c = self.config
         interim = c.num_rounds // c.eval_every if c.eval_every else 0
-        return 3 + c.n_init * (c.num_rounds + interim + 1 + self.init_rounds()
+        return 4 + c.n_init * (c.num_rounds + interim + 1 + self.init_rounds()
                                + self.extra_rounds_per_repetition)
 
     def admit_sites(self, replies: list[Reply]) -> None:
@@ -192,7 +193,7 @@ class ClusteringStrategy(Strategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         available = client_manager.all()
         if self.phase == "describe":
-            plan = TaskPlan("describe", carries=first_task.carried_task(self))
+            plan = TaskPlan("describe", carries=preparation.carried_task(self))
             targets = {int(p.node_id): p for p in available.values()}
             keys = {node_id: "" for node_id in targets}
         else:
@@ -214,7 +215,7 @@ class ClusteringStrategy(Strategy):
             # clip: distributed DP's noise-margin case (secure.encode says why)
             base[secure.SECURE_PARAM] = json.dumps(
                 {"terms": plan.secure[0], "scales": plan.secure[1], "clip": self.config.private})
-        if self.transform is not None and plan.task not in ("describe", "stats"):
+        if self.transform is not None and plan.task not in ("describe", "impute_stats"):
             base["transform"] = self.transform.encode()
         base.update(private.task_params(self, plan.task, server_round, len(keys)))
         shared = ndarrays_to_parameters(protocol.to_arrays(plan.arrays))
@@ -283,6 +284,7 @@ class ClusteringStrategy(Strategy):
     #: Which task each phase sends: the hook that plans it (``describe`` is planned by
     #: ``configure_fit`` itself: it goes to every available site, not just the usable ones).
     PHASE_TASKS = {
+        "impute": "impute_task",
         "stats": "stats_task",
         "init": "init_task",
         "train": "train_task",
@@ -300,6 +302,9 @@ class ClusteringStrategy(Strategy):
     def stats_task(self) -> TaskPlan:
         return TaskPlan("stats", params={"scale": self.config.scale})
 
+    def impute_task(self) -> TaskPlan:
+        return preparation.impute_task(self)
+
     def evaluate_task(self) -> TaskPlan:
         return TaskPlan("evaluate", params=self.evaluation_params(),
                         arrays=protocol.Centroids(self.centroids))
@@ -316,19 +321,8 @@ class ClusteringStrategy(Strategy):
             log(logging.INFO, "resumed from a checkpoint after round %s, phase %s",
                 self.round_offset, self.phase)
             return {"sites-usable": len(self.sites)}
-        if plan.task == "describe":
-            self.admit_sites(replies)
-            if self.config.scale == "none":
-                self._begin_repetition()
-            else:
-                self.phase = "stats"
-            if plan.carries is not None:
-                first_task.reduce_carried(self, server_round, plan.carries)
-            return {"sites-usable": len(self.sites)}
-        if plan.task == "stats":
-            sites.fix_transform(self, replies)
-            self._begin_repetition()
-            return {"sites-usable": len(self.sites)}
+        if plan.task in preparation.TASKS:
+            return preparation.reduce(self, server_round, plan, replies)
         sites.require_answers(self, replies, plan.task)
         if plan.task == "evaluate" and self.phase == "interim":
             # eval-every: the exact score of the current centroids over all sites

@@ -38,3 +38,27 @@ def site_report(reply: Reply, floor: int) -> dict:
         "score": reply.metrics["sse"] / reply.n_rows,
         "cluster-sizes": [f"<{floor}" if h else int(c) for c, h in zip(counts, hidden)],
     }
+
+
+def table_summary(sites, schema_hash: str | None) -> dict:
+    """What the sites reading their tables through the schema reported, summed: the rows
+    ``drop-row`` dropped and, per column, the missing cells (imputed, or none under the
+    other policies); a site's count under the floor ("<p") is not added but counted in
+    ``sites-under-floor``. Empty without a schema."""
+    if schema_hash is None:
+        return {}
+
+    def add(total: dict, value) -> None:
+        if isinstance(value, int):
+            total["total"] += value
+        else:
+            total["sites-under-floor"] += 1
+
+    dropped = {"total": 0, "sites-under-floor": 0}
+    missing: dict[str, dict] = {}
+    for site in sites:
+        add(dropped, site.table.get("rows-dropped", 0))
+        cells = site.table.get("cells-missing", {})
+        for column, value in (cells.items() if isinstance(cells, dict) else ()):
+            add(missing.setdefault(column, {"total": 0, "sites-under-floor": 0}), value)
+    return {"schema-hash": schema_hash, "rows-dropped": dropped, "cells-missing": missing}

@@ -3,7 +3,8 @@
 rounds each has answered under its own ``max-rounds`` policy (``common/site_policy.py``).
 
 Admission: the majority width is the federation's; a site of another width, a
-duplicate site id, or columns named differently from the majority's is rejected with
+duplicate site id, a schema other than the run's (both hashes named), or columns named
+differently from the majority's is rejected with
 the reason (``rejected-sites``), and the run stops when fewer than ``min-sites`` remain.
 After a resume every site must be the checkpoint's site of the same id, size and width.
 """
@@ -13,12 +14,13 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.common.logger import log
 
 from fedcluster.common import protocol, scaling
+from fedcluster.common.schema import run_schema
 
 from fedcluster.strategies import private
 from fedcluster.strategies.errors import FederationError, SiteFailure
@@ -40,6 +42,9 @@ class Site:
     # common/site_policy.py). A site at its limit is not asked again.
     max_rounds: int | None = None
     rounds_answered: int = 0
+    # A table read through the schema: the rows it dropped and its missing cells per
+    # column, as it reported them (counts, "<p" under the floor).
+    table: dict = field(default_factory=dict)
 
     @property
     def at_limit(self) -> bool:
@@ -76,6 +81,8 @@ def admit(strategy, replies: list[Reply]) -> None:
         n_features = int(r.metrics["n-features"])
         if r.site_key in strategy.sites:
             strategy.rejected[r.site_key] = f"duplicate site id {r.site_key!r} (node {r.node_id})"
+        elif (mismatch := schema_mismatch(strategy.config.schema_file, r)) is not None:
+            strategy.rejected[r.site_key] = mismatch
         elif n_features != width:
             strategy.rejected[r.site_key] = (
                 f"its data has {n_features} columns but the other sites have {width}"
@@ -93,12 +100,42 @@ def admit(strategy, replies: list[Reply]) -> None:
                     if k in r.metrics
                 },
                 max_rounds=declared_max_rounds(r),
+                table=table_facts(r),
             )
             continue
         log(logging.ERROR, "site %s rejected: %s", r.site_key, strategy.rejected[r.site_key])
     check_feature_names(strategy)
     if len(strategy.sites) < strategy.config.min_sites:
         raise FederationError(too_few(strategy, f"{len(strategy.sites)} usable site(s)"))
+
+
+def schema_mismatch(schema_path: str, reply: Reply) -> str | None:
+    """Why a site's table does not follow the run's schema (None: it does); both hashes
+    are named."""
+    run = run_schema(schema_path)
+    expected = None if run is None else run[1]
+    held = reply.metrics.get(protocol.SCHEMA_HASH)
+    if expected == held:
+        return None
+    if expected is None:
+        return (f"it reads its table through a schema (sha256 {held}), but the run names "
+                "none (run config 'schema')")
+    if held is None:
+        return (f"the run's schema is sha256 {expected}, but this site reads its table "
+                "without one (node-config 'schema-path')")
+    return f"it holds another schema: sha256 {held}; the run's is sha256 {expected}"
+
+
+def table_facts(reply: Reply) -> dict:
+    """A site's reported rows dropped and missing cells (empty without a schema)."""
+    facts = {}
+    for key in (protocol.ROWS_DROPPED, protocol.CELLS_MISSING):
+        if key in reply.metrics:
+            try:
+                facts[key] = json.loads(str(reply.metrics[key]))
+            except ValueError:
+                facts[key] = str(reply.metrics[key])
+    return facts
 
 
 def readmit(strategy, replies: list[Reply]) -> None:
@@ -247,18 +284,26 @@ def sample(strategy, usable: list[Site]) -> list[Site]:
     return [usable[i] for i in chosen]
 
 
-def fix_transform(strategy, replies: list[Reply]) -> None:
-    """The global transform from the statistics round; sites without valid statistics
-    leave the run (their rows would be clustered unscaled by the others' transform)."""
+def keep_answering(strategy, replies: list[Reply], what: str) -> None:
+    """Only the sites that answered round ``what`` stay in the run (the others are
+    rejected with the reason their reply gave)."""
     answered = {r.site_key for r in replies}
     for key in [k for k in strategy.sites if k not in answered]:
         del strategy.sites[key]
         said = [f for f in strategy.round_failures if f.startswith(f"site {key}: ")]
-        strategy.rejected[key] = ("no valid reply to the statistics round (scale)"
+        strategy.rejected[key] = (f"no valid reply to {what}"
                                   + (f": {said[0][len(f'site {key}: '):]}" if said else ""))
         log(logging.ERROR, "site %s rejected: %s", key, strategy.rejected[key])
     if len(strategy.sites) < strategy.config.min_sites or not replies:
-        raise FederationError(too_few(strategy, f"{len(strategy.sites)} site(s) sent statistics"))
+        raise FederationError(too_few(strategy, f"{len(strategy.sites)} site(s) answered {what}"))
+
+
+def fix_transform(strategy, replies: list[Reply]) -> None:
+    """The global transform from the statistics round (after the imputation's fill, if
+    any); sites without valid statistics leave the run (their rows would be clustered
+    unscaled by the others' transform)."""
+    keep_answering(strategy, replies, "the statistics round (scale)")
+    fill = None if strategy.transform is None else strategy.transform.fill
     counts = [r.n_rows for r in replies]
     if strategy.config.scale == "standard":
         means = [r.arrays.means for r in replies]
@@ -272,3 +317,4 @@ def fix_transform(strategy, replies: list[Reply]) -> None:
         minima = [r.arrays.minima for r in replies]
         maxima = [r.arrays.maxima for r in replies]
         strategy.transform = scaling.minmax_transform(minima, maxima)
+    strategy.transform = strategy.transform.with_fill(fill)

@@ -34,7 +34,7 @@ class TaskPlan:
     seed_base: tuple[int, ...] | None = None
     carries: "TaskPlan | None" = None
     # A carried task's replies as received (node id -> arrays, metrics, rows), validated
-    # once the describe round has admitted the sites (``first_task.py``).
+    # once the describe round has admitted the sites (``preparation.py``).
     received: dict = field(default_factory=dict)
 
     @property

@@ -122,6 +122,8 @@ def validate(
         return _evaluation(reply, metrics, expect, n_rows)
     if isinstance(reply, (protocol.Moments, protocol.Range)):
         return _per_feature(reply, d)
+    if isinstance(reply, protocol.MissingStats):
+        return _missing_stats(reply, expect, n_rows)
     if isinstance(reply, protocol.Distances):
         values = reply.distances
         _shape("per-cluster values", values, (k,))
@@ -173,6 +175,32 @@ def _per_feature(reply, d: int):
     if isinstance(reply, protocol.Range) and np.any(reply.minima > reply.maxima):
         raise ReplyError("minima exceed maxima")
     return reply
+
+
+def _missing_stats(reply: protocol.MissingStats, expect: Expect, n_rows: int):
+    """Imputation statistics: per feature a finite sum and a count of present cells (0,
+    or at least the floor, at most the rows); histograms of ``max_rows`` bins (the
+    schema's median-bins), each bin 0 or at least the floor, summing to at most the
+    feature's count."""
+    d = expect.n_features
+    _shape("present-cell sums", reply.sums, (d,))
+    _finite("present-cell sums", reply.sums)
+    _shape("present-cell counts", reply.counts, (d,))
+    counts = np.asarray(reply.counts)
+    _finite("present-cell counts", counts)
+    if np.any(counts < 0) or np.any(counts != np.round(counts)) or np.any(counts > n_rows) \
+            or np.any((counts > 0) & (counts < expect.floor)):
+        raise ReplyError(f"a present-cell count is negative, not whole, over the site's {n_rows} "
+                         f"rows or under the privacy floor {expect.floor}")
+    _shape("histograms", reply.histograms, (d, expect.max_rows))
+    bins = np.asarray(reply.histograms)
+    _finite("histograms", bins)
+    if np.any(bins < 0) or np.any(bins != np.round(bins)) or np.any((bins > 0) & (bins < expect.floor)):
+        raise ReplyError("histograms hold a bin that is negative, not whole, or under the "
+                         f"privacy floor {expect.floor}")
+    if np.any(bins.sum(axis=1) > counts):
+        raise ReplyError("a histogram holds more values than its feature's present cells")
+    return protocol.MissingStats(reply.sums.astype(np.float64), counts, bins.astype(np.int64))
 
 
 def _fuzzy_sums(metrics: dict, n_rows: int, k: int) -> None:

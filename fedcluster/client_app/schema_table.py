@@ -1,0 +1,111 @@
+"""A site's table read through the agreed schema (node config ``schema-path``).
+
+The file (``table_files.read_table``: CSV, TSV) is encoded against the schema
+(``common/table_encoding.py``: columns found by name or alias in any order, units
+converted, ranges checked, categories one-hot, ``drop-row`` applied), and the result is
+cached as a memory-mapped float64 ``.npy`` keyed by the file (path, size, mtime), the
+schema's hash and the declared units, so a later round's fresh process only maps it, as
+for a plain CSV (``site_data.load_site_file``). A cell whose policy is ``impute-mean``
+or ``impute-median`` stays NaN in the cache: the run's pooled fill
+(``common/imputation.py``) arrives with every task, in its transform.
+
+Every problem is a ``SiteDataError`` naming the file, and where it applies the row,
+column and value; a site with such a file fails its own start with that message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from fedcluster.client_app import site_data
+from fedcluster.client_app.site_data import SiteData, SiteDataError, TableFacts
+from fedcluster.client_app.table_files import read_table
+from fedcluster.client_app.tables import encode_labels
+from fedcluster.common import kernels
+from fedcluster.common.schema import Schema, schema_hash
+from fedcluster.common.table_encoding import encode_table
+
+logger = logging.getLogger(__name__)
+TABLE_CACHE_FORMAT = "fedcluster-schema-table-v1"
+
+
+def table_cache_key(path: str | os.PathLike, digest: str, units: dict[str, str] | None) -> str:
+    """The cache key: the file's own (``site_data.cache_key``), the schema's hash and
+    the declared units."""
+    text = "\0".join([TABLE_CACHE_FORMAT, site_data.cache_key(path), digest,
+                      json.dumps(units or {}, sort_keys=True)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def encode_site_table(path: Path, schema: Schema, units: dict[str, str] | None,
+                      digest: str) -> tuple[SiteData, dict]:
+    """Read and encode the file (no cache): the site's data and the facts to cache."""
+    header, columns = read_table(path)
+    table = encode_table(header, columns, schema, str(path), units)
+    labels = label_names = None
+    if table.labels is not None:
+        code_of: dict[str, int] = {}
+        codes = np.asarray([code_of.setdefault(v, len(code_of)) for v in table.labels.tolist()],
+                           dtype=np.int64)
+        labels, label_names = encode_labels(list(code_of), codes)
+    facts = TableFacts(schema, digest, table.rows_dropped, dict(table.cells_missing))
+    data = SiteData(X=table.X, feature_names=tuple(table.names), labels=labels,
+                    source=str(path), label_names=label_names, table=facts)
+    return data, {"rows-dropped": table.rows_dropped, "cells-missing": table.cells_missing}
+
+
+def load_schema_table(path: str | os.PathLike, schema: Schema, *,
+                      units: dict[str, str] | None = None,
+                      cache_dir: str | os.PathLike | None = None,
+                      min_rows: int = 1) -> SiteData:
+    """The site's rows encoded against ``schema`` (NaN where the run will impute),
+    through the memory-mapped cache.
+
+    Raises
+    ------
+    SiteDataError
+        The file is missing or unreadable, does not fit the schema (the message names
+        file, row, column, value), or keeps fewer than ``min_rows`` rows.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise SiteDataError(f"data-path '{path}' does not exist")
+    if path.is_dir():
+        raise SiteDataError(f"data-path '{path}' is a directory, not a data file")
+    digest = schema_hash(schema)
+    base = Path(cache_dir if cache_dir is not None else site_data.default_cache_dir()) / \
+        table_cache_key(path, digest, units)
+    cached = site_data._read_cache(base, str(path))
+    if cached is not None:
+        try:
+            meta = json.loads(site_data._sibling(base, ".json").read_text())
+            facts = TableFacts(schema, digest, int(meta["rows-dropped"]),
+                               {str(k): int(v) for k, v in meta["cells-missing"].items()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            cached = None  # a damaged sidecar: encode again
+        else:
+            kernels.check_rows(cached.X, str(path), min_rows, error=SiteDataError)
+            return SiteData(cached.X, cached.feature_names, cached.labels, cached.source,
+                            cached.label_names, facts)
+    data, facts_meta = encode_site_table(path, schema, units, digest)
+    kernels.check_rows(data.X, str(path), min_rows, error=SiteDataError)
+    try:
+        site_data._write_cache(base, data, os.path.realpath(path),
+                               {"schema-hash": digest, "units": units or {}, **facts_meta})
+    except OSError as error:
+        logger.warning("%s: cannot write the data cache in %s (%s); encoding in memory "
+                       "every round", path, base.parent, error)
+        data.X.setflags(write=False)
+        return data
+    cached = site_data._read_cache(base, str(path))
+    if cached is None:
+        data.X.setflags(write=False)
+        return data
+    return SiteData(cached.X, cached.feature_names, cached.labels, cached.source,
+                    cached.label_names, data.table)

@@ -1,0 +1,74 @@
+"""Site tasks that report over ALL the site's rows, never per cluster: its description,
+the imputation statistics, the scaling statistics and the bounding box. Each is refused
+by a site with fewer rows than the privacy floor (``task_io.refuse_under_floor``).
+
+``describe``
+    Size, width and feature names, so the server can check that sites agree; a table
+    read through a schema adds the schema's hash and, as counts (``"<p"`` under the
+    floor), the rows ``drop-row`` dropped and the missing cells per column.
+``impute_stats``
+    Per encoded feature, the sum and count of its present cells and (``impute-median``)
+    their histogram over the schema's range, under the floor (``common/imputation.py``).
+``stats``
+    Per-feature aggregates for the global scaling (``scale``): mean, sum of deviations
+    and M2 (``standard``) or minimum and maximum (``minmax``); ``common/scaling.py``.
+``bounds``
+    Per-feature minimum and maximum (random initialisation in the federated box).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from fedcluster.client_app.differencing_guard import OFF
+from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.task_io import TaskError, TaskReply, refuse_under_floor
+from fedcluster.common import protocol, scaling
+from fedcluster.common.imputation import imputation_plan, site_missing_stats
+
+
+def _count(value: int, floor: int) -> int | str:
+    """A count as a site reports it: ``"<p"`` when it is 1..p-1."""
+    return f"<{floor}" if 0 < value < floor else int(value)
+
+
+def describe(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+    refuse_under_floor(site, floor, "it cannot join")
+    names = list(site.feature_names) if site.feature_names is not None else []
+    metrics = {"n-features": site.n_features, "feature-names": json.dumps(names)}
+    if site.table is not None:
+        metrics[protocol.SCHEMA_HASH] = site.table.schema_hash
+        metrics[protocol.ROWS_DROPPED] = json.dumps(_count(site.table.rows_dropped, floor))
+        metrics[protocol.CELLS_MISSING] = json.dumps(
+            {name: _count(n, floor) for name, n in site.table.cells_missing.items()})
+    return TaskReply(metrics=metrics)
+
+
+def impute_stats(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+    """The imputation round: per encoded feature, sums, counts and histograms of the
+    present cells (never a row), from the site's own schema."""
+    refuse_under_floor(site, floor, "it sends no imputation statistics")
+    if site.table is None:
+        raise TaskError(f"{site.source}: the run imputes missing cells, but this site's "
+                        "table is not read through a schema (node-config 'schema-path')")
+    plan = imputation_plan(site.table.schema)
+    return TaskReply(arrays=protocol.MissingStats(*site_missing_stats(site.X, plan, floor)))
+
+
+def stats(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+    """The statistics round: per-feature aggregates over ALL rows (never a row), refused
+    by a site with fewer rows than the privacy floor."""
+    refuse_under_floor(site, floor, "it sends no statistics")
+    kind = params.get("scale")
+    if kind == "standard":
+        return TaskReply(arrays=protocol.Moments(*scaling.site_moments(site.X)))
+    if kind == "minmax":
+        return TaskReply(arrays=protocol.Range(*scaling.site_range(site.X)))
+    raise TaskError(f"task parameter 'scale' must be 'standard' or 'minmax', got {kind!r}")
+
+
+def bounds(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+    refuse_under_floor(site, floor, "it sends no bounds")
+    return TaskReply(arrays=protocol.Range(np.min(site.X, axis=0), np.max(site.X, axis=0)))

@@ -1,0 +1,148 @@
+"""A site's own settings (``flower-supernode --node-config``), validated: its data, its
+privacy floor, its policy, its ledgers. A bad key or value raises ``ConfigError`` naming
+the key (the run config: ``config.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field, ValidationError, field_validator
+
+from fedcluster.common.algorithms import ALGORITHMS
+from fedcluster.common.config import ConfigError, _format, _kebab, _Strict
+
+__all__ = ["ConfigError", "NodeConfig", "parse_node_config"]
+
+
+class NodeConfig(_Strict):
+    """A site's own settings (``flower-supernode --node-config``)."""
+
+    model_config = ConfigDict(
+        alias_generator=_kebab, populate_by_name=True, extra="ignore", frozen=True
+    )
+
+    data_path: str | None = None
+    label_column: str | None = None
+    min_cluster_size: int = Field(1, ge=1, description="the site's own privacy floor")
+    cache_dir: str | None = None
+    # CSV column selection: `columns` (comma-separated header names, in this order) and an
+    # `id-column` that is dropped before anything else.
+    columns: tuple[str, ...] | None = None
+    id_column: str | None = None
+    site_id: str | None = None
+    # A table read through the agreed schema (docs/reference/schema.md): its file, and
+    # the units of columns whose header does not say ("glucose=mmol/L,crea=umol/L").
+    schema_path: str | None = None
+    units: dict[str, str] | None = None
+    # Site policy (fedcluster/common/site_policy.py): the most task rounds of one run the
+    # site answers (describe excluded), and the algorithms it takes part in (None: all).
+    max_rounds: int | None = Field(None, ge=1, description="task rounds answered per run")
+    allow_algorithms: tuple[str, ...] | None = None
+    # The fewest rows with which the site takes part at all (a smaller site's aggregates
+    # are close to its rows); checked before every task, describe included.
+    min_site_rows: int = Field(10, ge=1, description="the site's own minimum size")
+    # The differencing guard (client_app/differencing_guard.py): never report a cluster
+    # whose rows differ from an earlier reported cluster's by 1..p-1 (on by default).
+    differencing_guard: bool = True
+    # Refuse a task the guard would answer with an earlier cluster or withhold one in.
+    guard_refuse: bool = False
+    # The site's DP budget for its data across ALL runs ("epsilon" or "epsilon,delta";
+    # client_app/privacy_budget.py), and whether it answers only DP tasks.
+    dp_budget: tuple[float, float] | None = None
+    require_dp: bool = False
+    # Whether the site sends its per-feature minima and maxima (each one person's value).
+    allow_minmax: bool = False
+    # The disclosure ledger (client_app/disclosure_ledger.py): a JSONL file, "off" for none.
+    ledger_path: str | None = None
+    # Set by Flower's simulation engine.
+    partition_id: int | None = None
+    num_partitions: int | None = None
+
+    @field_validator("site_id", "data_path", "label_column", "cache_dir", "id_column", "ledger_path",
+                     "schema_path", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> str | None:
+        return None if value is None or value == "" else str(value)
+
+    @field_validator("units", mode="before")
+    @classmethod
+    def _unit_list(cls, value: Any) -> dict[str, str] | None:
+        if value is None or value == "":
+            return None
+        if isinstance(value, dict):
+            return {str(k).strip(): str(v).strip() for k, v in value.items()}
+        units = {}
+        for item in str(value).split(","):
+            name, sep, unit = item.partition("=")
+            if not sep or not name.strip() or not unit.strip():
+                raise ValueError(f"{item!r} is not COLUMN=UNIT; write e.g. "
+                                 "'glucose=mmol/L,creatinine=umol/L'")
+            units[name.strip()] = unit.strip()
+        return units
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _column_list(cls, value: Any) -> tuple[str, ...] | None:
+        # Flower's node config holds scalars only, so the list is one comma-separated string.
+        if value is None or value == "":
+            return None
+        names = [str(name).strip() for name in (value.split(",") if isinstance(value, str) else value)]
+        if any(not name for name in names):
+            raise ValueError(f"{value!r} has an empty column name; write names separated by commas")
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"{value!r} names {', '.join(duplicates)} more than once")
+        return tuple(names)
+
+
+    @field_validator("dp_budget", mode="before")
+    @classmethod
+    def _budget(cls, value: Any) -> tuple[float, float] | None:
+        if value is None or value == "":
+            return None
+        parts = [p.strip() for p in str(value).split(",")] if not isinstance(value, (int, float)) \
+            else [str(value)]
+        try:
+            epsilon = float(parts[0])
+            delta = float(parts[1]) if len(parts) == 2 else 1e-5
+        except ValueError:
+            parts = []
+        if len(parts) not in (1, 2) or not epsilon > 0 or not 0 < delta < 1:
+            raise ValueError(f"{value!r} is not 'epsilon' or 'epsilon,delta' with epsilon > 0 "
+                             "and 0 < delta < 1 (delta defaults to 1e-5)")
+        return epsilon, delta
+
+    @field_validator("max_rounds", mode="before")
+    @classmethod
+    def _not_bool(cls, value: Any) -> Any:
+        # pydantic would read `true` as 1; a policy limit must be written as a number.
+        if isinstance(value, bool):
+            raise ValueError("must be a whole number of rounds >= 1, not a boolean")
+        return value
+
+    @field_validator("allow_algorithms", mode="before")
+    @classmethod
+    def _algorithm_list(cls, value: Any) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        names = [str(n).strip() for n in (value.split(",") if isinstance(value, str) else value)]
+        if not any(names):
+            # An empty list would refuse every run; leaving the key out allows all.
+            raise ValueError("is empty; name at least one algorithm, or leave the key out "
+                             "to allow every algorithm")
+        if any(not name for name in names):
+            raise ValueError(f"{value!r} has an empty algorithm name; separate names by commas")
+        unknown = [name for name in names if name not in ALGORITHMS]
+        if unknown:
+            raise ValueError(f"unknown algorithm(s) {', '.join(map(repr, unknown))}; "
+                             f"known: {', '.join(ALGORITHMS)}")
+        return tuple(dict.fromkeys(names))
+
+
+
+def parse_node_config(values: dict[str, Any]) -> NodeConfig:
+    """Validate a site's node config."""
+    try:
+        return NodeConfig.model_validate({_kebab(k): v for k, v in values.items()})
+    except ValidationError as err:
+        raise ConfigError(_format(err, "node-config")) from None

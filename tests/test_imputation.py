@@ -1,0 +1,257 @@
+"""Tables read through the agreed schema, end to end in process (issue 20): the pooled
+imputation round, the schema's hash checked at describe, a site whose file does not fit
+failing its own start while the run goes on, and the result equal to central k-means on
+the pooled table encoded and imputed the same way."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+from sklearn.preprocessing import StandardScaler
+
+from fedcluster.client_app.schema_table import load_schema_table
+from fedcluster.client_app.site_data import SiteDataError
+from fedcluster.client_app.table_files import read_table
+from fedcluster.common.clinical_demo import write_clinical
+from fedcluster.common.imputation import (
+    histogram_median, imputation_plan, pooled_fill, site_missing_stats,
+)
+from fedcluster.common.scaling import FeatureTransform
+from fedcluster.common.schema import load_schema, parse_schema, schema_hash
+from fedcluster.common.table_encoding import encode_table
+from fedcluster.simulation import run_in_process
+
+
+def _schema(**table):
+    return parse_schema({**table, "columns": [
+        {"name": "a"},
+        {"name": "b", "range": [0, 100], "missing": "impute-median"},
+        {"name": "c", "type": "categorical", "categories": ["x", "y"],
+         "missing-indicator": True},
+    ]})
+
+
+# ------------------------------------------------------------------ the maths
+def test_plan_follows_the_encoded_features():
+    plan = imputation_plan(_schema(missing="impute-mean"))
+    # a, b, c=x, c=y, "c missing"
+    assert plan.policies == ("mean", "median", "mean", "mean", None)
+    assert plan.ranges[1] == (0, 100) and plan.ranges[0] is None
+    assert not imputation_plan(_schema(missing="drop-row")).policies[0]
+
+
+def test_site_statistics_withhold_what_is_under_the_floor():
+    plan = imputation_plan(_schema(missing="impute-mean"))
+    X = np.array([[1.0, 10.0, 1, 0, 0], [np.nan, 10.2, 0, 1, 0], [3.0, 90.0, np.nan, np.nan, 1],
+                  [np.nan, np.nan, 1, 0, 0]])
+    sums, counts, hist = site_missing_stats(X, plan, floor=2)
+    assert counts.tolist() == [2, 3, 3, 3, 0] and sums[0] == 4.0
+    # b's histogram: two values in one bin (kept), 90 alone in its bin (withheld)
+    assert hist[1].sum() == 2 and hist[1].max() == 2
+    sums, counts, hist = site_missing_stats(X, plan, floor=3)
+    assert counts[0] == 0 and sums[0] == 0.0  # a: 2 present cells < 3: withheld whole
+
+
+def test_pooled_fill_is_the_pooled_mean_and_the_binned_median():
+    rng = np.random.default_rng(0)
+    plan = imputation_plan(_schema(missing="impute-mean"))
+    sites = []
+    for n in (300, 500):
+        X = np.column_stack([rng.normal(5, 2, n), rng.uniform(0, 100, n),
+                             *np.eye(2)[rng.integers(0, 2, n)].T, np.zeros(n)])
+        X[rng.random(n) < 0.2, 0] = np.nan
+        X[rng.random(n) < 0.2, 1] = np.nan
+        sites.append(X)
+    stats = [site_missing_stats(X, plan, floor=1) for X in sites]
+    fill = pooled_fill(plan, [s[1] for s in stats], [s[0] for s in stats], [s[2] for s in stats])
+    pooled = np.vstack(sites)
+    assert fill[0] == pytest.approx(np.nanmean(pooled[:, 0]), rel=1e-12)
+    assert abs(fill[1] - np.nanmedian(pooled[:, 1])) <= 100 / plan.bins
+    assert fill[2] == pytest.approx(np.mean(pooled[:, 2]), rel=1e-12) and np.isnan(fill[4])
+    with pytest.raises(ValueError, match="feature 0: no site reported a present value"):
+        pooled_fill(plan, [np.zeros(5)], [np.zeros(5)], [np.zeros((5, plan.bins))])
+
+
+def test_histogram_median_interpolates_in_its_bin():
+    assert histogram_median(np.array([0, 2, 2, 0]), 0.0, 4.0) == pytest.approx(2.0)
+    assert histogram_median(np.array([1, 0, 0, 1]), 0.0, 4.0) == pytest.approx(1.0)
+
+
+def test_the_transform_carries_the_fill_exactly():
+    fill = np.array([0.1 + 0.2, np.nan, 7.0])
+    transform = FeatureTransform("standard", np.array([1.0, 2, 3]), np.array([2.0, 1, 4]), fill)
+    again = FeatureTransform.decode(transform.encode())
+    assert again.fill[0] == fill[0] and np.isnan(again.fill[1])
+    X = np.array([[np.nan, np.nan, np.nan], [3.0, 4.0, 5.0]])
+    out = again.apply(X)
+    assert out[0, 0] == (fill[0] - 1) / 2 and np.isnan(out[0, 1]) and out[0, 2] == 1.0
+    assert FeatureTransform.fill_only(fill).apply(X)[1].tolist() == [3.0, 4.0, 5.0]
+
+
+# ---------------------------------------------------------- the clinical demo
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("clinical")
+    paths = write_clinical(out, n_sites=3, seed=0)
+    return out, paths[0], paths[1:]
+
+
+def _nodes(schema_path, paths, cache):
+    return [{"data-path": str(p), "schema-path": str(schema_path), "site-id": str(i),
+             "cache-dir": str(cache)} for i, p in enumerate(paths)]
+
+
+def _pooled_reference(schema_path, paths):
+    """The pooled table encoded as every site encodes it, imputed with the pooled means of
+    its present cells (central imputation), then standardised."""
+    schema = load_schema(schema_path)
+    tables = []
+    for p in paths:
+        header, columns = read_table(p)
+        tables.append(encode_table(header, columns, schema, str(p)))
+    X = np.vstack([t.X for t in tables])
+    means = np.nanmean(X, axis=0)
+    X = np.where(np.isnan(X), means, X)
+    return StandardScaler().fit_transform(X), means
+
+
+def test_dwf_with_impute_mean_equals_central_kmeans_on_the_pooled_table(demo, tmp_path):
+    out, schema_path, paths = demo
+    Z, means = _pooled_reference(schema_path, paths)
+    C0 = Z[np.random.default_rng(1).choice(len(Z), 4, replace=False)]
+    rounds = 6
+    result = run_in_process(
+        _nodes(schema_path, paths, tmp_path / "cache"),
+        {"algorithm": "dwf", "n-clusters": 4, "schema": str(schema_path), "scale": "standard",
+         "num-rounds": rounds, "tol": 0.0, "min-cluster-size": 1, "central-baseline": False,
+         "output-dir": str(tmp_path / "out")},
+        initial_centroids=C0)
+    tasks = [h["task"] for h in result.history]
+    assert tasks[:2] == ["describe+impute_stats", "stats"]
+    # the fill is the pooled mean of the present cells (central imputation)
+    fill = result.model.scaling.fill
+    names = load_schema(schema_path).feature_names()
+    assert [n for n, v in zip(names, fill) if np.isnan(v)] == ["smoking missing"]
+    np.testing.assert_allclose(fill[~np.isnan(fill)], means[~np.isnan(fill)], rtol=1e-12)
+    central = KMeans(4, init=C0, n_init=1, max_iter=rounds, tol=0.0, algorithm="lloyd").fit(Z)
+    np.testing.assert_allclose(result.model.centroids, central.cluster_centers_, rtol=0, atol=1e-9)
+    assert result.model.metrics["inertia"] == pytest.approx(central.inertia_, rel=1e-9)
+    # the run summary sums the sites' counts of imputed cells (none under the floor here)
+    table = result.metrics["table"]
+    assert table["schema-hash"] == schema_hash(load_schema(schema_path))
+    glucose = sum(sum(not c.strip() for c in read_table(p)[1][
+        [h.split(" [")[0] for h in read_table(p)[0]].index("glucose")]) for p in paths)
+    assert table["cells-missing"]["glucose"] == {"total": glucose, "sites-under-floor": 0}
+    assert table["rows-dropped"]["total"] == 0
+
+
+def test_a_site_with_another_schema_is_rejected_naming_both_hashes(demo, tmp_path):
+    out, schema_path, paths = demo
+    other = tmp_path / "other.toml"
+    other.write_text(schema_path.read_text().replace('missing = "impute-mean"',
+                                                     'missing = "impute-mean"\nmedian-bins = 50', 1))
+    nodes = _nodes(schema_path, paths, tmp_path / "cache")
+    nodes[2]["schema-path"] = str(other)
+    result = run_in_process(nodes, {"n-clusters": 4, "schema": str(schema_path),
+                                    "central-baseline": False, "output-dir": str(tmp_path / "out")})
+    reason = result.metrics["rejected-sites"]["2"]
+    assert schema_hash(load_schema(other)) in reason and schema_hash(load_schema(schema_path)) in reason
+    assert result.metrics["n-rows"] == sum(len(read_table(p)[1][0]) for p in paths[:2])
+
+
+def test_a_file_that_does_not_fit_fails_its_own_start_and_the_run_goes_on(demo, tmp_path):
+    out, schema_path, paths = demo
+    header, columns = read_table(paths[1])
+    j = header.index("sex")
+    columns[j][4] = "unknown-sex"
+    broken = tmp_path / "broken.csv"
+    broken.write_text("\n".join(",".join(row) for row in [header, *zip(*columns)]) + "\n")
+    with pytest.raises(SiteDataError, match=r"broken.csv: row 5, column 'sex': 'unknown-sex' is not"):
+        load_schema_table(broken, load_schema(schema_path), cache_dir=tmp_path / "c1")
+    nodes = _nodes(schema_path, [paths[0], broken, paths[2]], tmp_path / "cache")
+    result = run_in_process(nodes, {"n-clusters": 4, "schema": str(schema_path),
+                                    "central-baseline": False, "output-dir": str(tmp_path / "out")})
+    assert "row 5, column 'sex'" in result.metrics["rejected-sites"]["1"]
+    assert result.metrics["n-rows"] == sum(len(read_table(p)[1][0]) for p in (paths[0], paths[2]))
+
+
+def test_describe_reports_counts_and_the_cache_keeps_them(demo, tmp_path):
+    out, schema_path, paths = demo
+    schema = load_schema(schema_path)
+    first = load_schema_table(paths[0], schema, cache_dir=tmp_path / "c")
+    again = load_schema_table(paths[0], schema, cache_dir=tmp_path / "c")
+    assert isinstance(again.X, np.memmap)  # the second load maps the cache
+    assert again.table.cells_missing == first.table.cells_missing
+    assert first.table.cells_missing["glucose"] > 0 and first.table.has_missing
+    np.testing.assert_array_equal(again.X, first.X)
+    from fedcluster.client_app.site_statistics import describe
+    metrics = describe(again, [], {}, floor=2).metrics
+    assert metrics["schema-hash"] == schema_hash(schema)
+    assert json.loads(metrics["cells-missing"])["glucose"] == first.table.cells_missing["glucose"]
+
+
+# ------------------------------------------------------ the leakage audit (3)
+AUDIT_FLOOR = 5
+
+
+def _sparse_crp_site(schema_path, paths, tmp_path):
+    """Site 1 with only 3 present crp cells (under the floor): its crp figures must be
+    withheld; and a schema whose crp is imputed by the median (histograms sent)."""
+    header, columns = read_table(paths[1])
+    j = header.index("crp")
+    present = [i for i, cell in enumerate(columns[j]) if cell.strip()]
+    for i in present[3:]:
+        columns[j][i] = ""
+    sparse = tmp_path / "site-1-sparse.csv"
+    sparse.write_text("\n".join(",".join(row) for row in [header, *zip(*columns)]) + "\n")
+    text = schema_path.read_text()
+    marker = 'name = "crp"'
+    assert marker in text
+    median = tmp_path / "schema-median.toml"
+    median.write_text(text.replace(marker, marker + '\nmissing = "impute-median"', 1))
+    return median, [paths[0], sparse, paths[2]]
+
+
+def test_leakage_audit_of_the_imputation_round(demo, tmp_path):
+    out, schema_path, paths = demo
+    schema_path, paths = _sparse_crp_site(schema_path, paths, tmp_path)
+    schema = load_schema(schema_path)
+    from fedcluster.simulation import record_parts, serve_in_process
+    from fedcluster.common import scaling
+    records: list[dict] = []
+    serve_in_process(_nodes(schema_path, paths, tmp_path / "cache"),
+                     {"n-clusters": 4, "schema": str(schema_path), "scale": "standard",
+                      "min-cluster-size": AUDIT_FLOOR, "central-baseline": False,
+                      "output-dir": str(tmp_path / "out")}, record_replies=records)
+    sites = [load_schema_table(p, schema, cache_dir=tmp_path / "cache") for p in paths]
+    names = schema.feature_names()
+    crp = names.index("crp")
+    seen_impute = 0
+    for rec in records:
+        site = sites[int(rec["metrics"]["site-key"])]
+        views = [np.asarray(site.X)]
+        if "transform" in rec.get("params", {}):
+            views.append(scaling.scaled_rows(site.X, "audit", str(rec["params"]["transform"])))
+        for task, arrays, metrics in record_parts(rec):
+            for a in map(np.asarray, arrays):
+                assert site.n_rows not in a.shape, (task, a.shape)
+                if a.dtype.kind == "f" and a.shape[-1:] == (len(names),):
+                    rows = a.reshape(-1, len(names))
+                    for view in views:  # no reported vector is one of the site's rows
+                        close = np.abs(rows[:, None] - view[None]) <= 1e-9 * (1 + np.abs(view))
+                        assert not close.all(axis=2).any(), (task, "holds a row")
+            if task == "impute_stats":
+                seen_impute += 1
+                sums, counts, hist = map(np.asarray, arrays)
+                assert not np.any((counts >= 1) & (counts < AUDIT_FLOOR))
+                assert not np.any((hist >= 1) & (hist < AUDIT_FLOOR))
+                assert hist[crp].sum() > 0 or rec["metrics"]["site-key"] == "1"
+                if rec["metrics"]["site-key"] == "1":  # 3 present crp cells: withheld
+                    assert counts[crp] == 0 and sums[crp] == 0 and hist[crp].sum() == 0
+            if "cells-missing" in metrics:
+                for value in json.loads(metrics["cells-missing"]).values():
+                    assert value == f"<{AUDIT_FLOOR}" or value == 0 or value >= AUDIT_FLOOR
+    assert seen_impute == 3
