@@ -153,6 +153,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         model = Model.load(args.model)
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"{args.model}: not a fedcluster model.json ({err})") from None
+    if model.schema is not None:
+        return _predict_through_schema(args, model)
+    if args.units:
+        raise ValueError("--units is for a model trained with a schema (run config `schema`); "
+                         f"{args.model} has none")
     from fedcluster.common.node_config import parse_node_config
 
     node = parse_node_config({"columns": args.columns, "id-column": args.id_column,
@@ -172,6 +177,36 @@ def cmd_predict(args: argparse.Namespace) -> int:
     labels = model.predict(site.X)
     np.savetxt(args.out, labels, fmt="%d", header="cluster", comments="")
     print(f"{args.out}: {len(labels)} labels")
+    return 0
+
+
+def _predict_through_schema(args: argparse.Namespace, model) -> int:
+    """``predict`` with a model that holds its run's schema: the raw table (.csv, .tsv,
+    .parquet) read, encoded, imputed and scaled as in the run; one line per data row of
+    the file, -1 for a row dropped by a drop-row column."""
+    from fedcluster.client_app.table_files import read_table
+
+    given = [f"--{name.replace('_', '-')}" for name in ("columns", "id_column", "label_column")
+             if getattr(args, name) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: the model's schema names the columns; these "
+                         "options are for a model trained without one")
+    units = {}
+    for item in args.units or []:
+        name, sep, unit = item.partition("=")
+        if not sep or not name.strip() or not unit.strip():
+            raise ValueError(f"--units {item!r}: write COLUMN=UNIT, e.g. glucose=mmol/L")
+        units[name.strip()] = unit.strip()
+    header, columns = read_table(args.data)
+    result = model.predict_table(header, columns, source=str(args.data), units=units or None)
+    labels = result.by_row(dropped=-1)
+    np.savetxt(args.out, labels, fmt="%d", header="cluster", comments="")
+    message = f"{args.out}: {len(result.labels)} labels"
+    if len(dropped := result.dropped_rows):
+        shown = ", ".join(str(i + 1) for i in dropped[:20]) + (", ..." if len(dropped) > 20 else "")
+        message += (f"; {len(dropped)} row(s) dropped by the schema's drop-row policy, "
+                    f"written as -1 (data rows {shown})")
+    print(message)
     return 0
 
 
@@ -281,14 +316,27 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument("--out", required=True, help="output directory")
     part.set_defaults(func=cmd_partition)
 
-    pred = sub.add_parser("predict", help="label a site's own rows with model.json")
+    pred = sub.add_parser(
+        "predict", help="label a site's own rows with model.json",
+        description="Label a site's own rows with a trained model.json. A model trained "
+                    "with a schema reads the raw table (.csv, .tsv, .parquet) through it "
+                    "(columns by name or alias, units, categories, the run's fill and "
+                    "scaling); --out then has one line per data row, -1 for a row dropped "
+                    "by a drop-row column.")
     pred.add_argument("--model", required=True)
     pred.add_argument("--data", required=True)
-    pred.add_argument("--label-column", default=None, help="a column to ignore")
+    pred.add_argument("--label-column", default=None,
+                      help="a column to ignore (models without a schema)")
     pred.add_argument("--columns", default=None, metavar="A,B,...",
-                      help="the feature columns, by header name, as the site trained with")
-    pred.add_argument("--id-column", default=None, help="a column to ignore (record ids)")
-    pred.add_argument("--out", required=True)
+                      help="the feature columns, by header name, as the site trained with "
+                           "(models without a schema)")
+    pred.add_argument("--id-column", default=None,
+                      help="a column to ignore, record ids (models without a schema)")
+    pred.add_argument("--units", nargs="*", metavar="COLUMN=UNIT",
+                      help="with a schema: the unit a column of this file is in, when its "
+                           "header does not say")
+    pred.add_argument("--out", required=True,
+                      help="the labels: header 'cluster', one line per row")
     pred.set_defaults(func=cmd_predict)
 
     site = sub.add_parser("site", help="a site's own records").add_subparsers(

@@ -7,6 +7,11 @@ With a run's ``scale``, the clustering happened on scaled rows: the centroids ar
 scaled space, the transform is stored (``scaling``) and applied by ``predict``,
 ``transform``, ``score`` and ``memberships``, which all take raw rows; model.json also
 gives the centroids in original units (``centroids-original``) for people to read.
+
+A run read through a schema (run config ``schema``) stores the schema too (``schema``: it
+is public, every site holds it), and :meth:`Model.predict_table` labels a raw table (a
+header and its columns, as ``client_app.table_files.read_table`` gives them, or any
+columns of text or numbers) with the run's own encoding, imputation and scaling.
 """
 
 from __future__ import annotations
@@ -18,9 +23,42 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.common import kernels
+from fedcluster.common.datasets import SiteDataError
 from fedcluster.common.scaling import FeatureTransform
+from fedcluster.common.schema import Schema, parse_schema
+from fedcluster.common.table_encoding import encode_table
 
 FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TablePrediction:
+    """What :meth:`Model.predict_table` gives.
+
+    Attributes
+    ----------
+    labels : np.ndarray
+        int64 (rows kept,): the index of the nearest centroid of every row that was kept,
+        in the table's order.
+    kept : np.ndarray
+        bool (rows of the table,): False for a row dropped by a ``drop-row`` column (a
+        missing cell), as a site drops it in a run; ``labels`` are those of the True rows.
+    """
+
+    labels: np.ndarray
+    kept: np.ndarray
+
+    @property
+    def dropped_rows(self) -> np.ndarray:
+        """0-based indices of the table's rows that were dropped (data row i + 1)."""
+        return np.flatnonzero(~self.kept)
+
+    def by_row(self, dropped: int = -1) -> np.ndarray:
+        """One label per row of the table, ``dropped`` for a dropped row (-1: the
+        "no cluster" label of scikit-learn's DBSCAN)."""
+        out = np.full(self.kept.shape, dropped, dtype=np.int64)
+        out[self.kept] = self.labels
+        return out
 
 
 @dataclass
@@ -38,6 +76,15 @@ class Model:
     # is then the consensus.
     site_centroids: dict[str, np.ndarray] | None = None
     scaling: FeatureTransform | None = None  # the run's global transform (scale)
+    # The run's table schema (``Schema.model_dump(mode="json", by_alias=True)``; a Schema
+    # is converted), None for a run on arrays or files read without one.
+    schema: dict | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.schema, Schema):
+            self.schema = self.schema.model_dump(mode="json", by_alias=True)
+        # Validated once (SchemaError, a ValueError, names the key); kept parsed.
+        self._schema = None if self.schema is None else parse_schema(self.schema, "model schema")
 
     @property
     def n_clusters(self) -> int:
@@ -64,6 +111,67 @@ class Model:
     def predict(self, X) -> np.ndarray:
         """Index of the nearest centroid for each row (ties: lowest index)."""
         return kernels.assign(self._check(X), self.centroids)[0]
+
+    def predict_table(self, header: list[str], columns: list, source: str = "table",
+                      units: dict[str, str] | None = None) -> TablePrediction:
+        """Label a raw table through the model's schema: encoded as a site encodes its
+        file (columns by name or alias in any order, units from header suffixes such as
+        ``glucose [mmol/L]`` or from ``units``, categories one-hot), missing cells filled
+        with the run's pooled values and scaled by ``scaling``, each row then given its
+        nearest centroid (ties: lowest index).
+
+        Parameters
+        ----------
+        header : list of str
+            The column names.
+        columns : list
+            ``columns[j]``: the cells of ``header[j]`` (text, or numbers).
+        source : str
+            The table's name in error messages (e.g. its path).
+        units : dict, optional
+            Schema column name -> the unit its cells are in; overrides a header suffix.
+
+        Returns
+        -------
+        TablePrediction
+            ``labels`` of the kept rows and ``kept``, the mask of the table's rows that
+            were kept (a row with a missing cell in a ``drop-row`` column is dropped,
+            as in the run); ``by_row()`` gives one label per row, -1 for a dropped one.
+
+        Raises
+        ------
+        ValueError
+            The model was trained without a schema; the schema's features differ from the
+            model's; a cell is still missing after the fill (its column was not imputed
+            in the run), named by feature and row.
+        SiteDataError
+            The table does not fit the schema (a missing column, an unknown unit or
+            category, a cell that is not a number or outside the range, a missing cell under
+            ``missing = "error"``, no row left): the message names source, row, column and
+            value.
+        """
+        schema = self._table_schema()
+        X, kept = _encode_keeping_rows(header, columns, schema, source, units)
+        names = schema.feature_names()
+        if X.shape[1] != self.n_features or (self.feature_names and names != self.feature_names):
+            raise ValueError(f"the model's schema encodes the features {names}, but the model "
+                             f"has {self.n_features}: {self.feature_names}")
+        Z = X if self.scaling is None else self.scaling.apply(X)
+        left = np.isnan(Z)
+        if left.any():
+            i, j = np.argwhere(left)[0]
+            row = int(np.flatnonzero(kept)[i]) + 1
+            raise ValueError(f"{source}: row {row}: feature {names[j]!r} is missing and the "
+                             "model has no value to fill it with (the run did not impute it; "
+                             f"{int(left[:, j].sum())} such row(s))")
+        return TablePrediction(kernels.assign(np.ascontiguousarray(Z), self.centroids)[0], kept)
+
+    def _table_schema(self) -> Schema:
+        if self._schema is None:
+            raise ValueError("this model was trained without a schema (run config `schema`), "
+                             "so it cannot read a raw table: encode the rows as the sites did "
+                             "and use predict(X)")
+        return self._schema
 
     def memberships(self, X) -> np.ndarray:
         """Fuzzy memberships (n, k) of a fuzzy c-means model (Bezdek, m = fuzzifier)."""
@@ -141,6 +249,7 @@ class Model:
                       for key, W in data["site_centroids"].items()}
             ),
             scaling=FeatureTransform.from_dict(data["scaling"]) if data.get("scaling") else None,
+            schema=data.get("schema"),  # absent in a model.json from before schemas
         )
 
     def save(self, path: str | Path) -> None:
@@ -149,6 +258,27 @@ class Model:
     @classmethod
     def load(cls, path: str | Path) -> "Model":
         return cls.from_json(Path(path).read_text())
+
+
+def _encode_keeping_rows(header, columns, schema: Schema, source: str,
+                         units) -> tuple[np.ndarray, np.ndarray]:
+    """``encode_table``'s features and the mask of the rows it keeps (it gives their count
+    only): the table is encoded with every ``drop-row`` column's missing cells left NaN
+    (its policy read as an imputing one: same checks, same errors), and a row with a NaN
+    in such a column is dropped, as ``encode_table`` drops it."""
+    dropping = {c.name for c in schema.features if schema.policy(c) == "drop-row"}
+    if dropping:
+        schema = schema.model_copy(update={"columns": tuple(
+            c.model_copy(update={"missing": "impute-mean"}) if c.name in dropping else c
+            for c in schema.columns)})
+    table = encode_table(header, columns, schema, source, units)
+    kept = np.ones(len(table.X), dtype=bool)
+    for name in dropping:
+        kept &= ~np.isnan(table.X[:, table.blocks[name]]).any(axis=1)
+    if len(kept) and not kept.any():
+        raise SiteDataError(f"{source}: every one of its {len(kept)} rows has a missing cell "
+                            "in a column whose policy is drop-row: no row is left")
+    return table.X[kept], kept
 
 
 def json_default(value):

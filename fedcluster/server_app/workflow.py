@@ -221,6 +221,8 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
         fuzzifier=config.fuzzifier if config.algorithm == "ffcm" else None,
         site_centroids=best.get("site-centroids"),
         scaling=strategy.transform,
+        # The run's schema (public: every site holds it), for predict on a raw table.
+        schema=None if schema is None else schema[0].model_dump(mode="json", by_alias=True),
     )
 
 
