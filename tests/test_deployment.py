@@ -243,3 +243,45 @@ def _text(path: Path) -> str:
         return path.read_text(errors="replace")
     except OSError:
         return ""
+
+
+def test_hospital_tables_through_the_schema_over_grpc(sandbox, tmp_path):
+    """Issue 20, over real processes: three sites hold the clinical demo's tables (missing
+    cells, categories, shuffled columns, one site in other units) and read them through
+    the schema; a fourth holds another schema and is rejected with both hashes named.
+    DWF with the pooled imputation (impute-mean) and scaling ends where the in-process
+    run over the same files and node configs ends, to 1e-9."""
+    from fedcluster.common.clinical_demo import write_clinical
+    from fedcluster.common.schema import load_schema, schema_hash
+    from fedcluster.simulation import run_in_process
+
+    schema, *files = write_clinical(tmp_path / "clinical", n_sites=3, seed=0)
+    other = tmp_path / "other-schema.toml"
+    other.write_text("median-bins = 50\n" + schema.read_text())
+    nodes = {str(i): {"data-path": str(path), "site-id": str(i), "schema-path": str(schema)}
+             for i, path in enumerate(files)}
+    nodes["3"] = {"data-path": str(files[0]), "site-id": "3", "schema-path": str(other)}
+    config = {"n-clusters": 4, "num-rounds": 1, "tol": 0.0, "min-sites": 3, "seed": 1,
+              "schema": str(schema), "scale": "standard"}
+    out = tmp_path / "outputs"
+    with sandbox() as bed:
+        link = bed.superlink(simulation=False)
+        bed.supernodes(link, {f"supernode-{key}": cfg for key, cfg in nodes.items()})
+        bed.connect("dep-tables", link.control_address)
+        bed.run(APP_DIR, "dep-tables", {**config, "output-dir": str(out), "run-name": "tables"},
+                timeout=RUN_TIMEOUT)
+    assert not fp.find_processes(tag=bed.tag, patterns=bed.patterns), "processes left behind"
+
+    model = fedcluster.Model.load(out / "tables" / "model.json")
+    rejected = model.metrics["rejected-sites"]
+    assert list(rejected) == ["3"]
+    assert schema_hash(load_schema(other)) in rejected["3"]
+    assert schema_hash(load_schema(schema)) in rejected["3"]
+    assert [h["task"] for h in model.history[:2]] == ["describe+impute_stats", "stats"]
+    harness = run_in_process([{**nodes[str(i)], "cache-dir": str(tmp_path / "harness-cache")}
+                              for i in range(3)],
+                             {**config, "output-dir": str(tmp_path / "harness")})
+    np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(model.scaling.fill, harness.model.scaling.fill, rtol=1e-15)
+    assert model.metrics["table"] == harness.metrics["table"]
+    assert model.metrics["table"]["cells-missing"]["glucose"]["total"] > 0

@@ -162,19 +162,48 @@ def test_a_site_with_another_schema_is_rejected_naming_both_hashes(demo, tmp_pat
     assert result.metrics["n-rows"] == sum(len(read_table(p)[1][0]) for p in paths[:2])
 
 
-def test_a_file_that_does_not_fit_fails_its_own_start_and_the_run_goes_on(demo, tmp_path):
+def _edit(header, columns, case):
+    """Break a site's table as a real export might."""
+    j = {name.split(" [")[0]: i for i, name in enumerate(header)}
+    if case == "unknown category":
+        columns[j["sex"]][4] = "unknown-sex"
+    elif case == "out of range":
+        columns[j["age"]][6] = "430"
+    elif case == "missing column":
+        k = j["hba1c"]
+        header, columns = header[:k] + header[k + 1:], columns[:k] + columns[k + 1:]
+    elif case == "every row dropped":  # age's policy drop-row, and age missing everywhere
+        columns[j["age"]] = [""] * len(columns[j["age"]])
+    return header, columns
+
+
+BAD_CASES = {  # case -> what the rejection must name
+    "unknown category": ("row 5, column 'sex'", "'unknown-sex' is not one of the schema's categories"),
+    "out of range": ("row 7, column 'age'", "430 is outside the schema's range [0, 120]"),
+    "missing column": ("'hba1c'", "not in the file"),
+    "every row dropped": ("every one of its", "no row is left"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_a_file_that_does_not_fit_fails_its_own_start_and_the_run_goes_on(demo, tmp_path, case):
     out, schema_path, paths = demo
-    header, columns = read_table(paths[1])
-    j = header.index("sex")
-    columns[j][4] = "unknown-sex"
+    if case == "every row dropped":
+        text = schema_path.read_text().replace('name = "age"', 'name = "age"\nmissing = "drop-row"', 1)
+        schema_path = tmp_path / "schema-drop.toml"
+        schema_path.write_text(text)
+    header, columns = _edit(*read_table(paths[1]), case)
     broken = tmp_path / "broken.csv"
     broken.write_text("\n".join(",".join(row) for row in [header, *zip(*columns)]) + "\n")
-    with pytest.raises(SiteDataError, match=r"broken.csv: row 5, column 'sex': 'unknown-sex' is not"):
+    with pytest.raises(SiteDataError) as failure:  # the site's own start
         load_schema_table(broken, load_schema(schema_path), cache_dir=tmp_path / "c1")
+    assert str(failure.value).startswith(str(broken))
+    assert all(part in str(failure.value) for part in BAD_CASES[case]), str(failure.value)
     nodes = _nodes(schema_path, [paths[0], broken, paths[2]], tmp_path / "cache")
     result = run_in_process(nodes, {"n-clusters": 4, "schema": str(schema_path),
                                     "central-baseline": False, "output-dir": str(tmp_path / "out")})
-    assert "row 5, column 'sex'" in result.metrics["rejected-sites"]["1"]
+    assert list(result.metrics["rejected-sites"]) == ["1"]
+    assert str(failure.value) in result.metrics["rejected-sites"]["1"]
     assert result.metrics["n-rows"] == sum(len(read_table(p)[1][0]) for p in (paths[0], paths[2]))
 
 

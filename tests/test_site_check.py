@@ -67,3 +67,39 @@ def test_units_given_on_the_command_line_and_a_bad_schema(tmp_path, schema_path,
     bad.write_text('[[columns]]\nname = "a"\ntype = "categorical"\n')
     assert main(["site", "check", str(data), "--schema", str(bad)]) == 2
     assert "a categorical column needs its list of categories" in capsys.readouterr().err
+
+
+def test_the_tutorial_shows_what_site_check_prints(tmp_path, monkeypatch):
+    """docs/tutorials/hospital-tables.md (must-show 4 of issue 20): its blocks run, then
+    every `fedcluster site check` it shows prints exactly the text block after it."""
+    import contextlib
+    import io
+    import shlex
+
+    from test_docs import ROOT, blocks, run_block
+
+    from fedcluster.cli import main
+
+    page = ROOT / "docs" / "tutorials" / "hospital-tables.md"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDCLUSTER_CACHE_DIR", str(tmp_path / "cache"))
+    found = blocks(page)
+    shown = 0
+    for block, after in zip(found, found[1:]):
+        if block.marker is None and block.language in ("bash", "python"):
+            if "site check" not in block.code:
+                run_block(block, tmp_path, {})
+        if block.language != "bash" or "fedcluster site check" not in block.code:
+            continue
+        argv = shlex.split(block.code.strip().removesuffix("|| true"))[1:]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            try:
+                code = main(argv)
+            except SystemExit as stop:
+                code = stop.code
+        assert after.language == "text", block.where
+        assert out.getvalue().rstrip("\n") == after.code.rstrip("\n"), block.where
+        assert (code == 0) == ("|| true" not in block.code), block.where
+        shown += 1
+    assert shown == 5

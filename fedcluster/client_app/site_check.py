@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.common.imputation import imputation_plan
-from fedcluster.common.schema import MISSING_TOKENS, Schema
+from fedcluster.common.schema import MISSING_TOKENS, Schema, schema_hash
 from fedcluster.client_app.table_files import read_table
 from fedcluster.common.table_encoding import (
     EncodedTable, encode_table, match_columns, numeric_values,
@@ -69,7 +69,8 @@ def survey(header: list[str], columns: list[list[str]], schema: Schema, source: 
 def format_survey(source: str, n_rows: int, columns: list[ColumnSurvey], table: EncodedTable,
                   schema: Schema, floor: int = 2) -> str:
     lines = [f"{source}: {n_rows} rows, {table.X.shape[0]} usable ({table.rows_dropped} dropped "
-             f"by drop-row), {table.X.shape[1]} encoded features", "",
+             f"by drop-row), {table.X.shape[1]} encoded features",
+             f"schema sha256 {schema_hash(schema)} (a run's schema must have the same)", "",
              "column | read from | missing | policy | outside the range | unit read"]
     by_name = {c.name: c for c in schema.features}
     for seen in columns:
