@@ -20,7 +20,7 @@ from fedcluster.common.imputation import (
     histogram_median, imputation_plan, pooled_fill, site_missing_stats,
 )
 from fedcluster.common.scaling import FeatureTransform
-from fedcluster.common.schema import load_schema, parse_schema, schema_hash
+from fedcluster.common.schema import encoded_kinds, load_schema, parse_schema, schema_hash
 from fedcluster.common.table_encoding import encode_table
 from fedcluster.simulation import run_in_process
 
@@ -115,7 +115,11 @@ def _pooled_reference(schema_path, paths):
     X = np.vstack([t.X for t in tables])
     means = np.nanmean(X, axis=0)
     X = np.where(np.isnan(X), means, X)
-    return StandardScaler().fit_transform(X), means
+    # the numeric columns standardised; a category's 0/1 columns (and the missing
+    # indicator) kept as they are (schema.md, category-weight)
+    numeric = np.asarray([kind == "numeric" for kind in encoded_kinds(schema)])
+    X[:, numeric] = StandardScaler().fit_transform(X[:, numeric])
+    return X, means
 
 
 def test_dwf_with_impute_mean_equals_central_kmeans_on_the_pooled_table(demo, tmp_path):
@@ -136,6 +140,10 @@ def test_dwf_with_impute_mean_equals_central_kmeans_on_the_pooled_table(demo, tm
     names = load_schema(schema_path).feature_names()
     assert [n for n, v in zip(names, fill) if np.isnan(v)] == ["smoking missing"]
     np.testing.assert_allclose(fill[~np.isnan(fill)], means[~np.isnan(fill)], rtol=1e-12)
+    levels = np.asarray([kind != "numeric" for kind in encoded_kinds(load_schema(schema_path))])
+    assert levels.sum() == 11  # sex 2, ward 5, smoking 3 and its indicator: not rescaled
+    assert np.all(result.model.scaling.factor[levels] == 1.0)
+    assert np.all(result.model.scaling.shift[levels] == 0.0)
     central = KMeans(4, init=C0, n_init=1, max_iter=rounds, tol=0.0, algorithm="lloyd").fit(Z)
     np.testing.assert_allclose(result.model.centroids, central.cluster_centers_, rtol=0, atol=1e-9)
     assert result.model.metrics["inertia"] == pytest.approx(central.inertia_, rel=1e-9)

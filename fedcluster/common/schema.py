@@ -187,6 +187,17 @@ class Schema(_Strict):
         return names
 
 
+def encoded_kinds(schema: "Schema") -> list[str]:
+    """Per encoded feature (``feature_names`` order): ``numeric``, ``level`` (a category's
+    0/1 column) or ``indicator`` (a missing-indicator's)."""
+    kinds: list[str] = []
+    for column in schema.features:
+        kinds += ["numeric"] if column.type == "numeric" else ["level"] * len(column.categories)
+        if column.missing_indicator:
+            kinds.append("indicator")
+    return kinds
+
+
 def normalise(name: str) -> str:
     """Header names match case- and space-insensitively."""
     return " ".join(str(name).split()).casefold()

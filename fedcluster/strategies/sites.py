@@ -20,7 +20,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from fedcluster.common import protocol, scaling
-from fedcluster.common.schema import run_schema
+from fedcluster.common.schema import encoded_kinds, run_schema
 
 from fedcluster.strategies import private
 from fedcluster.strategies.errors import FederationError, SiteFailure
@@ -317,4 +317,21 @@ def fix_transform(strategy, replies: list[Reply]) -> None:
         minima = [r.arrays.minima for r in replies]
         maxima = [r.arrays.maxima for r in replies]
         strategy.transform = scaling.minmax_transform(minima, maxima)
-    strategy.transform = strategy.transform.with_fill(fill)
+    strategy.transform = unscaled_levels(strategy.transform, strategy.config.schema_file).with_fill(fill)
+
+
+def unscaled_levels(transform, schema_file: str):
+    """A schema's category levels and missing-indicators keep their 0/1 (times the
+    column's ``category-weight``) under ``scale``: standardising a 0/1 column would blow a
+    rare level up to 1/sqrt(q(1 - q)) and let a many-level category outweigh a lab value,
+    while weight 1 already puts two rows of different levels at the squared distance of
+    two random rows of a standardised column (2)."""
+    run = run_schema(schema_file)
+    if run is None:
+        return transform
+    keep = np.asarray([kind != "numeric" for kind in encoded_kinds(run[0])])
+    if keep.shape != transform.shift.shape or not keep.any():
+        return transform
+    shift, factor = transform.shift.copy(), transform.factor.copy()
+    shift[keep], factor[keep] = 0.0, 1.0
+    return scaling.FeatureTransform(transform.kind, shift, factor, transform.fill)
