@@ -8,6 +8,8 @@ Python API::
     result = fedcluster.simulate([X0, X1, X2], n_clusters=5, algorithm="dwf")
     result.centroids, result.history, result.metrics["score"], result.model
     fedcluster.choose_k([X0, X1, X2], k_range=(2, 8))  # every k, one federation
+    fedcluster.simulate([X0, X1], missing="impute-mean")    # arrays that hold NaN
+    fedcluster.simulate([df0, df1], schema="schema.toml")    # DataFrames through a schema
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from fedcluster import server_app as server_module
 from fedcluster.common import protocol
 from fedcluster.common.config import kebab_keys, parse_run_config, run_config_defaults
 from fedcluster.client_app.site_data import SiteData, check_site_array
+from fedcluster.simulation_tables import table_run
 from fedcluster.strategies.metrics import knowledge_gap
 from fedcluster.common.model import Model
 
@@ -229,7 +232,8 @@ def site_nodes(sites: list[np.ndarray] | None, labels: list[np.ndarray] | None =
                site_config: dict | None = None):
     """Node configs for in-memory site arrays (registered for the run, removed after it)
     or, without arrays, for ``num_sites`` partitions of the run's built-in dataset;
-    ``site_config`` adds node-config keys to every site."""
+    ``site_config`` adds node-config keys to every site. A site given as ``SiteData`` (a
+    table encoded through a schema: ``simulation_tables``) is registered as it is."""
     guard = {**(site_config or {}), "differencing-guard": bool(differencing_guard)}
     if sites is None:
         if num_sites is None:
@@ -239,6 +243,9 @@ def site_nodes(sites: list[np.ndarray] | None, labels: list[np.ndarray] | None =
     token = uuid.uuid4().hex
     site_data = []
     for i, X in enumerate(sites):
+        if isinstance(X, SiteData):
+            site_data.append(X)
+            continue
         y = None if labels is None else np.asarray(labels[i])
         source = f"site {i}"
         site_data.append(SiteData(check_site_array(np.asarray(X), source), None, y, source))
@@ -269,19 +276,24 @@ def simulate(
     site_config: dict | None = None,
     record_replies: list | None = None,
     true_centres: np.ndarray | None = None,
+    missing: str | None = None,
+    schema=None,
+    units: dict | list[dict] | None = None,
     **config,
 ) -> SimulationResult:
     """Run a federation in this process.
 
     Parameters
     ----------
-    sites : list of 2-D arrays, optional
+    sites : list of 2-D arrays, or of DataFrames with ``schema``, optional
         One array per site (they stay in this process; each site's ClientApp sees only
         its own). Without ``sites``, the run config's built-in ``dataset`` is cut into
         ``num_sites`` partitions by ``partitioning``, exactly as Flower's simulation
-        engine does with ``num-supernodes``.
+        engine does with ``num-supernodes``. With ``schema``: one pandas DataFrame or
+        ``(header, columns)`` pair (cells given column-wise) per site.
     labels : list of 1-D arrays, optional
-        Per-site labels, kept at the sites (evaluation only).
+        Per-site labels, kept at the sites (evaluation only). With a schema, the table's
+        ``label`` column gives them instead.
     init_centroids : (k, d) array, optional
         Start from these centroids instead of the ``init`` round (in the scaled space
         when ``scale`` is set).
@@ -305,6 +317,19 @@ def simulate(
         The centres the data were generated from. Adds FFCM's ``knowledge-gap`` (sum of
         distances under the optimal one-to-one matching) and ``ngap`` (gap / sqrt(d)) to
         ``result.metrics`` (computed here, from the final centroids; not in files).
+    missing : {"error", "drop-row", "impute-mean"}, optional
+        Arrays that hold NaN: drop a row with a missing cell, or fill the cell with the
+        pooled mean of the column's present cells (one imputation round). ``"error"`` or
+        None: a NaN is an error. ``"impute-median"`` needs each column's range: give a
+        schema.
+    schema : Schema, dict or path of a TOML/JSON file, optional
+        The agreed table (docs/reference/schema.md): each site is encoded exactly as a
+        deployed site encodes its file (categories, units, ranges, missing policies),
+        and the run checks its hash and imputes as in deployment. A site that does not
+        fit raises ``SiteDataError`` naming the site, row (1-based), column and value.
+    units : dict or list of dict, optional
+        With a schema: the unit a column is in (``{"glucose": "mmol/L"}``), for every site
+        or one dict per site, as a site's node config ``units``.
     **config
         Run-config keys with ``-`` written ``_`` (``n_clusters=5``, ``local_iters=1``).
         Files are written only if ``output_dir`` is given.
@@ -318,7 +343,9 @@ def simulate(
         k = run_config.get("n-clusters", run_config_defaults()["n-clusters"])
         if true_centres.ndim != 2 or true_centres.shape[0] != k:
             raise ValueError(f"true_centres must be a ({k}, d) array, got {true_centres.shape}")
-    with site_nodes(sites, labels, num_sites, differencing_guard, site_config) as node_configs:
+    with table_run(sites, labels, run_config, schema=schema, missing=missing,
+                   units=units) as (sites, labels), \
+            site_nodes(sites, labels, num_sites, differencing_guard, site_config) as node_configs:
         if site_min_cluster_size is not None:
             for cfg, floor in zip(node_configs, site_min_cluster_size, strict=True):
                 cfg["min-cluster-size"] = int(floor)
@@ -331,7 +358,8 @@ def simulate(
 def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] | str,
              labels: list[np.ndarray] | None = None, num_sites: int | None = None,
              differencing_guard: bool = True, site_config: dict | None = None,
-             record_replies: list | None = None, **config) -> dict:
+             record_replies: list | None = None, missing: str | None = None, schema=None,
+             units: dict | list[dict] | None = None, **config) -> dict:
     """Run the federation for every k in ``k_range`` (in this process) and choose k.
 
     Parameters
@@ -343,8 +371,8 @@ def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] 
         Both ends included; 2 <= lo and hi >= lo + 2.
     labels : list of 1-D arrays, optional
         Per-site labels (evaluation only: adds ARI etc. to the per-k figures).
-    differencing_guard, site_config, record_replies
-        As for :func:`fedcluster.simulate`.
+    differencing_guard, site_config, record_replies, missing, schema, units
+        As for :func:`fedcluster.simulate` (with ``schema``, DataFrames as sites).
     **config
         Run-config keys with ``_`` for ``-`` (``algorithm``, ``scale``, ``n_init``,
         ``k_warm_start``, ``output_dir`` to also write choose-k.json/png, ...).
@@ -361,9 +389,11 @@ def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] 
     run_config = kebab_keys(config)
     run_config.setdefault("output-dir", "")
     run_config["k-range"] = text
-    record = run_server(sites, labels=labels, num_sites=num_sites, run_config=run_config,
-                        differencing_guard=differencing_guard, site_config=site_config,
-                        record_replies=record_replies)
+    with table_run(sites, labels, run_config, schema=schema, missing=missing,
+                   units=units) as (sites, labels):
+        record = run_server(sites, labels=labels, num_sites=num_sites, run_config=run_config,
+                            differencing_guard=differencing_guard, site_config=site_config,
+                            record_replies=record_replies)
     data = json.loads(str(record["choose-k"]))
     out: dict = dict(data["best"])
     out["per-k"] = {int(k): row for k, row in data["per-k"].items()}

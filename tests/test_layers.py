@@ -28,6 +28,7 @@ LAYERS = {
     "fedcluster.strategies": (1, "server"),
     "fedcluster.server_app": (2, "server_app"),
     "fedcluster.simulation": (3, "simulation"),
+    "fedcluster.simulation_tables": (3, "simulation"),
     "fedcluster.cli": (4, "cli"),
 }
 MAX_LINES = 450

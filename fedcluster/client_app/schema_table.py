@@ -9,6 +9,9 @@ for a plain CSV (``site_data.load_site_file``). A cell whose policy is ``impute-
 or ``impute-median`` stays NaN in the cache: the run's pooled fill
 (``common/imputation.py``) arrives with every task, in its transform.
 
+A table held in memory (a DataFrame given to ``fedcluster.simulate`` with a schema) is
+encoded by the same :func:`encode_site_columns` as a file's columns, without the cache.
+
 Every problem is a ``SiteDataError`` naming the file, and where it applies the row,
 column and value; a site with such a file fails its own start with that message.
 """
@@ -47,7 +50,18 @@ def encode_site_table(path: Path, schema: Schema, units: dict[str, str] | None,
                       digest: str) -> tuple[SiteData, dict]:
     """Read and encode the file (no cache): the site's data and the facts to cache."""
     header, columns = read_table(path)
-    table = encode_table(header, columns, schema, str(path), units)
+    return encode_site_columns(header, columns, schema, str(path), units, digest)
+
+
+def encode_site_columns(header: list[str], columns: list, schema: Schema, source: str,
+                        units: dict[str, str] | None = None,
+                        digest: str | None = None) -> tuple[SiteData, dict]:
+    """A site's table given column-wise (``columns[j]``: the cells of ``header[j]``, text
+    or numbers) encoded against ``schema``: the site's data and the facts to cache. The
+    one encoding of a site's table, for a file (:func:`encode_site_table`) and for a
+    table held in memory (``fedcluster.simulate`` with a schema)."""
+    digest = schema_hash(schema) if digest is None else digest
+    table = encode_table(header, columns, schema, source, units)
     labels = label_names = None
     if table.labels is not None:
         code_of: dict[str, int] = {}
@@ -56,7 +70,7 @@ def encode_site_table(path: Path, schema: Schema, units: dict[str, str] | None,
         labels, label_names = encode_labels(list(code_of), codes)
     facts = TableFacts(schema, digest, table.rows_dropped, dict(table.cells_missing))
     data = SiteData(X=table.X, feature_names=tuple(table.names), labels=labels,
-                    source=str(path), label_names=label_names, table=facts)
+                    source=source, label_names=label_names, table=facts)
     return data, {"rows-dropped": table.rows_dropped, "cells-missing": table.cells_missing}
 
 
