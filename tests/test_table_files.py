@@ -259,3 +259,38 @@ def test_the_container_image_pins_the_pyarrow_installed_here():
                 for line in (ROOT / "docker" / "requirements.txt").read_text().splitlines()
                 if line.split("#")[0].strip())
     assert pins["pyarrow"] == version("pyarrow")
+
+
+def test_a_parquet_data_path_without_a_schema_reads_as_its_csv(tmp_path):
+    """A site's Parquet file with no schema-path: numeric features chosen by the node
+    config's column keys, as the CSV of the same table gives them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fedcluster.client_app.app import load_site
+    from fedcluster.common.node_config import parse_node_config
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(40, 3))
+    ids = [f"p{i}" for i in range(40)]
+    labels = rng.integers(0, 3, 40)
+    csv_path = tmp_path / "site.csv"
+    csv_path.write_text("id,b,a,c,label\n" + "".join(
+        f"{ids[i]},{float(X[i, 1])!r},{float(X[i, 0])!r},{float(X[i, 2])!r},{labels[i]}\n"
+        for i in range(40)))
+    parquet = tmp_path / "site.parquet"
+    pq.write_table(pa.table({"id": ids, "b": X[:, 1], "a": X[:, 0], "c": X[:, 2],
+                             "label": labels}), parquet)
+    keys = {"id-column": "id", "label-column": "label", "columns": "a,c",
+            "cache-dir": str(tmp_path / "cache")}
+    from_csv, _ = load_site(parse_node_config({"data-path": str(csv_path), **keys}), {})
+    from_parquet, _ = load_site(parse_node_config({"data-path": str(parquet), **keys}), {})
+    np.testing.assert_array_equal(from_parquet.X, from_csv.X)
+    np.testing.assert_array_equal(from_parquet.X, X[:, [0, 2]])
+    assert from_parquet.feature_names == from_csv.feature_names == ("a", "c")
+    np.testing.assert_array_equal(from_parquet.labels, from_csv.labels)
+    assert from_parquet.table is None  # no schema: the run checks no schema hash
+    missing = tmp_path / "missing.parquet"
+    pq.write_table(pa.table({"a": [1.0, None, 2.0]}), missing)
+    with pytest.raises(SiteDataError, match=r"row 2, column 'a': the cell is missing"):
+        load_site(parse_node_config({"data-path": str(missing)}), {})

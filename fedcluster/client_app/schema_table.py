@@ -123,3 +123,34 @@ def load_schema_table(path: str | os.PathLike, schema: Schema, *,
         return data
     return SiteData(cached.X, cached.feature_names, cached.labels, cached.source,
                     cached.label_names, data.table)
+
+
+def plain_schema(header: list[str], source: str, label_column: str | None = None,
+                 columns: tuple[str, ...] | None = None, id_column: str | None = None) -> Schema:
+    """The schema of a plain numeric table read without one (a Parquet ``data-path``
+    with no ``schema-path``): the node config's id and label columns, its ``columns``
+    (default: every other column) numeric, a missing cell an error, as in a plain CSV."""
+    from fedcluster.client_app.tables import plan_columns
+    from fedcluster.common.schema import parse_schema
+
+    plan = plan_columns(source, header, label_column, columns, id_column)
+    listed = [{"name": header[j], "type": "numeric"} for j in plan.features]  # in plan order
+    if plan.label is not None:
+        listed.append({"name": header[plan.label], "type": "label"})
+    if id_column is not None:
+        listed.append({"name": id_column, "type": "id"})
+    return parse_schema({"columns": listed}, source)
+
+
+def load_plain_parquet(path: str | os.PathLike, *, cache_dir=None, label_column=None,
+                       columns=None, id_column=None) -> SiteData:
+    """A Parquet site file read without a schema: numeric features, no missing cell
+    (``plain_schema``); the same SiteData as the CSV of the same table."""
+    from fedcluster.client_app.table_files import parquet_columns
+
+    path = Path(path)
+    if not path.exists():
+        raise SiteDataError(f"data-path '{path}' does not exist")
+    schema = plain_schema(parquet_columns(path), str(path), label_column, columns, id_column)
+    data = load_schema_table(path, schema, cache_dir=cache_dir)
+    return SiteData(data.X, data.feature_names, data.labels, data.source, data.label_names)

@@ -156,3 +156,17 @@ def _read_parquet(path: Path) -> tuple[list[str], list]:
     if not len(columns[0]):
         raise SiteDataError(f"{path}: has no data rows")
     return [f.name.strip() for f in fields], columns
+
+
+def parquet_columns(path: str | Path) -> list[str]:
+    """The column names of a Parquet file, from its footer (the rows are not read)."""
+    path = Path(path)
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise SiteDataError(f"{path}: reading Parquet needs pyarrow: pip install "
+                            "'fedcluster[parquet]'") from None
+    try:
+        return [str(name) for name in pq.read_schema(path).names]
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise SiteDataError(f"{path}: cannot be read as Parquet ({err})") from None
