@@ -23,6 +23,7 @@ from fedcluster.common.scaling import FeatureTransform
 from fedcluster.common.schema import encoded_kinds, load_schema, parse_schema, schema_hash
 from fedcluster.common.table_encoding import encode_table
 from fedcluster.simulation import run_in_process
+from fedcluster.strategies.errors import FederationError
 
 
 def _schema(**table):
@@ -127,8 +128,10 @@ def test_dwf_with_impute_mean_equals_central_kmeans_on_the_pooled_table(demo, tm
     Z, means = _pooled_reference(schema_path, paths)
     C0 = Z[np.random.default_rng(1).choice(len(Z), 4, replace=False)]
     rounds = 6
+    # (the differencing guard off: exact Lloyd, whose clusters may differ by a row)
     result = run_in_process(
-        _nodes(schema_path, paths, tmp_path / "cache"),
+        [{**node, "differencing-guard": False}
+         for node in _nodes(schema_path, paths, tmp_path / "cache")],
         {"algorithm": "dwf", "n-clusters": 4, "schema": str(schema_path), "scale": "standard",
          "num-rounds": rounds, "tol": 0.0, "min-cluster-size": 1, "central-baseline": False,
          "output-dir": str(tmp_path / "out")},
@@ -319,3 +322,59 @@ def test_a_parquet_site_gives_the_run_of_its_csv(demo, tmp_path):
     np.testing.assert_array_equal(with_parquet.centroids, from_csv.centroids)
     assert with_parquet.metrics["table"] == from_csv.metrics["table"]
     assert with_parquet.metrics["score"] == from_csv.metrics["score"]
+
+
+# ------------------------------------- run config missing: plain tables, no schema
+def _plain_sites(tmp_path):
+    """Three plain numeric CSV sites with empty cells (no schema), and their arrays."""
+    rng = np.random.default_rng(11)
+    arrays, paths = [], []
+    for i, n in enumerate((120, 150, 90)):
+        X = rng.normal(size=(n, 3)) + rng.integers(0, 3, size=(n, 1)) * 4.0
+        X[rng.random((n, 3)) < 0.1] = np.nan
+        X[0, 0] = X[1, 1] = np.nan  # every site has some
+        path = tmp_path / f"plain-{i}.csv"
+        path.write_text("a,b,c\n" + "".join(
+            ",".join("" if np.isnan(v) else repr(float(v)) for v in row) + "\n" for row in X))
+        arrays.append(X)
+        paths.append(path)
+    return arrays, paths
+
+
+@pytest.mark.parametrize("missing", ["impute-mean", "drop-row"])
+def test_run_config_missing_reads_plain_tables_with_empty_cells(tmp_path, missing):
+    arrays, paths = _plain_sites(tmp_path)
+    pooled = np.vstack(arrays)
+    if missing == "impute-mean":
+        fill = np.nanmean(pooled, axis=0)
+        expected_sites = [np.where(np.isnan(X), fill, X) for X in arrays]
+    else:
+        expected_sites = [X[~np.isnan(X).any(axis=1)] for X in arrays]
+    C0 = np.vstack(expected_sites)[[0, 50, 200]]
+    # (the differencing guard off: exact Lloyd, whose clusters may differ by a row)
+    nodes = [{"data-path": str(p), "site-id": str(i), "cache-dir": str(tmp_path / "cache"),
+              "differencing-guard": False} for i, p in enumerate(paths)]
+    config = {"n-clusters": 3, "missing": missing, "num-rounds": 4, "tol": 0.0,
+              "central-baseline": False, "output-dir": str(tmp_path / "out")}
+    result = run_in_process(nodes, config, initial_centroids=C0)
+    central = KMeans(3, init=C0, n_init=1, max_iter=4, tol=0.0, algorithm="lloyd").fit(
+        np.vstack(expected_sites))
+    np.testing.assert_allclose(result.centroids, central.cluster_centers_, rtol=0, atol=1e-9)
+    table = result.metrics["table"]
+    assert table["schema-hash"] == ""
+    if missing == "impute-mean":
+        assert result.history[0]["task"] == "describe+impute_stats"
+        np.testing.assert_allclose(result.model.scaling.fill, fill, rtol=1e-12)
+        assert table["cells-missing"]["a"]["total"] == int(np.isnan(pooled[:, 0]).sum())
+    else:
+        assert "impute_stats" not in {h["task"] for h in result.history}
+        assert table["rows-dropped"]["total"] == int(np.isnan(pooled).any(axis=1).sum())
+    # under the default (error) the same files are rejected, naming the empty cell
+    with pytest.raises(FederationError, match=r"plain-0.csv: data row 1 \(line 2\), column 'a': the cell is empty"):
+        run_in_process(nodes, {**config, "missing": "error"}, initial_centroids=C0)
+
+
+def test_run_config_missing_is_not_for_a_schema_run():
+    from fedcluster.common.config import ConfigError, parse_run_config
+    with pytest.raises(ConfigError, match="'missing' is for sites without a schema"):
+        parse_run_config({"schema": "s.toml", "missing": "impute-mean"})

@@ -27,6 +27,10 @@ at a hospital), while their contingency cells were withheld.
 The audit can fail: the same run with the floor off (p = 1) is caught sending small
 counts and naming rare labels, and hand-made replies carrying a row, a per-row array or
 a list of values are caught too.
+
+Tables read through a schema (the imputation round ``impute_stats``: sums, counts and
+histogram bins of present cells, and describe's counts of missing cells) are audited on
+the clinical demo in ``tests/test_imputation.py`` (``test_leakage_audit_of_the_imputation_round``).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from fedcluster.client_app.differencing_guard import DifferencingGuard
 from fedcluster.client_app.site_data import (
     SiteData, SiteDataError, default_cache_dir, load_partition, load_site_file,
 )
-from fedcluster.client_app.schema_table import load_plain_parquet, load_schema_table
+from fedcluster.client_app.schema_table import load_plain_table, load_schema_table
 from fedcluster.client_app.task_io import TaskError
 from fedcluster.common.schema import SchemaError, load_schema
 from fedcluster.client_app.task_runner import run_task
@@ -73,10 +73,12 @@ def load_site(node: NodeConfig, run_config: dict) -> tuple[SiteData, dict]:
         if node.data_path.startswith(MEMORY_PREFIX):
             token, _, index = node.data_path[len(MEMORY_PREFIX) :].partition("/")
             return MEMORY_SITES[token][int(index)], {}
-        if node.data_path.lower().endswith(".parquet"):
-            return load_plain_parquet(node.data_path, cache_dir=node.cache_dir,
-                                      label_column=node.label_column, columns=node.columns,
-                                      id_column=node.id_column), {}
+        missing = str(run_config.get("missing", "error"))
+        suffix = Path(node.data_path).suffix.lower()
+        if suffix == ".parquet" or (missing != "error" and suffix in (".csv", ".tsv")):
+            return load_plain_table(node.data_path, cache_dir=node.cache_dir,
+                                    label_column=node.label_column, columns=node.columns,
+                                    id_column=node.id_column, missing=missing), {}
         return (
             load_site_file(
                 node.data_path, cache_dir=node.cache_dir, label_column=node.label_column,

@@ -126,10 +126,12 @@ def load_schema_table(path: str | os.PathLike, schema: Schema, *,
 
 
 def plain_schema(header: list[str], source: str, label_column: str | None = None,
-                 columns: tuple[str, ...] | None = None, id_column: str | None = None) -> Schema:
-    """The schema of a plain numeric table read without one (a Parquet ``data-path``
-    with no ``schema-path``): the node config's id and label columns, its ``columns``
-    (default: every other column) numeric, a missing cell an error, as in a plain CSV."""
+                 columns: tuple[str, ...] | None = None, id_column: str | None = None,
+                 missing: str = "error") -> Schema:
+    """The schema of a plain numeric table read without one (a site with no
+    ``schema-path``): the node config's id and label columns, its ``columns`` (default:
+    every other column) numeric, a missing cell handled by the run config's ``missing``
+    (``error`` by default, as a plain CSV)."""
     from fedcluster.client_app.tables import plan_columns
     from fedcluster.common.schema import parse_schema
 
@@ -139,18 +141,26 @@ def plain_schema(header: list[str], source: str, label_column: str | None = None
         listed.append({"name": header[plan.label], "type": "label"})
     if id_column is not None:
         listed.append({"name": id_column, "type": "id"})
-    return parse_schema({"columns": listed}, source)
+    return parse_schema({"columns": listed, "missing": missing}, source)
 
 
-def load_plain_parquet(path: str | os.PathLike, *, cache_dir=None, label_column=None,
-                       columns=None, id_column=None) -> SiteData:
-    """A Parquet site file read without a schema: numeric features, no missing cell
-    (``plain_schema``); the same SiteData as the CSV of the same table."""
+def load_plain_table(path: str | os.PathLike, *, cache_dir=None, label_column=None,
+                     columns=None, id_column=None, missing: str = "error") -> SiteData:
+    """A site file read without a schema (a Parquet file, or a CSV/TSV under a run config
+    ``missing`` other than ``error``): numeric features through ``plain_schema`` and the
+    same cache. Its facts carry no schema hash (no agreed schema to check), but the rows
+    dropped and cells missing, which the imputation round fills."""
     from fedcluster.client_app.table_files import parquet_columns
+    from fedcluster.client_app.tables import DELIMITERS, read_header
 
     path = Path(path)
     if not path.exists():
         raise SiteDataError(f"data-path '{path}' does not exist")
-    schema = plain_schema(parquet_columns(path), str(path), label_column, columns, id_column)
+    suffix = path.suffix.lower()
+    header = parquet_columns(path) if suffix == ".parquet" else read_header(path, DELIMITERS[suffix])
+    schema = plain_schema(header, str(path), label_column, columns, id_column, missing)
     data = load_schema_table(path, schema, cache_dir=cache_dir)
-    return SiteData(data.X, data.feature_names, data.labels, data.source, data.label_names)
+    facts = None
+    if missing != "error":
+        facts = TableFacts(schema, "", data.table.rows_dropped, dict(data.table.cells_missing))
+    return SiteData(data.X, data.feature_names, data.labels, data.source, data.label_names, facts)

@@ -39,7 +39,8 @@ def describe(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply
     names = list(site.feature_names) if site.feature_names is not None else []
     metrics = {"n-features": site.n_features, "feature-names": json.dumps(names)}
     if site.table is not None:
-        metrics[protocol.SCHEMA_HASH] = site.table.schema_hash
+        if site.table.schema_hash:  # (none: a table read without an agreed schema)
+            metrics[protocol.SCHEMA_HASH] = site.table.schema_hash
         metrics[protocol.ROWS_DROPPED] = json.dumps(_count(site.table.rows_dropped, floor))
         metrics[protocol.CELLS_MISSING] = json.dumps(
             {name: _count(n, floor) for name, n in site.table.cells_missing.items()})

@@ -175,6 +175,10 @@ class RunConfig(_Strict):
     # (Named schema_file: pydantic's BaseModel has a ``schema`` method; the key is "schema".)
     schema_file: str = Field("", alias="schema",
                              description="the agreed schema file (TOML or JSON); '' = none")
+    # A missing cell of a site's table read WITHOUT a schema (a schema sets its own):
+    # an error (the site is dropped), its row dropped, or the pooled mean of its column.
+    missing: Literal["error", "drop-row", "impute-mean"] = Field(
+        "error", description="sites without a schema: a missing cell's policy")
     # Choosing k: run the federation for every k in LO..HI ("" = one run with n-clusters).
     k_range: str = Field("", description="LO:HI, e.g. 2:15: run and evaluate every k in LO..HI")
     k_warm_start: bool = Field(
@@ -216,6 +220,14 @@ class RunConfig(_Strict):
                    "k_range": parse_k_range, "data_bounds": parse_data_bounds}
         parsers[info.field_name](value)
         return value
+
+    @model_validator(mode="after")
+    def _one_missing_policy(self) -> "RunConfig":
+        if self.schema_file and self.missing != "error":
+            raise ValueError("key 'missing' is for sites without a schema; with 'schema' the "
+                             "schema's own policies apply (its top-level or a column's "
+                             "'missing')")
+        return self
 
     @model_validator(mode="after")
     def _bounds_fit_scale(self) -> "RunConfig":

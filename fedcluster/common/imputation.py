@@ -39,10 +39,13 @@ class ImputationPlan:
     policies: tuple[str | None, ...]
     ranges: tuple[tuple[float, float] | None, ...]
     bins: int
+    # Every feature imputed whatever their number (run config missing = "impute-mean"):
+    # needed before the describe round has told the width.
+    all_features: bool = False
 
     @property
     def needed(self) -> bool:
-        return any(p is not None for p in self.policies)
+        return self.all_features or any(p is not None for p in self.policies)
 
     @property
     def n_features(self) -> int:

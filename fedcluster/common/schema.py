@@ -52,6 +52,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+#: The bins of an impute-median histogram unless the schema says (``median-bins``).
+DEFAULT_MEDIAN_BINS = 200
 MISSING_POLICIES = ("error", "drop-row", "impute-mean", "impute-median")
 MissingPolicy = Literal["error", "drop-row", "impute-mean", "impute-median"]
 #: Cells read as missing in a CSV file (after stripping spaces).
@@ -140,7 +142,7 @@ class Schema(_Strict):
     columns: tuple[Column, ...] = Field(min_length=1)
     missing: MissingPolicy = "error"
     #: The bins of an impute-median column's histogram over its range (``imputation.py``).
-    median_bins: int = Field(200, ge=2, le=100_000)
+    median_bins: int = Field(DEFAULT_MEDIAN_BINS, ge=2, le=100_000)
 
     @model_validator(mode="after")
     def _unique(self) -> "Schema":

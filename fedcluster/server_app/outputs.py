@@ -243,8 +243,9 @@ def table_lines(table: dict | None) -> list[str]:
         under = figure.get("sites-under-floor", 0)
         return f"{figure['total']}" + (f" (+ {under} site(s) with fewer than p)" if under else "")
 
-    lines = [f"  table schema sha256 {table['schema-hash'][:16]}...: rows dropped (drop-row) "
-             f"{count(table['rows-dropped'])}"]
+    read = (f"table schema sha256 {table['schema-hash'][:16]}..." if table["schema-hash"]
+            else "tables (no schema)")
+    lines = [f"  {read}: rows dropped (drop-row) {count(table['rows-dropped'])}"]
     missing = {c: f for c, f in table.get("cells-missing", {}).items()
                if f["total"] or f.get("sites-under-floor")}
     if missing:

@@ -203,8 +203,9 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
                                 if site.at_limit},
         **private.accounting(config, strategy.history, strategy.box, strategy.bounds_from_data),
     }
-    if (schema := run_schema(config.schema_file)) is not None:
-        metrics["table"] = reports.table_summary(strategy.ordered_sites(), schema[1])
+    if (schema := run_schema(config.schema_file)) is not None or config.missing != "error":
+        metrics["table"] = reports.table_summary(strategy.ordered_sites(),
+                                                 schema[1] if schema else "")
     if central is not None:
         metrics["central-score"] = central
     if "site-centroids" in best:  # GTV: the sites' own models and how they fit the federation

@@ -25,7 +25,7 @@ from flwr.common.logger import log
 from fedcluster.common import protocol
 from fedcluster.common.imputation import ImputationPlan, imputation_plan, pooled_fill
 from fedcluster.common.scaling import FeatureTransform
-from fedcluster.common.schema import SchemaError, run_schema
+from fedcluster.common.schema import DEFAULT_MEDIAN_BINS, SchemaError, run_schema
 from fedcluster.strategies import sites
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.task_plan import TaskPlan
@@ -35,7 +35,9 @@ TASKS = ("describe", "impute_stats", "stats")
 
 
 def imputation(strategy) -> ImputationPlan | None:
-    """The run's imputation plan (None: its schema, if any, imputes nothing).
+    """The run's imputation plan (None: it imputes nothing): its schema's, or with
+    ``missing = "impute-mean"`` (sites without a schema) every feature's mean, whose
+    width the describe round tells (before it, the plan has no columns).
 
     Raises
     ------
@@ -47,11 +49,17 @@ def imputation(strategy) -> ImputationPlan | None:
         run = run_schema(strategy.config.schema_file)
     except SchemaError as err:
         raise FederationError(f"run config 'schema': {err}") from None
-    plan = None if run is None else imputation_plan(run[0])
-    if plan is None or not plan.needed:
+    if run is not None:
+        plan = imputation_plan(run[0])
+    elif strategy.config.missing == "impute-mean":
+        width = strategy.n_features if strategy.sites else 0
+        plan = ImputationPlan(("mean",) * width, (None,) * width, DEFAULT_MEDIAN_BINS, True)
+    else:
+        return None
+    if not plan.needed:
         return None
     if strategy.config.private:
-        raise FederationError("the schema imputes missing cells (impute-mean/impute-median), "
+        raise FederationError("the run imputes missing cells (impute-mean/impute-median), "
                               "whose statistics round is not private: under dp-epsilon use "
                               "missing = \"drop-row\"")
     return plan
