@@ -185,18 +185,14 @@ def _predict_through_schema(args: argparse.Namespace, model) -> int:
     .parquet) read, encoded, imputed and scaled as in the run; one line per data row of
     the file, -1 for a row dropped by a drop-row column."""
     from fedcluster.client_app.table_files import read_table
+    from fedcluster.common.schema import parse_units
 
     given = [f"--{name.replace('_', '-')}" for name in ("columns", "id_column", "label_column")
              if getattr(args, name) is not None]
     if given:
         raise ValueError(f"{', '.join(given)}: the model's schema names the columns; these "
                          "options are for a model trained without one")
-    units = {}
-    for item in args.units or []:
-        name, sep, unit = item.partition("=")
-        if not sep or not name.strip() or not unit.strip():
-            raise ValueError(f"--units {item!r}: write COLUMN=UNIT, e.g. glucose=mmol/L")
-        units[name.strip()] = unit.strip()
+    units = parse_units(args.units or [], "--units")
     header, columns = read_table(args.data)
     result = model.predict_table(header, columns, source=str(args.data), units=units or None)
     labels = result.by_row(dropped=-1)
@@ -218,14 +214,9 @@ def cmd_site_ledger(args: argparse.Namespace) -> int:
 
 def cmd_site_check(args: argparse.Namespace) -> int:
     from fedcluster.client_app.site_check import check
-    from fedcluster.common.schema import load_schema
+    from fedcluster.common.schema import load_schema, parse_units
 
-    units = {}
-    for item in args.units or []:
-        name, sep, unit = item.partition("=")
-        if not sep or not name.strip() or not unit.strip():
-            raise ValueError(f"--units {item!r}: write COLUMN=UNIT, e.g. glucose=mmol/L")
-        units[name.strip()] = unit.strip()
+    units = parse_units(args.units or [], "--units")
     if args.min_cluster_size < 1:
         raise ValueError("--min-cluster-size must be >= 1")
     print(check(args.data, load_schema(args.schema), units, args.min_cluster_size))

@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from fedcluster.common.algorithms import ALGORITHMS
 from fedcluster.common.config import ConfigError, _format, _kebab, _Strict
+from fedcluster.common.schema import parse_units
 
 __all__ = ["ConfigError", "NodeConfig", "parse_node_config"]
 
@@ -71,14 +72,7 @@ class NodeConfig(_Strict):
             return None
         if isinstance(value, dict):
             return {str(k).strip(): str(v).strip() for k, v in value.items()}
-        units = {}
-        for item in str(value).split(","):
-            name, sep, unit = item.partition("=")
-            if not sep or not name.strip() or not unit.strip():
-                raise ValueError(f"{item!r} is not COLUMN=UNIT; write e.g. "
-                                 "'glucose=mmol/L,creatinine=umol/L'")
-            units[name.strip()] = unit.strip()
-        return units
+        return parse_units(str(value).split(","), "item")
 
     @field_validator("columns", mode="before")
     @classmethod

@@ -200,6 +200,18 @@ def encoded_kinds(schema: "Schema") -> list[str]:
     return kinds
 
 
+def parse_units(items, where: str = "units") -> dict[str, str]:
+    """``["glucose=mmol/L", ...]`` (a site's declared units: node config ``units``, the
+    CLI's ``--units``) as {column: unit}; ValueError naming the bad item."""
+    units = {}
+    for item in items:
+        name, sep, unit = str(item).partition("=")
+        if not sep or not name.strip() or not unit.strip():
+            raise ValueError(f"{where} {item!r}: write COLUMN=UNIT, e.g. glucose=mmol/L")
+        units[name.strip()] = unit.strip()
+    return units
+
+
 def normalise(name: str) -> str:
     """Header names match case- and space-insensitively."""
     return " ".join(str(name).split()).casefold()
