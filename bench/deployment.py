@@ -127,6 +127,7 @@ def deployment(paths: list[Path], config: dict, workdir: Path,
     with fp.sandbox(workdir / "deploy", NUMBA_CACHE_DIR=numba_cache,
                     FEDCLUSTER_CACHE_DIR=workdir / "site-cache") as bed:
         bed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.2"
+        bed.env["FEDCLUSTER_TEST_SUPERNODE_IDLE"] = ""  # Flower's own 3 s idle pull: its floor
         link = bed.superlink(simulation=False, tls=tls)
         bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i), **MINMAX}
                               for i, p in enumerate(paths)})
@@ -181,6 +182,7 @@ def default_runs(app_dir: Path, paths: list[Path], k: int, workdir: Path, name: 
     with fp.sandbox(workdir / name, NUMBA_CACHE_DIR=workdir / f"numba-{name}",
                     FEDCLUSTER_CACHE_DIR=workdir / f"site-cache-{name}") as bed:
         bed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.2"
+        bed.env["FEDCLUSTER_TEST_SUPERNODE_IDLE"] = ""  # Flower's own 3 s idle pull
         link = bed.superlink(simulation=False, tls=tls)
         bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i)}
                               for i, p in enumerate(paths)})
