@@ -12,7 +12,7 @@ from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.task_runner import run_task
 from fedcluster.strategies.aggregate import (
     count_weighted_mean,
-    reseed_small_clusters,
+    reseed_at_far_rows, reseed_small_clusters,
     weighted_lloyd,
 )
 from test_exactness import central_lloyd
@@ -149,9 +149,53 @@ def test_minibatch_keeps_a_real_small_cluster():
     central = KMeans(3, n_init=10, random_state=0).fit(X).inertia_ / len(X)
     assert r.metrics["score"] == pytest.approx(central, rel=1e-6)
     assert len(r.history) < 10  # it converges: no cluster counts towards a re-seed
+    # With the old 0.01 share rule the small cluster counts as dead; re-seeded where the
+    # data are (the sites' farthest rows: its own), it comes back to its rows. (Re-seeded
+    # next to the largest cluster, as before the far rows, it ended > 10 away.)
     old = fedcluster.simulate(sites, algorithm="minibatch", init_centroids=centres, n_clusters=3,
                               min_sites=3, min_cluster_size=1, reassign_fraction=0.01)
-    assert np.linalg.norm(old.centroids - centres[2], axis=1).min() > 10.0
+    assert np.linalg.norm(old.centroids - centres[2], axis=1).min() < 1.0
+    assert old.metrics["score"] == pytest.approx(central, rel=1e-6)
+
+
+def test_minibatch_reseeds_a_dead_cluster_where_the_data_are(monkeypatch):
+    """A dead centroid far from every row: the sites' farthest rows are a small remote
+    group (5% of the rows) that the second largest cluster absorbed; re-seeding there
+    finds the central optimum, where re-seeding next to the largest cluster splits it and
+    leaves the remote group merged."""
+    rng = np.random.default_rng(7)
+    centres = np.array([[0.0, 0.0], [20.0, 0.0], [30.0, 25.0]])
+    sites = [np.vstack([rng.normal(centres[0], 1.0, (150, 2)), rng.normal(centres[1], 1.0, (60, 2)),
+                        rng.normal(centres[2], 0.5, (10, 2))]) for _ in range(3)]
+    C0 = np.array([[0.0, 0.0], [20.0, 0.0], [500.0, 500.0]])
+    r = fedcluster.simulate(sites, algorithm="minibatch", init_centroids=C0, n_clusters=3,
+                            min_sites=3, min_cluster_size=2, num_rounds=30)
+    assert np.linalg.norm(r.centroids - centres[2], axis=1).min() < 1.0
+    X = np.vstack(sites)
+    central = KMeans(3, n_init=10, random_state=0).fit(X).inertia_ / len(X)
+    # (within the issue's bar: at floor 2 the differencing guard reports a few clusters
+    # as earlier row sets near convergence, so not to the last digit)
+    assert central <= r.metrics["score"] <= 1.001 * central
+    # next to the largest cluster instead (what the server does with no far rows)
+    from fedcluster.strategies import minibatch
+    monkeypatch.setattr(minibatch, "reseed_at_far_rows",
+                        lambda C, dead, far: (np.array(C, dtype=np.float64), np.asarray(dead)))
+    stuck = fedcluster.simulate(sites, algorithm="minibatch", init_centroids=C0, n_clusters=3,
+                                min_sites=3, min_cluster_size=2, num_rounds=30)
+    assert np.linalg.norm(stuck.centroids - centres[2], axis=1).min() > 10.0
+    assert stuck.metrics["score"] > 1.5 * central
+
+
+def test_reseed_at_far_rows_takes_the_farthest_candidate_first():
+    C = np.array([[0.0, 0.0], [1.0, 0.0], [9.0, 9.0], [9.0, 9.0]])
+    dead = np.array([False, False, True, True])
+    far = [np.array([0.0, 3.0]), np.array([50.0, 0.0]), np.array([0.0, 20.0])]
+    out, still = reseed_at_far_rows(C, dead, far)
+    np.testing.assert_array_equal(out[2], [50.0, 0.0])  # farthest from the live ones
+    np.testing.assert_array_equal(out[3], [0.0, 20.0])  # then farthest from those and it
+    assert not still.any()
+    out, still = reseed_at_far_rows(C, dead, far[:1])
+    assert still.tolist() == [False, False, False, True]
 
 
 def paper_grid(seed, beta=0.1, n_sites=5):

@@ -59,7 +59,7 @@ CENTRES = 8.0 * np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], dtype=np.
 
 # Which arrays of a task's reply are counts (no entry in 1..P-1) or 0/1 flags.
 COUNT_ARRAYS = {
-    "local_kmeans": (1,), "lloyd": (1,), "minibatch": (1,), "kmeanspp": (1,),
+    "local_kmeans": (1,), "lloyd": (1,), "minibatch": (1, 3), "kmeanspp": (1,),
     "prune_lloyd": (1,), "gtv": (1,), "evaluate": (0, 5),
 }
 FLAG_ARRAYS = {"evaluate": (3,)}  # which clusters were withheld (hidden)
@@ -307,6 +307,20 @@ def test_distributed_dp_sends_only_masked_vectors():
     assert {rec["task"] for rec in private} == {"lloyd", "evaluate"}
     assert all(rec["arrays"] == [] and set(rec["metrics"]) == {"site-key"} for rec in private)
     assert audit(replies, SITES, P, LABELS) == []
+
+
+def test_minibatch_far_rows_of_a_reseed_leak_nothing():
+    """A dead cluster (a start far from every row): the minibatch rounds then carry each
+    site's farthest rows' mean and count (protocol.FAR_ROWS), a cluster like any other."""
+    start = CENTRES.copy()
+    start[3] = 500.0
+    records, result = recorded_run({"algorithm": "minibatch", "init_centroids": start,
+                                    "num_rounds": 8})
+    far = [rec for rec in records if "far-rows" in rec.get("params", {})]
+    assert far and all(len(rec["arrays"]) == 4 for rec in far)
+    assert any(np.asarray(rec["arrays"][3])[0] >= P for rec in far)  # some were reported
+    assert audit(records, SITES, P, LABELS) == []
+    assert np.abs(result.centroids).max() < 100  # the dead cluster was re-seeded
 
 
 def test_choose_k_leaks_nothing():

@@ -102,3 +102,23 @@ def guarded_gtv_step(X, W_before, neighbours, alpha: float, floor: int, guard) -
     for j, mask in verdict.substituted.items():
         sums[j], counts[j] = set_sum(X, mask), np.count_nonzero(mask)
     return kernels.gtv_update(X, W_before, neighbours, alpha, floor, stats=(sums, counts, sse))[0]
+
+
+def farthest_rows(X: np.ndarray, C: np.ndarray, m: int, floor: int,
+                  guard: DifferencingGuard) -> tuple[np.ndarray, np.ndarray]:
+    """The mean (1, d) and count (1,) of the ``m`` rows farthest from their nearest
+    centroid in ``C`` (ties to the lower row), where a dead cluster is re-seeded: a
+    cluster of rows like any other, so it is reported only with at least ``floor``
+    rows and through the guard (an earlier set's mean instead, or withheld: count 0)."""
+    n = X.shape[0]
+    m = max(int(m), int(floor), 1)
+    if n < m:
+        return np.zeros((1, X.shape[1])), np.zeros(1, dtype=np.int64)
+    far = np.argsort(-kernels.assign(X, C)[1], kind="stable")[:m]
+    mask = np.zeros(n, dtype=bool)
+    mask[far] = True
+    verdict = guard_clusters(guard, mask[None, :], [0], floor, np.array([m]), n)
+    if verdict.withheld:
+        return np.zeros((1, X.shape[1])), np.zeros(1, dtype=np.int64)
+    mask = verdict.substituted.get(0, mask)
+    return set_mean(X, mask)[None, :], np.array([np.count_nonzero(mask)], dtype=np.int64)

@@ -55,7 +55,7 @@ from fedcluster.common import kernels, protocol
 from fedcluster.client_app import local_kmeans as local
 from fedcluster.client_app.differencing_guard import OFF
 from fedcluster.client_app.guarded_stats import (
-    guard_clusters, guarded_gtv_step, set_distance, set_mean, set_sqnorm, set_sum,
+    farthest_rows, guard_clusters, guarded_gtv_step, set_distance, set_mean, set_sqnorm, set_sum,
 )
 from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.site_statistics import bounds, describe, impute_stats, stats
@@ -164,6 +164,9 @@ def minibatch_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> Tas
                 verdict.withheld.append(j)
         lam[verdict.withheld] = 0
         gamma[verdict.withheld] = C[verdict.withheld]
+    if protocol.FAR_ROWS in params:  # where the server re-seeds a dead cluster
+        far = farthest_rows(site.X, C, task_param(params, protocol.FAR_ROWS, int), floor, guard)
+        return TaskReply(arrays=protocol.ClusterMeansAndFar(gamma, lam, *far), metrics=metrics)
     return TaskReply(arrays=protocol.ClusterMeans(gamma, lam), metrics=metrics)
 
 

@@ -23,7 +23,8 @@ Tasks
 ``local_kmeans``, ``kmeanspp``, ``prune_lloyd`` -> :class:`ClusterMeans` (at most the rows
                      asked for; clusters under the floor left out)
 ``lloyd``, ``minibatch``, ``gtv`` -> :class:`ClusterMeans` (one row per centroid sent: the k
-                     global clusters, or the divisive start's grown clusters)
+                     global clusters, or the divisive start's grown clusters);
+                     ``minibatch`` with :data:`FAR_ROWS`: :class:`ClusterMeansAndFar`
 ``fcm``           -> :class:`FuzzyCentres`
 ``evaluate_sets`` -> :class:`SetScores`
 ``evaluate``      -> :class:`Evaluation`
@@ -105,6 +106,18 @@ class ClusterMeans(NamedTuple):
 
     centroids: np.ndarray
     counts: np.ndarray
+
+
+class ClusterMeansAndFar(NamedTuple):
+    """``minibatch`` asked for its farthest rows (:data:`FAR_ROWS`): its
+    :class:`ClusterMeans`, and the mean (1, d) and count (1,) of its rows farthest from
+    the centroids it received (count 0: withheld), where the server re-seeds a dead
+    cluster."""
+
+    centroids: np.ndarray
+    counts: np.ndarray
+    far_means: np.ndarray
+    far_counts: np.ndarray
 
 
 class FuzzyCentres(NamedTuple):
@@ -206,6 +219,9 @@ THEN, THEN_ERROR = "then", "then-error"
 #: its metrics under :data:`EVALUATION_PREFIX`. When the round moves nothing, that is the
 #: evaluation of the new centroids, and no evaluation round is needed.
 EVALUATE_TOO, EVALUATION_PREFIX = "evaluate-too", "evaluation-"
+#: A ``minibatch`` task may ask for the mean of the site's this-many rows farthest from
+#: the centroids it received (at least the floor): a dead cluster is re-seeded there.
+FAR_ROWS = "far-rows"
 #: A seeded task's seed base (JSON list of ints); the site draws its own seed from it and
 #: its key (:func:`site_seed`), so the server need not know which site is which yet.
 SEED_BASE = "seed-base"
@@ -225,8 +241,11 @@ def task(name: str) -> Task:
     return TASKS[name]
 
 
-def reply_type(name: str, scale: str | None = None) -> type | None:
-    """The reply type of task ``name`` (``stats`` depends on the ``scale``)."""
+def reply_type(name: str, scale: str | None = None, far: bool = False) -> type | None:
+    """The reply type of task ``name`` (``stats`` depends on the ``scale``, ``minibatch``
+    on whether it was asked for its :data:`FAR_ROWS`)."""
+    if name == "minibatch" and far:
+        return ClusterMeansAndFar
     if name == "stats":
         if scale not in ("standard", "minmax"):
             raise ProtocolError(f"no statistics layout for scale {scale!r}")
@@ -283,9 +302,9 @@ def task_inputs(name: str, arrays: list) -> tuple:
     return kind(*arrays, *[None] * (len(kind._fields) - len(arrays)))
 
 
-def reply_arrays(name: str, arrays: list, scale: str | None = None) -> tuple:
+def reply_arrays(name: str, arrays: list, scale: str | None = None, far: bool = False) -> tuple:
     """At the server: a reply's arrays, named (ProtocolError: too many or too few)."""
-    kind = reply_type(name, scale)
+    kind = reply_type(name, scale, far)
     if kind is None:
         return NoArrays()
     return _named(kind, arrays)

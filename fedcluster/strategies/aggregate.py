@@ -164,6 +164,25 @@ def reseed_small_clusters(
     return C
 
 
+def reseed_at_far_rows(C: np.ndarray, dead: np.ndarray, far_means: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Move each ``dead`` cluster to a site's farthest rows' mean (``far_means``: one
+    per site that reported one), farthest first: each dead cluster takes the candidate
+    farthest from every live centroid (k-means++'s farthest-point rule, on means of at
+    least p rows), which then counts as live. Returns the centroids and the clusters
+    still dead (more dead clusters than candidates): those are re-seeded by
+    :func:`reseed_small_clusters`."""
+    C = np.array(C, dtype=np.float64, copy=True)
+    live = ~np.asarray(dead, dtype=bool)
+    left = [np.asarray(m, dtype=np.float64) for m in far_means]
+    for j in np.flatnonzero(dead):
+        if not left:
+            break
+        gaps = [np.min(np.sum((C[live] - m) ** 2, axis=1)) if live.any() else 0.0 for m in left]
+        C[j] = left.pop(int(np.argmax(gaps)))
+        live[j] = True
+    return C, ~live
+
+
 def gtv_distance(W_a: np.ndarray, W_b: np.ndarray) -> float:
     """GTV between two sites' centroid sets (Jung, eq. 4): sum over a's centroids of the
     squared distance to the nearest of b's, plus the same from b to a. 0 exactly when

@@ -9,9 +9,15 @@ moves C <- C + alpha (Gamma* - C), alpha = ``learning-rate``.
 
 Dead clusters: a cluster with no reported member at any site (or, with
 ``reassign-fraction`` > 0, a total count under that share of the round's total) for
-``reassign-patience`` consecutive rounds is re-seeded next to the largest cluster (see
-:func:`aggregate.reseed_small_clusters`). By default only empty clusters are dead: a
-real small cluster (a rare subgroup, a few outliers) keeps its centroid.
+``reassign-patience`` consecutive rounds is re-seeded where the data are: while a
+cluster counts towards that, every round also asks each site for the mean of its p rows
+farthest from the centroids it received (``protocol.FAR_ROWS``; a cluster of rows like
+any other, under the floor and the differencing guard), and a dead cluster moves to the
+site mean farthest from every live centroid (:func:`aggregate.reseed_at_far_rows`).
+Where no site reported one (or under secure aggregation, whose sums cannot hold it), it
+is re-seeded next to the largest cluster (:func:`aggregate.reseed_small_clusters`). By
+default only empty clusters are dead: a real small cluster (a rare subgroup, a few
+outliers) keeps its centroid.
 
 With the full batch, one epoch, beta = 1, alpha = 1 and all sites, one round is exactly
 one central Lloyd step (a test checks it).
@@ -25,7 +31,9 @@ import numpy as np
 from flwr.common.logger import log
 
 from fedcluster.common import protocol
-from fedcluster.strategies.aggregate import count_weighted_mean, reseed_small_clusters
+from fedcluster.strategies.aggregate import (
+    count_weighted_mean, reseed_at_far_rows, reseed_small_clusters,
+)
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.kfed import KFedOrRandomInit
 
@@ -44,9 +52,12 @@ class MiniBatchKMeans(KFedOrRandomInit, ClusteringStrategy):
 
     def train_task(self) -> TaskPlan:
         cfg = self.config
+        params = {"epochs": cfg.epochs, "batch-size": cfg.batch_size, "beta": cfg.beta}
+        if np.any(self.small_streak > 0) and not cfg.secure_aggregation:
+            params[protocol.FAR_ROWS] = cfg.min_cluster_size  # where to re-seed, if it dies
         return TaskPlan(
             "minibatch",
-            params={"epochs": cfg.epochs, "batch-size": cfg.batch_size, "beta": cfg.beta},
+            params=params,
             arrays=protocol.Centroids(self.centroids),
             sample=True,
             seed_base=(self.seed, self.train_round),
@@ -61,10 +72,15 @@ class MiniBatchKMeans(KFedOrRandomInit, ClusteringStrategy):
         self.small_streak = np.where(small, self.small_streak + 1, 0)
         dead = self.small_streak >= self.config.reassign_patience
         if np.any(dead):
-            rng = np.random.default_rng([self.seed, self.train_round, 104729])
-            new = reseed_small_clusters(new, totals, dead, rng)
+            far = [r.arrays.far_means[0] for r in replies
+                   if isinstance(r.arrays, protocol.ClusterMeansAndFar) and r.arrays.far_counts[0] > 0]
+            new, still_dead = reseed_at_far_rows(new, dead, far)
+            if np.any(still_dead):
+                rng = np.random.default_rng([self.seed, self.train_round, 104729])
+                new = reseed_small_clusters(new, totals, still_dead, rng)
             self.small_streak[dead] = 0
             self.reseeded.extend(int(j) for j in np.flatnonzero(dead))
-            log(logging.INFO, "round %s: re-seeded clusters %s next to the largest one",
-                self.train_round, np.flatnonzero(dead).tolist())
+            log(logging.INFO, "round %s: re-seeded clusters %s (%d at sites' farthest rows, "
+                "the rest next to the largest cluster)", self.train_round,
+                np.flatnonzero(dead).tolist(), int(dead.sum() - still_dead.sum()))
         return new

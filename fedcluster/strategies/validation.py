@@ -48,6 +48,7 @@ class Expect:
     declared_rows: int | None = None  # the size the site declared in its first reply
     scale: str | None = None  # the statistics round's kind: "standard" or "minmax"
     private: bool = False  # a DP run: a lloyd reply carries no SSE (it would not be private)
+    far: bool = False  # a minibatch task asked for its farthest rows (protocol.FAR_ROWS)
 
 
 def _finite(name: str, a: np.ndarray) -> None:
@@ -115,7 +116,7 @@ def validate(
         # A site under the privacy floor refuses (an error reply), so this one lied.
         raise ReplyError(f"sent statistics of {n_rows} rows, under the privacy floor {expect.floor}")
     try:
-        reply = protocol.reply_arrays(expect.task, arrays, expect.scale)
+        reply = protocol.reply_arrays(expect.task, arrays, expect.scale, expect.far)
     except protocol.ProtocolError as err:
         raise ReplyError(str(err)) from None
     if isinstance(reply, protocol.Evaluation):
@@ -147,6 +148,7 @@ def validate(
         if np.any(weights < 0) or weights.sum() > n_rows * (1 + 1e-9):
             raise ReplyError(f"fuzzy weights outside [0, {n_rows}] in total")
         return protocol.FuzzyCentres(centres.astype(np.float64), weights.astype(np.float64))
+    far = _far_rows(reply, expect, n_rows) if isinstance(reply, protocol.ClusterMeansAndFar) else None
     centroids, counts = reply.centroids, reply.counts
     rows = protocol.TASKS[expect.task].rows
     if centroids.ndim != 2 or centroids.shape[1] != d:
@@ -160,7 +162,22 @@ def validate(
     counts = _counts("counts", counts, expect, n_rows)
     if rows == "at-most" and np.any(counts == 0):
         raise ReplyError("sent a local centroid with no members")
+    if far is not None:
+        return protocol.ClusterMeansAndFar(centroids.astype(np.float64), counts, *far)
     return protocol.ClusterMeans(centroids.astype(np.float64), counts)
+
+
+def _far_rows(reply, expect: Expect, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """A minibatch reply's farthest rows: one mean of d finite values and its count, 0
+    or at least the floor and at most the site's rows."""
+    _shape("far-rows mean", reply.far_means, (1, expect.n_features))
+    _finite("far-rows mean", reply.far_means)
+    _shape("far-rows count", reply.far_counts, (1,))
+    count = float(np.asarray(reply.far_counts)[0])
+    if not (count == 0 or expect.floor <= count <= n_rows) or count != round(count):
+        raise ReplyError(f"far-rows count {count} is not 0 or a whole number in "
+                         f"[{expect.floor}, {n_rows}]")
+    return reply.far_means.astype(np.float64), np.asarray(reply.far_counts, dtype=np.int64)
 
 
 def _per_feature(reply, d: int):
@@ -277,6 +294,7 @@ def check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows) -> 
         floor=strategy.config.min_cluster_size,
         declared_rows=site.n_rows if site else None,
         scale=plan.params.get("scale"),
+        far=protocol.FAR_ROWS in plan.params,
         private=strategy.config.private,
     )
     evaluation = None
