@@ -378,3 +378,21 @@ def test_run_config_missing_is_not_for_a_schema_run():
     from fedcluster.common.config import ConfigError, parse_run_config
     with pytest.raises(ConfigError, match="'missing' is for sites without a schema"):
         parse_run_config({"schema": "s.toml", "missing": "impute-mean"})
+
+
+def test_a_bad_schema_file_names_itself(demo, tmp_path):
+    """The run's schema unreadable: the run stops before any round, naming the file; a
+    site's own copy broken: that site fails its start naming the file and the key, and
+    the run goes on without it."""
+    out, schema_path, paths = demo
+    config = {"n-clusters": 4, "central-baseline": False, "output-dir": str(tmp_path / "out")}
+    with pytest.raises(FederationError, match=r"run config 'schema': .*nowhere.toml: cannot read"):
+        run_in_process(_nodes(schema_path, paths, tmp_path / "c"),
+                       {**config, "schema": str(tmp_path / "nowhere.toml")})
+    broken = tmp_path / "broken-schema.toml"
+    broken.write_text(schema_path.read_text().replace('type = "id"', 'type = "identifier"', 1))
+    nodes = _nodes(schema_path, paths, tmp_path / "c")
+    nodes[2]["schema-path"] = str(broken)
+    result = run_in_process(nodes, {**config, "schema": str(schema_path)})
+    reason = result.metrics["rejected-sites"]["2"]
+    assert "schema-path" in reason and str(broken) in reason and "columns.0.type" in reason

@@ -18,6 +18,7 @@ from flwr.server import LegacyContext, ServerConfig
 from flwr.serverapp import Grid, ServerApp
 
 from fedcluster.common.config import parse_run_config
+from fedcluster.common.schema import SchemaError, run_schema
 from fedcluster.server_app.checkpoint import load_checkpoint
 from fedcluster.server_app.choose_k import run_k_range
 from fedcluster.server_app.outputs import summary_table, write_outputs
@@ -52,6 +53,10 @@ def import_ahead(config) -> None:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = parse_run_config(dict(context.run_config))
+    try:  # the schema a run names is read before any round: a bad one stops it at once
+        run_schema(config.schema_file)
+    except SchemaError as err:
+        raise FederationError(f"run config 'schema': {err}") from None
     import_ahead(config)
     initial = context.state.array_records.get(INITIAL_CENTROIDS)
     initial_centroids = initial.to_numpy_ndarrays()[0] if initial is not None else None
