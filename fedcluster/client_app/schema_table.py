@@ -95,10 +95,10 @@ def load_schema_table(path: str | os.PathLike, schema: Schema, *,
     digest = schema_hash(schema)
     base = Path(cache_dir if cache_dir is not None else site_data.default_cache_dir()) / \
         table_cache_key(path, digest, units)
-    cached = site_data._read_cache(base, str(path))
+    cached = site_data.read_cache(base, str(path))
     if cached is not None:
         try:
-            meta = json.loads(site_data._sibling(base, ".json").read_text())
+            meta = json.loads(site_data.cache_sibling(base, ".json").read_text())
             facts = TableFacts(schema, digest, int(meta["rows-dropped"]),
                                {str(k): int(v) for k, v in meta["cells-missing"].items()})
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -110,14 +110,14 @@ def load_schema_table(path: str | os.PathLike, schema: Schema, *,
     data, facts_meta = encode_site_table(path, schema, units, digest)
     kernels.check_rows(data.X, str(path), min_rows, error=SiteDataError)
     try:
-        site_data._write_cache(base, data, os.path.realpath(path),
+        site_data.write_cache(base, data, os.path.realpath(path),
                                {"schema-hash": digest, "units": units or {}, **facts_meta})
     except OSError as error:
         logger.warning("%s: cannot write the data cache in %s (%s); encoding in memory "
                        "every round", path, base.parent, error)
         data.X.setflags(write=False)
         return data
-    cached = site_data._read_cache(base, str(path))
+    cached = site_data.read_cache(base, str(path))
     if cached is None:
         data.X.setflags(write=False)
         return data

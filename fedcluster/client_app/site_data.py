@@ -205,15 +205,17 @@ def _write_atomic(target: Path, write) -> None:
         raise
 
 
-def _sibling(base: Path, suffix: str) -> Path:
+def cache_sibling(base: Path, suffix: str) -> Path:
+    """A cache entry's file: ``base`` (the key's path) with ``suffix``."""
     return base.parent / (base.name + suffix)
 
 
-def _read_cache(base: Path, source: str) -> SiteData | None:
+def read_cache(base: Path, source: str) -> SiteData | None:
+    """The cached entry at ``base``, memory-mapped (None: missing, incomplete, damaged)."""
     try:  # the sidecar is written last, so its presence means the entry is complete
-        meta = json.loads(_sibling(base, ".json").read_text())
-        X = np.load(_sibling(base, ".npy"), mmap_mode="r")
-        labels = np.load(_sibling(base, ".labels.npy")) if meta["has_labels"] else None
+        meta = json.loads(cache_sibling(base, ".json").read_text())
+        X = np.load(cache_sibling(base, ".npy"), mmap_mode="r")
+        labels = np.load(cache_sibling(base, ".labels.npy")) if meta["has_labels"] else None
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or damaged: parse again and overwrite
     if meta.get("format") != CACHE_FORMAT or list(X.shape) != meta.get("shape") or X.dtype != np.float64 \
@@ -225,15 +227,17 @@ def _read_cache(base: Path, source: str) -> SiteData | None:
                     label_names=tuple(label_names) if label_names else None)
 
 
-def _write_cache(base: Path, data: SiteData, real_path: str, columns: dict) -> None:
+def write_cache(base: Path, data: SiteData, real_path: str, columns: dict) -> None:
+    """Write ``data`` as the entry at ``base`` (the arrays, then the sidecar with
+    ``columns``: what else a reader of the entry needs to know)."""
     base.parent.mkdir(parents=True, exist_ok=True)
     if data.labels is not None:
-        _write_atomic(_sibling(base, ".labels.npy"), lambda f: np.save(f, data.labels))
-    _write_atomic(_sibling(base, ".npy"), lambda f: np.save(f, np.ascontiguousarray(data.X)))
+        _write_atomic(cache_sibling(base, ".labels.npy"), lambda f: np.save(f, data.labels))
+    _write_atomic(cache_sibling(base, ".npy"), lambda f: np.save(f, np.ascontiguousarray(data.X)))
     meta = {"format": CACHE_FORMAT, "source": real_path, **columns,
             "shape": list(data.X.shape), "feature_names": data.feature_names,
             "has_labels": data.labels is not None, "label_names": data.label_names}
-    _write_atomic(_sibling(base, ".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    _write_atomic(cache_sibling(base, ".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
 
 
 def _open_npy(path: Path) -> np.ndarray:
@@ -293,7 +297,7 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
                             labels=None, source=source)
     key = cache_key(path, label_column, columns, id_column)
     base = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
-    cached = _read_cache(base, source)
+    cached = read_cache(base, source)
     if cached is not None:
         kernels.check_rows(cached.X, source, min_rows, error=SiteDataError)  # values checked before caching
         return cached
@@ -304,14 +308,14 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
     X = check_site_array(X, source, min_rows)
     data = SiteData(X=X, feature_names=names, labels=labels, source=source, label_names=label_names)
     try:
-        _write_cache(base, data, os.path.realpath(path),
+        write_cache(base, data, os.path.realpath(path),
                      {"label_column": label_column, "columns": columns, "id_column": id_column})
     except OSError as error:
         logger.warning("%s: cannot write the data cache in %s (%s); parsing in memory every round",
                        source, base.parent, error)
         X.setflags(write=False)
         return data
-    cached = _read_cache(base, source)
+    cached = read_cache(base, source)
     if cached is None:  # e.g. removed by a cleaner in between: the parsed data is still good
         X.setflags(write=False)
         return data
