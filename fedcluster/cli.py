@@ -158,7 +158,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.units:
         raise ValueError("--units is for a model trained with a schema (run config `schema`); "
                          f"{args.model} has none")
-    from fedcluster.common.node_config import parse_node_config
+    from fedcluster.client_app.node_config import parse_node_config
 
     node = parse_node_config({"columns": args.columns, "id-column": args.id_column,
                               "label-column": args.label_column})

@@ -146,7 +146,7 @@ def test_run_config_table_matches_pyproject_and_run_config():
 
 
 def test_node_config_table_matches_node_config():
-    from fedcluster.common.node_config import NodeConfig
+    from fedcluster.client_app.node_config import NodeConfig
 
     page = DOCS / "reference" / "node-config.md"
     docs = {k: toml_value(v) for k, v in table(page, "| key | default | meaning |").items()}

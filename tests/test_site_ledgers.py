@@ -13,7 +13,7 @@ import fedcluster
 from fedcluster import cli
 from fedcluster.client_app import disclosure_ledger, privacy_budget
 from fedcluster.common import privacy, protocol
-from fedcluster.common.node_config import ConfigError, parse_node_config
+from fedcluster.client_app.node_config import ConfigError, parse_node_config
 from fedcluster.simulation import run_in_process, site_nodes
 from fedcluster.strategies.errors import FederationError
 

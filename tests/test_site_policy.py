@@ -18,7 +18,7 @@ from flwr.common.serde import context_from_proto, context_to_proto
 
 import fedcluster
 from fedcluster.client_app import site_policy
-from fedcluster.common.node_config import ConfigError, parse_node_config
+from fedcluster.client_app.node_config import ConfigError, parse_node_config
 from fedcluster.simulation import run_in_process, site_nodes
 from test_deployment import write_site_csv
 

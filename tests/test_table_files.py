@@ -268,7 +268,7 @@ def test_a_parquet_data_path_without_a_schema_reads_as_its_csv(tmp_path):
     import pyarrow.parquet as pq
 
     from fedcluster.client_app.app import load_site
-    from fedcluster.common.node_config import parse_node_config
+    from fedcluster.client_app.node_config import parse_node_config
 
     rng = np.random.default_rng(3)
     X = rng.normal(size=(40, 3))

@@ -4,7 +4,7 @@ is dropped unread, and text columns are rejected with a message naming every one
 import numpy as np
 import pytest
 
-from fedcluster.common.node_config import ConfigError, parse_node_config
+from fedcluster.client_app.node_config import ConfigError, parse_node_config
 from fedcluster.client_app.site_data import SiteDataError, cache_key, load_site_file
 from fedcluster.simulation import run_in_process
 

@@ -34,7 +34,7 @@ from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
 from fedcluster.client_app import site_policy
 from fedcluster.common.config import run_config_defaults
-from fedcluster.common.node_config import ConfigError, NodeConfig, parse_node_config
+from fedcluster.client_app.node_config import ConfigError, NodeConfig, parse_node_config
 from fedcluster.client_app import differencing_guard, disclosure_ledger, private_tasks, privacy_budget
 from fedcluster.client_app.differencing_guard import DifferencingGuard
 from fedcluster.client_app.site_data import (

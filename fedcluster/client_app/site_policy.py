@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from flwr.app import ConfigRecord, RecordDict
 
-from fedcluster.common.node_config import NodeConfig
+from fedcluster.client_app.node_config import NodeConfig
 
 #: The ``Context.state`` config record that holds the round count.
 STATE_RECORD = "fedcluster-site-policy"

@@ -1,4 +1,4 @@
-"""Validated configuration: the run config (a site's node config: ``node_config.py``).
+"""Validated configuration: the run config (a site's node config: ``client_app/node_config.py``).
 
 Every value that crosses a trust boundary goes through one of these pydantic models.
 Run-config keys are kebab-case (``n-clusters``), as Flower's ``--run-config`` writes them;
