@@ -22,6 +22,7 @@ from fedcluster.common.imputation import (
 from fedcluster.common.scaling import FeatureTransform
 from fedcluster.common.schema import encoded_kinds, load_schema, parse_schema, schema_hash
 from fedcluster.common.table_encoding import encode_table
+import fedcluster
 from fedcluster.simulation import run_in_process
 from fedcluster.strategies.errors import FederationError
 
@@ -396,3 +397,30 @@ def test_a_bad_schema_file_names_itself(demo, tmp_path):
     result = run_in_process(nodes, {**config, "schema": str(schema_path)})
     reason = result.metrics["rejected-sites"]["2"]
     assert "schema-path" in reason and str(broken) in reason and "columns.0.type" in reason
+
+
+def test_an_imputing_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """The fill is part of the checkpointed state, and the schema is checked by its
+    content: simulate writes its schema file anew for the resumed run (another path, the
+    same hash), which resumes; a schema of other content is refused, both hashes named."""
+    from fedcluster import simulation
+    from fedcluster.common.config import ConfigError
+    from test_checkpoint import ServerKilled, crashing_grid
+
+    arrays, _ = _plain_sites(tmp_path)
+    config = {"n_clusters": 3, "num_rounds": 6, "tol": 0.0, "min_sites": 3, "seed": 2,
+              "scale": "standard", "output_dir": str(tmp_path), "differencing_guard": False}
+    whole = fedcluster.simulate(arrays, missing="impute-mean", run_name="whole", **config)
+    monkeypatch.setattr(simulation, "InProcessGrid", crashing_grid(3))
+    with pytest.raises(ServerKilled):
+        fedcluster.simulate(arrays, missing="impute-mean", run_name="stopped", **config)
+    monkeypatch.undo()
+    resumed = fedcluster.simulate(arrays, missing="impute-mean", run_name="resumed",
+                                  resume_from=str(tmp_path / "stopped"), **config)
+    np.testing.assert_array_equal(resumed.centroids, whole.centroids)
+    np.testing.assert_array_equal(resumed.model.scaling.fill, whole.model.scaling.fill)
+    assert [h["task"] for h in resumed.history][3] == "describe"
+    with pytest.raises(ConfigError, match=r"the run's schema is sha256 [0-9a-f]{64}, the "
+                                          r"checkpointed run's sha256 [0-9a-f]{64}"):
+        fedcluster.simulate(arrays, missing="drop-row", run_name="other",
+                            resume_from=str(tmp_path / "stopped"), **config)

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster.common.schema import run_schema
 from fedcluster.common.config import ConfigError, RunConfig
 from fedcluster.strategies import make_strategy
 from fedcluster.strategies.state import Encoder, StateError, decode, encode_state, restore_state
@@ -84,6 +85,8 @@ def save_checkpoint(strategy, directory: Path) -> Path:
         "arrays-sha256": hashlib.sha256(data).hexdigest(),
         "strategy": state,
     }
+    if (schema := run_schema(strategy.config.schema_file)) is not None:
+        document["schema-hash"] = schema[1]  # the schema may move; its content may not
     _write_atomically(path, json.dumps(document, allow_nan=False, indent=1).encode("utf-8"))
     for old in [*directory.glob("checkpoint-*.npz"), *directory.glob("checkpoint*.tmp")]:
         if old.name != arrays_file:
@@ -126,6 +129,13 @@ def _restore(path: Path, config: RunConfig):
         raise _unreadable(path, "no run config")
     now = config.model_dump(by_alias=True)
     changed = sorted(key for key in now if key not in OPERATIONAL_KEYS and before.get(key) != now[key])
+    if "schema" in changed and now["schema"] and document.get("schema-hash"):
+        # the schema file moved (or simulate wrote it anew): the same content resumes
+        held = run_schema(config.schema_file)[1]
+        if held != document["schema-hash"]:
+            raise ConfigError(f"{_KEY}: the run's schema is sha256 {held}, the checkpointed "
+                              f"run's sha256 {document['schema-hash']}")
+        changed.remove("schema")
     if changed:
         details = ", ".join(f"{key} = {before.get(key)!r} -> {now[key]!r}" for key in changed)
         raise ConfigError(
