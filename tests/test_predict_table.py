@@ -222,3 +222,24 @@ def test_no_row_is_assigned_with_a_cell_left_missing(trained, tmp_path):
     strict = _variant(model_path, tmp_path, "crp", "error", None)
     with pytest.raises(SiteDataError, match=rf"row {first}, column 'crp': the cell is missing"):
         strict.predict_table(header, columns)
+
+
+def test_predict_takes_a_dataframe_and_arrays_with_missing_cells(trained):
+    """Model.predict: a pandas DataFrame goes through the schema (as predict_table); an
+    encoded array with NaN takes the run's fill; a NaN the fill does not cover is an
+    error naming the row and feature, never a label."""
+    import pandas as pd
+
+    tmp, schema_path, paths, model, _ = trained
+    header, columns = read_table(paths[1])
+    frame = pd.DataFrame({name: cells for name, cells in zip(header, columns)})
+    np.testing.assert_array_equal(model.predict(frame),
+                                  model.predict_table(header, columns).by_row(dropped=-1))
+    X = encode_table(header, columns, load_schema(schema_path), "t").X
+    assert np.isnan(X).any()
+    np.testing.assert_array_equal(model.predict(X), _by_hand(model, load_schema(schema_path),
+                                                             header, columns))
+    indicator = model.feature_names.index("smoking missing")  # not imputed: never missing
+    X[4, indicator] = np.nan
+    with pytest.raises(ValueError, match=r"data row 5, smoking missing: the cell is missing"):
+        model.predict(X)

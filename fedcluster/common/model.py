@@ -106,10 +106,24 @@ class Model:
             raise ValueError(
                 f"data of shape {X.shape} does not match the model's {self.n_features} features"
             )
-        return X if self.scaling is None else np.ascontiguousarray(self.scaling.apply(X))
+        X = X if self.scaling is None else np.ascontiguousarray(self.scaling.apply(X))
+        if np.isnan(X).any():  # a missing cell the run's fill does not cover
+            row, j = np.argwhere(np.isnan(X))[0]
+            name = self.feature_names[j] if j < len(self.feature_names or []) else f"feature {j}"
+            raise ValueError(f"data row {row + 1}, {name}: the cell is missing and the model "
+                             "has no value to fill it with (the run imputed no such column)")
+        return X
 
     def predict(self, X) -> np.ndarray:
-        """Index of the nearest centroid for each row (ties: lowest index)."""
+        """Index of the nearest centroid for each row (ties: lowest index). Missing cells
+        (NaN) take the run's pooled fill (``scaling.fill``). A pandas DataFrame, given to
+        a model that keeps its schema, is read through it (:meth:`predict_table`); a row
+        the schema's ``drop-row`` drops gets -1."""
+        if self.schema is not None and hasattr(X, "columns") and hasattr(X, "to_numpy"):
+            header = [str(column) for column in X.columns]
+            table = self.predict_table(header, [X[column].tolist() for column in X.columns],
+                                       source="DataFrame")
+            return table.by_row(dropped=-1)
         return kernels.assign(self._check(X), self.centroids)[0]
 
     def predict_table(self, header: list[str], columns: list, source: str = "table",
