@@ -294,3 +294,20 @@ def test_a_parquet_data_path_without_a_schema_reads_as_its_csv(tmp_path):
     pq.write_table(pa.table({"a": [1.0, None, 2.0]}), missing)
     with pytest.raises(SiteDataError, match=r"row 2, column 'a': the cell is missing"):
         load_site(parse_node_config({"data-path": str(missing)}), {})
+
+
+def test_integer_codes_with_nulls_match_the_schemas_levels(tmp_path):
+    """A Parquet column of integer codes with a null reads as floats (3.0); as a
+    category or a label it must still be "3", as its CSV writes it."""
+    codes = pa.array([1, 2, None, 3, 1], pa.int64())
+    label = pa.array([7, None, 7, 8, 8], pa.int64())
+    path = tmp_path / "codes.parquet"
+    pq.write_table(pa.table({"x": [0.5, 1.5, 2.5, 3.5, 4.5], "ward": codes, "y": label}), path)
+    schema = parse_schema({"missing": "impute-mean", "columns": [
+        {"name": "x"}, {"name": "ward", "type": "categorical", "categories": ["1", "2", "3"]},
+        {"name": "y", "type": "label"}]})
+    header, columns = read_table(path)
+    table = encode_table(header, columns, schema, str(path))
+    np.testing.assert_array_equal(table.X[[0, 1, 3], 1:], [[1, 0, 0], [0, 1, 0], [0, 0, 1]])
+    assert np.isnan(table.X[2, 1:]).all()  # the null: missing, imputed later
+    assert table.labels.tolist() == ["7", "", "7", "8", "8"]

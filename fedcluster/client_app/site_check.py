@@ -20,7 +20,7 @@ from fedcluster.common.imputation import imputation_plan
 from fedcluster.common.schema import MISSING_TOKENS, Schema, schema_hash
 from fedcluster.client_app.table_files import read_table
 from fedcluster.common.table_encoding import (
-    EncodedTable, encode_table, match_columns, numeric_values,
+    EncodedTable, cell_text, encode_table, match_columns, numeric_values,
 )
 
 
@@ -48,7 +48,7 @@ def survey(header: list[str], columns: list[list[str]], schema: Schema, source: 
         j, unit = where[column.name]
         seen = ColumnSurvey(column.name, header[j], column.type)
         if column.type == "categorical":
-            cells = ["" if c is None else str(c).strip() for c in columns[j]]
+            cells = [cell_text(c) for c in columns[j]]
             seen.missing = sum(c in missing_tokens for c in cells)
             for c in cells:
                 if c in missing_tokens:

@@ -49,6 +49,20 @@ class EncodedTable:
     cells_missing: dict[str, int] = field(default_factory=dict)
 
 
+def cell_text(cell) -> str:
+    """A category's or label's cell as text: a number as a CSV writes it, so a Parquet or
+    DataFrame column of integer codes (read as floats when it has nulls) matches the
+    schema's levels ("3", not "3.0"); None and NaN are missing ("")."""
+    if cell is None:
+        return ""
+    if isinstance(cell, (float, np.floating)):
+        if np.isnan(cell):
+            return ""
+        if float(cell).is_integer() and abs(cell) < 2**53:
+            return str(int(cell))
+    return str(cell).strip()
+
+
 def match_columns(header: list[str], schema: Schema, source: str,
                   declared_units: dict[str, str] | None = None) -> dict[str, tuple[int, str | None]]:
     """Schema column name -> (its index in ``header``, the unit its values are in, None
@@ -138,7 +152,7 @@ def _categorical(cells, column: Column, source: str, header: str) -> np.ndarray:
     levels = {level: j for j, level in enumerate(column.categories)}
     onehot = np.zeros((len(cells), len(levels)))
     for i, cell in enumerate(cells):
-        text = "" if cell is None or (isinstance(cell, float) and np.isnan(cell)) else str(cell).strip()
+        text = cell_text(cell)
         if text in _MISSING:
             onehot[i] = np.nan
             continue
@@ -173,7 +187,7 @@ def encode_table(header: list[str], columns: list, schema: Schema, source: str,
     labels = None
     for column in schema.columns:
         if column.type == "label":
-            labels = np.asarray([str(c).strip() for c in columns[where[column.name][0]]])
+            labels = np.asarray([cell_text(c) for c in columns[where[column.name][0]]])
         if not column.is_feature:
             continue
         j, unit = where[column.name]
