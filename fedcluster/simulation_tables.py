@@ -31,10 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app.schema_table import encode_site_columns
+from fedcluster.client_app.schema_table import encode_site_columns, plain_schema
 from fedcluster.client_app.site_data import SiteData, SiteDataError
 from fedcluster.common import kernels
 from fedcluster.common.schema import MISSING_POLICIES, Schema, load_schema, parse_schema
+from fedcluster.common.table_encoding import frame_columns
 
 #: The label column of an implicit schema (arrays given with ``labels=``).
 LABEL_COLUMN = "label"
@@ -55,28 +56,6 @@ def resolve_schema(schema) -> Schema:
         return load_schema(schema)
     raise TypeError(f"schema must be a Schema, a dict or the path of a TOML/JSON file, "
                     f"not {type(schema).__name__}")
-
-
-def implicit_schema(n_features: int, missing: str, with_labels: bool) -> Schema:
-    """The schema of plain numeric arrays: columns ``x0`` ... with the given policy."""
-    columns = [{"name": f"x{j}"} for j in range(n_features)]
-    if with_labels:
-        columns.append({"name": LABEL_COLUMN, "type": "label"})
-    return parse_schema({"missing": missing, "columns": columns}, "missing=")
-
-
-def frame_columns(frame) -> tuple[list[str], list]:
-    """A DataFrame as (header, columns): each column's cells, a missing one (NaN, None,
-    ``pd.NA``, ``NaT``) as None, which the encoding reads as a missing cell."""
-    import pandas as pd  # only when a site is a DataFrame: pandas is optional
-
-    header = [str(name) for name in frame.columns]
-    columns = []
-    for j in range(frame.shape[1]):
-        cells = frame.iloc[:, j].to_numpy(dtype=object, copy=True)
-        cells[np.asarray(pd.isna(cells), dtype=bool)] = None
-        columns.append(cells)
-    return header, columns
 
 
 def pair_columns(site, source: str) -> tuple[list[str], list]:
@@ -164,8 +143,8 @@ def encode_sites(sites, *, labels=None, schema=None, missing=None,
         if len(set(widths)) > 1:
             raise ValueError(f"missing=: every site's array must have the same number of "
                              f"columns, got {[np.shape(X) for X in sites]}")
-        run_schema = implicit_schema(len(tables[0][0]) - (labels is not None), missing,
-                                     labels is not None)
+        run_schema = plain_schema(tables[0][0], "missing=",
+                                  LABEL_COLUMN if labels is not None else None, missing=missing)
     else:
         if labels is not None:
             raise ValueError("with a schema, a site's labels are its table's label column "

@@ -23,10 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.common import kernels
-from fedcluster.common.datasets import SiteDataError
 from fedcluster.common.scaling import FeatureTransform
 from fedcluster.common.schema import Schema, parse_schema
-from fedcluster.common.table_encoding import encode_table
+from fedcluster.common.table_encoding import encode_table, frame_columns
 
 FORMAT_VERSION = 1
 
@@ -120,10 +119,7 @@ class Model:
         a model that keeps its schema, is read through it (:meth:`predict_table`); a row
         the schema's ``drop-row`` drops gets -1."""
         if self.schema is not None and hasattr(X, "columns") and hasattr(X, "to_numpy"):
-            header = [str(column) for column in X.columns]
-            table = self.predict_table(header, [X[column].tolist() for column in X.columns],
-                                       source="DataFrame")
-            return table.by_row(dropped=-1)
+            return self.predict_table(*frame_columns(X), source="DataFrame").by_row(dropped=-1)
         return kernels.assign(self._check(X), self.centroids)[0]
 
     def predict_table(self, header: list[str], columns: list, source: str = "table",
@@ -165,7 +161,8 @@ class Model:
             value.
         """
         schema = self._table_schema()
-        X, kept = _encode_keeping_rows(header, columns, schema, source, units)
+        table = encode_table(header, columns, schema, source, units)
+        X, kept = table.X, table.kept
         names = schema.feature_names()
         if X.shape[1] != self.n_features or (self.feature_names and names != self.feature_names):
             raise ValueError(f"the model's schema encodes the features {names}, but the model "
@@ -272,27 +269,6 @@ class Model:
     @classmethod
     def load(cls, path: str | Path) -> "Model":
         return cls.from_json(Path(path).read_text())
-
-
-def _encode_keeping_rows(header, columns, schema: Schema, source: str,
-                         units) -> tuple[np.ndarray, np.ndarray]:
-    """``encode_table``'s features and the mask of the rows it keeps (it gives their count
-    only): the table is encoded with every ``drop-row`` column's missing cells left NaN
-    (its policy read as an imputing one: same checks, same errors), and a row with a NaN
-    in such a column is dropped, as ``encode_table`` drops it."""
-    dropping = {c.name for c in schema.features if schema.policy(c) == "drop-row"}
-    if dropping:
-        schema = schema.model_copy(update={"columns": tuple(
-            c.model_copy(update={"missing": "impute-mean"}) if c.name in dropping else c
-            for c in schema.columns)})
-    table = encode_table(header, columns, schema, source, units)
-    kept = np.ones(len(table.X), dtype=bool)
-    for name in dropping:
-        kept &= ~np.isnan(table.X[:, table.blocks[name]]).any(axis=1)
-    if len(kept) and not kept.any():
-        raise SiteDataError(f"{source}: every one of its {len(kept)} rows has a missing cell "
-                            "in a column whose policy is drop-row: no row is left")
-    return table.X[kept], kept
 
 
 def json_default(value):

@@ -37,16 +37,22 @@ class EncodedTable:
     ``X``: (rows kept, features) float64, NaN where a cell waits for :func:`impute`;
     ``names``: the encoded feature names (``Schema.feature_names``); ``blocks``: per
     feature column of the schema, the slice of ``X`` it fills; ``labels``: the label
-    column's cells (or None); ``rows_dropped``: rows dropped by ``drop-row``;
-    ``cells_missing``: per feature column, the missing cells among the kept rows.
+    column's cells (or None); ``kept``: per row of the table, whether ``drop-row`` kept
+    it (``X`` holds the kept rows); ``cells_missing``: per feature column, the missing
+    cells among the kept rows.
     """
 
     X: np.ndarray
     names: list[str]
     blocks: dict[str, slice]
     labels: np.ndarray | None = None
-    rows_dropped: int = 0
+    kept: np.ndarray | None = None
     cells_missing: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rows_dropped(self) -> int:
+        """The rows ``drop-row`` dropped."""
+        return 0 if self.kept is None else int(np.count_nonzero(~self.kept))
 
 
 def cell_text(cell) -> str:
@@ -220,25 +226,37 @@ def encode_table(header: list[str], columns: list, schema: Schema, source: str,
     cells_missing = {c.name: int(np.isnan(X[keep][:, blocks[c.name]]).any(axis=1).sum())
                      for c in schema.features}
     return EncodedTable(np.ascontiguousarray(X[keep]), names, blocks,
-                        None if labels is None else labels[keep], int(drop.sum()), cells_missing)
+                        None if labels is None else labels[keep], keep, cells_missing)
 
 
 def impute(table: EncodedTable, schema: Schema, fill: dict[str, np.ndarray]) -> np.ndarray:
     """The features with every NaN filled from ``fill`` (per feature column, the pooled
     mean or median of its block: a numeric column's value, a category's share of each
-    level). Post-processing of public values: nothing of the site's own is used."""
-    X = table.X.copy()
+    level), as the run's transform fills them (``scaling.FeatureTransform.fill``)."""
+    from fedcluster.common.scaling import FeatureTransform
+
+    vector = np.full(table.X.shape[1], np.nan)
     for column in schema.features:
         block = table.blocks[column.name]
+        width = block.stop - block.start - (1 if column.missing_indicator else 0)
         values = np.asarray(fill.get(column.name, []), dtype=np.float64).ravel()
-        part = X[:, block]
-        rows = np.isnan(part).any(axis=1)
-        if not rows.any():
-            continue
-        width = part.shape[1] - (1 if column.missing_indicator else 0)
-        if values.shape != (width,):
+        if np.isnan(table.X[:, block]).any() and values.shape != (width,):
             raise ValueError(f"column {column.name!r}: {width} fill value(s) needed, "
                              f"{values.size} given")
-        part[np.ix_(rows, np.arange(width))] = values
-        X[:, block] = part
-    return X
+        if values.size:
+            vector[block.start:block.start + width] = values
+    return np.array(FeatureTransform.fill_only(vector).apply(table.X))  # a copy
+
+
+def frame_columns(frame) -> tuple[list[str], list]:
+    """A pandas DataFrame as (header, columns): each column's cells, a missing one (NaN,
+    None, ``pd.NA``, ``NaT``) as None, which the encoding reads as a missing cell."""
+    import pandas as pd  # only when a table is a DataFrame: pandas is optional
+
+    header = [str(name) for name in frame.columns]
+    columns = []
+    for j in range(frame.shape[1]):
+        cells = frame.iloc[:, j].to_numpy(dtype=object, copy=True)
+        cells[np.asarray(pd.isna(cells), dtype=bool)] = None
+        columns.append(cells)
+    return header, columns
