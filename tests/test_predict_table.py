@@ -239,7 +239,15 @@ def test_predict_takes_a_dataframe_and_arrays_with_missing_cells(trained):
     assert np.isnan(X).any()
     np.testing.assert_array_equal(model.predict(X), _by_hand(model, load_schema(schema_path),
                                                              header, columns))
+    # to_sklearn fills as the model does (a first pipeline step), and survives pickling.
+    import pickle
+
+    pipeline = pickle.loads(pickle.dumps(model.to_sklearn()))
+    assert [name for name, _ in pipeline.steps] == ["fill", "scale", "kmeans"]
+    np.testing.assert_array_equal(pipeline.predict(X), model.predict(X))
     indicator = model.feature_names.index("smoking missing")  # not imputed: never missing
     X[4, indicator] = np.nan
     with pytest.raises(ValueError, match=r"data row 5, smoking missing: the cell is missing"):
         model.predict(X)
+    with pytest.raises(ValueError, match="NaN"):  # the cell the run did not impute
+        pipeline.predict(X)

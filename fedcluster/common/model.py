@@ -205,10 +205,12 @@ class Model:
         """A fitted ``sklearn.cluster.KMeans`` with these centroids as ``cluster_centers_``
         (so its ``predict`` equals :meth:`predict`); for a scaled model, a ``Pipeline`` of a
         ``StandardScaler`` whose ``mean_`` and ``scale_`` are the stored shift and factor
-        (it applies exactly the model's transform, whatever its kind) and that KMeans."""
+        (it applies exactly the model's transform, whatever its kind) and that KMeans; for
+        a model whose run imputed, a first step that fills a missing cell with the run's
+        pooled fill (a cell the run did not impute stays NaN, which KMeans refuses)."""
         from sklearn.cluster import KMeans
         from sklearn.pipeline import Pipeline
-        from sklearn.preprocessing import StandardScaler
+        from sklearn.preprocessing import FunctionTransformer, StandardScaler
 
         # Fitting on the centroids themselves from init = centroids gives a fitted
         # estimator in one Lloyd step; the centres are then set to ours exactly.
@@ -226,9 +228,18 @@ class Model:
         scaler.mean_, scaler.scale_ = self.scaling.shift.copy(), self.scaling.factor.copy()
         scaler.var_ = scaler.scale_**2
         scaler.n_features_in_, scaler.n_samples_seen_ = self.n_features, int(self.metrics.get("n-rows", 0))
+        fill = self.scaling.fill
+        if fill is None or np.isnan(fill).all():
+            if names is not None:
+                scaler.feature_names_in_ = names
+            return Pipeline([("scale", scaler), ("kmeans", model)])
+        # The fill step hands the scaler an array, so the names stay with the first step.
+        filler = FunctionTransformer(FeatureTransform.fill_only(fill).apply, validate=False,
+                                     feature_names_out="one-to-one")
+        filler.fit(np.zeros((1, self.n_features)))
         if names is not None:
-            scaler.feature_names_in_ = names
-        return Pipeline([("scale", scaler), ("kmeans", model)])
+            filler.feature_names_in_ = names
+        return Pipeline([("fill", filler), ("scale", scaler), ("kmeans", model)])
 
     def to_dict(self) -> dict:
         out = asdict(self)
