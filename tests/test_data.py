@@ -350,6 +350,26 @@ def test_second_load_maps_the_cache_without_parsing(tmp_path, monkeypatch):
     assert not second.X.flags.writeable
     with pytest.raises(ValueError):
         second.X[0, 0] = 9.0
+    # The entry keeps the rows' fingerprint (the guard's and the budget's key), so a task
+    # does not hash the rows again; it is the hash of the rows as mapped.
+    monkeypatch.setattr(data, "data_fingerprint", no_parse)
+    assert second.rows_fingerprint() == first.fingerprint == data.hashlib.sha256(
+        b"(2, 2)\0<f8\0" + np.asarray(second.X).tobytes()).hexdigest()
+
+
+def test_a_cache_entry_without_a_fingerprint_still_gives_one(tmp_path):
+    """An entry written before the sidecar kept the fingerprint: it is computed."""
+    import json
+
+    path = write(tmp_path / "s.csv", "a,b\n1,2\n3,4\n")
+    cache = tmp_path / "cache"
+    expected = load_site_file(path, cache_dir=cache).rows_fingerprint()
+    sidecar = cache / f"{cache_key(path)}.json"
+    meta = json.loads(sidecar.read_text())
+    del meta["rows-sha256"]
+    sidecar.write_text(json.dumps(meta))
+    again = load_site_file(path, cache_dir=cache)
+    assert again.fingerprint is None and again.rows_fingerprint() == expected
 
 
 def test_editing_the_file_invalidates_the_cache(tmp_path):

@@ -287,7 +287,7 @@ class SiteClient(NumPyClient):
             self._check_policy(task, config)
             site = self._load()
             site_policy.check_site_rows(self.node, site.n_rows)
-            fingerprint = differencing_guard.data_fingerprint(np.asarray(site.X))
+            fingerprint = site.rows_fingerprint()
             with (self._kept_row_sets(site, fingerprint) as history,
                   self._budget_ledger(fingerprint) as budget_ledger):
                 rho, budget = self._charge(budget_ledger, task, config)

@@ -256,16 +256,6 @@ STATE_RECORD = "fedcluster-row-sets"
 STATE_DATA_RECORD = "fedcluster-row-sets-data"
 
 
-def data_fingerprint(X: np.ndarray) -> str:
-    """sha256 of the site's rows (shape, dtype, values): the kept sets belong to these
-    rows in this order; other rows start an empty history."""
-    digest = hashlib.sha256(f"{X.shape}\0{X.dtype.str}\0".encode())
-    block = max(1, (1 << 22) // max(1, X.shape[1]))
-    for start in range(0, X.shape[0], block):
-        digest.update(np.ascontiguousarray(X[start:start + block]).tobytes())
-    return digest.hexdigest()
-
-
 @contextlib.contextmanager
 def kept_in_state(state: RecordDict, fingerprint: str, n_rows: int):
     """The history of this run's ``Context.state`` (simulation: one run's sets)."""

@@ -3,7 +3,7 @@
 A run's ``dp-epsilon`` bounds what THAT run discloses; a hospital answering run after run
 on the same table needs a bound on all of them together. ``dp-budget = "epsilon,delta"``
 (delta defaults to 1e-5) is that bound for the site's data (its rows, by
-:func:`~fedcluster.client_app.differencing_guard.data_fingerprint`), spent across ALL runs:
+:func:`~fedcluster.client_app.site_data.data_fingerprint`), spent across ALL runs:
 
 - The spend is kept as rho-zCDP, which adds up over releases (Bun & Steinke 2016,
   Lemma 2.3): every noised task (``private_tasks.SPENDING_TASKS``) adds the task's

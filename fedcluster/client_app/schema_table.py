@@ -18,6 +18,7 @@ column and value; a site with such a file fails its own start with that message.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -95,18 +96,17 @@ def load_schema_table(path: str | os.PathLike, schema: Schema, *,
     digest = schema_hash(schema)
     base = Path(cache_dir if cache_dir is not None else site_data.default_cache_dir()) / \
         table_cache_key(path, digest, units)
-    cached = site_data.read_cache(base, str(path))
-    if cached is not None:
+    entry = site_data.read_cache(base, str(path))
+    if entry is not None:
+        cached, meta = entry
         try:
-            meta = json.loads(site_data.cache_sibling(base, ".json").read_text())
             facts = TableFacts(schema, digest, int(meta["rows-dropped"]),
                                {str(k): int(v) for k, v in meta["cells-missing"].items()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            cached = None  # a damaged sidecar: encode again
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # a damaged sidecar: encode again
         else:
             kernels.check_rows(cached.X, str(path), min_rows, error=SiteDataError)
-            return SiteData(cached.X, cached.feature_names, cached.labels, cached.source,
-                            cached.label_names, facts)
+            return dataclasses.replace(cached, table=facts)
     data, facts_meta = encode_site_table(path, schema, units, digest)
     kernels.check_rows(data.X, str(path), min_rows, error=SiteDataError)
     try:
@@ -117,12 +117,11 @@ def load_schema_table(path: str | os.PathLike, schema: Schema, *,
                        "every round", path, base.parent, error)
         data.X.setflags(write=False)
         return data
-    cached = site_data.read_cache(base, str(path))
-    if cached is None:
+    entry = site_data.read_cache(base, str(path))
+    if entry is None:
         data.X.setflags(write=False)
         return data
-    return SiteData(cached.X, cached.feature_names, cached.labels, cached.source,
-                    cached.label_names, data.table)
+    return dataclasses.replace(entry[0], table=data.table)
 
 
 def plain_schema(header: list[str], source: str, label_column: str | None = None,
@@ -163,4 +162,4 @@ def load_plain_table(path: str | os.PathLike, *, cache_dir=None, label_column=No
     facts = None
     if missing != "error":
         facts = TableFacts(schema, "", data.table.rows_dropped, dict(data.table.cells_missing))
-    return SiteData(data.X, data.feature_names, data.labels, data.source, data.label_names, facts)
+    return dataclasses.replace(data, table=facts)

@@ -52,6 +52,9 @@ class SiteData:
     table : TableFacts or None
         A table read through the agreed schema (``schema_table.py``): the schema, what the
         encoding dropped and left missing. ``X`` then holds NaN in a cell the run imputes.
+    fingerprint : str or None
+        :func:`data_fingerprint` of ``X`` when it is known without hashing the rows again
+        (a cache entry keeps it); None: compute it (:meth:`rows_fingerprint`).
     """
 
     X: np.ndarray
@@ -60,10 +63,15 @@ class SiteData:
     source: str
     label_names: tuple[str, ...] | None = None
     table: "TableFacts | None" = None
+    fingerprint: str | None = None
 
     @property
     def n_rows(self) -> int:
         return int(self.X.shape[0])
+
+    def rows_fingerprint(self) -> str:
+        """:func:`data_fingerprint` of ``X`` (the cache entry's, when it kept one)."""
+        return self.fingerprint or data_fingerprint(np.asarray(self.X))
 
     @property
     def n_features(self) -> int:
@@ -84,6 +92,17 @@ class TableFacts:
     @property
     def has_missing(self) -> bool:
         return any(self.cells_missing.values())
+
+
+def data_fingerprint(X: np.ndarray) -> str:
+    """sha256 of a site's rows (shape, dtype, values): what the differencing guard's kept
+    row sets and the privacy budget belong to (other rows start afresh). A cache entry
+    keeps it, so a deployed site hashes its rows once per file version, not per task."""
+    digest = hashlib.sha256(f"{X.shape}\0{X.dtype.str}\0".encode())
+    block = max(1, (1 << 22) // max(1, X.shape[1]))
+    for start in range(0, X.shape[0], block):
+        digest.update(np.ascontiguousarray(X[start:start + block]).tobytes())
+    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------- validation
@@ -210,8 +229,9 @@ def cache_sibling(base: Path, suffix: str) -> Path:
     return base.parent / (base.name + suffix)
 
 
-def read_cache(base: Path, source: str) -> SiteData | None:
-    """The cached entry at ``base``, memory-mapped (None: missing, incomplete, damaged)."""
+def read_cache(base: Path, source: str) -> tuple[SiteData, dict] | None:
+    """The cached entry at ``base``, memory-mapped, and its sidecar (what the writer's
+    ``columns`` said); None: missing, incomplete, damaged."""
     try:  # the sidecar is written last, so its presence means the entry is complete
         meta = json.loads(cache_sibling(base, ".json").read_text())
         X = np.load(cache_sibling(base, ".npy"), mmap_mode="r")
@@ -223,18 +243,22 @@ def read_cache(base: Path, source: str) -> SiteData | None:
         return None
     names = meta.get("feature_names")
     label_names = meta.get("label_names")
+    fingerprint = meta.get("rows-sha256")
     return SiteData(X=X, feature_names=tuple(names) if names else None, labels=labels, source=source,
-                    label_names=tuple(label_names) if label_names else None)
+                    label_names=tuple(label_names) if label_names else None,
+                    fingerprint=fingerprint if isinstance(fingerprint, str) else None), meta
 
 
 def write_cache(base: Path, data: SiteData, real_path: str, columns: dict) -> None:
     """Write ``data`` as the entry at ``base`` (the arrays, then the sidecar with
-    ``columns``: what else a reader of the entry needs to know)."""
+    ``columns``: what else a reader of the entry needs to know, and the rows' fingerprint)."""
     base.parent.mkdir(parents=True, exist_ok=True)
     if data.labels is not None:
         _write_atomic(cache_sibling(base, ".labels.npy"), lambda f: np.save(f, data.labels))
-    _write_atomic(cache_sibling(base, ".npy"), lambda f: np.save(f, np.ascontiguousarray(data.X)))
+    X = np.ascontiguousarray(data.X, dtype=np.float64)
+    _write_atomic(cache_sibling(base, ".npy"), lambda f: np.save(f, X))
     meta = {"format": CACHE_FORMAT, "source": real_path, **columns,
+            "rows-sha256": data_fingerprint(X),
             "shape": list(data.X.shape), "feature_names": data.feature_names,
             "has_labels": data.labels is not None, "label_names": data.label_names}
     _write_atomic(cache_sibling(base, ".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
@@ -297,10 +321,10 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
                             labels=None, source=source)
     key = cache_key(path, label_column, columns, id_column)
     base = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
-    cached = read_cache(base, source)
-    if cached is not None:
-        kernels.check_rows(cached.X, source, min_rows, error=SiteDataError)  # values checked before caching
-        return cached
+    entry = read_cache(base, source)
+    if entry is not None:
+        kernels.check_rows(entry[0].X, source, min_rows, error=SiteDataError)  # values checked before caching
+        return entry[0]
     if suffix == ".npy":
         X, names, labels, label_names = mapped, None, None, None
     else:
@@ -315,8 +339,8 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
                        source, base.parent, error)
         X.setflags(write=False)
         return data
-    cached = read_cache(base, source)
-    if cached is None:  # e.g. removed by a cleaner in between: the parsed data is still good
+    entry = read_cache(base, source)
+    if entry is None:  # e.g. removed by a cleaner in between: the parsed data is still good
         X.setflags(write=False)
         return data
-    return cached
+    return entry[0]
