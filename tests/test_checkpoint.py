@@ -145,7 +145,7 @@ def _dp_sites():
 
 
 #: What a checkpoint leaves out (strategies/state.py says why); nothing else may be.
-NOT_STATE = {"config", "_pending"}
+NOT_STATE = {"config", "_pending", "_stand_ins"}  # state.TRANSIENT, spelled out: a new one is a choice
 SMALL = {"n_clusters": 4, "num_rounds": 3, "tol": 0.0, "min_sites": 3, "seed": 4, "n_init": 2}
 STATE_RUNS = {
     "dwf": {**SMALL, "algorithm": "dwf", "momentum": 0.3},

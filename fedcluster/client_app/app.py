@@ -322,7 +322,10 @@ class SiteClient(NumPyClient):
                 # Under SecAgg+ an empty reply would be summed with the others: fail the
                 # message instead (the protocol then drops this site from the sum).
                 raise
-            return [], 0, {protocol.SITE_KEY: self.key, protocol.ERROR: str(err)}
+            refusal = {protocol.SITE_KEY: self.key, protocol.ERROR: str(err)}
+            if isinstance(err, differencing_guard.GuardRefusal):
+                refusal[protocol.REFUSED_BY] = protocol.GUARD_POLICY
+            return [], 0, refusal
         site_policy.count_round(self.state, self.run_id, task)
         return answer
 

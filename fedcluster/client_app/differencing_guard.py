@@ -32,8 +32,9 @@ the policy, and nothing of it is kept. Not the default, because honest runs meet
 guard nearly always (at floor 2, 285 of 294 default runs of the seven algorithms on
 bench/quality.py's sets; a withheld cluster in 125: bench/guard_interventions.py): a site cannot tell a
 crafted query from an honest cluster that gained a row or split in two, so refusing
-would drop honest sites from honest runs, while snapping already gives the coordinator
-nothing new.
+would drop honest sites from honest runs (bench/guard_refuse.py: even with the server's
+stand-ins for refused training replies, about half of such runs stop), while snapping
+already gives the coordinator nothing new.
 
 Cost, stated: memory n/8 bytes per distinct kept set (n = the site's rows), at most
 :data:`MAX_BYTES`; time per checked cluster: one XOR-popcount per kept set of a size

@@ -203,6 +203,10 @@ METRICS = {
 #: Every reply may carry these: the site's key, the rounds its policy still allows, a
 #: refusal (an error reply: the reason, no arrays).
 SITE_KEY, ROUNDS_LEFT, ERROR = "site-key", "rounds-left", "error"
+#: A refusal by the differencing guard (node config ``guard-refuse``) also says so
+#: (``refused-by`` = ``differencing-guard``): the server may let the site's last reply to
+#: the same training task stand in (``strategies/stand_ins.py``).
+REFUSED_BY, GUARD_POLICY = "refused-by", "differencing-guard"
 #: A table read through a schema describes itself with the schema's hash and, as JSON
 #: counts ("<p" under the floor), the rows it dropped and its missing cells per column.
 SCHEMA_HASH, ROWS_DROPPED, CELLS_MISSING = "schema-hash", "rows-dropped", "cells-missing"

@@ -22,7 +22,7 @@ from flwr.common.logger import log
 from fedcluster.common import protocol, scaling
 from fedcluster.common.schema import encoded_kinds, run_schema
 
-from fedcluster.strategies import private
+from fedcluster.strategies import private, stand_ins
 from fedcluster.strategies.errors import FederationError, SiteFailure
 from fedcluster.strategies.validation import Reply, ReplyError, check_reply
 
@@ -235,13 +235,20 @@ def check_replies(strategy, server_round: int, plan, keys: dict[int, str],
     line per dropped one. ``received`` holds (node id, site key, arrays, metrics, rows) per
     reply. Each answer of a joined site counts towards its max-rounds; a reply that does
     not validate is dropped and noted in ``strategy.site_failures`` (at describe, the site
-    is rejected), and the round goes on with the others."""
+    is rejected), and the round goes on with the others. A training task the site's
+    differencing guard refused is answered by its last reply to it (``stand_ins.py``)."""
     replies, dropped = [], []
     for node_id, key, arrays, metrics, n_rows in received:
         if protocol.ERROR not in metrics and keys.get(node_id) == key:
             count_answer(strategy.sites.get(key), plan.task, metrics.get(protocol.ROUNDS_LEFT))
+        if keys.get(node_id) == key and (held := stand_ins.stand_in(
+                strategy, server_round, plan, key, metrics)) is not None:
+            replies.append(held)  # its guard refused; its last reply answers for it
+            continue
         try:
-            replies.append(check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows))
+            reply = check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows)
+            replies.append(reply)
+            stand_ins.remember(strategy, server_round, plan, reply)
         except ReplyError as err:
             dropped.append(f"site {key}: {err}")
             strategy.site_failures.setdefault(key, []).append(
