@@ -37,6 +37,7 @@ import numpy as np
 
 from fedcluster.client_app import site_files
 from fedcluster.client_app.site_policy import PolicyRefusal
+from fedcluster.common import protocol
 
 class LedgerUnwritable(PolicyRefusal):
     """The ledger cannot be written: the site then answers no task (nothing leaves it
@@ -52,13 +53,11 @@ DEFAULT_NAME = "disclosure-ledger.jsonl"
 def values_of(reply_arrays, evaluation=None) -> dict:
     """A reply's named arrays (a protocol NamedTuple, or None) as JSON-ready lists, and
     those of the evaluation it carries (``evaluate-too``) under ``evaluation-`` names."""
-    if reply_arrays is None:
-        return {}
-    values = {name: np.asarray(value).tolist()
-              for name, value in reply_arrays._asdict().items() if value is not None}
-    if evaluation is not None:
-        values.update({f"evaluation-{name}": np.asarray(value).tolist()
-                       for name, value in evaluation._asdict().items() if value is not None})
+    values = {}
+    for prefix, arrays in (("", reply_arrays), (protocol.EVALUATION_PREFIX, evaluation)):
+        if reply_arrays is not None and arrays is not None:
+            values.update({prefix + name: np.asarray(value).tolist()
+                           for name, value in arrays._asdict().items() if value is not None})
     return values
 
 
