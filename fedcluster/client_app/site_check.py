@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster.client_app.table_files import read_table
 from fedcluster.common.imputation import imputation_plan
 from fedcluster.common.schema import MISSING_TOKENS, Schema, schema_hash
-from fedcluster.client_app.table_files import read_table
 from fedcluster.common.table_encoding import (
     EncodedTable, cell_text, encode_table, match_columns, numeric_values,
 )
