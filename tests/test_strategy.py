@@ -25,6 +25,20 @@ def test_fraction_samples_seeded_subset(sites):
     assert not np.array_equal(a.centroids, c.centroids)
 
 
+@pytest.mark.parametrize("algorithm", ["ewf", "minibatch", "fkm", "ffcm", "gtv"])
+def test_every_sampling_algorithm_trains_on_a_sample_smaller_than_min_sites(sites, algorithm):
+    """fraction C draws 1 of 8 sites per training round, under min-sites = 2: the round
+    reduces that one site's reply (as DWF's does) instead of stopping the run; the
+    evaluation still asks every site."""
+    r = fedcluster.simulate(sites, n_clusters=4, algorithm=algorithm, fraction=0.125,
+                            num_rounds=4, seed=4)
+    task = {"ewf": "lloyd", "minibatch": "minibatch", "fkm": "prune_lloyd", "ffcm": "fcm",
+            "gtv": "gtv"}[algorithm]  # (GTV's later refining rounds ask every site)
+    training = [row for row in r.history if row["task"] == task and "movement" in row]
+    assert training and all(row["sites-asked"] == 1 == row["sites-answered"] for row in training)
+    assert r.metrics["n-sites"] == 8 and np.isfinite(r.metrics["score"])
+
+
 def test_stops_on_convergence_and_records_history(sites):
     r = fedcluster.simulate(sites, n_clusters=4, num_rounds=40, tol=1e-9)
     train = [h for h in r.history if h["task"] == "lloyd"]

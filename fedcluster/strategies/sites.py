@@ -270,12 +270,14 @@ def too_few(strategy, what: str) -> str:
 
 def require_answers(strategy, replies: list[Reply], task: str) -> None:
     """Stop the run (FederationError naming the round's dropped replies) when fewer than
-    min-sites valid replies came back, except in a training round (the centroids then
-    stay, and the round still counts)."""
+    min-sites valid replies came back, except in a training round of any algorithm (its
+    fraction-C sample may be smaller; with no reply the centroids stay, and the round
+    still counts)."""
     if not replies:
         log(logging.WARNING, "task %s: no valid reply this round", task)
     answered = sum(r.n_sites for r in replies)
-    if task != "lloyd" and answered < min(strategy.config.min_sites, len(strategy.sites)):
+    training = task == "lloyd" or strategy.phase == "train"
+    if not training and answered < min(strategy.config.min_sites, len(strategy.sites)):
         dropped = "; ".join(strategy.round_failures)
         raise FederationError(f"task {task}: only {answered} valid replies, min-sites = "
                               f"{strategy.config.min_sites}" + (f"; dropped: {dropped}" * bool(dropped)))
