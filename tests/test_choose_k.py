@@ -73,6 +73,19 @@ def test_describe_and_stats_run_once_and_later_k_start_warm_or_cold():
         assert result["calinski-harabasz"] == 4 and result["simplified-silhouette"] == 4
 
 
+@pytest.mark.parametrize("algorithm", ["dwf", "ewf", "minibatch", "fkm", "kfed", "ffcm", "gtv"])
+def test_choose_k_runs_every_algorithm(algorithm):
+    """Every algorithm goes through a k range in one run (GTV's later k keep the first k's
+    graph of sites: it has no describe round of its own), and finds the four blobs."""
+    rng = np.random.default_rng(1)
+    X = blobs(rng, [(0, 0), (6, 0), (0, 6), (6, 6)])
+    sites = [X[i::3] for i in range(3)]
+    result = fedcluster.choose_k(sites, algorithm=algorithm, k_range="2:5", seed=0,
+                                 central_baseline=False)
+    assert {k: m.n_clusters for k, m in result["models"].items()} == {k: k for k in range(2, 6)}
+    assert result["simplified-silhouette"] == 4
+
+
 def test_kneedle_finds_the_knee_of_a_normalised_curve():
     ks = list(range(1, 11))
     # normalised: y = (v - 4) / 96, x = (k - 1) / 9, chord 1 - x; the gaps below it are

@@ -67,6 +67,11 @@ class GTVKMeans(ClusteringStrategy):
         self.last_round: dict = {}
         self.refine_round = 0
 
+    def continue_from(self, previous: ClusteringStrategy) -> None:
+        """Choose-k's next k: the same sites, so the same graph."""
+        super().continue_from(previous)
+        self.neighbours = previous.neighbours
+
     def admit_sites(self, replies: list[Reply]) -> None:
         named = []
         for r in replies:
