@@ -244,6 +244,8 @@ def test_a_ledger_that_is_not_jsonl_is_named_with_its_line(tmp_path):
     with pytest.raises(ValueError, match=r"ledger.jsonl, line 2: not a ledger line"):
         disclosure_ledger.read(path)
     assert cli.main(["site", "ledger", str(path)]) == 2
+    with pytest.raises(ValueError, match=r"disclosure ledger '.*nowhere.jsonl' does not exist"):
+        disclosure_ledger.read(tmp_path / "nowhere.jsonl")
 
 
 def test_under_secure_aggregation_the_ledger_records_the_masked_share_only(tmp_path):

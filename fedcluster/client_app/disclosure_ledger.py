@@ -97,8 +97,12 @@ def read(path: str | os.PathLike) -> list[dict]:
     Raises
     ------
     ValueError
-        A line is not JSON (the message names the file and line).
+        The file is missing, or a line is not JSON (the message names the file and line).
     """
+    if not Path(path).is_file():
+        raise ValueError(f"disclosure ledger '{path}' does not exist (a site writes it at "
+                         "node config ledger-path, by default <cache-dir>/"
+                         f"{DEFAULT_NAME})")
     lines = []
     with open(path, encoding="utf-8") as ledger:
         for number, text in enumerate(ledger, start=1):
