@@ -178,3 +178,7 @@ def test_the_hash_is_of_the_content_not_the_layout(tmp_path, schema):
         load_schema(tmp_path / "bad.toml")
     with pytest.raises(SchemaError, match=r"nowhere\.toml: cannot read the schema file"):
         load_schema(tmp_path / "nowhere.toml")
+    # the data file given where the schema goes: said so, not parsed as TOML
+    (tmp_path / "site.csv").write_text("age,dose\n1,2\n")
+    with pytest.raises(SchemaError, match=r"site\.csv: a schema file is \.toml or \.json, not '\.csv'"):
+        load_schema(tmp_path / "site.csv")

@@ -247,15 +247,18 @@ def parse_schema(data: dict, source: str = "schema") -> Schema:
 def load_schema(path: str | Path) -> Schema:
     """Read a schema file (``.toml`` or ``.json``)."""
     path = Path(path)
+    kind = "JSON" if path.suffix.lower() == ".json" else "TOML"
+    if path.suffix.lower() not in (".json", ".toml", ""):
+        raise SchemaError(f"{path}: a schema file is .toml or .json, not "
+                          f"{path.suffix.lower()!r} (is this the data file?)")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise SchemaError(f"{path}: cannot read the schema file ({err.strerror})") from None
     try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+        data = json.loads(text) if kind == "JSON" else tomllib.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as err:
-        raise SchemaError(f"{path}: not valid {path.suffix.lstrip('.').upper() or 'TOML'} "
-                          f"({err})") from None
+        raise SchemaError(f"{path}: not valid {kind} ({err})") from None
     return parse_schema(data, str(path))
 
 
