@@ -18,9 +18,10 @@ from typing import Literal, get_args, get_origin
 
 import numpy as np
 
-from fedcluster.common.config import ConfigError, RunConfig, kebab_keys
 from fedcluster.client_app import disclosure_ledger
 from fedcluster.client_app.site_data import SiteDataError
+from fedcluster.common.config import ConfigError, RunConfig, kebab_keys
+from fedcluster.strategies.errors import FederationError
 
 
 def _add_run_config_options(parser: argparse.ArgumentParser) -> None:
@@ -385,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, SiteDataError, ValueError, OSError) as err:
         print(f"fedcluster: error: {err}", file=sys.stderr)
         return 2
+    except FederationError as err:  # the run could not go on: its reason, not a traceback
+        print(f"fedcluster: the run stopped: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -77,3 +77,18 @@ def test_run_writes_a_non_trivial_convergence_png(trained):
     # describe with the init, >= 2 training rounds (the last moved nothing, so it carried
     # the evaluation, whose distances spared Davies-Bouldin's pass)
     assert len(history) >= 4
+
+
+def test_a_run_that_cannot_go_on_ends_with_its_reason_not_a_traceback(tmp_path, capsys):
+    """Every site refuses (an empty cell, no missing policy): exit 1 with the reason each
+    site gave, where the run's FederationError used to escape as a traceback."""
+    paths = []
+    for i in range(2):
+        paths.append(tmp_path / f"s{i}.csv")
+        paths[-1].write_text("a,b\n1,2\n3,\n5,6\n")
+    assert main(["simulate", "--data", *map(str, paths), "--n-clusters", "2",
+                 "--output-dir", ""]) == 1
+    err = capsys.readouterr().err
+    assert "fedcluster: the run stopped: no site described its data" in err
+    assert "s1.csv: data row 2 (line 3), column 'b': the cell is empty" in err
+    assert "Traceback" not in err
