@@ -217,7 +217,13 @@ def cmd_site_check(args: argparse.Namespace) -> int:
     from fedcluster.client_app.site_check import check
     from fedcluster.common.schema import load_schema, parse_units
 
-    units = parse_units(args.units or [], "--units")
+    units = list(args.units or [])
+    if args.data is None:  # `--units a=x FILE`: --units took the file too
+        if not units or "=" in units[-1]:
+            raise ValueError("site check needs the data file (fedcluster site check DATA "
+                             "--schema SCHEMA)")
+        args.data = units.pop()
+    units = parse_units(units, "--units")
     if args.min_cluster_size < 1:
         raise ValueError("--min-cluster-size must be >= 1")
     print(check(args.data, load_schema(args.schema), units, args.min_cluster_size))
@@ -342,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     check = site.add_parser(
         "check", help="check a data file against the agreed schema without contacting anyone: "
                       "rows, usable rows, missing cells, out-of-range cells, category counts")
-    check.add_argument("data", help="the site's table (.csv, .tsv with a header row, or .parquet)")
+    check.add_argument("data", nargs="?",
+                       help="the site's table (.csv, .tsv with a header row, or .parquet)")
     check.add_argument("--schema", required=True, help="the schema file (.toml or .json)")
     check.add_argument("--units", nargs="*", metavar="COLUMN=UNIT",
                        help="the unit a column of this file is in, when its header does not say")

@@ -63,6 +63,12 @@ def test_units_given_on_the_command_line_and_a_bad_schema(tmp_path, schema_path,
     assert "| mmol/L" in capsys.readouterr().out
     assert main(["site", "check", str(data), "--schema", str(schema_path), "--units", "glucose"]) == 2
     assert "write COLUMN=UNIT" in capsys.readouterr().err
+    # the data file after --units (which takes a list) is still the data file
+    assert main(["site", "check", "--schema", str(schema_path), "--units", "glucose=mmol/L",
+                 str(data)]) == 0
+    assert "| mmol/L" in capsys.readouterr().out
+    assert main(["site", "check", "--schema", str(schema_path), "--units", "glucose=mmol/L"]) == 2
+    assert "site check needs the data file" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
     bad.write_text('[[columns]]\nname = "a"\ntype = "categorical"\n')
     assert main(["site", "check", str(data), "--schema", str(bad)]) == 2
