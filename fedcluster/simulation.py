@@ -173,7 +173,10 @@ def serve_in_process(
 ):
     """Run the real ServerApp against in-process ClientApps; return its result record."""
     full_config = {**run_config_defaults(), **run_config}
-    parse_run_config(full_config)  # a bad key fails here, before any site runs
+    config = parse_run_config(full_config)  # a bad key fails here, before any site runs
+    if len(node_configs) < config.min_sites:  # a deployment would wait; here none can come
+        raise ValueError(f"{len(node_configs)} site(s) given, but min-sites = "
+                         f"{config.min_sites}: give more sites or a smaller min-sites")
     grid = InProcessGrid(client_module.app, node_configs, full_config, record_replies)
     state = RecordDict()
     if initial_centroids is not None:
@@ -242,13 +245,18 @@ def site_nodes(sites: list[np.ndarray] | None, labels: list[np.ndarray] | None =
         return
     token = uuid.uuid4().hex
     site_data = []
+    if labels is not None and len(labels) != len(sites):
+        raise ValueError(f"{len(labels)} label arrays for {len(sites)} sites")
     for i, X in enumerate(sites):
         if isinstance(X, SiteData):
             site_data.append(X)
             continue
-        y = None if labels is None else np.asarray(labels[i])
         source = f"site {i}"
-        site_data.append(SiteData(check_site_array(np.asarray(X), source), None, y, source))
+        X = check_site_array(np.asarray(X), source)
+        y = None if labels is None else np.asarray(labels[i])
+        if y is not None and y.shape != X.shape[:1]:
+            raise ValueError(f"{source}: labels of shape {y.shape} for its {X.shape[0]} rows")
+        site_data.append(SiteData(X, None, y, source))
     client_module.MEMORY_SITES[token] = site_data
     try:
         yield [{"data-path": f"{client_module.MEMORY_PREFIX}{token}/{i}", "site-id": str(i),

@@ -100,3 +100,21 @@ def test_site_with_other_column_names_is_rejected(tmp_path, good_sites):
     result = run_in_process(nodes, {**CONFIG, "min-sites": 2})
     assert "differ from the other sites' ['f0', 'f1', 'f2']" in result.metrics["rejected-sites"]["renamed"]
     assert result.model.feature_names == ["f0", "f1", "f2"]
+
+
+def test_fewer_sites_than_min_sites_or_mismatched_labels_fail_at_once():
+    """In process every site is given up front: fewer than min-sites (none at all, or one
+    under the default 2) is an error before the run, not a wait for sites that cannot
+    come (the ServerApp waited its 600 s startup timeout); labels must match the rows."""
+    import fedcluster
+
+    X = np.random.default_rng(0).normal(size=(50, 3))
+    with pytest.raises(ValueError, match=r"^0 site\(s\) given, but min-sites = 2"):
+        fedcluster.simulate([], n_clusters=2)
+    with pytest.raises(ValueError, match=r"^1 site\(s\) given, but min-sites = 2"):
+        fedcluster.simulate([X], n_clusters=2)
+    assert fedcluster.simulate([X], n_clusters=2, min_sites=1).metrics["n-sites"] == 1
+    with pytest.raises(ValueError, match=r"^site 1: labels of shape \(49,\) for its 50 rows"):
+        fedcluster.simulate([X, X], labels=[np.zeros(50), np.zeros(49)], n_clusters=2)
+    with pytest.raises(ValueError, match=r"^1 label arrays for 2 sites"):
+        fedcluster.simulate([X, X], labels=[np.zeros(50)], n_clusters=2)
