@@ -151,9 +151,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from fedcluster.common.model import Model
 
     try:
-        model = Model.load(args.model)
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"{args.model}: not a fedcluster model.json ({err})") from None
+        model = Model.load(args.model)  # a file that is not a model: ValueError naming it
+    except OSError as err:
+        raise ValueError(f"{args.model}: cannot read the model ({err.strerror})") from None
     if model.schema is not None:
         return _predict_through_schema(args, model)
     if args.units:

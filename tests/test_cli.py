@@ -61,7 +61,16 @@ def test_predict_rejects_a_bad_model_file(trained, capsys):
     (tmp / "junk.json").write_text("{not json")
     assert main(["predict", "--model", str(tmp / "junk.json"), "--data", str(tmp / "s0.csv"),
                  "--out", str(tmp / "never.csv")]) == 2
-    assert "not a fedcluster model.json" in capsys.readouterr().err
+    assert f"{tmp / 'junk.json'}: not a fedcluster model (Expecting property name" in \
+        capsys.readouterr().err
+    (tmp / "old.json").write_text('{"algorithm": "dwf"}')
+    assert main(["predict", "--model", str(tmp / "old.json"), "--data", str(tmp / "s0.csv"),
+                 "--out", str(tmp / "never.csv")]) == 2
+    assert "old.json: not a fedcluster model (no key 'centroids')" in capsys.readouterr().err
+    assert main(["predict", "--model", str(tmp / "nowhere.json"), "--data", str(tmp / "s0.csv"),
+                 "--out", str(tmp / "never.csv")]) == 2
+    assert "nowhere.json: cannot read the model (No such file or directory)" in \
+        capsys.readouterr().err
 
 
 def test_run_writes_a_non_trivial_convergence_png(trained):

@@ -255,8 +255,30 @@ class Model:
         return json.dumps(self.to_dict(), indent=1, default=json_default)
 
     @classmethod
-    def from_json(cls, text: str) -> "Model":
-        data = json.loads(text)
+    def from_json(cls, text: str, source: str = "model.json") -> "Model":
+        """The model a :meth:`to_json` text holds.
+
+        Raises
+        ------
+        ValueError
+            Not JSON, not a model (a key missing, naming it), or a newer format.
+        """
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            version = data.get("format-version", FORMAT_VERSION)
+            if not isinstance(version, int) or version > FORMAT_VERSION:
+                raise ValueError(f"format-version {version!r} is newer than this fedcluster "
+                                 f"reads ({FORMAT_VERSION}): upgrade fedcluster")
+            return cls._from_dict(data)
+        except KeyError as err:
+            raise ValueError(f"{source}: not a fedcluster model (no key {err})") from None
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{source}: not a fedcluster model ({err})") from None
+
+    @classmethod
+    def _from_dict(cls, data: dict) -> "Model":
         return cls(
             centroids=np.asarray(data["centroids"], dtype=np.float64),
             algorithm=data["algorithm"],
@@ -279,7 +301,7 @@ class Model:
 
     @classmethod
     def load(cls, path: str | Path) -> "Model":
-        return cls.from_json(Path(path).read_text())
+        return cls.from_json(Path(path).read_text(), str(path))
 
 
 def json_default(value):
