@@ -74,6 +74,18 @@ def test_no_reported_cluster_under_floor_end_to_end(sites):
 def test_init_centroids_shape_checked(sites):
     with pytest.raises(Exception, match="initial centroids have shape"):
         fedcluster.simulate(sites, n_clusters=4, init_centroids=np.zeros((3, 2)))
+    # a NaN start is named at the server, not left for every site to refuse
+    start = np.zeros((4, 2))
+    start[1, 0] = np.nan
+    with pytest.raises(Exception, match=r"expected \(4, 2\) and all finite"):
+        fedcluster.simulate(sites, n_clusters=4, init_centroids=start)
+
+
+def test_a_negative_seed_is_a_config_error_naming_it(sites):
+    from fedcluster.common.config import ConfigError
+
+    with pytest.raises(ConfigError, match="run-config key 'seed'"):
+        fedcluster.simulate(sites, n_clusters=4, seed=-1)
 
 
 def test_eval_every_adds_exact_evaluations(sites):

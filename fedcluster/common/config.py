@@ -135,7 +135,7 @@ class RunConfig(_Strict):
     fraction: float = Field(1.0, gt=0.0, le=1.0)
     min_sites: int = Field(2, ge=1)
     min_cluster_size: int = Field(2, ge=1, description="privacy floor p")
-    seed: int = 0
+    seed: int = Field(0, ge=0)  # numpy seeds (SeedSequence) are non-negative
     tol: float = Field(1e-4, ge=0.0)
     score_tol: float = Field(0.0, ge=0.0, description="stop when the score stops improving")
     n_init: int = Field(1, ge=1)

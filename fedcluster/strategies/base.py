@@ -390,11 +390,9 @@ class ClusteringStrategy(Strategy):
             self.start_training(start)
 
     def start_training(self, centroids: np.ndarray) -> None:
-        if centroids.shape != (self.k, self.n_features):
-            raise FederationError(
-                f"initial centroids have shape {centroids.shape}, expected "
-                f"({self.k}, {self.n_features})"
-            )
+        if centroids.shape != (self.k, self.n_features) or not np.isfinite(centroids).all():
+            raise FederationError(f"initial centroids have shape {centroids.shape}, expected ({self.k}, "
+                                  f"{self.n_features}) and all finite (a NaN or inf is not a start)")
         self.centroids = centroids
         self.previous = centroids.copy()
         self.phase = "train" if self.has_training else "evaluate"
