@@ -26,6 +26,8 @@ APP_DIR = Path(__file__).resolve().parents[1]
 # The wrapper: the real ClientApp, then the reply spoiled as the node config's `corrupt`
 # says, for every task but `describe` (so the site joins and then sends garbage).
 CORRUPTING_CLIENT = '''
+import dataclasses
+
 import numpy as np
 from flwr.clientapp import ClientApp
 
@@ -34,7 +36,9 @@ from fedcluster.client_app.app import SiteClient
 
 class CorruptingClient(SiteClient):
     def __init__(self, context):
-        super().__init__(context)
+        # `corrupt` is this wrapper's key, not fedcluster's (which refuses unknown keys)
+        node_config = {k: v for k, v in context.node_config.items() if k != "corrupt"}
+        super().__init__(dataclasses.replace(context, node_config=node_config))
         self.mode = str(context.node_config.get("corrupt", ""))
 
     def fit(self, parameters, config):

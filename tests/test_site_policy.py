@@ -20,6 +20,7 @@ import fedcluster
 from fedcluster.client_app import site_policy
 from fedcluster.client_app.node_config import ConfigError, parse_node_config
 from fedcluster.simulation import run_in_process, site_nodes
+from fedcluster.strategies import FederationError
 from test_deployment import write_site_csv
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -65,6 +66,19 @@ def test_bad_policy_values_name_the_key(values, key, says):
         parse_node_config(values)
     assert f"node-config key '{key}'" in str(err.value)
     assert says in str(err.value)
+
+
+def test_a_misspelt_key_is_an_error_not_a_policy_silently_ignored():
+    """'requier-dp' would leave the site answering non-DP tasks while its operator
+    believes it refuses them: the site refuses every task, naming the key it meant."""
+    with pytest.raises(ConfigError, match=r"unknown node-config key 'requier-dp' \(did you "
+                                          r"mean 'require-dp'\?\)"):
+        parse_node_config({"requier-dp": True})
+    rng = np.random.default_rng(0)
+    with site_nodes([rng.normal(size=(30, 2)), rng.normal(size=(30, 2))],
+                    site_config={"requier-dp": True}) as nodes:
+        with pytest.raises(FederationError, match=r"unknown node-config key 'requier-dp'"):
+            run_in_process(nodes, {"n-clusters": 2, "output-dir": ""})
 
 
 # ------------------------------------------------------- the count in the state

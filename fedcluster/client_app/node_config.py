@@ -19,7 +19,8 @@ class NodeConfig(_Strict):
     """A site's own settings (``flower-supernode --node-config``)."""
 
     model_config = ConfigDict(
-        alias_generator=_kebab, populate_by_name=True, extra="ignore", frozen=True
+        # extra="forbid": a misspelt key (a site policy above all) must not be ignored
+        alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True
     )
 
     data_path: str | None = None
@@ -139,4 +140,4 @@ def parse_node_config(values: dict[str, Any]) -> NodeConfig:
     try:
         return NodeConfig.model_validate({_kebab(k): v for k, v in values.items()})
     except ValidationError as err:
-        raise ConfigError(_format(err, "node-config")) from None
+        raise ConfigError(_format(err, "node-config", NodeConfig)) from None

@@ -8,6 +8,7 @@ A bad key or value raises :class:`ConfigError` naming the key.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -314,14 +315,19 @@ class RunConfig(_Strict):
         return [self.seed + i for i in range(self.n_init)]
 
 
-def _format(err: ValidationError, what: str) -> str:
+def _format(err: ValidationError, what: str, model: type | None = None) -> str:
+    """The errors of a validation, each naming its key (an unknown key with the known one
+    it is closest to, when ``model`` says which there are)."""
+    known = [] if model is None else [_kebab(name) for name in model.model_fields]
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
         if not key:  # a check across keys (model validator)
             lines.append(f"{what}: {e['msg'].removeprefix('Value error, ')}")
         elif e["type"] == "extra_forbidden":
-            lines.append(f"unknown {what} key '{key}'")
+            close = difflib.get_close_matches(key, known, n=1)
+            lines.append(f"unknown {what} key '{key}'"
+                         + (f" (did you mean '{close[0]}'?)" if close else ""))
         else:
             lines.append(f"{what} key '{key}': {e['msg']} (got {e.get('input')!r})")
     return "; ".join(lines)
@@ -332,7 +338,7 @@ def parse_run_config(values: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate({_kebab(k): v for k, v in values.items()})
     except ValidationError as err:
-        raise ConfigError(_format(err, "run-config")) from None
+        raise ConfigError(_format(err, "run-config", RunConfig)) from None
 
 
 def run_config_defaults() -> dict[str, Any]:
