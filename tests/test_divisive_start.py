@@ -118,8 +118,14 @@ def test_too_few_grown_clusters_are_completed_in_the_box_or_are_an_error():
     with an error naming the start."""
     empty = Reply("0", 0, 5, protocol.ClusterMeans(np.zeros((1, 2)), np.zeros(1, np.int64)), {})
     start = DivisiveStart.new(3, 2, seed=0)
-    with pytest.raises(FederationError, match="divisive start grew 0 distinct clusters"):
+    with pytest.raises(FederationError, match="divisive start grew 0 distinct clusters") as err:
         start.reduce([empty])
+    assert "secagg-data-bound" not in str(err.value)
+    # a secure round's sum (one reply for 3 sites): the bound's quantisation is named too
+    summed = Reply("secure", 0, 15, protocol.ClusterMeans(np.zeros((1, 2)), np.zeros(1, np.int64)),
+                   {}, n_sites=3)
+    with pytest.raises(FederationError, match="a secagg-data-bound far above the data's range"):
+        DivisiveStart.new(3, 2, seed=0).reduce([summed])
     one = Reply("0", 0, 5, protocol.ClusterMeans(np.array([[0.5, 0.5]]), np.array([5])), {})
     start = DivisiveStart.new(3, 2, seed=0)
     box = (np.array([-1.0, -1.0]), np.array([1.0, 2.0]))

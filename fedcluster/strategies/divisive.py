@@ -144,10 +144,14 @@ class DivisiveStart:
         if distinct >= self.k:
             return kmeans_on_centroids(self.means, self.k, self.seed, weights=self.counts)
         if box is None:
+            secure = any(r.n_sites > 1 for r in replies)  # a secure round's decoded sum
             raise FederationError(
                 f"the divisive start grew {distinct} distinct clusters, fewer than the k = "
                 f"{self.k} asked for (after the privacy floor); use a smaller k or "
-                "min-cluster-size, or give data-bounds")
+                "min-cluster-size, or give data-bounds" + (
+                    "; under secure aggregation, a secagg-data-bound far above the data's "
+                    "range also quantises the sums to nothing: bound the data tightly"
+                    if secure else ""))
         log(logging.WARNING, "the divisive start grew %s distinct clusters of the k = %s "
             "(the privacy floor or the noise withheld the rest); the other %s start "
             "uniform in the box", distinct, self.k, self.k - distinct)
