@@ -31,7 +31,6 @@ import quality  # noqa: E402
 import report  # noqa: E402
 
 import fedcluster  # noqa: E402
-from fedcluster.common.datasets import partition  # noqa: E402
 
 LINE = re.compile(r"site (\S+): task \S+: the differencing guard .* withheld (\d+)")
 
@@ -79,29 +78,25 @@ def sweep(args, lines: GuardLines) -> dict[str, list]:
     """Every run; per algorithm (the most rounds of a site the guard stepped in, whether it
     withheld a cluster, the run's rounds)."""
     runs = collections.defaultdict(list)
-    for name in args.sets:
-        X, y = quality.load(name, args.data)
-        k = len(np.unique(y))
-        for split, how in quality.SPLITS.items():
-            sites = [X[idx] for idx in partition(y, quality.SITES, how, seed=0)]
-            for algorithm in args.algorithms:
-                lines.stepped.clear()
-                lines.withheld.clear()
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    try:
-                        result = fedcluster.simulate(sites, algorithm=algorithm, n_clusters=k,
-                                                     min_cluster_size=2, seed=0,
-                                                     central_baseline=False)
-                    except Exception as err:  # a refused run is a line, not a crash
-                        print(f"{name} {split} {algorithm}: {err}", flush=True)
-                        continue
-                most = max(lines.stepped.values(), default=0)
-                runs[algorithm].append((most, sum(lines.withheld.values()) > 0,
-                                        len(result.history)))
-                print(f"{name:11s} {split:4s} {algorithm:9s} {len(result.history):3d} rounds; "
-                      f"the guard stepped in on up to {most} rounds of a site, withheld in "
-                      f"{sum(lines.withheld.values())} site-rounds", flush=True)
+    for name, split, _, k, sites in quality.federations(args.sets, args.data):
+        for algorithm in args.algorithms:
+            lines.stepped.clear()
+            lines.withheld.clear()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    result = fedcluster.simulate(sites, algorithm=algorithm, n_clusters=k,
+                                                 min_cluster_size=2, seed=0,
+                                                 central_baseline=False)
+                except Exception as err:  # a refused run is a line, not a crash
+                    print(f"{name} {split} {algorithm}: {err}", flush=True)
+                    continue
+            most = max(lines.stepped.values(), default=0)
+            runs[algorithm].append((most, sum(lines.withheld.values()) > 0,
+                                    len(result.history)))
+            print(f"{name:11s} {split:4s} {algorithm:9s} {len(result.history):3d} rounds; "
+                  f"the guard stepped in on up to {most} rounds of a site, withheld in "
+                  f"{sum(lines.withheld.values())} site-rounds", flush=True)
     return runs
 
 

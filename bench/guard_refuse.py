@@ -31,7 +31,6 @@ import quality  # noqa: E402
 import report  # noqa: E402
 
 import fedcluster  # noqa: E402
-from fedcluster.common.datasets import partition  # noqa: E402
 
 
 def pooled_sse(X: np.ndarray, centroids: np.ndarray) -> float:
@@ -77,16 +76,12 @@ def main() -> None:
     FLOWER_LOGGER.handlers = [logging.NullHandler()]
     try:
         runs = collections.defaultdict(list)
-        for name in args.sets:
-            X, y = quality.load(name, args.data)
-            k = len(np.unique(y))
-            for split, how in quality.SPLITS.items():
-                sites = [X[idx] for idx in partition(y, quality.SITES, how, seed=0)]
-                for algorithm in args.algorithms:
-                    got = one(sites, X, k, algorithm)
-                    runs[algorithm].append(got)
-                    print(f"{name:11s} {split:4s} {algorithm:9s} stopped={got[0]} "
-                          f"left-out={got[1]} stand-ins={got[2]} sse-ratio={got[3]:.4f}", flush=True)
+        for name, split, X, k, sites in quality.federations(args.sets, args.data):
+            for algorithm in args.algorithms:
+                got = one(sites, X, k, algorithm)
+                runs[algorithm].append(got)
+                print(f"{name:11s} {split:4s} {algorithm:9s} stopped={got[0]} "
+                      f"left-out={got[1]} stand-ins={got[2]} sse-ratio={got[3]:.4f}", flush=True)
     finally:
         FLOWER_LOGGER.handlers = handlers
     write(args, runs)

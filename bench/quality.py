@@ -58,6 +58,20 @@ SIPU = ("a1", "s1", "s2", "s3", "s4", "unbalance", "d31", "r15", "aggregation", 
 SPLITS = {"iid": "iid", "skew": "dirichlet:0.3"}
 
 
+def split_sites(X: np.ndarray, y: np.ndarray, split: str) -> list[np.ndarray]:
+    """The bench's SITES sites of a data set under ``split`` (a SPLITS key), seed 0."""
+    return [X[idx] for idx in partition(y, SITES, SPLITS[split], seed=0)]
+
+
+def federations(sets, data: Path):
+    """(name, split, X, k, sites) for every data set and split: the federations the
+    guard benches run (z-scored rows, k = the set's classes)."""
+    for name in sets:
+        X, y = load(name, data)
+        for split in SPLITS:
+            yield name, split, X, len(np.unique(y)), split_sites(X, y, split)
+
+
 def zscore(X: np.ndarray) -> np.ndarray:
     X = np.asarray(X, dtype=np.float64)
     sd = X.std(axis=0)
@@ -213,7 +227,7 @@ def main() -> None:
         reference = KMeans(k, n_init=10, random_state=0).fit(X)
         central_fuzzy = central_fcm(X, k) if "ffcm" in args.algorithms else None
         for split in args.splits:
-            sites = [X[idx] for idx in partition(y, SITES, SPLITS[split], seed=0)]
+            sites = split_sites(X, y, split)
             for algorithm in args.algorithms:
                 for floor in args.floors:
                     plain = None

@@ -53,9 +53,11 @@ DEFAULT_NAME = "disclosure-ledger.jsonl"
 def values_of(reply_arrays, evaluation=None) -> dict:
     """A reply's named arrays (a protocol NamedTuple, or None) as JSON-ready lists, and
     those of the evaluation it carries (``evaluate-too``) under ``evaluation-`` names."""
+    if reply_arrays is None:
+        return {}
     values = {}
     for prefix, arrays in (("", reply_arrays), (protocol.EVALUATION_PREFIX, evaluation)):
-        if reply_arrays is not None and arrays is not None:
+        if arrays is not None:
             values.update({prefix + name: np.asarray(value).tolist()
                            for name, value in arrays._asdict().items() if value is not None})
     return values

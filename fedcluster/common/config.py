@@ -318,7 +318,8 @@ class RunConfig(_Strict):
 def _format(err: ValidationError, what: str, model: type | None = None) -> str:
     """The errors of a validation, each naming its key (an unknown key with the known one
     it is closest to, when ``model`` says which there are)."""
-    known = [] if model is None else [_kebab(name) for name in model.model_fields]
+    known = [] if model is None else [field.alias or _kebab(name)
+                                      for name, field in model.model_fields.items()]
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
