@@ -226,7 +226,7 @@ def cmd_site_check(args: argparse.Namespace) -> int:
     units = parse_units(units, "--units")
     if args.min_cluster_size < 1:
         raise ValueError("--min-cluster-size must be >= 1")
-    print(check(args.data, load_schema(args.schema), units, args.min_cluster_size))
+    print(check(args.data, load_schema(args.schema), units, args.min_cluster_size, args.cache_dir))
     return 0
 
 
@@ -354,8 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--units", nargs="*", metavar="COLUMN=UNIT",
                        help="the unit a column of this file is in, when its header does not say")
     check.add_argument("--min-cluster-size", type=int, default=2, metavar="P",
-                       help="the privacy floor the report states (the larger of the run's and "
-                            "this site's; default 2, the run's default)")
+                       help="this site's own floor p_site (node config min-cluster-size): the "
+                            "size of the groups it answers from; default 2")
+    check.add_argument("--cache-dir", default=None, metavar="DIR",
+                       help="the site's cache-dir (node config): report the groups the site "
+                            "keeps there (after its file grew: the rows waiting too); "
+                            "without it, the groups are made here alone")
     check.set_defaults(func=cmd_site_check)
 
     apps = sub.add_parser("app", help="sign app bundles (FABs) and serve them to the "

@@ -35,7 +35,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedcluster import client_app as client_module
 from fedcluster import server_app as server_module
-from fedcluster.common import protocol
+from fedcluster.common import kernels, protocol
 from fedcluster.common.config import kebab_keys, parse_run_config, run_config_defaults
 from fedcluster.client_app.site_data import SiteData, check_site_array
 from fedcluster.simulation_tables import table_run
@@ -231,17 +231,16 @@ def run_in_process(
 
 @contextmanager
 def site_nodes(sites: list[np.ndarray] | None, labels: list[np.ndarray] | None = None,
-               num_sites: int | None = None, differencing_guard: bool = True,
-               site_config: dict | None = None):
+               num_sites: int | None = None, site_config: dict | None = None):
     """Node configs for in-memory site arrays (registered for the run, removed after it)
     or, without arrays, for ``num_sites`` partitions of the run's built-in dataset;
     ``site_config`` adds node-config keys to every site. A site given as ``SiteData`` (a
     table encoded through a schema: ``simulation_tables``) is registered as it is."""
-    guard = {**(site_config or {}), "differencing-guard": bool(differencing_guard)}
+    extra = dict(site_config or {})
     if sites is None:
         if num_sites is None:
             raise ValueError("give either `sites` (arrays) or `num_sites` (built-in dataset)")
-        yield [{"partition-id": i, "num-partitions": num_sites, **guard} for i in range(num_sites)]
+        yield [{"partition-id": i, "num-partitions": num_sites, **extra} for i in range(num_sites)]
         return
     token = uuid.uuid4().hex
     site_data = []
@@ -260,16 +259,16 @@ def site_nodes(sites: list[np.ndarray] | None, labels: list[np.ndarray] | None =
     client_module.MEMORY_SITES[token] = site_data
     try:
         yield [{"data-path": f"{client_module.MEMORY_PREFIX}{token}/{i}", "site-id": str(i),
-                **guard} for i in range(len(sites))]
+                **extra} for i in range(len(sites))]
     finally:
         client_module.MEMORY_SITES.pop(token, None)
 
 
 def run_server(sites: list[np.ndarray] | None, *, run_config: dict, labels=None,
-               num_sites: int | None = None, differencing_guard: bool = True,
-               site_config: dict | None = None, record_replies: list | None = None):
+               num_sites: int | None = None, site_config: dict | None = None,
+               record_replies: list | None = None):
     """The ServerApp's result record for a run on in-memory sites or built-in partitions."""
-    with site_nodes(sites, labels, num_sites, differencing_guard, site_config) as node_configs:
+    with site_nodes(sites, labels, num_sites, site_config) as node_configs:
         return serve_in_process(node_configs, run_config, record_replies=record_replies)
 
 
@@ -280,7 +279,6 @@ def simulate(
     num_sites: int | None = None,
     init_centroids: np.ndarray | None = None,
     site_min_cluster_size: list[int] | None = None,
-    differencing_guard: bool = True,
     site_config: dict | None = None,
     record_replies: list | None = None,
     true_centres: np.ndarray | None = None,
@@ -306,16 +304,14 @@ def simulate(
         Start from these centroids instead of the ``init`` round (in the scaled space
         when ``scale`` is set).
     site_min_cluster_size : list of int, optional
-        Each site's own privacy floor (its node config ``min-cluster-size``).
-    differencing_guard : bool, default True
-        The sites' node config ``differencing-guard``: off, a site reports every cluster's
-        own statistics, which is exact Lloyd but lets the coordinator difference replies
-        (docs/explanation/privacy-model.md); the exactness tests turn it off.
+        Each site's own privacy floor (its node config ``min-cluster-size``, default 2):
+        the size of the groups it answers from; 1 makes a site answer from its rows
+        (exactly the row-level algorithm, and no site-groups promise).
     site_config : dict, optional
         Other node-config keys for every site, e.g. ``{"min-site-rows": 1}`` to let sites
-        of fewer than 10 rows take part, ``{"allow-minmax": True}`` for ``init = "random"``
-        or ``scale = "minmax"`` without ``data-bounds``, ``{"ledger-path": path}`` for a
-        disclosure ledger (docs/reference/node-config.md).
+        of fewer than 10 rows take part, ``{"min-cluster-size": 1}`` for sites that answer
+        from their rows, ``{"ledger-path": path}`` for a disclosure ledger
+        (docs/reference/node-config.md).
     record_replies : list, optional
         If given, every reply that leaves a site is appended to it as a dict (``task``,
         ``arrays``, ``metrics``, ``num-examples``, ``node-id``): what a site discloses;
@@ -341,6 +337,13 @@ def simulate(
     **config
         Run-config keys with ``-`` written ``_`` (``n_clusters=5``, ``local_iters=1``).
         Files are written only if ``output_dir`` is given.
+
+    Returns
+    -------
+    SimulationResult
+        Its ``metrics`` are the run's (``score``: that of the sites' groups, each in one
+        cluster whole) and, with ``sites`` given, ``score-on-rows``: the model's own
+        score on the pooled rows, each labelled on its own (at most ``score``).
     """
     run_config = kebab_keys(config)
     run_config.setdefault("output-dir", "")
@@ -353,19 +356,33 @@ def simulate(
             raise ValueError(f"true_centres must be a ({k}, d) array, got {true_centres.shape}")
     with table_run(sites, labels, run_config, schema=schema, missing=missing,
                    units=units) as (sites, labels), \
-            site_nodes(sites, labels, num_sites, differencing_guard, site_config) as node_configs:
+            site_nodes(sites, labels, num_sites, site_config) as node_configs:
         if site_min_cluster_size is not None:
             for cfg, floor in zip(node_configs, site_min_cluster_size, strict=True):
                 cfg["min-cluster-size"] = int(floor)
         result = run_in_process(node_configs, run_config, init_centroids, record_replies)
+        if sites is not None:
+            result.metrics["score-on-rows"] = score_on_rows(result.model, sites)
     if true_centres is not None:
         result.metrics.update(knowledge_gap(result.centroids, true_centres))
     return result
 
 
+def score_on_rows(model: Model, sites: list) -> float:
+    """The model's own score on the pooled rows of ``sites`` (mean squared distance of
+    each row, in the run's space, to its nearest centroid), labelled row by row as a
+    site's ``predict`` does. The run's reported ``score`` is that of the sites' groups'
+    partition (each group in one cluster, whole), which is at least this."""
+    X = np.vstack([np.asarray(s.X if isinstance(s, SiteData) else s, dtype=np.float64) for s in sites])
+    if model.scaling is not None:
+        X = model.scaling.apply(X)
+    X = X[np.isfinite(X).all(axis=1)]
+    return float(kernels.assign(X, model.centroids)[1].mean())
+
+
 def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] | str,
              labels: list[np.ndarray] | None = None, num_sites: int | None = None,
-             differencing_guard: bool = True, site_config: dict | None = None,
+             site_config: dict | None = None,
              record_replies: list | None = None, missing: str | None = None, schema=None,
              units: dict | list[dict] | None = None, **config) -> dict:
     """Run the federation for every k in ``k_range`` (in this process) and choose k.
@@ -379,7 +396,7 @@ def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] 
         Both ends included; 2 <= lo and hi >= lo + 2.
     labels : list of 1-D arrays, optional
         Per-site labels (evaluation only: adds ARI etc. to the per-k figures).
-    differencing_guard, site_config, record_replies, missing, schema, units
+    site_config, record_replies, missing, schema, units
         As for :func:`fedcluster.simulate` (with ``schema``, DataFrames as sites).
     **config
         Run-config keys with ``_`` for ``-`` (``algorithm``, ``scale``, ``n_init``,
@@ -400,7 +417,7 @@ def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] 
     with table_run(sites, labels, run_config, schema=schema, missing=missing,
                    units=units) as (sites, labels):
         record = run_server(sites, labels=labels, num_sites=num_sites, run_config=run_config,
-                            differencing_guard=differencing_guard, site_config=site_config,
+                            site_config=site_config,
                             record_replies=record_replies)
     data = json.loads(str(record["choose-k"]))
     out: dict = dict(data["best"])

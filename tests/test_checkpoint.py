@@ -149,7 +149,7 @@ NOT_STATE = {"config", "_pending", "_stand_ins"}  # state.TRANSIENT, spelled out
 SMALL = {"n_clusters": 4, "num_rounds": 3, "tol": 0.0, "min_sites": 3, "seed": 4, "n_init": 2}
 STATE_RUNS = {
     "dwf": {**SMALL, "algorithm": "dwf", "momentum": 0.3},
-    "ewf": {**SMALL, "algorithm": "ewf", "init": "random", "site_config": {"allow-minmax": True}},
+    "ewf": {**SMALL, "algorithm": "ewf", "init": "random", "site_config": {}},
     "minibatch": {**SMALL, "algorithm": "minibatch", "batch_size": 32, "reassign_patience": 1,
                   "reassign_fraction": 0.3},
     "kfed": {**SMALL, "algorithm": "kfed"},
@@ -159,7 +159,7 @@ STATE_RUNS = {
     "divisive": {**SMALL, "algorithm": "dwf", "init": "divisive"},
     "dp": {"algorithm": "dwf", "n_clusters": 3, "num_rounds": 3, "tol": 0.0, "seed": 1,
            "init": "random", "data_bounds": "", "dp_epsilon": 5.0, "central_baseline": False,
-           "site_config": {"allow-minmax": True}},  # no data-bounds: a bounds round
+           "site_config": {}},  # no data-bounds: a bounds round
     "secure": {"algorithm": "dwf", "n_clusters": 3, "num_rounds": 3, "tol": 0.0, "seed": 1,
                "min_sites": 3, "init": "random", "data_bounds": "0:5",
                "secure_aggregation": True, "secagg_data_bound": 5.0, "central_baseline": False},

@@ -430,7 +430,7 @@ def test_failed_cache_write_leaves_nothing_behind(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        data._write_atomic(target, write_half_then_fail)
+        data.write_atomic(target, write_half_then_fail)
     assert target.read_bytes() == b"old complete entry"
     assert [p.name for p in tmp_path.iterdir()] == ["entry.npy"]
 

@@ -1,15 +1,15 @@
-"""DWF with every site, local-iters 1, eta 1, mu 0 IS central Lloyd (ALGORITHMS.md sec. 1),
-and DWF beats EWF on a non-IID split.
-
-Exact Lloyd needs every cluster's own statistics, so these runs turn the sites'
-differencing guard off (``differencing_guard=False``; docs/explanation/privacy-model.md):
-with it on, a cluster whose rows differ from an earlier reported one's by fewer than p is
-reported as that earlier set, a row's worth off Lloyd."""
+"""DWF with every site, local-iters 1, eta 1, mu 0 IS central Lloyd (ALGORITHMS.md sec. 1):
+on the sites' groups, central WEIGHTED Lloyd on the pooled group tables (each group a
+point at its mean, weighted by its rows, assigned whole) from the same start; with
+every site answering from its rows (min-cluster-size 1), central Lloyd on the rows.
+And DWF beats EWF on a non-IID split."""
 
 import numpy as np
 import pytest
 
 import fedcluster
+from fedcluster.client_app import group_table
+from fedcluster.client_app.site_data import SiteData
 from fedcluster.common.datasets import load_builtin, partition
 
 
@@ -31,14 +31,55 @@ def split_digits():
     return X, [X[rows] for rows in parts]
 
 
-def test_dwf_reproduces_central_lloyd_every_round(split_digits):
+def central_weighted_lloyd(means, counts, C, n_iter):
+    """Plain numpy Lloyd on points weighted by their rows; an empty cluster keeps its centroid."""
+    C = C.copy()
+    for _ in range(n_iter):
+        labels = ((means[:, None, :] - C[None]) ** 2).sum(-1).argmin(1)
+        for j in range(len(C)):
+            if np.any(labels == j):
+                C[j] = (means[labels == j] * counts[labels == j, None]).sum(0) / counts[labels == j].sum()
+    return C
+
+
+def pooled_groups(sites, p_site=2):
+    """Every site's group table at p_site, pooled: (means, counts, scatter)."""
+    tables = [group_table.site_groups(SiteData(X, None, None, f"site {i}"), p_site)[0]
+              for i, X in enumerate(sites)]
+    return (np.vstack([np.asarray(t.means) for t in tables]),
+            np.concatenate([np.asarray(t.counts) for t in tables]),
+            np.concatenate([np.asarray(t.scatter) for t in tables]))
+
+
+DWF_AS_LLOYD = dict(n_clusters=8, local_iters=1, learning_rate=1.0, momentum=0.0, fraction=1.0,
+                    tol=0.0, min_cluster_size=1, min_sites=4)
+
+
+def test_dwf_on_groups_is_central_weighted_lloyd_on_the_pooled_group_tables(split_digits):
+    X, sites = split_digits
+    means, counts, scatter = pooled_groups(sites)
+    assert counts.min() >= 2 and counts.sum() == len(X)
+    C0 = X[np.random.default_rng(0).choice(len(X), 8, replace=False)]
+    for rounds in (1, 2, 5, 10):
+        result = fedcluster.simulate(sites, init_centroids=C0, num_rounds=rounds, **DWF_AS_LLOYD)
+        expected = central_weighted_lloyd(means, counts, C0, rounds)
+        np.testing.assert_allclose(result.centroids, expected, rtol=0, atol=1e-9)
+    # the federated score is the exact score of the groups' partition: each group's
+    # scatter plus its rows' squared distance from its mean to its centroid
+    d2 = ((means[:, None, :] - result.centroids[None]) ** 2).sum(-1).min(1)
+    assert result.metrics["score"] == pytest.approx((scatter + counts * d2).sum() / len(X), rel=1e-12)
+    # and the rows labelled one by one score at most that (the model's own score)
+    on_rows = ((X[:, None, :] - result.centroids[None]) ** 2).sum(-1).min(1).mean()
+    assert result.metrics["score-on-rows"] == pytest.approx(on_rows, rel=1e-12)
+    assert on_rows <= result.metrics["score"]
+
+
+def test_dwf_reproduces_central_lloyd_every_round_when_sites_answer_from_rows(split_digits):
     X, sites = split_digits
     C0 = X[np.random.default_rng(0).choice(len(X), 8, replace=False)]
-    config = dict(n_clusters=8, local_iters=1, learning_rate=1.0, momentum=0.0, fraction=1.0,
-                  tol=0.0, min_cluster_size=1, min_sites=4)
     for rounds in range(1, 11):
         result = fedcluster.simulate(sites, init_centroids=C0, num_rounds=rounds,
-                                     differencing_guard=False, **config)
+                                     site_config={"min-cluster-size": 1}, **DWF_AS_LLOYD)
         expected = central_lloyd(X, C0, rounds)
         np.testing.assert_allclose(result.centroids, expected, rtol=0, atol=1e-10)
     # and the federated score is the exact pooled score
@@ -51,7 +92,7 @@ def test_dwf_beats_ewf_on_non_iid_split():
     parts = partition(y, 5, "by-label", seed=1)
     sites = [X[rows] for rows in parts]
     common = dict(n_clusters=5, num_rounds=8, init="random", seed=2, min_sites=5, tol=0.0,
-                  site_config={"allow-minmax": True})  # init random: the sites' min/max
+                  site_config={})  # init random: the sites' min/max
     dwf = fedcluster.simulate(sites, algorithm="dwf", **common)
     ewf = fedcluster.simulate(sites, algorithm="ewf", **common)
     assert dwf.metrics["score"] < 0.8 * ewf.metrics["score"]

@@ -9,7 +9,7 @@ from scipy.optimize import linear_sum_assignment
 import fedcluster
 import reference as ref
 from fedcluster.client_app.site_data import SiteData
-from fedcluster.client_app.task_runner import run_task
+from site_rows import run_on_rows
 
 
 def central_fcm_step(X, C, m):
@@ -22,7 +22,7 @@ def test_fcm_task_is_local_fcm_iterations():
     X = np.vstack([rng.normal(c, 1.0, (40, 2)) for c in ([0, 0], [6, 0], [0, 6])])
     C = np.array([[1.0, 1.0], [5.0, 1.0], [1.0, 5.0]])
     site = SiteData(X, None, None, "test")
-    centres, weights = run_task(site, [C], {"task": "fcm", "fuzzifier": 2.0, "local-iters": 3,
+    centres, weights = run_on_rows(site, [C], {"task": "fcm", "fuzzifier": 2.0, "local-iters": 3,
                                             "min-cluster-size": 1}, 1).arrays
     want = C
     for _ in range(3):

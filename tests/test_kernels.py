@@ -357,20 +357,116 @@ def test_one_block_runs_the_serial_twin_with_the_same_bits(dtype, n):
     block = kernels.block_rows(n)
     assert kernels._for_rows(kernels._lloyd_stats_impl, n) is kernels._SERIAL[kernels._lloyd_stats_impl]
     assert kernels._for_rows(kernels._lloyd_stats_impl, n + 2048) is kernels._lloyd_stats_impl
-    for impl, args in ((kernels._lloyd_stats_impl, (X, C, block)),
-                       (kernels._assign_impl, (X, C, block)),
-                       (kernels._evaluation_stats_impl, (X, C, block)),
-                       (kernels._fcm_stats_impl, (X, C, 2.0, block)),
-                       (kernels._min_sq_dist_update_impl, (X, C, np.full(n, np.inf)))):
-        parallel, serial = impl(*args), kernels._SERIAL[impl](*args)
-        for a, b in zip(parallel if isinstance(parallel, tuple) else (parallel,),
-                        serial if isinstance(serial, tuple) else (serial,)):
-            np.testing.assert_array_equal(a, b)
+    # Rows (weights 1, no scatter): the same bits. Groups: the same up to the last bits
+    # (LLVM vectorises the weighted sums of the two differently; which of the two runs
+    # depends on n alone, so the result still does not depend on the thread count).
+    for (w, s), exact in (((np.ones(n, dtype=np.int64), np.zeros(n)), True),
+                          ((rng.integers(1, 4, size=n), rng.random(n)), False)):
+        for impl, args in ((kernels._lloyd_stats_impl, (X, w, s, C, block)),
+                           (kernels._assign_impl, (X, C, block)),
+                           (kernels._evaluation_stats_impl, (X, w, s, C, block)),
+                           (kernels._fcm_stats_impl, (X, w, C, 2.0, block)),
+                           (kernels._min_sq_dist_update_impl, (X, C, np.full(n, np.inf)))):
+            parallel, serial = impl(*args), kernels._SERIAL[impl](*args)
+            for a, b in zip(parallel if isinstance(parallel, tuple) else (parallel,),
+                            serial if isinstance(serial, tuple) else (serial,)):
+                if exact:
+                    np.testing.assert_array_equal(a, b)
+                else:
+                    np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-12)
     sums, counts, sse = kernels.lloyd_stats(X, C)
-    want = kernels._lloyd_stats_impl(X, C, block)
+    want = kernels._lloyd_stats_impl(X, np.ones(n, dtype=np.int64), np.zeros(n), C, block)
     np.testing.assert_array_equal(sums, want[0])
     np.testing.assert_array_equal(counts, want[1])
     assert sse == want[2]
+
+
+# --------------------------------------------------------------------------
+# Groups: each row a group's mean, weighted by its rows, with its scatter
+# --------------------------------------------------------------------------
+
+
+def grouped_case(n_rows: int, seed: int = 0):
+    """Rows cut into groups of 1..5 (consecutive rows), and the groups' (means, counts,
+    scatter), with a numpy reference of every weighted kernel from the ROWS: each group
+    goes whole to the centroid nearest its mean."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n_rows, 5)) * [1, 3, 0.5, 10, 1] + [0, 0, 0, 50, 0]
+    sizes = rng.integers(1, 6, size=n_rows)
+    group_of_row = np.repeat(np.arange(n_rows), sizes)[:n_rows]
+    G = group_of_row.max() + 1
+    counts = np.bincount(group_of_row, minlength=G)
+    means = np.stack([X[group_of_row == g].mean(0) for g in range(G)])
+    scatter = np.array([((X[group_of_row == g] - means[g]) ** 2).sum() for g in range(G)])
+    return X, group_of_row, means, counts, scatter
+
+
+@pytest.mark.parametrize("n_rows", [300, 9000])
+def test_the_weighted_kernels_are_the_groups_statistics_from_their_rows(n_rows):
+    X, group_of_row, means, counts, scatter = grouped_case(n_rows)
+    C = means[[0, 7, 20, 41]] + 0.3
+    cluster = ref.assign(means, C)[0][group_of_row]  # each row goes where its group's mean goes
+    k = C.shape[0]
+    want_sums = np.stack([X[cluster == j].sum(0) for j in range(k)])
+    want_counts = np.bincount(cluster, minlength=k)
+    want_sse = ((X - C[cluster]) ** 2).sum()
+    sums, got_counts, sse = kernels.lloyd_stats(means, C, counts, scatter)
+    np.testing.assert_allclose(sums, want_sums, rtol=1e-11, atol=1e-9)
+    np.testing.assert_array_equal(got_counts, want_counts)
+    assert sse == pytest.approx(want_sse, rel=1e-11)
+    e_sums, e_counts, sqnorms, e_sse, sil = kernels.evaluation_stats(means, C, counts, scatter)
+    np.testing.assert_allclose(e_sums, want_sums, rtol=1e-11, atol=1e-9)
+    np.testing.assert_array_equal(e_counts, want_counts)
+    np.testing.assert_allclose(sqnorms, [(X[cluster == j] ** 2).sum() for j in range(k)], rtol=1e-11)
+    assert e_sse == pytest.approx(want_sse, rel=1e-11)
+    # the silhouette of a group: its rows' root-mean-square distances to the nearest and
+    # second nearest centroid
+    D = ref.sq_dists(means, C) + (scatter / counts)[:, None]
+    a, b = np.sqrt(np.sort(D, 1)[:, 0]), np.sqrt(np.sort(D, 1)[:, 1])
+    assert sil == pytest.approx((counts * (b - a) / np.maximum(a, b)).sum(), rel=1e-11)
+    distances, d_counts = kernels.distance_to_means(means, C, C, counts, scatter)
+    want = np.bincount(ref.assign(means, C)[0], weights=counts * np.sqrt(np.sort(D, 1)[:, 0]), minlength=k)
+    np.testing.assert_allclose(distances, want, rtol=1e-11)
+    # fuzzy: a group's rows take the memberships of its mean
+    U = ref.fcm_memberships(means, C, 2.0)
+    f_sums, f_weights, hard = kernels.fcm_stats(means, C, 2.0, counts)
+    np.testing.assert_allclose(f_weights, (counts[:, None] * U**2).sum(0), rtol=1e-11)
+    np.testing.assert_allclose(f_sums, (counts[:, None] * U**2).T @ means, rtol=1e-10)
+    np.testing.assert_array_equal(hard, np.bincount(U.argmax(1), weights=counts, minlength=k))
+
+
+def test_weights_of_one_and_no_scatter_are_the_rows_bit_for_bit():
+    X, C = make_case("small", np.float64)
+    ones, zeros = np.ones(len(X), dtype=np.int64), np.zeros(len(X))
+    for a, b in zip(kernels.lloyd_stats(X, C, ones, zeros), kernels.lloyd_stats(X, C)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(kernels.evaluation_stats(X, C, ones, zeros), kernels.evaluation_stats(X, C)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("n", [20_000, 61_441])
+def test_weighted_kernels_bit_identical_for_1_and_2_threads(n):
+    rng = np.random.default_rng(n)
+    X = rng.standard_normal((n, 7)) * np.exp(rng.uniform(-8, 8, size=(n, 1)))
+    C = X[rng.choice(n, 6, replace=False)]
+    w, s = rng.integers(1, 9, size=n), rng.random(n) * 10
+
+    def every():
+        return (*kernels.lloyd_stats(X, C, w, s), *kernels.evaluation_stats(X, C, w, s),
+                *kernels.distance_to_means(X, C, C, w, s), *kernels.fcm_stats(X, C, 2.0, w))
+
+    with num_threads(1):
+        one = every()
+    with num_threads(2):
+        two = every()
+    for a, b in zip(one, two):
+        assert np.array_equal(a, b), "result depends on the number of threads"
+
+
+def test_a_weight_under_one_is_refused():
+    X, C = make_case("small", np.float64)
+    with pytest.raises(ValueError, match="weight"):
+        kernels.lloyd_stats(X, C, np.zeros(len(X), dtype=np.int64))
 
 
 # --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from sklearn.metrics import adjusted_rand_score
 import fedcluster
 import reference as ref
 from fedcluster.client_app.site_data import SiteData
-from fedcluster.client_app.task_runner import run_task
+from site_rows import run_on_rows
 from fedcluster.strategies.aggregate import (
     count_weighted_mean,
     reseed_at_far_rows, reseed_small_clusters,
@@ -33,7 +33,7 @@ def test_minibatch_task_matches_reference_epochs(blob_site):
     C = np.array([[1.0, 1.0], [3.0, 0.0], [0.0, 3.0], [30.0, 30.0]])
     params = {"task": "minibatch", "epochs": 3, "batch-size": 16, "beta": 0.5, "seed": 9,
               "min-cluster-size": 1}
-    gamma, lam = run_task(blob_site, [C], params, 1).arrays
+    gamma, lam = run_on_rows(blob_site, [C], params, 1).arrays
     rng = np.random.default_rng(9)
     want = C.copy()
     for _ in range(3):
@@ -45,7 +45,7 @@ def test_minibatch_task_matches_reference_epochs(blob_site):
 
 
 def test_kmeanspp_task_returns_means_of_seeded_clusters(blob_site):
-    reply = run_task(blob_site, [], {"task": "kmeanspp", "k-local": 3, "seed": 4,
+    reply = run_on_rows(blob_site, [], {"task": "kmeanspp", "k-local": 3, "seed": 4,
                                      "init": "kmeans++", "min-cluster-size": 2}, 1)
     means, counts = reply.arrays
     from fedcluster.client_app.local_kmeans import kmeans_plusplus
@@ -59,13 +59,13 @@ def test_kmeanspp_task_returns_means_of_seeded_clusters(blob_site):
 
 def test_prune_lloyd_drops_empty_globals_and_runs_one_iteration(blob_site):
     C = np.array([[0.5, 0.5], [4.5, 0.5], [0.5, 4.5], [-40.0, -40.0]])
-    reply = run_task(blob_site, [C], {"task": "prune_lloyd", "local-iters": 1, "tol": 0.0,
+    reply = run_on_rows(blob_site, [C], {"task": "prune_lloyd", "local-iters": 1, "tol": 0.0,
                                       "prune": True, "min-cluster-size": 1}, 1)
     means, counts = reply.arrays
     assert means.shape == (3, 2)  # the global cluster far away was pruned
     np.testing.assert_allclose(means, central_lloyd(blob_site.X, C[:3], 1), rtol=1e-13)
     # without pruning the empty cluster is kept locally but never reported (0 < p)
-    reply = run_task(blob_site, [C], {"task": "prune_lloyd", "local-iters": 1, "tol": 0.0,
+    reply = run_on_rows(blob_site, [C], {"task": "prune_lloyd", "local-iters": 1, "tol": 0.0,
                                       "prune": False, "min-cluster-size": 1}, 1)
     assert reply.arrays[0].shape == (3, 2)
 
@@ -73,7 +73,7 @@ def test_prune_lloyd_drops_empty_globals_and_runs_one_iteration(blob_site):
 def test_site_under_floor_sends_nothing():
     tiny = site(np.array([[0.0, 0.0], [10.0, 10.0], [20.0, 0.0]]))
     C = tiny.X.copy()
-    reply = run_task(tiny, [C], {"task": "prune_lloyd", "local-iters": 1, "tol": 0.0,
+    reply = run_on_rows(tiny, [C], {"task": "prune_lloyd", "local-iters": 1, "tol": 0.0,
                                  "prune": True, "min-cluster-size": 2}, 1)
     assert reply.arrays[0].shape == (0, 2) and reply.arrays[1].shape == (0,)
 

@@ -31,7 +31,7 @@ def test_federated_metrics_equal_pooled(n_sites):
     # The one-row site takes part only with its own min-site-rows lowered.
     r = fedcluster.simulate(sites, labels=labels, n_clusters=5, num_rounds=4, min_sites=1,
                             min_cluster_size=1, init="random",
-                            site_config={"min-site-rows": 1, "allow-minmax": True})
+                            site_config={"min-site-rows": 1})
     Xp, yp = np.vstack(sites), np.concatenate(labels)
     found = r.model.predict(Xp)
     want = {

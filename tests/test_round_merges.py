@@ -116,7 +116,7 @@ def test_means_are_centroids_within_the_bound_only():
     {"algorithm": "fkm", "init": "kmeans++"},  # FKM's seeded clusters (the paper's)
     {"algorithm": "kfed"},  # k-FED one-shot
     {"scale": "standard"},  # the statistics round
-    {"init": "random", "site_config": {"allow-minmax": True}},  # the bounding box
+    {"init": "random", "site_config": {}},  # the bounding box
 ], ids=["dwf", "fkm", "kfed", "scale", "random"])
 def test_describe_carries_the_first_task_with_the_same_result(monkeypatch, sites, config):
     carried = fedcluster.simulate(sites, n_clusters=10, num_rounds=8, seed=0, **config)
@@ -136,7 +136,7 @@ def test_a_site_refusing_the_carried_task_alone_is_admitted_without_its_reply(si
     when bounds was a round of its own."""
     from fedcluster.simulation import run_in_process, site_nodes
 
-    with site_nodes(sites, site_config={"allow-minmax": True}) as nodes:
+    with site_nodes(sites, site_config={}) as nodes:
         nodes[2]["allow-minmax"] = False
         result = run_in_process(nodes, {"algorithm": "dwf", "n-clusters": 10, "init": "random",
                                         "num-rounds": 3, "min-sites": 2, "output-dir": ""})

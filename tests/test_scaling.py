@@ -16,7 +16,7 @@ from fedcluster.common.model import Model
 from fedcluster.common.privacy import PrivacyLeakWarning
 from fedcluster.simulation import record_tasks
 from fedcluster.client_app.task_io import TaskError
-from fedcluster.client_app.task_runner import run_task
+from site_rows import run_on_rows
 from fedcluster.strategies.validation import Expect, ReplyError, validate
 
 
@@ -31,7 +31,7 @@ def scaled_run(sites, scale, **config):
     # random's bounds round and scale minmax send minima and maxima, which they allow)
     return fedcluster.simulate(sites, n_clusters=2, num_rounds=2, min_sites=1, min_cluster_size=1,
                                init="random", scale=scale,
-                               site_config={"min-site-rows": 1, "allow-minmax": True},
+                               site_config={"min-site-rows": 1},
                                **config)
 
 
@@ -112,8 +112,8 @@ def test_the_statistics_reply_is_per_feature_aggregates_only():
 def test_a_site_under_the_privacy_floor_sends_no_statistics():
     site = SiteData(np.ones((3, 2)), None, None, "tiny site")
     with pytest.raises(TaskError, match="3 rows, fewer than the privacy floor 5"):
-        run_task(site, [], {"task": "stats", "scale": "standard", "min-cluster-size": 5}, 1)
-    reply = run_task(site, [], {"task": "stats", "scale": "minmax", "min-cluster-size": 3}, 1)
+        run_on_rows(site, [], {"task": "stats", "scale": "standard", "min-cluster-size": 5}, 1)
+    reply = run_on_rows(site, [], {"task": "stats", "scale": "minmax", "min-cluster-size": 3}, 1)
     assert [a.tolist() for a in reply.arrays] == [[1.0, 1.0], [1.0, 1.0]]
 
 

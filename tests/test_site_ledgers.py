@@ -151,7 +151,7 @@ def test_minmax_is_refused_by_default_naming_the_settings_that_avoid_it(config, 
     text = str(refusal.value)
     assert f"site policy allow-minmax=false refuses task {task!r}" in text
     assert "data-bounds" in text and "scale 'standard'" in text and "init 'kfed'" in text
-    allowed = fedcluster.simulate(_sites(), site_config={"allow-minmax": True},
+    allowed = fedcluster.simulate(_sites(), site_config={},
                                   **{k.replace("-", "_"): v for k, v in run.items()})
     assert allowed.history[0]["task"] == f"describe+{task}"  # carried by the describe round
 

@@ -128,7 +128,7 @@ SITE_PROCESS = textwrap.dedent('''
     import json, sys
     import numpy as np
     from fedcluster.client_app.site_data import SiteData
-    from fedcluster.client_app.task_runner import run_task
+    from site_rows import run_on_rows
     n = int(sys.argv[1])
     X = np.random.default_rng(0).normal(size=(n, 8))
     site = SiteData(X=X, feature_names=None, labels=None, source="site")
@@ -137,7 +137,7 @@ SITE_PROCESS = textwrap.dedent('''
     for task, arrays, extra in [("describe", [], {}),
                                 ("lloyd", [C], {"local-iters": lloyd_iters, "tol": 0.0}),
                                 ("evaluate", [C], {}), ("evaluate_distances", [C, C], {})]:
-        run_task(site, arrays, {"task": task, **extra}, 1)
+        run_on_rows(site, arrays, {"task": task, **extra}, 1)
     print(json.dumps(sorted(m for m in ("numba", "sklearn", "scipy", "matplotlib")
                             if m in sys.modules)))
 ''')
@@ -152,9 +152,9 @@ ALGORITHMS_PROCESS = textwrap.dedent('''
     for algorithm, extra in [("dwf", {}), ("ewf", {}), ("kfed", {}), ("fkm", {}),
                              ("minibatch", {"batch_size": 64}), ("ffcm", {}),
                              ("gtv", {"topology": "ring"}),
-                             ("dwf", {"init": "random", "site_config": {"allow-minmax": True}}),
+                             ("dwf", {"init": "random", "site_config": {}}),
                              ("dwf", {"secure_aggregation": True, "secagg_data_bound": 20.0,
-                                     "site_config": {"allow-minmax": True}}),
+                                     "site_config": {}}),
                              ("dwf", {"dp_epsilon": 1.0, "data_bounds": "-20:20"})]:
         fedcluster.simulate(sites, algorithm=algorithm, n_clusters=6, num_rounds=2,
                             seed=2, **extra)

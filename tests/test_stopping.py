@@ -8,7 +8,7 @@ import pytest
 
 import fedcluster
 from fedcluster.common.datasets import load_builtin, partition
-from fedcluster.strategies.aggregate import score_cycled, score_stalled
+from fedcluster.strategies.aggregate import score_stalled
 
 
 def test_score_stalled_needs_every_recent_round_under_the_tolerance():
@@ -26,15 +26,6 @@ def test_score_stalled_needs_every_recent_round_under_the_tolerance():
 def sites():
     X, y = load_builtin("digits")
     return [X[rows] for rows in partition(y, 3, "dirichlet:0.5", seed=1)]
-
-
-def test_score_cycled_finds_a_score_that_returns_exactly():
-    assert score_cycled([5.0, 4.0, 3.5, 3.0, 3.5])  # period 2
-    assert score_cycled([5.0, 3.5, 3.2, 3.0, 3.5])  # period 3
-    assert not score_cycled([5.0, 4.0, 3.5, 3.0, 3.0])  # a fixed point: movement decides
-    assert not score_cycled([5.0, 4.0, 3.5, 3.0, 2.9])  # still improving
-    assert not score_cycled([3.5, 9.0, 8.0, 7.0, 6.0, 3.5])  # further back than MAX_CYCLE
-    assert not score_cycled([3.5, 3.0]) and not score_cycled([3.0, 4.0, float("nan")])
 
 
 def test_a_run_stops_when_its_score_stops_improving(sites):

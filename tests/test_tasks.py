@@ -7,7 +7,7 @@ from fedcluster.client_app import local_kmeans as local
 from fedcluster.common import protocol
 from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.task_io import TaskError
-from fedcluster.client_app.task_runner import run_task
+from site_rows import run_on_rows
 
 
 def site(X):
@@ -24,7 +24,7 @@ def two_groups():
 
 def test_lloyd_task_equals_one_lloyd_step_and_counts_against_received(two_groups):
     C = np.array([[0.5, 0.5], [9.0, 9.0], [20.0, 20.0]])
-    reply = run_task(two_groups, [C], {"task": "lloyd", "local-iters": 1, "tol": 0.0,
+    reply = run_on_rows(two_groups, [C], {"task": "lloyd", "local-iters": 1, "tol": 0.0,
                                        "min-cluster-size": 1}, 1)
     local_C, weights = reply.arrays
     np.testing.assert_array_equal(weights, [30, 1, 0])
@@ -37,7 +37,7 @@ def test_lloyd_task_equals_one_lloyd_step_and_counts_against_received(two_groups
 
 def test_privacy_floor_hides_small_cluster_as_if_empty(two_groups):
     C = np.array([[0.5, 0.5], [9.0, 9.0], [20.0, 20.0]])
-    reply = run_task(two_groups, [C], {"task": "lloyd", "local-iters": 1, "tol": 0.0,
+    reply = run_on_rows(two_groups, [C], {"task": "lloyd", "local-iters": 1, "tol": 0.0,
                                        "min-cluster-size": 2}, 1)
     local_C, weights = reply.arrays
     np.testing.assert_array_equal(weights, [30, 0, 0])
@@ -47,20 +47,20 @@ def test_privacy_floor_hides_small_cluster_as_if_empty(two_groups):
 def test_site_floor_wins_when_stricter(two_groups):
     C = np.array([[0.5, 0.5], [9.0, 9.0]])
     params = {"task": "evaluate", "min-cluster-size": 1}
-    assert list(run_task(two_groups, [C], params, 1).arrays[0]) == [30, 1]
-    assert list(run_task(two_groups, [C], params, 31).arrays[0]) == [0, 0]
+    assert list(run_on_rows(two_groups, [C], params, 1).arrays[0]) == [30, 1]
+    assert list(run_on_rows(two_groups, [C], params, 31).arrays[0]) == [0, 0]
 
 
 def test_lloyd_task_several_local_iters_equals_local_lloyd(two_groups):
     C = np.array([[0.0, 0.0], [1.0, 1.0], [10.0, 10.0]])
-    reply = run_task(two_groups, [C], {"task": "lloyd", "local-iters": 5, "tol": 0.0,
+    reply = run_on_rows(two_groups, [C], {"task": "lloyd", "local-iters": 5, "tol": 0.0,
                                        "min-cluster-size": 1}, 1)
     expected, counts, _ = local.lloyd(two_groups.X, C, 5, 0.0)
     np.testing.assert_array_equal(reply.arrays[0], expected)
 
 
 def test_local_kmeans_drops_clusters_under_floor(two_groups):
-    reply = run_task(two_groups, [], {"task": "local_kmeans", "k-local": 2, "seed": 0,
+    reply = run_on_rows(two_groups, [], {"task": "local_kmeans", "k-local": 2, "seed": 0,
                                       "min-cluster-size": 2}, 1)
     centroids, counts = reply.arrays
     assert centroids.shape == (1, 2) and list(counts) == [30]
@@ -68,11 +68,11 @@ def test_local_kmeans_drops_clusters_under_floor(two_groups):
 
 def test_bad_task_requests_are_refused(two_groups):
     with pytest.raises(TaskError, match="unknown task 'steal'"):
-        run_task(two_groups, [], {"task": "steal"}, 1)
+        run_on_rows(two_groups, [], {"task": "steal"}, 1)
     with pytest.raises(TaskError, match="do not fit this site's 2 features"):
-        run_task(two_groups, [np.zeros((2, 3))], {"task": "evaluate"}, 1)
+        run_on_rows(two_groups, [np.zeros((2, 3))], {"task": "evaluate"}, 1)
     with pytest.raises(TaskError, match="'local-iters' is missing"):
-        run_task(two_groups, [np.zeros((2, 2))], {"task": "lloyd", "tol": 0.0}, 1)
+        run_on_rows(two_groups, [np.zeros((2, 2))], {"task": "lloyd", "tol": 0.0}, 1)
 
 
 def test_replies_never_carry_rows(two_groups):
@@ -81,6 +81,6 @@ def test_replies_never_carry_rows(two_groups):
     for params in ({"task": "lloyd", "local-iters": 3, "tol": 0.0}, {"task": "evaluate"},
                    {"task": "bounds"}, {"task": "describe"},
                    {"task": "local_kmeans", "k-local": 2, "seed": 1}):
-        reply = run_task(two_groups, [C], params, 2)
+        reply = run_on_rows(two_groups, [C], params, 2)
         for a in protocol.to_arrays(reply.arrays):
             assert a.shape[0] <= 2 or a.ndim == 1 and a.shape[0] == 2

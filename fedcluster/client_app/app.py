@@ -9,6 +9,12 @@ The site's data comes from its node config:
   per round, so nothing else may be re-parsed per round); ``columns``, ``id-column`` and
   ``label-column`` say which CSV columns are features, ignored, or labels.
 
+The loaded rows become the site's groups (``group_table.py``: groups of at least its own
+``min-cluster-size`` rows, made once per data version and kept beside the data cache),
+and every task answers from them; only a differentially private task sees rows
+(``private_rows.py``). ``min-cluster-size = 1`` is the explicit opt-out: the site then
+answers from its rows, logs a warning, and says so in its describe reply.
+
 A site whose data cannot be loaded does not crash the round: it answers every task with
 an error reply naming the problem (file, row, column), logs it, and the server drops it.
 The site's own policy (``allow-algorithms``, ``max-rounds``; see
@@ -35,11 +41,12 @@ from fedcluster.common import secure_codec as secure
 from fedcluster.client_app import site_policy
 from fedcluster.common.config import run_config_defaults
 from fedcluster.client_app.node_config import ConfigError, NodeConfig, parse_node_config
-from fedcluster.client_app import differencing_guard, disclosure_ledger, private_tasks, privacy_budget
-from fedcluster.client_app.differencing_guard import DifferencingGuard
+from fedcluster.client_app import disclosure_ledger, group_table, private_tasks, privacy_budget
+from fedcluster.client_app.private_rows import PrivateRows
 from fedcluster.client_app.site_data import (
     SiteData, SiteDataError, default_cache_dir, load_partition, load_site_file,
 )
+from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.schema_table import load_plain_table, load_schema_table
 from fedcluster.client_app.task_io import TaskError
 from fedcluster.common.schema import SchemaError, load_schema
@@ -134,6 +141,8 @@ class SiteClient(NumPyClient):
         self.state = context.state
         self.run_config = dict(context.run_config)
         self._site: SiteData | None = None
+        self._groups: SiteGroups | None = None
+        self._grouped: np.ndarray | None = None  # the rows in a group (None: all)
         self._provenance: dict = {}
         self._load_error: str | None = None
         try:
@@ -144,16 +153,27 @@ class SiteClient(NumPyClient):
             self._load_error = str(err)
         self.key = site_key(self.node, self.node_id)
 
-    def _load(self) -> SiteData:
+    def _load(self) -> SiteGroups:
+        """The site's groups (its rows loaded and grouped, or their kept table)."""
         if self._load_error is not None:
             raise SiteDataError(self._load_error)
-        if self._site is None:
+        if self._groups is None:
             try:
                 self._site, self._provenance = load_site(self.node, self.run_config)
+                cache = self._site_dir()
+                self._groups, self._grouped = group_table.site_groups(
+                    self._site, self.node.min_cluster_size, cache)
             except SiteDataError as err:
                 self._load_error = str(err)
                 raise
-        return self._site
+            if self._groups.min_size == 1:
+                log(logging.WARNING, "site %s: min-cluster-size = 1: this site answers from its "
+                    "rows, not from groups (an explicit opt-out of the site-groups promise: a "
+                    "coordinator can isolate single rows)", self.key)
+            if self._groups.waiting:
+                log(logging.INFO, "site %s: %d new row(s) wait, in no group, until there are "
+                    "%d", self.key, self._groups.waiting, self._groups.min_size)
+        return self._groups
 
     def _noise_seed(self, config) -> list[int] | None:
         """The seed of this round's DP noise. In simulation (partitions of a built-in
@@ -172,30 +192,19 @@ class SiteClient(NumPyClient):
                 draws]
 
     def _site_dir(self) -> Path | None:
-        """Where this site keeps its files across runs (the guard's row sets, the privacy
+        """Where this site keeps its files across runs (its group table, the privacy
         budget): its cache for a data file; None in simulation (Context.state instead)."""
         if self.node.data_path is None or self.node.data_path.startswith(MEMORY_PREFIX):
             return None
         return Path(self.node.cache_dir or default_cache_dir())
 
-    def _kept_row_sets(self, site: SiteData, fingerprint: str):
-        """Where the differencing guard keeps the row sets this site reported: a file in
-        the site's cache for a data file (every run on it), else this run's Context.state
-        (simulation). Yields None when the site turned the guard off."""
-        if not self.node.differencing_guard:
-            return contextlib.nullcontext(None)
-        directory = self._site_dir()
-        if directory is not None:
-            return _refuse_on_os_error(differencing_guard.kept_in_file(
-                directory / "row-sets", fingerprint, site.n_rows), "the differencing guard",
-                directory / "row-sets")
-        return differencing_guard.kept_in_state(self.state, fingerprint, site.n_rows)
-
-    def _budget_ledger(self, fingerprint: str):
+    def _budget_ledger(self):
         """The site's dp-budget ledger (a file beside the data cache; Context.state in
-        simulation). Yields None when the site set no budget."""
+        simulation), keyed by its rows (DP answers from rows). Yields None when the site
+        set no budget."""
         if self.node.dp_budget is None:
             return contextlib.nullcontext(None)
+        fingerprint = self._site.rows_fingerprint()
         directory = self._site_dir()
         if directory is not None:
             return _refuse_on_os_error(privacy_budget.ledger_in_file(
@@ -254,7 +263,6 @@ class SiteClient(NumPyClient):
         site_policy.check_algorithm(self.node, algorithm)
         site_policy.check_rounds(self.node, self.state, self.run_id, task)
         site_policy.check_private(self.node, task, config)
-        site_policy.check_minmax(self.node, task, config)
 
     def fit(self, parameters, config):
         config = dict(config)
@@ -282,32 +290,27 @@ class SiteClient(NumPyClient):
 
     def _fit_task(self, parameters, config):
         task = str(config.get("task", "?"))
-        fingerprint = None
+        groups_digest = None
         try:
             self._check_policy(task, config)
-            site = self._load()
-            site_policy.check_site_rows(self.node, site.n_rows)
-            fingerprint = site.rows_fingerprint()
-            with (self._kept_row_sets(site, fingerprint) as history,
-                  self._budget_ledger(fingerprint) as budget_ledger):
+            groups = self._load()
+            groups_digest = groups.digest[:16]
+            site_policy.check_site_rows(self.node, groups.n_rows)
+            rows = PrivateRows(self._site.X, self._grouped, groups.source)
+            with self._budget_ledger() as budget_ledger:
                 rho, budget = self._charge(budget_ledger, task, config)
-                guard = DifferencingGuard(history, refuse=self.node.guard_refuse)
-                reply = run_task(site, [np.asarray(a) for a in parameters], dict(config),
+                reply = run_task(groups, [np.asarray(a) for a in parameters], dict(config),
                                  self.node.min_cluster_size, noise_seed=self._noise_seed(config),
-                                 guard=guard)
-            if guard.snapped or guard.withheld:
-                log(logging.WARNING if guard.withheld else logging.INFO,
-                    "site %s: task %s: the differencing guard (site policy differencing-guard) "
-                    "reported %d cluster(s) as an earlier row set and withheld %d",
-                    self.key, task, guard.snapped, guard.withheld)
-            answer = self._answer(task, config, site, reply)
-            data = fingerprint[:16]
+                                 private_rows=rows)
+            answer = self._answer(task, config, groups, reply)
+            from_rows = self._site.rows_fingerprint()[:16] if rho is not None else None
             if secure.SECURE_PARAM in config:
-                self._disclose(task, config, data=data, dp_rho=rho, budget=budget,
+                self._disclose(task, config, groups=groups_digest, rows=from_rows, dp_rho=rho,
+                               budget=budget,
                                secure={"terms": json.loads(str(config[secure.SECURE_PARAM]))["terms"],
                                        "length": int(sum(np.size(a) for a in answer[0]))})
             else:
-                self._disclose(task, config, data=data, n_rows=answer[1],
+                self._disclose(task, config, groups=groups_digest, rows=from_rows, n_rows=answer[1],
                                values=disclosure_ledger.values_of(
                                    reply.arrays, reply.evaluation and reply.evaluation.arrays),
                                metrics=answer[2], dp_rho=rho, budget=budget)
@@ -316,20 +319,16 @@ class SiteClient(NumPyClient):
             log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
             if not isinstance(err, disclosure_ledger.LedgerUnwritable):
                 with contextlib.suppress(disclosure_ledger.LedgerUnwritable):
-                    self._disclose(task, config, refused=str(err),
-                                   data=None if fingerprint is None else fingerprint[:16])
+                    self._disclose(task, config, refused=str(err), groups=groups_digest)
             if secure.SECURE_PARAM in config:
                 # Under SecAgg+ an empty reply would be summed with the others: fail the
                 # message instead (the protocol then drops this site from the sum).
                 raise
-            refusal = {protocol.SITE_KEY: self.key, protocol.ERROR: str(err)}
-            if isinstance(err, differencing_guard.GuardRefusal):
-                refusal[protocol.REFUSED_BY] = protocol.GUARD_POLICY
-            return [], 0, refusal
+            return [], 0, {protocol.SITE_KEY: self.key, protocol.ERROR: str(err)}
         site_policy.count_round(self.state, self.run_id, task)
         return answer
 
-    def _answer(self, task: str, config, site: SiteData, reply) -> tuple[list, int, dict]:
+    def _answer(self, task: str, config, site: SiteGroups, reply) -> tuple[list, int, dict]:
         """What leaves the site for ``reply``: Flower's (arrays, num_examples, metrics)."""
         if secure.SECURE_PARAM in config:
             # Secure round: only the encoded terms leave the site, masked by SecAgg+;
@@ -352,6 +351,9 @@ class SiteClient(NumPyClient):
             if self.node.max_rounds is not None:
                 # A policy, not data: the server then stops asking once it is reached.
                 metrics["max-rounds"] = self.node.max_rounds
+            # The size of the groups the site answers from (a policy): 1 names a site that
+            # opted out and answers from its rows, which the run's outputs say.
+            metrics[protocol.GROUP_SIZE] = site.min_size
         return arrays, site.n_rows, metrics
 
 

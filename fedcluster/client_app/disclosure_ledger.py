@@ -9,8 +9,12 @@ A line (keys in kebab case):
 
 ``time``, ``run-id``, ``site``, ``round`` (the server's round number), ``task``, ``algorithm``
     Which reply this is.
-``data``
-    The first 16 hex digits of the data's fingerprint (the rows' sha256), when loaded.
+``groups``
+    The first 16 hex digits of the sha256 of the group table the reply came from
+    (``site_groups.py``: every plain reply is a function of it), when loaded.
+``rows``
+    A differentially private reply (from the site's clipped rows): the first 16 hex
+    digits of the rows' sha256, the key of the site's privacy budget.
 ``n-rows``, ``values``, ``metrics``
     A plain reply: the row count sent as Flower's ``num_examples``, every array sent
     by its protocol name (``common/protocol.py``; exact float64 values, as JSON numbers),
@@ -139,9 +143,12 @@ def summary(lines: list[dict], path: str = "") -> str:
         rho = sum(float(i.get("dp-rho", 0.0)) for i in answered)
         rounds = sorted({int(i["round"]) for i in answered if "round" in i})
         algorithm = next((i["algorithm"] for i in items if i.get("algorithm")), "?")
+        tables = sorted({str(i["groups"]) for i in answered if "groups" in i and "rows" not in i})
         out.append(f"run {run_id} ({algorithm}), site {site}: {len(answered)} replies"
                    + (f" in rounds {rounds[0]}..{rounds[-1]}" if rounds else "")
                    + f"; tasks {', '.join(f'{t} x{n}' for t, n in sorted(tasks.items()))}")
+        if tables:
+            out.append(f"  from group table(s) {', '.join(tables)}")
         out.append(f"  disclosed: {numbers} numbers in plain replies"
                    + (f", {secure} masked SecAgg+ share(s) (only their sum is learnt)" if secure else "")
                    + (f"; DP rho spent {rho:.4g}" if rho else ""))

@@ -1,8 +1,10 @@
 """Single-site clustering: k-means++ seeding, Lloyd iterations, local k-means.
 
-Everything here runs on one site's own rows and is built on the compiled
-kernels of :mod:`fedcluster.common.kernels`, which return sums and counts;
-the division and the policies live here.
+Everything here runs on one site's groups (``site_groups.py``: each point is a group's
+mean, weighted by its rows; with p_site = 1 a point is a row and every weight 1, which
+gives the row-level algorithm bit for bit) and is built on the compiled kernels of
+:mod:`fedcluster.common.kernels`, which return sums and counts; the division and the
+policies live here.
 
 Empty-cluster policy
 --------------------
@@ -23,7 +25,7 @@ import numpy as np
 
 from fedcluster.common import kernels
 from fedcluster.common.kernels import frobenius
-from fedcluster.client_app.site_data import read_only_mapping, release_pages
+from fedcluster.client_app.mapped_pages import read_only_mapping, release_pages
 
 __all__ = ["frobenius", "kmeans_plusplus", "lloyd", "local_kmeans"]
 
@@ -57,14 +59,17 @@ def _check_data(X) -> np.ndarray:
     return np.ascontiguousarray(kernels.check_rows(X, min_rows=1))
 
 
-def kmeans_plusplus(X, k: int, seed) -> np.ndarray:
+def kmeans_plusplus(X, k: int, seed, weights=None) -> np.ndarray:
     """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007, as in scikit-learn).
 
     The first centre is a row drawn uniformly at random.  Each further centre
     is chosen among ``2 + int(log(k))`` candidate rows drawn with probability
     proportional to their squared distance to the closest centre chosen so
     far (D^2 sampling); the candidate that minimises the resulting potential
-    (sum of closest squared distances) wins, the first one on a tie.
+    (sum of closest squared distances) wins, the first one on a tie.  With
+    ``weights`` (a group's rows, each row of ``X`` a group's mean) the first
+    draw, the D^2 sampling and the potential count each row that many times,
+    as scikit-learn's ``sample_weight``; None is every weight 1, bit for bit.
 
     Parameters
     ----------
@@ -104,9 +109,13 @@ def kmeans_plusplus(X, k: int, seed) -> np.ndarray:
     n, d = X.shape
     rng = np.random.default_rng(seed)
     n_trials = 2 + int(np.log(k))
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
 
     centres = np.empty((k, d), dtype=np.float64)
-    first = int(rng.integers(n))
+    if w is None:
+        first = int(rng.integers(n))
+    else:  # a row drawn with probability proportional to its weight
+        first = min(int(np.searchsorted(np.cumsum(w), rng.random() * w.sum(), side="right")), n - 1)
     centres[0] = X[first]
     closest = _min_sq_dist_update(X, X[first], np.full(n, np.inf))
 
@@ -115,7 +124,7 @@ def kmeans_plusplus(X, k: int, seed) -> np.ndarray:
     for c in range(1, k + 1):
         # cumsum is sequential, hence deterministic; its last element is the
         # potential, so the sampling below is consistent with it.
-        cumulative = np.cumsum(closest)
+        cumulative = np.cumsum(closest if w is None else w * closest)
         potential = cumulative[-1]
         if not np.isfinite(potential):
             raise ValueError("X contains NaN or infinite values")
@@ -140,7 +149,7 @@ def kmeans_plusplus(X, k: int, seed) -> np.ndarray:
         best, best_potential = 0, np.inf
         for t, row in enumerate(candidates):
             trial = _min_sq_dist_update(X, X[row], closest)
-            trial_potential = trial.sum()
+            trial_potential = trial.sum() if w is None else (w * trial).sum()
             if t == 0 or trial_potential < best_potential:
                 best, best_potential, best_closest = t, trial_potential, trial
             del trial
@@ -159,18 +168,18 @@ def update_centroids(C: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.
     return new
 
 
-def lloyd(X, C0, max_iter: int, tol: float, return_labels: bool = False):
+def lloyd(X, C0, max_iter: int, tol: float, weights=None, scatter=None):
     """Lloyd iterations from given centroids.
 
-    Each iteration computes ``sums, counts, sse = lloyd_stats(X, C)`` and
-    moves every non-empty cluster to ``sums / counts``; an empty cluster
-    keeps its current centroid.  Iteration stops after `max_iter` updates or
-    as soon as the Frobenius norm of the centroid movement is ``< tol``.
+    Each iteration computes ``sums, counts, sse = lloyd_stats(X, C, weights, scatter)``
+    and moves every non-empty cluster to ``sums / counts``; an empty cluster keeps its
+    current centroid.  Iteration stops after `max_iter` updates or as soon as the
+    Frobenius norm of the centroid movement is ``< tol``.
 
     Parameters
     ----------
     X : array_like of shape (n, d), float32 or float64
-        Data rows.
+        Data rows, or a site's group means.
     C0 : array_like of shape (k, d)
         Starting centroids (copied to float64; not modified).  For float32
         ``X`` the assignment step uses them rounded to float32, the means are
@@ -180,20 +189,20 @@ def lloyd(X, C0, max_iter: int, tol: float, return_labels: bool = False):
     tol : float
         Stop when ``||C_new - C_old||_F < tol``.  ``tol = 0`` runs exactly
         `max_iter` iterations.
+    weights, scatter : array_like of shape (n,), optional
+        Rows of ``X`` as groups (``kernels.lloyd_stats``): each counts ``weights``
+        rows. None: rows.
 
     Returns
     -------
     C : ndarray of shape (k, d), float64
         Centroids after the last update.
     counts : ndarray of shape (k,), int64
-        Cluster sizes of the **last assignment**, i.e. the rows whose mean
+        Cluster sizes (in rows) of the **last assignment**, i.e. the rows whose mean
         each returned row of ``C`` is (0: the row is the kept centroid of an
         empty cluster).  No extra assignment is made after the last update.
     n_iter : int
         Number of updates performed.
-    labels : ndarray of shape (n,), int64
-        Only with ``return_labels``: the last assignment (one more assignment pass; the
-        differencing guard needs the member sets of the returned means).
     """
     X = _check_data(X)
     C = np.array(C0, dtype=np.float64, copy=True)
@@ -208,27 +217,24 @@ def lloyd(X, C0, max_iter: int, tol: float, return_labels: bool = False):
 
     n_iter = 0
     counts = np.zeros(C.shape[0], dtype=np.int64)
-    previous = C
     for n_iter in range(1, max_iter + 1):
-        sums, counts, _ = kernels.lloyd_stats(X, C)
+        sums, counts, _ = kernels.lloyd_stats(X, C, weights, scatter)
         new = update_centroids(C, sums, counts)
         shift = frobenius(new - C)
-        previous, C = C, new
+        C = new
         if shift < tol:
             break
-    if return_labels:
-        return C, counts, n_iter, kernels.assign(X, previous)[0]
     return C, counts, n_iter
 
 
-def local_kmeans(X, k: int, seed, max_iter: int = 300, tol: float = 1e-4,
-                 return_labels: bool = False):
+def local_kmeans(X, k: int, seed, max_iter: int = 300, tol: float = 1e-4, weights=None,
+                 scatter=None):
     """k-means on one site: k-means++ seeding, then Lloyd to convergence.
 
     Parameters
     ----------
     X : array_like of shape (n, d), float32 or float64
-        Data rows, ``n >= 1``.
+        Data rows, ``n >= 1``, or a site's group means.
     k : int
         Number of clusters, ``k >= 1``; if ``k > n`` then ``k = n`` is used
         (so ``n`` centroids are returned).
@@ -236,20 +242,20 @@ def local_kmeans(X, k: int, seed, max_iter: int = 300, tol: float = 1e-4,
         Seed of the k-means++ seeding (the only randomness).
     max_iter, tol
         As in :func:`lloyd` (absolute tolerance on the centroid movement).
+    weights, scatter : optional
+        Rows of ``X`` as groups (:func:`lloyd`), in the seeding and the iterations.
 
     Returns
     -------
     centroids : ndarray of shape (min(k, n), d), float64
     counts : ndarray of shape (min(k, n),), int64
         Cluster sizes of the last assignment (see :func:`lloyd`).
-    labels : ndarray of shape (n,), int64
-        Only with ``return_labels``: the last assignment.
     """
     X = _check_data(X)
     k = int(k)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     k = min(k, X.shape[0])
-    C0 = kmeans_plusplus(X, k, seed)
-    C, counts, _, *labels = lloyd(X, C0, max_iter, tol, return_labels)
-    return (C, counts, *labels)
+    C0 = kmeans_plusplus(X, k, seed, weights)
+    C, counts, _ = lloyd(X, C0, max_iter, tol, weights, scatter)
+    return C, counts

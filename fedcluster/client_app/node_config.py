@@ -25,7 +25,10 @@ class NodeConfig(_Strict):
 
     data_path: str | None = None
     label_column: str | None = None
-    min_cluster_size: int = Field(1, ge=1, description="the site's own privacy floor")
+    # The site's own privacy floor p_site: the fewest rows of a group it answers from
+    # (client_app/site_groups.py) and of a cluster it reports; 1 is the explicit opt-out
+    # (the site answers from its rows, and says so).
+    min_cluster_size: int = Field(2, ge=1, description="the site's own privacy floor")
     cache_dir: str | None = None
     # CSV column selection: `columns` (comma-separated header names, in this order) and an
     # `id-column` that is dropped before anything else.
@@ -43,17 +46,10 @@ class NodeConfig(_Strict):
     # The fewest rows with which the site takes part at all (a smaller site's aggregates
     # are close to its rows); checked before every task, describe included.
     min_site_rows: int = Field(10, ge=1, description="the site's own minimum size")
-    # The differencing guard (client_app/differencing_guard.py): never report a cluster
-    # whose rows differ from an earlier reported cluster's by 1..p-1 (on by default).
-    differencing_guard: bool = True
-    # Refuse a task the guard would answer with an earlier cluster or withhold one in.
-    guard_refuse: bool = False
     # The site's DP budget for its data across ALL runs ("epsilon" or "epsilon,delta";
     # client_app/privacy_budget.py), and whether it answers only DP tasks.
     dp_budget: tuple[float, float] | None = None
     require_dp: bool = False
-    # Whether the site sends its per-feature minima and maxima (each one person's value).
-    allow_minmax: bool = False
     # The disclosure ledger (client_app/disclosure_ledger.py): a JSONL file, "off" for none.
     ledger_path: str | None = None
     # Set by Flower's simulation engine.
@@ -135,9 +131,27 @@ class NodeConfig(_Strict):
 
 
 
+#: Keys of earlier versions that a site's groups made unnecessary: named, with why, so a
+#: site operator learns that the policy changed rather than meeting "unknown key".
+REMOVED_KEYS = {
+    "differencing-guard": "the differencing guard is gone: a site answers every task from "
+                          "its groups of at least min-cluster-size rows, so no combination "
+                          "of replies isolates fewer (docs/explanation/privacy-model.md)",
+    "guard-refuse": "the differencing guard is gone (see differencing-guard)",
+    "allow-minmax": "a site's minima and maxima are now those of its groups' means, each a "
+                    "mean of at least min-cluster-size rows like every other reply, so "
+                    "there is nothing left to refuse (docs/explanation/privacy-model.md)",
+}
+
+
 def parse_node_config(values: dict[str, Any]) -> NodeConfig:
     """Validate a site's node config."""
+    values = {_kebab(k): v for k, v in values.items()}
+    removed = [f"node-config key '{key}' was removed: {REMOVED_KEYS[key]}; delete it"
+               for key in values if key in REMOVED_KEYS]
+    if removed:
+        raise ConfigError("; ".join(removed))
     try:
-        return NodeConfig.model_validate({_kebab(k): v for k, v in values.items()})
+        return NodeConfig.model_validate(values)
     except ValidationError as err:
         raise ConfigError(_format(err, "node-config", NodeConfig)) from None

@@ -3,9 +3,11 @@ privacy", the maths in ``common/privacy.py``).
 
 The server sends, with every task of a DP run, ``data-bounds`` (the clipping box),
 ``dp-rho`` (this round's zCDP share of the run's budget) and ``dp-noise-share`` (1 for
-local DP). The site clips its rows to the box (in :func:`fedcluster.client_app.task_runner.run_task`),
-computes sigma ITSELF from the box and ``dp-rho`` and adds the noise before anything
-leaves it. Only these tasks run under DP:
+local DP). These tasks answer from the site's ROWS, clipped to the box
+(``private_rows.py``: the one way a task reaches rows; every other task answers from
+the site's groups, whose statistics have no bounded sensitivity), compute sigma ITSELF
+from the box and ``dp-rho`` and add the noise before anything leaves the site. Only
+these tasks run under DP:
 
 ``lloyd`` (DWF/EWF, ``local-iters`` 1)
     Per-cluster sums and counts against the received centroids, noised jointly (L2
@@ -20,9 +22,10 @@ leaves it. Only these tasks run under DP:
 ``evaluate_distances``
     Zeros, without touching the data (Davies-Bouldin is not computed under DP).
 ``describe``, ``bounds``
-    As without DP: the size and width are public; ``bounds`` (sent only when the run
-    has no ``data-bounds``) discloses the per-feature minima and maxima outside the DP
-    guarantee, and the server says so with a PrivacyLeakWarning.
+    As without DP, from the groups: the size and width are public; ``bounds`` (sent only
+    when the run has no ``data-bounds``) discloses the per-feature extremes of the
+    groups' means outside the DP guarantee, and the server says so with a
+    PrivacyLeakWarning.
 
 Distributed DP (the task also carries ``secure``: the round is a SecAgg+ sum). The site
 adds only its share of the noise, ``dp-noise-share`` x sigma with the share 1/sqrt(t) (t
@@ -45,8 +48,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedcluster.common import secure_codec as secure
-from fedcluster.common import kernels, privacy, protocol
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.common import privacy, protocol
+from fedcluster.client_app.private_rows import ClippedRows
+from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.task_io import TaskError, TaskReply, received_centroids, task_param
 
 
@@ -91,13 +95,13 @@ def site_bounds(params: dict, n_features: int) -> tuple[np.ndarray, np.ndarray] 
         raise TaskError(f"task parameter 'data-bounds': {err}") from None
 
 
-def private_lloyd(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
-                  rng: np.random.Generator) -> TaskReply:
+def private_lloyd(site: SiteGroups, rows: ClippedRows, arrays, params, floor: int,
+                  dp: SitePrivacy, rng: np.random.Generator) -> TaskReply:
     C = received_centroids(arrays.centroids, site)
     local_iters = task_param(params, "local-iters", int)
     if local_iters != 1:
         raise TaskError(f"under DP the lloyd task needs local-iters 1, got {local_iters}")
-    sums, counts, _ = kernels.lloyd_stats(site.X, C)
+    sums, counts = rows.cluster_sums(C)
     sigma = privacy.sums_counts_sigma(dp.lo, dp.hi, dp.rho)
     noisy_sums, noisy_counts = privacy.noisy_sums_counts(
         sums, counts, dp.lo, dp.hi, sigma, rng, dp.noise_share)
@@ -108,14 +112,12 @@ def private_lloyd(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
     return TaskReply(arrays=protocol.ClusterMeans(means, released))
 
 
-def private_evaluate(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
-                     rng: np.random.Generator) -> TaskReply:
+def private_evaluate(site: SiteGroups, rows: ClippedRows, arrays, params, floor: int,
+                     dp: SitePrivacy, rng: np.random.Generator) -> TaskReply:
     C = received_centroids(arrays.centroids, site)
     k = C.shape[0]
-    labels, sq_dist = kernels.assign(site.X, C)
     sigma_counts, sigma_sse, cap = privacy.evaluation_sigmas(dp.lo, dp.hi, dp.rho)
-    counts = np.bincount(labels, minlength=k).astype(np.float64)
-    sse = float(np.minimum(sq_dist, cap).sum())
+    counts, sse = rows.cluster_counts_and_sse(C, cap)
     noisy_counts = counts + rng.normal(0.0, dp.noise_share * sigma_counts, size=k)
     noisy_sse = sse + rng.normal(0.0, dp.noise_share * sigma_sse)
     if secure.SECURE_PARAM in params:  # distributed DP: linear, the server post-processes
@@ -126,8 +128,8 @@ def private_evaluate(site: SiteData, arrays, params, floor: int, dp: SitePrivacy
                                                hidden))
 
 
-def private_distances(site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
-                      rng: np.random.Generator) -> TaskReply:
+def private_distances(site: SiteGroups, rows: ClippedRows, arrays, params, floor: int,
+                      dp: SitePrivacy, rng: np.random.Generator) -> TaskReply:
     C = received_centroids(arrays.centroids, site)
     return TaskReply(arrays=protocol.Distances(np.zeros(C.shape[0])))
 
@@ -143,12 +145,13 @@ PRIVATE_TASKS = {
 }
 
 
-def run_private(name: str, site: SiteData, arrays, params, floor: int, dp: SitePrivacy,
-                rng: np.random.Generator):
-    """The DP version of task ``name``; None for the tasks that run unchanged
-    (``describe``, ``bounds``). Refuses every task outside ``protocol.DP_TASKS``."""
+def run_private(name: str, site: SiteGroups, rows, arrays, params, floor: int,
+                dp: SitePrivacy, rng: np.random.Generator):
+    """The DP version of task ``name``; None for the tasks that run unchanged on the
+    groups (``describe``, ``bounds``). Refuses every task outside ``protocol.DP_TASKS``.
+    ``rows``: a callable giving the site's :class:`ClippedRows` (made only when used)."""
     if name not in protocol.DP_TASKS:
         raise TaskError(f"task {name!r} has no differentially private version; under "
                         f"dp-epsilon a site runs only {', '.join(protocol.DP_TASKS)}")
     fn = PRIVATE_TASKS.get(name)
-    return None if fn is None else fn(site, arrays, params, floor, dp, rng)
+    return None if fn is None else fn(site, rows(), arrays, params, floor, dp, rng)

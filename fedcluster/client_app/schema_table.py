@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.client_app import site_data
-from fedcluster.client_app.site_data import SiteData, SiteDataError, TableFacts
+from fedcluster.client_app.site_data import SiteData, SiteDataError
+from fedcluster.client_app.site_groups import TableFacts
 from fedcluster.client_app.table_files import read_table
 from fedcluster.client_app.tables import encode_labels
 from fedcluster.common import kernels
@@ -94,8 +95,10 @@ def load_schema_table(path: str | os.PathLike, schema: Schema, *,
     if path.is_dir():
         raise SiteDataError(f"data-path '{path}' is a directory, not a data file")
     digest = schema_hash(schema)
-    base = Path(cache_dir if cache_dir is not None else site_data.default_cache_dir()) / \
-        table_cache_key(path, digest, units)
+    key = table_cache_key(path, digest, units)
+    known = {"version": key, "lineage": site_data.lineage_key(path, TABLE_CACHE_FORMAT, digest,
+                                                              json.dumps(units or {}, sort_keys=True))}
+    base = Path(cache_dir if cache_dir is not None else site_data.default_cache_dir()) / key
     entry = site_data.read_cache(base, str(path))
     if entry is not None:
         cached, meta = entry
@@ -106,8 +109,9 @@ def load_schema_table(path: str | os.PathLike, schema: Schema, *,
             pass  # a damaged sidecar: encode again
         else:
             kernels.check_rows(cached.X, str(path), min_rows, error=SiteDataError)
-            return dataclasses.replace(cached, table=facts)
+            return dataclasses.replace(cached, table=facts, **known)
     data, facts_meta = encode_site_table(path, schema, units, digest)
+    data = dataclasses.replace(data, **known)
     kernels.check_rows(data.X, str(path), min_rows, error=SiteDataError)
     try:
         site_data.write_cache(base, data, os.path.realpath(path),
@@ -121,7 +125,7 @@ def load_schema_table(path: str | os.PathLike, schema: Schema, *,
     if entry is None:
         data.X.setflags(write=False)
         return data
-    return dataclasses.replace(entry[0], table=data.table)
+    return dataclasses.replace(entry[0], table=data.table, **known)
 
 
 def plain_schema(header: list[str], source: str, label_column: str | None = None,

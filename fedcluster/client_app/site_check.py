@@ -3,8 +3,9 @@ joins, without contacting anyone (for the site's own eyes: its data officer's).
 
 It reads the file as text, encodes it as a site would (``common/table_encoding.py``)
 and reports rows, usable rows, per column the missing share, cells outside the range and
-the unit read, per category the count of each level and of unlisted values, and what a
-run would send from the file, task by task. When the
+the unit read, per category the count of each level and of unlisted values, the groups
+the site would answer from (how many, their sizes, rows waiting), and what a run would
+send from the file, task by task. When the
 table does not fit the schema, the check fails with the same message the encoding gives
 (file, row, column, value).
 """
@@ -66,8 +67,26 @@ def survey(header: list[str], columns: list[list[str]], schema: Schema, source: 
     return out, encode_table(header, columns, schema, source, declared_units)
 
 
+def format_groups(groups) -> list[str]:
+    """What a data officer reads of the site's groups: how many, their sizes, rows waiting."""
+    sizes, how_many = np.unique(np.asarray(groups.counts), return_counts=True)
+    if groups.min_size == 1:
+        head = (f"Groups: none (min-cluster-size = 1: this site answers from its {groups.n_rows} "
+                "rows, an explicit opt-out; a coordinator can then isolate single rows)")
+        return [head, ""]
+    lines = [f"Groups (min-cluster-size p_site = {groups.min_size}): every reply is a function of "
+             f"{groups.n_groups} groups of at least {groups.min_size} rows, made by this site "
+             f"alone; sizes: " + ", ".join(f"{int(n)} of {int(s)} rows"
+                                           for s, n in zip(sizes, how_many)),
+             f"group table sha256 {groups.digest[:16]} (the disclosure ledger names it)"]
+    if groups.waiting:
+        lines.append(f"{groups.waiting} new row(s) wait, in no group, until there are "
+                     f"{groups.min_size} (no task uses them before)")
+    return lines + [""]
+
+
 def format_survey(source: str, n_rows: int, columns: list[ColumnSurvey], table: EncodedTable,
-                  schema: Schema, floor: int = 2) -> str:
+                  schema: Schema, floor: int = 2, groups=None) -> str:
     lines = [f"{source}: {n_rows} rows, {table.X.shape[0]} usable ({table.rows_dropped} dropped "
              f"by drop-row), {table.X.shape[1]} encoded features",
              f"schema sha256 {schema_hash(schema)} (a run's schema must have the same)", "",
@@ -89,6 +108,8 @@ def format_survey(source: str, n_rows: int, columns: list[ColumnSurvey], table: 
                 + ", ".join(f"{k} {v}" for k, v in sorted(seen.unlisted.items()))
                 if seen.unlisted else ""))
     lines += ["", "These counts are for this site's eyes: the check sends nothing.", ""]
+    if groups is not None:
+        lines += format_groups(groups)
     return "\n".join(lines + would_send(table, schema, floor))
 
 
@@ -109,15 +130,27 @@ def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
                                         if medians else ""))
     lines += ["- stats (with scale = standard, once): per feature the mean, the sum of "
               "deviations and M2 over all rows",
-              "- training rounds: per cluster the mean (or sum) and the count of its members",
-              "- evaluation: per cluster its size, coordinate sums, squared norms and SSE"]
+              "- training rounds: per cluster (of whole groups) the mean (or sum) and the count "
+              "of its members",
+              "- evaluation: per cluster its size, coordinate sums, squared norms and SSE",
+              "(a differentially private run answers from the rows, clipped and noised)"]
     return lines
 
 
 def check(path: str | Path, schema: Schema, declared_units: dict[str, str] | None = None,
-          floor: int = 2) -> str:
+          floor: int = 2, cache_dir: str | Path | None = None) -> str:
     """The report of ``fedcluster site check`` (``SiteDataError`` when the file does not
-    fit); ``floor``: the privacy floor p the report states (the run's default 2)."""
+    fit); ``floor``: the site's own floor p_site (its groups' size; the run's default 2).
+    With ``cache_dir`` (the site's node config ``cache-dir``) the groups are those the
+    site keeps there (a grown file's, rows waiting included), else made here alone."""
+    from fedcluster.client_app import group_table
+    from fedcluster.client_app.schema_table import encode_site_columns, load_schema_table
+
     header, columns = read_table(path)
     seen, table = survey(header, columns, schema, str(path), declared_units)
-    return format_survey(str(path), len(columns[0]), seen, table, schema, floor)
+    if cache_dir is not None:
+        site = load_schema_table(path, schema, units=declared_units, cache_dir=cache_dir)
+    else:
+        site = encode_site_columns(header, columns, schema, str(path), declared_units)[0]
+    groups, _ = group_table.site_groups(site, floor, cache_dir)
+    return format_survey(str(path), len(columns[0]), seen, table, schema, floor, groups)

@@ -10,10 +10,10 @@ relayed to the server operator.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
-import mmap
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster.client_app.mapped_pages import read_only_mapping, release_pages  # noqa: F401 (re-exported)
+from fedcluster.client_app.site_groups import TableFacts
 from fedcluster.client_app.tables import parse_csv
 from fedcluster.common import kernels
 from fedcluster.common.datasets import SiteDataError, load_builtin, partition
@@ -55,6 +57,12 @@ class SiteData:
     fingerprint : str or None
         :func:`data_fingerprint` of ``X`` when it is known without hashing the rows again
         (a cache entry keeps it); None: compute it (:meth:`rows_fingerprint`).
+    version : str or None
+        The key of this version of a file (its cache key: path, size, mtime and the
+        columns read), under which its group table is kept; None: data held in memory.
+    lineage : str or None
+        The file and the columns read, whatever its version: which earlier group table
+        a grown file keeps its groups from (``group_table.py``).
     """
 
     X: np.ndarray
@@ -64,6 +72,8 @@ class SiteData:
     label_names: tuple[str, ...] | None = None
     table: "TableFacts | None" = None
     fingerprint: str | None = None
+    version: str | None = None
+    lineage: str | None = None
 
     @property
     def n_rows(self) -> int:
@@ -78,26 +88,10 @@ class SiteData:
         return int(self.X.shape[1])
 
 
-@dataclass(frozen=True)
-class TableFacts:
-    """What a site knows of its table read through the schema: the schema and its hash,
-    the rows ``drop-row`` dropped, per feature column the missing cells among the rows
-    kept (``impute-*`` fills them; the schema's other policies leave none)."""
-
-    schema: object  # common.schema.Schema (kept untyped: site_data stays light to import)
-    schema_hash: str
-    rows_dropped: int = 0
-    cells_missing: dict = field(default_factory=dict)
-
-    @property
-    def has_missing(self) -> bool:
-        return any(self.cells_missing.values())
-
-
 def data_fingerprint(X: np.ndarray) -> str:
-    """sha256 of a site's rows (shape, dtype, values): what the differencing guard's kept
-    row sets and the privacy budget belong to (other rows start afresh). A cache entry
-    keeps it, so a deployed site hashes its rows once per file version, not per task."""
+    """sha256 of a site's rows (shape, dtype, values): what the privacy budget belongs to
+    (other rows start afresh). A cache entry keeps it, so a deployed site hashes its rows
+    once per file version, not per task."""
     digest = hashlib.sha256(f"{X.shape}\0{X.dtype.str}\0".encode())
     block = max(1, (1 << 22) // max(1, X.shape[1]))
     for start in range(0, X.shape[0], block):
@@ -106,28 +100,6 @@ def data_fingerprint(X: np.ndarray) -> str:
 
 
 # ---------------------------------------------------------------- validation
-
-def read_only_mapping(X: np.ndarray) -> mmap.mmap | None:
-    """The mmap behind ``X`` if ``X`` is (a view of) a read-only ``np.memmap``, else None."""
-    while isinstance(X, np.ndarray):
-        if isinstance(X, np.memmap) and X.mode == "r" and X._mmap is not None:
-            return X._mmap
-        X = X.base
-    return None
-
-
-def release_pages(X: np.ndarray) -> None:
-    """Drop the pages of a read-only memory-mapped ``X`` from this process's resident set.
-
-    They stay in the OS page cache (getting them back costs no disk read), and the next
-    access maps them again. Anything else (in memory, or a writable mapping) is left alone.
-    A site's rows then need not all be resident at once when a pass over them is
-    followed by other work (bench/scale.py measures the peak memory of a 512 MB site).
-    """
-    mapping = read_only_mapping(X)
-    if mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
-        mapping.madvise(mmap.MADV_DONTNEED)
-
 
 def check_site_array(X: np.ndarray, source: str, min_rows: int = 1) -> np.ndarray:
     """Validate a site's data matrix and return it as float64 C-contiguous.
@@ -191,6 +163,13 @@ def load_partition(dataset: str, partitioning: str, partition_id: int, num_parti
 
 # ---------------------------------------------------------------- file loading + cache
 
+def lineage_key(path: str | os.PathLike, *choices) -> str:
+    """The key of a file and the way it is read (``choices``: columns, schema, units),
+    whatever its version: a grown file keeps the groups of its earlier version."""
+    text = "\0".join([CACHE_FORMAT, os.path.realpath(path), *map(repr, choices)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def cache_key(path: str | os.PathLike, label_column: str | None = None,
               columns: tuple[str, ...] | None = None, id_column: str | None = None) -> str:
     """Cache key of a data file: sha256 of its real path, size and mtime (ns), and of the
@@ -209,7 +188,7 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "fedcluster"
 
 
-def _write_atomic(target: Path, write) -> None:
+def write_atomic(target: Path, write) -> None:
     # Temp file in the same directory + os.replace: a concurrent reader sees the old file or the
     # complete new one, never a partial one.
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".", suffix=".tmp")
@@ -254,14 +233,14 @@ def write_cache(base: Path, data: SiteData, real_path: str, columns: dict) -> No
     ``columns``: what else a reader of the entry needs to know, and the rows' fingerprint)."""
     base.parent.mkdir(parents=True, exist_ok=True)
     if data.labels is not None:
-        _write_atomic(cache_sibling(base, ".labels.npy"), lambda f: np.save(f, data.labels))
+        write_atomic(cache_sibling(base, ".labels.npy"), lambda f: np.save(f, data.labels))
     X = np.ascontiguousarray(data.X, dtype=np.float64)
-    _write_atomic(cache_sibling(base, ".npy"), lambda f: np.save(f, X))
+    write_atomic(cache_sibling(base, ".npy"), lambda f: np.save(f, X))
     meta = {"format": CACHE_FORMAT, "source": real_path, **columns,
             "rows-sha256": data_fingerprint(X),
             "shape": list(data.X.shape), "feature_names": data.feature_names,
             "has_labels": data.labels is not None, "label_names": data.label_names}
-    _write_atomic(cache_sibling(base, ".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    write_atomic(cache_sibling(base, ".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
 
 
 def _open_npy(path: Path) -> np.ndarray:
@@ -314,23 +293,25 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
             raise SiteDataError(f"{source}: {key} needs a CSV file; a .npy holds features only")
     if not os.access(path, os.R_OK):
         raise SiteDataError(f"{source}: the file is not readable by this process")
+    key = cache_key(path, label_column, columns, id_column)
+    known = {"version": key, "lineage": lineage_key(path, label_column, columns, id_column)}
     if suffix == ".npy":
         mapped = _open_npy(path)
         if mapped.dtype == np.float64 and mapped.flags.c_contiguous:
             return SiteData(X=check_site_array(mapped, source, min_rows), feature_names=None,
-                            labels=None, source=source)
-    key = cache_key(path, label_column, columns, id_column)
+                            labels=None, source=source, **known)
     base = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
     entry = read_cache(base, source)
     if entry is not None:
         kernels.check_rows(entry[0].X, source, min_rows, error=SiteDataError)  # values checked before caching
-        return entry[0]
+        return dataclasses.replace(entry[0], **known)
     if suffix == ".npy":
         X, names, labels, label_names = mapped, None, None, None
     else:
         X, names, labels, label_names = parse_csv(path, label_column, columns, id_column)
     X = check_site_array(X, source, min_rows)
-    data = SiteData(X=X, feature_names=names, labels=labels, source=source, label_names=label_names)
+    data = SiteData(X=X, feature_names=names, labels=labels, source=source, label_names=label_names,
+                    **known)
     try:
         write_cache(base, data, os.path.realpath(path),
                      {"label_column": label_column, "columns": columns, "id_column": id_column})
@@ -343,4 +324,4 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
     if entry is None:  # e.g. removed by a cleaner in between: the parsed data is still good
         X.setflags(write=False)
         return data
-    return entry[0]
+    return dataclasses.replace(entry[0], **known)

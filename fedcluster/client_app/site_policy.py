@@ -24,16 +24,12 @@
     The site answers only differentially private tasks (those carrying ``dp-rho``; the
     size-and-width ``describe`` handshake is answered too): every other task of a run
     is refused, naming the run settings that make it private.
-``allow-minmax``
-    Whether the site sends its per-feature minima and maxima (the ``bounds`` task, and
-    ``stats`` under ``scale = minmax``): each is one person's value, so the default is
-    false and such a task is refused, naming the run settings that avoid it.
 ``dp-budget``
     The site's DP budget across all runs on its data (``client_app/privacy_budget.py``).
 
-The ``min-cluster-size`` floor is another site policy; it is applied in
-``client_app/tasks.py``; the differencing guard (``differencing-guard``) in
-``client_app/differencing_guard.py``.
+The ``min-cluster-size`` floor is another site policy: the size of the groups the site
+answers from (``client_app/group_table.py``) and the fewest rows of a cluster it
+reports (``client_app/tasks.py``).
 
 The count must survive between messages: in a deployment Flower starts a fresh ClientApp
 process per message, but the SuperNode keeps one ``Context.state`` per run (series) and
@@ -138,24 +134,6 @@ def check_private(node: NodeConfig, task: str, params: dict) -> None:
             f"site policy require-dp refuses task {task!r}: it is not differentially private; "
             f"this site answers only runs with dp-epsilon > 0 and data-bounds given (and scale "
             f"'none': the scaling statistics round is not private)")
-
-
-def check_minmax(node: NodeConfig, task: str, params: dict) -> None:
-    """Refuse a task that sends per-feature minima and maxima unless ``allow-minmax``.
-
-    Raises
-    ------
-    PolicyRefusal
-        Naming the policy and the run settings that avoid the task.
-    """
-    if node.allow_minmax:
-        return
-    if task == "bounds" or (task == "stats" and params.get("scale") == "minmax"):
-        raise PolicyRefusal(
-            f"site policy allow-minmax=false refuses task {task!r}: it sends this site's "
-            f"per-feature minima and maxima (each one person's value); run with data-bounds "
-            f"given (the box is then declared), init 'kfed' or 'divisive' instead of 'random', "
-            f"and scale 'standard' instead of 'minmax'")
 
 
 #: The ``Context.state`` record counting a simulated site's DP noise draws per run.

@@ -1,4 +1,4 @@
-"""Site tasks that report over ALL the site's rows, never per cluster: its description,
+"""Site tasks that report over ALL the site's groups, never per cluster: its description,
 the imputation statistics, the scaling statistics and the bounding box. Each is refused
 by a site with fewer rows than the privacy floor (``task_io.refuse_under_floor``).
 
@@ -7,13 +7,17 @@ by a site with fewer rows than the privacy floor (``task_io.refuse_under_floor``
     read through a schema adds the schema's hash and, as counts (``"<p"`` under the
     floor), the rows ``drop-row`` dropped and the missing cells per column.
 ``impute_stats``
-    Per encoded feature, the sum and count of its present cells and (``impute-median``)
-    their histogram over the schema's range, under the floor (``common/imputation.py``).
+    Per encoded feature, the sum and count of its present cells (exact, from the
+    groups') and (``impute-median``) the histogram of the groups' present means, each
+    counting its present cells, over the schema's range, under the floor
+    (``common/imputation.py``).
 ``stats``
     Per-feature aggregates for the global scaling (``scale``): mean, sum of deviations
-    and M2 (``standard``) or minimum and maximum (``minmax``); ``common/scaling.py``.
+    and M2 (``standard``; exact, from the groups' sums and m2) or minimum and maximum of
+    the groups' means (``minmax``); ``common/scaling.py``.
 ``bounds``
-    Per-feature minimum and maximum (random initialisation in the federated box).
+    Per-feature minimum and maximum of the groups' means (random initialisation in the
+    federated box): each a mean of at least p_site rows, as every other reply.
 """
 
 from __future__ import annotations
@@ -22,8 +26,7 @@ import json
 
 import numpy as np
 
-from fedcluster.client_app.differencing_guard import OFF
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.task_io import TaskError, TaskReply, refuse_under_floor
 from fedcluster.common import protocol, scaling
 from fedcluster.common.imputation import imputation_plan, site_missing_stats
@@ -34,7 +37,7 @@ def _count(value: int, floor: int) -> int | str:
     return f"<{floor}" if 0 < value < floor else int(value)
 
 
-def describe(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+def describe(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
     refuse_under_floor(site, floor, "it cannot join")
     names = list(site.feature_names) if site.feature_names is not None else []
     metrics = {"n-features": site.n_features, "feature-names": json.dumps(names)}
@@ -47,7 +50,7 @@ def describe(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply
     return TaskReply(metrics=metrics)
 
 
-def impute_stats(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+def impute_stats(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """The imputation round: per encoded feature, sums, counts and histograms of the
     present cells (never a row), from the site's own schema."""
     refuse_under_floor(site, floor, "it sends no imputation statistics")
@@ -55,21 +58,26 @@ def impute_stats(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskR
         raise TaskError(f"{site.source}: the run imputes missing cells, but this site's "
                         "table is not read through a schema (node-config 'schema-path')")
     plan = imputation_plan(site.table.schema)
-    return TaskReply(arrays=protocol.MissingStats(*site_missing_stats(site.X, plan, floor)))
+    present = site.counts[:, None] if site.present is None else site.present
+    present = np.broadcast_to(present, site.sums.shape)
+    return TaskReply(arrays=protocol.MissingStats(*site_missing_stats(present, site.sums, plan, floor)))
 
 
-def stats(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+def stats(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """The statistics round: per-feature aggregates over ALL rows (never a row), refused
     by a site with fewer rows than the privacy floor."""
     refuse_under_floor(site, floor, "it sends no statistics")
     kind = params.get("scale")
     if kind == "standard":
-        return TaskReply(arrays=protocol.Moments(*scaling.site_moments(site.X)))
+        if site.singletons:
+            return TaskReply(arrays=protocol.Moments(*scaling.site_moments(site.means)))
+        return TaskReply(arrays=protocol.Moments(*scaling.site_moments(
+            site.means, site.counts, site.m2.sum(axis=0))))
     if kind == "minmax":
-        return TaskReply(arrays=protocol.Range(*scaling.site_range(site.X)))
+        return TaskReply(arrays=protocol.Range(*scaling.site_range(site.means)))
     raise TaskError(f"task parameter 'scale' must be 'standard' or 'minmax', got {kind!r}")
 
 
-def bounds(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+def bounds(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
     refuse_under_floor(site, floor, "it sends no bounds")
-    return TaskReply(arrays=protocol.Range(np.min(site.X, axis=0), np.max(site.X, axis=0)))
+    return TaskReply(arrays=protocol.Range(*scaling.site_range(site.means)))

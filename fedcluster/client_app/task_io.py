@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.common import protocol
 
 Scalar = bool | int | float | str
@@ -54,7 +54,7 @@ def task_param(params: dict, key: str, kind: type, default=None):
         raise TaskError(f"task parameter '{key}' must be {kind.__name__}, got {value!r}") from None
 
 
-def received_centroids(centroids: np.ndarray | None, site: SiteData) -> np.ndarray:
+def received_centroids(centroids: np.ndarray | None, site: SiteGroups) -> np.ndarray:
     """Centroids the server sent (``inputs.centroids``, ``inputs.means``...), checked
     against this site's width and for finiteness, as a contiguous float64 array."""
     if centroids is None:
@@ -69,7 +69,7 @@ def received_centroids(centroids: np.ndarray | None, site: SiteData) -> np.ndarr
     return np.ascontiguousarray(C)
 
 
-def refuse_under_floor(site: SiteData, floor: int, what: str = "") -> None:
+def refuse_under_floor(site: SiteGroups, floor: int, what: str = "") -> None:
     """The one refusal of a task that reports over ALL the site's rows (statistics,
     bounds, its size, GTV's own centroids): a site with fewer rows than the floor sends
     nothing (``what`` says what it withholds)."""

@@ -1,30 +1,29 @@
-"""The site's task dispatch: the task a message names, run on the site's (scaled, clipped)
-rows with the floor max(server's p, site's p), in its private version under DP."""
+"""The site's task dispatch: the task a message names, run on the site's groups in the
+run's space (its fill and scaling; ``data-bounds`` clips the groups' means) with the
+floor max(server's p, site's p), or, under DP, its private version on the site's
+clipped rows (``private_rows.py``)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 
 from fedcluster.client_app import private_tasks
-from fedcluster.client_app.differencing_guard import OFF, DifferencingGuard
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.task_io import TaskError, TaskReply, task_param
 from fedcluster.client_app.tasks import TASKS
-from fedcluster.common import privacy, protocol, scaling
+from fedcluster.common import protocol, scaling
 from fedcluster.common.kernels import small_work
 
 
-def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor: int,
-             noise_seed=None, guard: DifferencingGuard = OFF) -> TaskReply:
-    """Run the task named by ``params['task']`` with floor max(server's p, site's p), on
-    the rows scaled by ``params['transform']`` when the run has one and clipped to
-    ``params['data-bounds']`` when given. The arrays sent are named here (``protocol.task_inputs``). Under DP (``dp-rho``) the task's private
-    version runs (``common/private_tasks.py``), its noise drawn from
-    ``np.random.default_rng(noise_seed)`` (None: fresh OS entropy). ``guard`` checks every
-    reported cluster's member rows (``differencing_guard.py``; DP replies are noised
-    instead and do not pass it)."""
+def run_task(groups: SiteGroups, arrays: list[np.ndarray], params: dict, site_floor: int,
+             noise_seed=None, private_rows=None) -> TaskReply:
+    """Run the task named by ``params['task']`` on ``groups`` with floor max(server's p,
+    site's p): in the run's space when the task carries its ``transform`` (the pooled
+    fill and the scaling), each group's mean clipped to ``params['data-bounds']`` when
+    given. The arrays sent are named here (``protocol.task_inputs``). Under DP
+    (``dp-rho``) the task's private version runs (``private_tasks.py``) on
+    ``private_rows`` (a ``private_rows.PrivateRows``), its noise drawn from
+    ``np.random.default_rng(noise_seed)`` (None: fresh OS entropy)."""
     name = params.get("task")
     if name not in TASKS:
         raise TaskError(f"unknown task {name!r}; this site knows {sorted(TASKS)}")
@@ -34,43 +33,55 @@ def run_task(site: SiteData, arrays: list[np.ndarray], params: dict, site_floor:
         raise TaskError(f"task {name}: {err}") from None
     server_floor = task_param(params, "min-cluster-size", int, default=1)
     floor = max(server_floor, site_floor, 1)
-    if "transform" in params:  # the run's global scaling: the task sees the scaled rows
+    transform = str(params["transform"]) if "transform" in params else None
+    if transform is not None:  # the run's fill and scaling: the task sees the groups there
         try:
-            X = scaling.scaled_rows(site.X, site.source, str(params["transform"]))
+            groups = groups.in_run_space(scaling.FeatureTransform.decode(transform))
         except ValueError as err:
             raise TaskError(f"task parameter 'transform': {err}") from None
-        site = dataclasses.replace(site, X=X)
-    if site.table is not None and site.table.has_missing and name not in RAW_TABLE_TASKS:
-        missing = np.isnan(site.X).any(axis=0)  # the run's fill (in the transform) is due
-        if missing.any():
-            names = site.feature_names or ()
-            which = ", ".join(names[j] if j < len(names) else str(j) for j in np.flatnonzero(missing))
-            raise TaskError(f"{site.source}: task {name}: the table has missing cells in "
+    if name not in RAW_TABLE_TASKS:
+        missing = groups.missing_features() if transform is not None else (
+            np.flatnonzero((groups.present < groups.counts[:, None]).any(axis=0)).tolist()
+            if groups.has_missing else [])
+        if missing:
+            names = groups.feature_names or ()
+            which = ", ".join(names[j] if j < len(names) else str(j) for j in missing)
+            raise TaskError(f"{groups.source}: task {name}: the table has missing cells in "
                             f"{which} and the run sent no value to impute them with")
-    dp = private_tasks.task_privacy(params, site.n_features)
-    box = private_tasks.site_bounds(params, site.n_features) if name != "describe" else None
-    if box is not None:  # data-bounds: every task sees the clipped rows
-        site = dataclasses.replace(site, X=privacy.clip_rows(site.X, *box))
+    dp = private_tasks.task_privacy(params, groups.n_features)
+    box = private_tasks.site_bounds(params, groups.n_features) if name != "describe" else None
     reply = None
     with small_work.few_passes(is_few_pass_task(name, params)):
         if dp is not None:
             rng = np.random.default_rng(noise_seed)
-            reply = private_tasks.run_private(name, site, arrays, params, floor, dp, rng)
+            rows = lambda: _clipped(private_rows, transform, box)  # noqa: E731
+            reply = private_tasks.run_private(name, groups, rows, arrays, params, floor, dp, rng)
         if reply is None:
-            reply = TASKS[name](site, arrays, params, floor, guard)
-    reply.metrics.setdefault("n-rows", site.n_rows)
+            if box is not None:  # data-bounds: every task sees the groups' means clipped
+                groups = groups.clipped(*box)
+            reply = TASKS[name](groups, arrays, params, floor)
+    reply.metrics.setdefault("n-rows", groups.n_rows)
     return reply
+
+
+def _clipped(private_rows, transform: str | None, box):
+    if private_rows is None:
+        raise TaskError("this site holds no rows for a differentially private task")
+    try:
+        return private_rows.clipped(transform, box)
+    except ValueError as err:
+        raise TaskError(f"task parameter 'transform': {err}") from None
 
 
 #: Tasks that see the table as encoded, missing cells included.
 RAW_TABLE_TASKS = frozenset({"describe", "impute_stats"})
 
-#: Tasks that pass over the rows only a few times, at the centroids sent.
+#: Tasks that pass over the groups only a few times, at the centroids sent.
 FEW_PASS_TASKS = frozenset({"evaluate", "evaluate_distances"})
 
 
 def is_few_pass_task(name: str, params: dict) -> bool:
-    """Whether task ``name`` makes only a few passes over the rows (the evaluation, its
+    """Whether task ``name`` makes only a few passes over the groups (the evaluation, its
     second pass, a Lloyd step of one local iteration): its passes then go to NumPy up to
     ``small_work.FEW_PASSES_MAX_WORK``, so the fresh process Flower starts for the message
     need not load Numba (~1 s) for a fraction of a second of arithmetic."""

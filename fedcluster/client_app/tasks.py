@@ -1,8 +1,12 @@
 """Site tasks: what one federated round asks a site to do with its own data.
 
-A task takes the site's data, the arrays the server sent (named, as ``common/protocol.py``
-reads them) and the task's scalar parameters, runs the compiled kernels, and returns a :class:`TaskReply` of AGGREGATES
-only (centroids or sums, counts, scalar metrics) -- never a row of the data.
+A task takes the site's GROUPS (``site_groups.SiteGroups``: each group at least p_site
+rows, assigned whole to the centroid nearest its mean; never a row), the arrays the
+server sent (named, as ``common/protocol.py`` reads them) and the task's scalar
+parameters, runs the compiled kernels on the groups' means weighted by their rows, and
+returns a :class:`TaskReply` of AGGREGATES only (centroids or sums, counts, scalar
+metrics), each a function of the groups' statistics. With p_site = 1 every group is a
+row and every task the row-level algorithm of its paper.
 
 The privacy floor p is applied in one place (``task_io.apply_privacy_floor``): a
 cluster with fewer than p local members is not reported (its count is sent as 0 and its
@@ -13,13 +17,15 @@ Tasks (the ``task`` config key):
 ``describe``, ``impute_stats``, ``stats``, ``bounds``
     Aggregates over all the site's rows (``site_statistics.py``).
 ``local_kmeans``
-    k-means++ then Lloyd to convergence on the local data (k-FED, Dennis et al. 2021).
+    k-means++ then Lloyd to convergence on the local groups, weighted (k-FED, Dennis
+    et al. 2021).
 ``lloyd``
     DWF/EWF site step (Holzer, Jacob, Kavane): weights against the received centroids,
     then ``local-iters`` Lloyd iterations.
 ``minibatch``
     Federated mini-batch k-means site step (Triebe & Rajagopal 2019): ``epochs`` passes
-    in shuffled batches of ``batch-size`` with client learning rate ``beta``.
+    in shuffled batches of groups (about ``batch-size`` rows each) with client learning
+    rate ``beta``.
 ``kmeanspp``
     FKM round 0 (Garst & Reinders 2024): k-means++ (or random) seeds, the means and
     sizes of their clusters.
@@ -28,7 +34,8 @@ Tasks (the ``task`` config key):
     iterations from the rest.
 ``fcm``
     Federated fuzzy c-means site step (Stallmann & Wilbik): ``local-iters`` fuzzy
-    c-means iterations with fuzzifier m; local centres and fuzzy weights W_j.
+    c-means iterations with fuzzifier m (a group's rows take the memberships of its
+    mean); local centres and fuzzy weights W_j.
 ``gtv``
     GTVMin k-means site step (Jung): ``local-iters`` updates of the site's own centroids
     towards its data and its neighbours' centroids (round 0, without arrays: local
@@ -53,192 +60,164 @@ from flwr.common.logger import log
 from fedcluster.common import kernels, protocol
 
 from fedcluster.client_app import local_kmeans as local
-from fedcluster.client_app.differencing_guard import OFF
-from fedcluster.client_app.guarded_stats import (
-    farthest_rows, guard_clusters, guarded_gtv_step, set_distance, set_mean, set_sqnorm, set_sum,
-)
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.site_statistics import bounds, describe, impute_stats, stats
 from fedcluster.client_app.task_io import (
     TaskError, TaskReply, apply_privacy_floor, received_centroids, refuse_under_floor, task_param,
 )
 
 
-def local_kmeans_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+def _weights(groups: SiteGroups) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The kernels' (weights, scatter) of the groups; None for rows (p_site = 1), which
+    keeps every kernel the row-level one, bit for bit."""
+    return (None, None) if groups.singletons else (groups.counts, groups.scatter)
+
+
+def local_kmeans_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     k_local = task_param(params, "k-local", int)
     seed = task_param(params, "seed", int)
     if k_local < 1:
         raise TaskError(f"task parameter 'k-local' must be >= 1, got {k_local}")
-    centroids, counts, *labels = local.local_kmeans(site.X, k_local, seed,
-                                                    return_labels=guard.active)
+    weights, scatter = _weights(groups)
+    centroids, counts = local.local_kmeans(groups.means, k_local, seed, weights=weights,
+                                           scatter=scatter)
     keep = counts >= floor
-    if guard.active:
-        verdict = guard_clusters(guard, labels[0], np.flatnonzero(keep), floor, counts, site.n_rows)
-        keep[verdict.withheld] = False
-        for j, mask in verdict.substituted.items():
-            centroids[j], counts[j] = set_mean(site.X, mask), np.count_nonzero(mask)
     return TaskReply(arrays=protocol.ClusterMeans(centroids[keep], counts[keep].astype(np.int64)))
 
 
-def _continue_lloyd(X, C, sums, counts, local_iters: int, tol: float, labels=None):
+def _continue_lloyd(groups: SiteGroups, C, sums, counts, local_iters: int, tol: float):
     """Finish ``local_iters`` Lloyd iterations whose first assignment statistics
-    (``sums``, ``counts`` against ``C``) are already known; return the centroids, the
-    sizes of the last assignment and, when the first assignment's ``labels`` are given
-    (the differencing guard), the last assignment's labels (else None)."""
+    (``sums``, ``counts`` against ``C``) are already known; return the centroids and the
+    sizes of the last assignment."""
     local_C = local.update_centroids(C, sums, counts)
     if local_iters > 1 and kernels.frobenius(local_C - C) >= tol:
-        local_C, counts, _, *last = local.lloyd(X, local_C, local_iters - 1, tol,
-                                                return_labels=labels is not None)
-        labels = last[0] if last else None
-    return local_C, counts, labels
+        local_C, counts, _ = local.lloyd(groups.means, local_C, local_iters - 1, tol, *_weights(groups))
+    return local_C, counts
 
 
-def lloyd_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
-    C = received_centroids(arrays.centroids, site)
+def lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
+    C = received_centroids(arrays.centroids, groups)
     local_iters = task_param(params, "local-iters", int)
     tol = task_param(params, "tol", float)
     if local_iters < 1:
         raise TaskError(f"task parameter 'local-iters' must be >= 1, got {local_iters}")
     # The weights are counted against the RECEIVED centroids (DWF paper, Fig. 1); the
     # first Lloyd pass needs exactly these statistics, so they are computed once.
-    sums, weights, sse = kernels.lloyd_stats(site.X, C)
-    first = kernels.assign(site.X, C)[0] if guard.active else None
-    local_C, last_counts, last = _continue_lloyd(site.X, C, sums, weights, local_iters, tol, first)
+    sums, weights, sse = kernels.lloyd_stats(groups.means, C, *_weights(groups))
+    local_C, last_counts = _continue_lloyd(groups, C, sums, weights, local_iters, tol)
     # A cluster is reported only if both its weight and the member set of its reported
     # mean reach the floor.
-    sizes = last_counts
     last_counts = np.where(weights < floor, 0, last_counts)
     hidden_counts, local_C = apply_privacy_floor(last_counts, local_C, C, floor)
     weights = np.where(hidden_counts == 0, 0, weights).astype(np.int64)
-    if guard.active:  # the guard checks the member sets of the reported means
-        verdict = guard_clusters(guard, last, np.flatnonzero(weights > 0), floor, sizes,
-                                 site.n_rows if last is first else None)
-        weights[verdict.withheld] = 0
-        local_C[verdict.withheld] = C[verdict.withheld]
-        for j, mask in verdict.substituted.items():
-            local_C[j] = set_mean(site.X, mask)
-            if last is first:  # one local iteration: the weight is that set's size
-                weights[j] = np.count_nonzero(mask)
     reply = TaskReply(arrays=protocol.ClusterMeans(local_C, weights), metrics={"sse": float(sse)})
     if params.get(protocol.EVALUATE_TOO):
-        # the evaluation of the RECEIVED centroids, exactly as an evaluate round would
-        # send it (the guard sees the same member sets, so it gives the same verdicts)
-        reply.evaluation = evaluate(site, protocol.Centroids(arrays.centroids), params, floor,
-                                    guard, labels=first)
+        # the evaluation of the RECEIVED centroids, exactly as an evaluate round would send it
+        reply.evaluation = evaluate(groups, protocol.Centroids(arrays.centroids), params, floor)
     return reply
 
 
-def minibatch_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
-    C = received_centroids(arrays.centroids, site)
+def minibatch_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
+    """Mini-batch epochs over the groups in a seeded order, in batches of about
+    ``batch-size`` rows (``batch-size`` x groups / rows groups; each group whole)."""
+    C = received_centroids(arrays.centroids, groups)
     epochs = task_param(params, "epochs", int)
     batch = task_param(params, "batch-size", int)
     beta = task_param(params, "beta", float)
     seed = task_param(params, "seed", int)
     if epochs < 1 or batch < 0 or not 0.0 < beta <= 1.0:
         raise TaskError(f"bad mini-batch parameters: epochs {epochs}, batch-size {batch}, beta {beta}")
-    n = site.n_rows
-    full = batch == 0 or batch >= n
+    n_groups = groups.n_groups
+    full = batch == 0 or batch >= groups.n_rows
+    in_groups = n_groups if full else max(1, round(batch * n_groups / groups.n_rows))
     rng = np.random.default_rng(seed)  # per site and round: the server sends the seed
+    weights, scatter = _weights(groups)
     metrics = {}
     if full:  # the score of the received centroids costs one more pass only with batches
-        metrics["sse"] = kernels.lloyd_stats(site.X, C)[2]
+        metrics["sse"] = kernels.lloyd_stats(groups.means, C, weights, scatter)[2]
     gamma = C.copy()
-    touched = np.zeros((C.shape[0], n), dtype=bool) if guard.active else None
-    labels = np.zeros(n, dtype=np.int64) if guard.active else None
     for _ in range(epochs):
         # A full batch's order does not change the result; skip the permutation.
-        order = np.arange(n) if full else rng.permutation(n)
-        lam = kernels.minibatch_epoch(site.X, order, n if full else batch, gamma, beta, labels)
-        if guard.active:
-            touched[labels, np.arange(n)] = True
+        order = np.arange(n_groups) if full else rng.permutation(n_groups)
+        lam = kernels.minibatch_epoch(groups.means, order, in_groups, gamma, beta, weights)
     lam, gamma = apply_privacy_floor(lam, gamma, C, floor)
-    if guard.active:  # the member sets: every row that moved the cluster's gamma
-        one_set = full and epochs == 1  # else gamma is no statistic of one set
-        verdict = guard_clusters(guard, touched, np.flatnonzero(lam > 0), floor,
-                                 lam if one_set else None, n)
-        for j, mask in verdict.substituted.items():
-            if one_set:  # gamma = C + beta (mean - C), Lambda = |set|
-                gamma[j] = C[j] + beta * (set_mean(site.X, mask) - C[j])
-                lam[j] = np.count_nonzero(mask)
-            else:
-                verdict.withheld.append(j)
-        lam[verdict.withheld] = 0
-        gamma[verdict.withheld] = C[verdict.withheld]
     if protocol.FAR_ROWS in params:  # where the server re-seeds a dead cluster
-        far = farthest_rows(site.X, C, task_param(params, protocol.FAR_ROWS, int), floor, guard)
+        far = farthest_groups(groups, C, task_param(params, protocol.FAR_ROWS, int), floor)
         return TaskReply(arrays=protocol.ClusterMeansAndFar(gamma, lam, *far), metrics=metrics)
     return TaskReply(arrays=protocol.ClusterMeans(gamma, lam), metrics=metrics)
 
 
-def _means_of_kept(X: np.ndarray, seeds: np.ndarray, floor: int, guard=OFF) -> TaskReply:
-    """Means and sizes of the clusters of ``seeds`` that have at least ``floor`` members
-    (and that the differencing guard lets through)."""
-    sums, counts, _ = kernels.lloyd_stats(X, seeds)
+def farthest_groups(groups: SiteGroups, C: np.ndarray, rows: int,
+                    floor: int) -> tuple[np.ndarray, np.ndarray]:
+    """The mean (1, d) and count (1,) of the site's groups farthest from their nearest
+    centroid in ``C``, the fewest that hold at least ``rows`` rows (and the floor),
+    where the server re-seeds a dead cluster: a cluster of whole groups like any other."""
+    rows = max(int(rows), int(floor), 1)
+    if groups.n_rows < rows:
+        return np.zeros((1, groups.n_features)), np.zeros(1, dtype=np.int64)
+    mask = groups.farthest(C, kernels.assign(groups.means, C)[1], rows)
+    count = int(groups.counts[mask].sum())
+    mean = (groups.means[mask] * groups.counts[mask, None]).sum(axis=0) / count
+    return mean[None, :], np.array([count], dtype=np.int64)
+
+
+def _means_of_kept(groups: SiteGroups, seeds: np.ndarray, floor: int) -> TaskReply:
+    """Means and sizes of the clusters of ``seeds`` that have at least ``floor`` rows."""
+    sums, counts, _ = kernels.lloyd_stats(groups.means, seeds, *_weights(groups))
     keep = (counts >= floor) & (counts > 0)
-    if guard.active:
-        verdict = guard_clusters(guard, kernels.assign(X, seeds)[0], np.flatnonzero(keep),
-                                 floor, counts, X.shape[0])
-        keep[verdict.withheld] = False
-        for j, mask in verdict.substituted.items():
-            sums[j], counts[j] = set_sum(X, mask), np.count_nonzero(mask)
     means = sums[keep] / counts[keep, None]
     return TaskReply(arrays=protocol.ClusterMeans(means, counts[keep].astype(np.int64)))
 
 
-def kmeanspp_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+def kmeanspp_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     k = task_param(params, "k-local", int)
     seed = task_param(params, "seed", int)
     method = str(params.get("init", "kmeans++"))
     if k < 1:
         raise TaskError(f"task parameter 'k-local' must be >= 1, got {k}")
-    k = min(k, site.n_rows)
+    k = min(k, groups.n_groups)
     if method == "kmeans++":
-        seeds = local.kmeans_plusplus(site.X, k, seed)
+        seeds = local.kmeans_plusplus(groups.means, k, seed, _weights(groups)[0])
     elif method == "random":
-        rows = np.random.default_rng(seed).choice(site.n_rows, size=k, replace=False)
-        seeds = np.asarray(site.X[np.sort(rows)], dtype=np.float64)
+        picked = np.random.default_rng(seed).choice(groups.n_groups, size=k, replace=False)
+        seeds = np.asarray(groups.means[np.sort(picked)], dtype=np.float64)
     else:
         raise TaskError(f"unknown seeding {method!r}; use 'kmeans++' or 'random'")
-    return _means_of_kept(site.X, seeds, floor, guard)
+    return _means_of_kept(groups, seeds, floor)
 
 
-def prune_lloyd_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
-    C = received_centroids(arrays.centroids, site)
+def prune_lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
+    C = received_centroids(arrays.centroids, groups)
     local_iters = task_param(params, "local-iters", int)
     tol = task_param(params, "tol", float)
     prune = bool(params.get("prune", True))
     if local_iters < 1:
         raise TaskError(f"task parameter 'local-iters' must be >= 1, got {local_iters}")
-    sums, counts, sse = kernels.lloyd_stats(site.X, C)
+    sums, counts, sse = kernels.lloyd_stats(groups.means, C, *_weights(groups))
     if prune:
         # Drop the global clusters with no local member (FKM, Algorithm 1 lines 14-16).
         # They had no member, so assigning to the rest gives the same statistics.
         kept = counts > 0
         C, sums, counts = C[kept], sums[kept], counts[kept]
-    first = kernels.assign(site.X, C)[0] if guard.active else None
-    local_C, counts, last = _continue_lloyd(site.X, C, sums, counts, local_iters, tol, first)
+    local_C, counts = _continue_lloyd(groups, C, sums, counts, local_iters, tol)
     keep = counts >= floor
-    if guard.active:
-        verdict = guard_clusters(guard, last, np.flatnonzero(keep), floor, counts, site.n_rows)
-        keep[verdict.withheld] = False
-        for j, mask in verdict.substituted.items():
-            local_C[j], counts[j] = set_mean(site.X, mask), np.count_nonzero(mask)
     return TaskReply(arrays=protocol.ClusterMeans(local_C[keep], counts[keep].astype(np.int64)),
                      metrics={"sse": float(sse)})
 
 
-def fcm_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+def fcm_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """Local centres after ``local-iters`` fuzzy c-means iterations, and W_j = sum u^m
-    against the last centres used. A centre whose hard (argmax) cluster has fewer than
-    p members is withheld like a small k-means cluster (W = 0, the received centre)."""
-    C = received_centroids(arrays.centroids, site)
+    against the last centres used (a group's rows take its mean's memberships). A centre
+    whose hard (argmax) cluster has fewer than p rows is withheld like a small k-means
+    cluster (W = 0, the received centre)."""
+    C = received_centroids(arrays.centroids, groups)
     m = task_param(params, "fuzzifier", float)
     local_iters = task_param(params, "local-iters", int)
     if not m > 1.0 or local_iters < 1:
         raise TaskError(f"bad fuzzy c-means parameters: fuzzifier {m}, local-iters {local_iters}")
     centres = C.copy()
     for _ in range(local_iters):
-        sums, weights, hard = kernels.fcm_stats(site.X, centres, m)
+        sums, weights, hard = kernels.fcm_stats(groups.means, centres, m, _weights(groups)[0])
         centres = local.update_centroids(centres, sums, weights)
     hidden = hard < floor
     weights[hidden] = 0.0
@@ -246,31 +225,33 @@ def fcm_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply
     return TaskReply(arrays=protocol.FuzzyCentres(centres, weights))
 
 
-def gtv_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+def gtv_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """The site's centroids after up to ``local-iters`` GTVMin updates (E1-E3, M), stopped
     early when the local objective L_i(W) + alpha sum_i' d(i, i') falls by less than
     ``tol`` times its value. ``arrays`` = [W_i (k, d), neighbours' W (deg, k, d)]; empty
-    in round 0, where W_i starts at k-means++ seeds on the local data (alpha is moot
+    in round 0, where W_i starts at k-means++ seeds on the local groups (alpha is moot
     without neighbours, so that round is local Lloyd).
 
-    Privacy floor: a cluster with fewer than p local members is updated from its
+    Privacy floor: a cluster with fewer than p local rows is updated from its
     neighbours only (kernel), and in round 0 a centroid that no p rows ever moved (still
-    a k-means++ seed, i.e. a data row) is replaced by the mean of all local rows."""
+    a k-means++ seed, one group's mean) is replaced by the mean of all local rows."""
     alpha = task_param(params, "alpha", float)
     local_iters = task_param(params, "local-iters", int)
     tol = task_param(params, "tol", float)
     if alpha < 0 or local_iters < 1 or tol < 0:
         raise TaskError(f"bad gtv parameters: alpha {alpha}, local-iters {local_iters}, tol {tol}")
-    refuse_under_floor(site, floor, "it keeps no centroids of its own")
+    refuse_under_floor(groups, floor, "it keeps no centroids of its own")
+    weights, scatter = _weights(groups)
     first_round = arrays.own is None
     if first_round:
         k = task_param(params, "n-clusters", int)
-        if k > site.n_rows:
-            raise TaskError(f"k = {k} clusters but this site has only {site.n_rows} rows")
-        W = local.kmeans_plusplus(site.X, k, task_param(params, "seed", int)).astype(np.float64)
-        neighbours = np.zeros((0, k, site.n_features))
+        if k > groups.n_groups:
+            raise TaskError(f"k = {k} clusters but this site has only {groups.n_groups} groups "
+                            f"({groups.n_rows} rows)")
+        W = local.kmeans_plusplus(groups.means, k, task_param(params, "seed", int), weights)
+        neighbours = np.zeros((0, k, groups.n_features))
     else:
-        W = received_centroids(arrays.own, site).astype(np.float64)
+        W = received_centroids(arrays.own, groups).astype(np.float64)
         neighbours = (np.asarray(arrays.neighbours) if arrays.neighbours is not None
                       else np.zeros((0, *W.shape)))
         if neighbours.ndim != 3 or neighbours.shape[1:] != W.shape:
@@ -279,88 +260,78 @@ def gtv_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply
         if not np.all(np.isfinite(neighbours)):
             raise TaskError("the neighbours' centroids sent by the server are not all finite")
     moved = np.zeros(W.shape[0], dtype=bool)  # round 0: updated from >= p rows at least once
-    W_new, counts, sse, gtv = kernels.gtv_update(site.X, W, neighbours, alpha, floor)
+    update = lambda W: kernels.gtv_update(groups.means, W, neighbours, alpha, floor,  # noqa: E731
+                                          weights, scatter)
+    W_new, counts, sse, gtv = update(W)
     objective = sse + alpha * gtv
     for _ in range(local_iters):
         moved |= counts >= floor
-        W_before, W = W, W_new
-        W_new, counts, sse, gtv = kernels.gtv_update(site.X, W, neighbours, alpha, floor)
+        W = W_new
+        W_new, counts, sse, gtv = update(W)
         previous, objective = objective, sse + alpha * gtv
         if previous - objective <= tol * previous:
             break
-    if guard.active:  # W's local part: the sums of the assignment to W_before
-        W = guarded_gtv_step(site.X, W_before, neighbours, alpha, floor, guard)
     if first_round and not moved.all():
-        W[~moved] = np.asarray(site.X, dtype=np.float64).mean(axis=0)
-    if guard.active or (first_round and not moved.all()):
-        _, counts, sse, gtv = kernels.gtv_update(site.X, W, neighbours, alpha, floor)
+        W[~moved] = (groups.means * groups.counts[:, None]).sum(axis=0) / groups.n_rows
+        _, counts, sse, gtv = update(W)
     counts = np.where(counts >= floor, counts, 0).astype(np.int64)
     return TaskReply(arrays=protocol.ClusterMeans(W, counts), metrics={"sse": float(sse), "gtv": float(gtv)})
 
 
-def evaluate_sets_task(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
+def evaluate_sets_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """For each centroid set in ``arrays.sets`` (s, k, d), the local SSE against it (the
     pooled score of every site's centroids, summed over sites by the server)."""
     sets = np.asarray(arrays.sets)
     if sets.ndim != 3:
         raise TaskError("evaluate_sets needs one (sets, k, d) array")
-    sse = np.array([kernels.assign(site.X, received_centroids(W, site))[1].sum() for W in sets])
+    weights, scatter = _weights(groups)
+    sse = np.array([kernels.lloyd_stats(groups.means, received_centroids(W, groups),
+                                        weights, scatter)[2] for W in sets])
     return TaskReply(arrays=protocol.SetScores(sse.astype(np.float64)))
 
 
-def _label_names(site: SiteData) -> list[str]:
-    codes = np.unique(site.labels)
-    if site.label_names is not None:
-        return [str(site.label_names[c]) for c in codes]
-    return [str(int(c)) for c in codes]
-
-
-def fuzzy_evaluation_sums(X: np.ndarray, C: np.ndarray, m: float) -> tuple[float, float]:
-    """FFCM's evaluation sums over a site's rows (Stallmann & Wilbik; docs/explanation/algorithms.md 5).
+def fuzzy_evaluation_sums(groups: SiteGroups, C: np.ndarray, m: float) -> tuple[float, float]:
+    """FFCM's evaluation sums over a site's groups (Stallmann & Wilbik; docs/explanation/algorithms.md 5).
 
     Returns ``(all_sq_dist, partition_sum)``: sum over rows and ALL k centres of
     ||x - c_j||^2 (Outside SSE is this minus the SSE) and sum over rows of sum_j u_ij^2
-    (the partition coefficient's numerator). The first uses
-    sum_j ||x - c_j||^2 = k ||x - cbar||^2 + sum_j ||c_j - cbar||^2 (cbar = mean of the
-    centres), which has no cancellation when the data sit far from the origin.
+    (the partition coefficient's numerator; a group's rows take its mean's memberships).
+    The first uses sum_j ||x - c_j||^2 = k ||x - cbar||^2 + sum_j ||c_j - cbar||^2
+    (cbar = mean of the centres), which has no cancellation when the data sit far from
+    the origin; a group adds its scatter k times.
     """
     k = C.shape[0]
     cbar = C.mean(axis=0)
     spread = float(((C - cbar) ** 2).sum())
-    all_sq_dist, partition_sum = 0.0, 0.0
-    for start in range(0, X.shape[0], kernels.CHUNK_ROWS):
-        rows = X[start:start + kernels.CHUNK_ROWS]
-        all_sq_dist += k * float(((rows - cbar) ** 2).sum()) + rows.shape[0] * spread
-        partition_sum += float((kernels.fcm_memberships(rows, C, m) ** 2).sum())
+    all_sq_dist, partition_sum = k * float(groups.scatter.sum()), 0.0
+    means, counts = groups.means, groups.counts.astype(np.float64)
+    for start in range(0, groups.n_groups, kernels.CHUNK_ROWS):
+        block = means[start:start + kernels.CHUNK_ROWS]
+        weight = counts[start:start + kernels.CHUNK_ROWS]
+        all_sq_dist += k * float((weight * ((block - cbar) ** 2).sum(axis=1)).sum()) + weight.sum() * spread
+        partition_sum += float((weight * (kernels.fcm_memberships(block, C, m) ** 2).sum(axis=1)).sum())
     return all_sq_dist, partition_sum
 
 
-def evaluate(site: SiteData, arrays, params, floor: int, guard=OFF, labels=None) -> TaskReply:
-    """Pass 1 of the exact metrics (see ``common/metrics.py``); clusters under the floor
+def evaluate(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
+    """Pass 1 of the exact metrics (see ``common/metrics.py``), over the groups'
+    partition (each group in its nearest cluster, whole); clusters under the floor
     (empty ones included) are left out (zeros) and flagged ``hidden``, contingency cells
-    under it are left out, and labels with no cell at or above the floor are not named.
-    ``labels``: the assignment to the centroids sent, when the caller has made it."""
-    C = received_centroids(arrays.centroids, site)
-    sums, counts, sqnorms, sse, silhouette = kernels.evaluation_stats(site.X, C)
+    under it are left out, and labels with no cell at or above the floor are not named."""
+    C = received_centroids(arrays.centroids, groups)
+    weights, scatter = _weights(groups)
+    sums, counts, sqnorms, sse, silhouette = kernels.evaluation_stats(groups.means, C, weights, scatter)
     # The site's own figures, unfiltered, stay in the site's own log.
-    log(logging.INFO, "site %s: score %.6g, cluster sizes %s", site.source,
-        sse / site.n_rows, counts.tolist())
+    log(logging.INFO, "site %s: score %.6g, cluster sizes %s", groups.source,
+        sse / groups.n_rows, counts.tolist())
     # Every cluster under the floor is flagged, an empty one too: flagging only those of
     # 1..p-1 members would tell the server which clusters the site holds a few rows of.
     # The flag then says no more than the zero count (it exists so that the report can
     # say "<p" rather than 0).
     hidden = counts < floor if floor > 1 else np.zeros(counts.shape, dtype=bool)
-    if labels is None and (guard.active or site.labels is not None):
-        labels = kernels.assign(site.X, C)[0]
-    verdict = guard_clusters(guard, labels, np.flatnonzero(~hidden & (counts > 0)), floor, counts,
-                             site.n_rows)
     # Davies-Bouldin's distances, measured to C: the server uses them when the pooled
     # means are C (a converged run) and spares the second pass (strategies/base.py).
-    distances, _ = kernels.distance_to_means(site.X, C, C)
-    hidden[verdict.withheld] = True
-    for j, mask in verdict.substituted.items():
-        counts[j], sums[j] = np.count_nonzero(mask), set_sum(site.X, mask)
-        sqnorms[j], distances[j] = set_sqnorm(site.X, mask), set_distance(site.X, mask, C[j])
+    distances, _ = kernels.distance_to_means(groups.means, C, C, weights, scatter)
     counts[hidden], sums[hidden], sqnorms[hidden], distances[hidden] = 0, 0.0, 0.0, 0.0
     reply = TaskReply(
         arrays=protocol.Evaluation(counts, sums, sqnorms, hidden.astype(np.int64), distances),
@@ -372,39 +343,32 @@ def evaluate(site: SiteData, arrays, params, floor: int, guard=OFF, labels=None)
         m = task_param(params, "fuzzifier", float)
         if not m > 1.0:
             raise TaskError(f"bad fuzzifier {m} for the fuzzy evaluation")
-        all_sq_dist, partition_sum = fuzzy_evaluation_sums(site.X, C, m)
+        all_sq_dist, partition_sum = fuzzy_evaluation_sums(groups, C, m)
         reply.metrics["all-sq-dist"] = all_sq_dist
         reply.metrics["partition-sum"] = partition_sum
-    if site.labels is not None:
-        codes, truth = np.unique(site.labels, return_inverse=True)
-        table = np.zeros((len(codes), C.shape[0]), dtype=np.int64)
-        np.add.at(table, (truth, labels), 1)
+    if groups.labels is not None:
+        table = groups.labels.contingency(kernels.assign(groups.means, C)[0], C.shape[0])
         table[table < floor] = 0
         # A label with no cell at or above the floor is left out: its row would be zeros
         # (no metric changes), but its name would tell that the site holds rows of it.
         shown = table.any(axis=1)
         reply.arrays = reply.arrays._replace(contingency=table[shown])
-        names = [name for name, keep in zip(_label_names(site), shown) if keep]
+        names = [name for name, keep in zip(groups.labels.names, shown) if keep]
         reply.metrics["label-names"] = json.dumps(names)
     return reply
 
 
-def evaluate_distances(site: SiteData, arrays, params, floor: int, guard=OFF) -> TaskReply:
-    """Pass 2 (Davies-Bouldin): per cluster of C, the summed distance to the pooled means."""
-    C = received_centroids(arrays.centroids, site)
-    means = received_centroids(arrays.means, site)
-    distances, counts = kernels.distance_to_means(site.X, C, means)
-    if guard.active:  # the same member sets as the evaluation's: the same verdict
-        verdict = guard_clusters(guard, kernels.assign(site.X, C)[0],
-                                 np.flatnonzero(counts >= floor), floor, counts, site.n_rows)
-        distances[verdict.withheld] = 0.0
-        for j, mask in verdict.substituted.items():
-            distances[j] = set_distance(site.X, mask, means[j])
+def evaluate_distances(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
+    """Pass 2 (Davies-Bouldin): per cluster of C, the summed distance to the pooled means
+    (a group's rows at their root-mean-square distance)."""
+    C = received_centroids(arrays.centroids, groups)
+    means = received_centroids(arrays.means, groups)
+    distances, counts = kernels.distance_to_means(groups.means, C, means, *_weights(groups))
     distances[counts < floor] = 0.0
     return TaskReply(arrays=protocol.Distances(distances))
 
 
-TaskFn = Callable[[SiteData, list, dict, int], TaskReply]
+TaskFn = Callable[[SiteGroups, list, dict, int], TaskReply]
 
 TASKS: dict[str, TaskFn] = {
     "describe": describe,

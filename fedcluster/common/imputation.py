@@ -69,33 +69,39 @@ def imputation_plan(schema) -> ImputationPlan:
     return ImputationPlan(tuple(policies), tuple(ranges), int(schema.median_bins))
 
 
-def site_missing_stats(X: np.ndarray, plan: ImputationPlan,
+def site_missing_stats(present: np.ndarray, present_sums: np.ndarray, plan: ImputationPlan,
                        floor: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A site's ``(sums, counts, histograms)`` for ``plan``: per imputed column the sum
-    and count of its present cells, and (median columns) the histogram of them, each
+    """A site's ``(sums, counts, histograms)`` for ``plan``, from its groups' present
+    cells (``present``: per group and feature, how many; ``present_sums``: their sums):
+    per imputed column the sum and count of its present cells (exact), and (median
+    columns) the histogram of the groups' present means, each counting its present
+    cells (a group of one row: its value, so the median is exact to one bin), each
     under the floor (module docstring); zeros for the columns not imputed.
 
     Raises
     ------
     ValueError
-        ``X``'s width is not the plan's.
+        The groups' width is not the plan's.
     """
-    if X.shape[1] != plan.n_features:
+    if present_sums.shape[1] != plan.n_features:
         raise ValueError(f"the imputation plan has {plan.n_features} features, the site's "
-                         f"data {X.shape[1]}")
+                         f"data {present_sums.shape[1]}")
     d = plan.n_features
     sums, counts = np.zeros(d), np.zeros(d, dtype=np.int64)
     histograms = np.zeros((d, plan.bins), dtype=np.int64)
     for j, policy in enumerate(plan.policies):
         if policy is None:
             continue
-        present = X[:, j][~np.isnan(X[:, j])]
-        if present.size < floor:
+        cells = np.asarray(present[:, j], dtype=np.int64)
+        if cells.sum() < floor:
             continue  # withheld whole: too few present cells to report
-        sums[j], counts[j] = float(np.sum(present)), present.size
+        sums[j], counts[j] = float(np.sum(present_sums[:, j])), int(cells.sum())
         if policy == "median":
             lo, hi = plan.ranges[j]
-            hist = np.histogram(np.clip(present, lo, hi), bins=plan.bins, range=(lo, hi))[0]
+            has = cells > 0
+            values = present_sums[has, j] / cells[has]
+            hist = np.histogram(np.clip(values, lo, hi), bins=plan.bins, range=(lo, hi),
+                                weights=cells[has])[0].astype(np.int64)
             hist[hist < floor] = 0
             histograms[j] = hist
     return sums, counts, histograms

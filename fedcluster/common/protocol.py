@@ -110,7 +110,7 @@ class ClusterMeans(NamedTuple):
 
 class ClusterMeansAndFar(NamedTuple):
     """``minibatch`` asked for its farthest rows (:data:`FAR_ROWS`): its
-    :class:`ClusterMeans`, and the mean (1, d) and count (1,) of its rows farthest from
+    :class:`ClusterMeans`, and the mean (1, d) and count (1,) of its groups farthest from
     the centroids it received (count 0: withheld), where the server re-seeds a dead
     cluster."""
 
@@ -196,17 +196,16 @@ DP_TASKS = tuple(name for name, task in TASKS.items() if task.private)
 #: The scalar metrics a reply may carry (besides ``num_examples``, the site's rows).
 METRICS = {
     "describe": ("n-features", "feature-names", "max-rounds", "schema-hash", "rows-dropped",
-                 "cells-missing"),
+                 "cells-missing", "group-size"),
     "lloyd": ("sse",), "prune_lloyd": ("sse",), "minibatch": ("sse",), "gtv": ("sse", "gtv"),
     "evaluate": ("sse", "silhouette-sum", "all-sq-dist", "partition-sum", "floor", "label-names"),
 }
 #: Every reply may carry these: the site's key, the rounds its policy still allows, a
 #: refusal (an error reply: the reason, no arrays).
 SITE_KEY, ROUNDS_LEFT, ERROR = "site-key", "rounds-left", "error"
-#: A refusal by the differencing guard (node config ``guard-refuse``) also says so
-#: (``refused-by`` = ``differencing-guard``): the server may let the site's last reply to
-#: the same training task stand in (``strategies/stand_ins.py``).
-REFUSED_BY, GUARD_POLICY = "refused-by", "differencing-guard"
+#: A site's describe reply names the size of the groups it answers from (its own
+#: ``min-cluster-size``, a policy): 1 is a site that opted out and answers from rows.
+GROUP_SIZE = "group-size"
 #: A table read through a schema describes itself with the schema's hash and, as JSON
 #: counts ("<p" under the floor), the rows it dropped and its missing cells per column.
 SCHEMA_HASH, ROWS_DROPPED, CELLS_MISSING = "schema-hash", "rows-dropped", "cells-missing"
@@ -223,8 +222,9 @@ THEN, THEN_ERROR = "then", "then-error"
 #: its metrics under :data:`EVALUATION_PREFIX`. When the round moves nothing, that is the
 #: evaluation of the new centroids, and no evaluation round is needed.
 EVALUATE_TOO, EVALUATION_PREFIX = "evaluate-too", "evaluation-"
-#: A ``minibatch`` task may ask for the mean of the site's this-many rows farthest from
-#: the centroids it received (at least the floor): a dead cluster is re-seeded there.
+#: A ``minibatch`` task may ask for the mean of the site's groups farthest from the
+#: centroids it received, the fewest that hold this many rows (at least the floor): a
+#: dead cluster is re-seeded there.
 FAR_ROWS = "far-rows"
 #: A seeded task's seed base (JSON list of ints); the site draws its own seed from it and
 #: its key (:func:`site_seed`), so the server need not know which site is which yet.

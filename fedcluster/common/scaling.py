@@ -133,24 +133,38 @@ class FeatureTransform:
 
 # ---------------------------------------------------------------- site side
 
-def site_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def site_moments(X: np.ndarray, weights: np.ndarray | None = None,
+                 within: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-feature (mean, deviation, M2) of a site's rows, in two chunked passes.
 
     ``mean`` is the computed (rounded) mean m; ``deviation`` = sum (x - m), which is 0 in
     exact arithmetic and carries m's rounding error; ``M2`` = sum (x - m)^2. Sent as is,
     they let the server pool exactly (:func:`combine_moments`) even when the features sit
     far from 0 with a small spread, where rounding m alone would cost digits.
+
+    With ``weights`` and ``within``, row i of ``X`` is the mean of a group of
+    ``weights[i]`` rows and ``within`` the groups' squared deviations from their own
+    means, summed per feature: the same three figures of those rows, exactly (the
+    parallel-axis identity: sum (x - m)^2 = within + sum_i w_i (x_i - m)^2).
     """
-    n = X.shape[0]
+    n = X.shape[0] if weights is None else float(np.sum(weights))
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
     total = np.zeros(X.shape[1])
-    for start in range(0, n, kernels.CHUNK_ROWS):
-        total += X[start:start + kernels.CHUNK_ROWS].sum(axis=0)
+    for start in range(0, X.shape[0], kernels.CHUNK_ROWS):
+        block = X[start:start + kernels.CHUNK_ROWS]
+        total += block.sum(axis=0) if w is None else (block * w[start:start + kernels.CHUNK_ROWS, None]).sum(axis=0)
     mean = total / n
-    deviation, m2 = np.zeros(X.shape[1]), np.zeros(X.shape[1])
-    for start in range(0, n, kernels.CHUNK_ROWS):
+    deviation = np.zeros(X.shape[1])
+    m2 = np.zeros(X.shape[1]) if within is None else np.array(within, dtype=np.float64)
+    for start in range(0, X.shape[0], kernels.CHUNK_ROWS):
         centred = X[start:start + kernels.CHUNK_ROWS] - mean
-        deviation += centred.sum(axis=0)
-        m2 += np.einsum("ij,ij->j", centred, centred)
+        if w is None:
+            deviation += centred.sum(axis=0)
+            m2 += np.einsum("ij,ij->j", centred, centred)
+        else:
+            weighted = centred * w[start:start + kernels.CHUNK_ROWS, None]
+            deviation += weighted.sum(axis=0)
+            m2 += np.einsum("ij,ij->j", weighted, centred)
     return mean, deviation, m2
 
 

@@ -24,7 +24,7 @@ from fedcluster.server_app.choose_k import run_k_range
 from fedcluster.server_app.outputs import summary_table, write_outputs
 from fedcluster.server_app.secure_fit import make_fit_workflow
 from fedcluster.server_app.workflow import (
-    INITIAL_CENTROIDS, RESULT, ClusteringWorkflow, build_model, central_score, fit_round, run_name,
+    INITIAL_CENTROIDS, RESULT, ClusteringWorkflow, build_model, central_baseline, fit_round, run_name,
 )
 from fedcluster.strategies import FederationError, make_strategy
 
@@ -76,7 +76,7 @@ def main(grid: Grid, context: Context) -> None:
     fit_workflow = make_fit_workflow(config, fit_round)
     ClusteringWorkflow(fit_workflow, checkpoint_dir=directory)(grid, legacy)
 
-    central = central_score(strategy) if config.central_baseline else None
+    central = central_baseline(strategy) if config.central_baseline else None
     model = build_model(strategy, config, central)
     log(logging.INFO, "%s", summary_table(model.metrics))
     if directory is not None:

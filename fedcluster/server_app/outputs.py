@@ -68,9 +68,11 @@ def summary_table(metrics: dict) -> str:
     rows += [(name, metrics[name]) for name in METRIC_NAMES[2:] if name in metrics]
     central = metrics.get("central-score")
     if central is not None:
+        on_rows = metrics.get("score-on-rows", metrics["score"])
         rows += [
+            ("score on the pooled rows", on_rows),
             ("central KMeans score (n_init 10)", central),
-            ("federated / central", metrics["score"] / central),
+            ("on the rows / central", on_rows / central),
         ]
     for name, value in rows:
         text = f"{value:.6g}" if isinstance(value, float) else str(value)
@@ -96,6 +98,11 @@ def summary_table(metrics: dict) -> str:
         if len(per_site) > MAX_SITE_LINES:
             lines.append(f"    ... {len(per_site) - MAX_SITE_LINES} more in model.json")
     lines += table_lines(metrics.get("table"))
+    lines.append("  (the score and the metrics are those of the sites' groups, each in one cluster whole;")
+    lines.append("   a site's predict labels its rows one by one, which scores at most that)")
+    for key in metrics.get("sites-answering-from-rows", []):
+        lines.append(f"  site {key} answered from its rows (its min-cluster-size = 1, an explicit "
+                     "opt-out of site groups: no promise holds for its rows)")
     for key, reason in metrics.get("rejected-sites", {}).items():
         lines.append(f"  rejected site {key}: {reason}")
     for key, limit in metrics.get("sites-at-max-rounds", {}).items():

@@ -29,6 +29,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.serverapp import Grid, ServerApp
 
 from fedcluster.server_app.checkpoint import load_checkpoint, save_checkpoint
+from fedcluster.common import kernels
 from fedcluster.common.config import RunConfig, parse_run_config
 from fedcluster.common.model import Model
 from fedcluster.common.schema import run_schema
@@ -162,8 +163,12 @@ class ClusteringWorkflow:
         return server_round
 
 
-def central_score(strategy: ClusteringStrategy) -> float | None:
-    """Central KMeans (n_init 10) on the pooled data, when the server can rebuild it.
+def central_baseline(strategy: ClusteringStrategy) -> dict | None:
+    """Central KMeans (n_init 10) on the pooled rows, and the run's own centroids scored
+    on those rows (``central-score``, ``score-on-rows``), when the server can rebuild
+    them. The run's reported score is that of its sites' groups' partition (each group
+    in one cluster, whole); labelled row by row, as a site's ``predict`` does, the rows
+    score at most that, and this is the score to compare with central k-means.
 
     Only in simulation: every site then says which built-in data set and partitioning it
     holds, and the server reloads the same data set. In a deployment there is no pooled
@@ -183,10 +188,11 @@ def central_score(strategy: ClusteringStrategy) -> float | None:
     if strategy.transform is not None:  # the federated transform, as the sites applied it
         X = strategy.transform.apply(X)
     model = KMeans(strategy.k, n_init=10, random_state=strategy.config.seed).fit(X)
-    return float(model.inertia_ / len(X))
+    on_rows = float(kernels.assign(X, strategy.best["centroids"])[1].mean())
+    return {"central-score": float(model.inertia_ / len(X)), "score-on-rows": on_rows}
 
 
-def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float | None) -> Model:
+def build_model(strategy: ClusteringStrategy, config: RunConfig, central: dict | None) -> Model:
     best = strategy.best
     metrics = {
         **private.private_metrics(config, strategy.final_metrics),
@@ -201,13 +207,16 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: float 
         # Sites that answered as many task rounds as their own policy allows.
         "sites-at-max-rounds": {site.key: site.max_rounds for site in strategy.ordered_sites()
                                 if site.at_limit},
+        # Sites that opted out of groups (min-cluster-size = 1) and answered from rows.
+        "sites-answering-from-rows": [site.key for site in strategy.ordered_sites()
+                                      if site.answers_from_rows],
         **private.accounting(config, strategy.history, strategy.box, strategy.bounds_from_data),
     }
     if (schema := run_schema(config.schema_file)) is not None or config.missing != "error":
         metrics["table"] = reports.table_summary(strategy.ordered_sites(),
                                                  schema[1] if schema else "")
     if central is not None:
-        metrics["central-score"] = central
+        metrics.update(central)
     if "site-centroids" in best:  # GTV: the sites' own models and how they fit the federation
         metrics.update({"site-scores": best["site-scores"], "consensus": config.consensus,
                         "consensus-site": best["consensus-site"],

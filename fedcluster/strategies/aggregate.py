@@ -207,18 +207,3 @@ def score_stalled(scores: list[float], score_tol: float, patience: int = SCORE_P
         return False
     return bool(np.all((recent[:-1] - recent[1:]) / recent[:-1] < score_tol))
 
-
-#: The longest cycle :func:`score_cycled` looks for (rounds).
-MAX_CYCLE = 4
-
-
-def score_cycled(scores: list[float], max_period: int = MAX_CYCLE) -> bool:
-    """Whether the last training round's score equals, exactly, that of one of the
-    ``max_period`` rounds before it, bar the one just before (a state the run has been
-    in: it repeats from there on). Exact Lloyd stops on zero movement before any repeat;
-    a site that reports earlier row sets (the differencing guard) can make a run move
-    around a short cycle instead, which this ends."""
-    recent = np.asarray(scores[-(max_period + 1):], dtype=np.float64)
-    if recent.size < 3 or not np.isfinite(recent[-1]) or recent[-2] == recent[-1]:
-        return False  # a fixed point is no cycle (and stops on movement, unless tol is 0)
-    return bool(np.any(recent[:-2] == recent[-1]))

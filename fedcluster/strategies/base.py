@@ -352,8 +352,7 @@ class ClusteringStrategy(Strategy):
         self.previous, self.centroids = self.centroids, new
         self.last_movement = movement
         scores = [h["score"] for h in self.history if "movement" in h and h["repetition"] == self.repetition]
-        stalled = (aggregate.score_stalled([*scores, score], self.config.score_tol)
-                   or (self.config.tol > 0 and aggregate.score_cycled([*scores, score])))
+        stalled = aggregate.score_stalled([*scores, score], self.config.score_tol)
         converged = (movement < self.config.tol or stalled) and self.can_stop()
         if converged or self.train_round >= self.config.num_rounds:
             self.phase = "evaluate"

@@ -22,7 +22,7 @@ from flwr.common.logger import log
 from fedcluster.common import protocol, scaling
 from fedcluster.common.schema import encoded_kinds, run_schema
 
-from fedcluster.strategies import private, stand_ins
+from fedcluster.strategies import private
 from fedcluster.strategies.errors import FederationError, SiteFailure
 from fedcluster.strategies.validation import Reply, ReplyError, check_reply
 
@@ -45,6 +45,13 @@ class Site:
     # A table read through the schema: the rows it dropped and its missing cells per
     # column, as it reported them (counts, "<p" under the floor).
     table: dict = field(default_factory=dict)
+    # The size of the groups the site answers from (its own min-cluster-size; None: it
+    # did not say). 1: the site opted out and answers from its rows.
+    group_size: int | None = None
+
+    @property
+    def answers_from_rows(self) -> bool:
+        return self.group_size == 1
 
     @property
     def at_limit(self) -> bool:
@@ -59,6 +66,12 @@ def site_order(key: str) -> tuple:
 def declared_max_rounds(reply: Reply) -> int | None:
     """The policy max-rounds a site declared in its describe reply (None: no limit)."""
     value = reply.metrics.get("max-rounds")
+    return None if value is None else int(value)
+
+
+def declared_group_size(reply: Reply) -> int | None:
+    """The size of the groups a site said it answers from (None: not said)."""
+    value = reply.metrics.get(protocol.GROUP_SIZE)
     return None if value is None else int(value)
 
 
@@ -101,6 +114,7 @@ def admit(strategy, replies: list[Reply]) -> None:
                 },
                 max_rounds=declared_max_rounds(r),
                 table=table_facts(r),
+                group_size=declared_group_size(r),
             )
             continue
         log(logging.ERROR, "site %s rejected: %s", r.site_key, strategy.rejected[r.site_key])
@@ -162,6 +176,7 @@ def readmit(strategy, replies: list[Reply]) -> None:
             site.node_id = r.node_id
             # A resumed run is a new run to the site: its count starts again.
             site.max_rounds, site.rounds_answered = declared_max_rounds(r), 0
+            site.group_size = declared_group_size(r)
             seen.add(r.site_key)
             continue
         strategy.rejected[r.site_key] = reason
@@ -235,20 +250,13 @@ def check_replies(strategy, server_round: int, plan, keys: dict[int, str],
     line per dropped one. ``received`` holds (node id, site key, arrays, metrics, rows) per
     reply. Each answer of a joined site counts towards its max-rounds; a reply that does
     not validate is dropped and noted in ``strategy.site_failures`` (at describe, the site
-    is rejected), and the round goes on with the others. A training task the site's
-    differencing guard refused is answered by its last reply to it (``stand_ins.py``)."""
+    is rejected), and the round goes on with the others."""
     replies, dropped = [], []
     for node_id, key, arrays, metrics, n_rows in received:
         if protocol.ERROR not in metrics and keys.get(node_id) == key:
             count_answer(strategy.sites.get(key), plan.task, metrics.get(protocol.ROUNDS_LEFT))
-        if keys.get(node_id) == key and (held := stand_ins.stand_in(
-                strategy, server_round, plan, key, metrics)) is not None:
-            replies.append(held)  # its guard refused; its last reply answers for it
-            continue
         try:
-            reply = check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows)
-            replies.append(reply)
-            stand_ins.remember(strategy, server_round, plan, reply)
+            replies.append(check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows))
         except ReplyError as err:
             dropped.append(f"site {key}: {err}")
             strategy.site_failures.setdefault(key, []).append(

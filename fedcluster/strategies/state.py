@@ -43,9 +43,8 @@ from fedcluster.strategies.metrics import PooledStats
 from fedcluster.strategies.sites import Site
 
 #: Instance attributes that are not state: the run config (the checkpoint stores it
-#: beside the state; a resumed run takes the new, equal one), the round in flight, and
-#: the sites' last training replies (``stand_ins.py``: a resumed run keeps new ones).
-TRANSIENT = frozenset({"config", "_pending", "_stand_ins"})
+#: beside the state; a resumed run takes the new, equal one) and the round in flight.
+TRANSIENT = frozenset({"config", "_pending"})
 #: The dataclasses a checkpoint may hold, by name.
 DATACLASSES = {cls.__name__: cls for cls in (Site, PooledStats, FeatureTransform,
                                                 DivisiveStart)}

@@ -184,6 +184,19 @@ def _check_centres(C, X: np.ndarray, name: str = "C") -> np.ndarray:
     return np.ascontiguousarray(C, dtype=X.dtype)
 
 
+def _group_weights(X: np.ndarray, weights, scatter) -> tuple[np.ndarray, np.ndarray]:
+    """``(w, s)`` of a weighted pass: each row of ``X`` is the mean of ``w`` rows (a
+    site's group) whose squared deviations from it add up to ``s``. None: rows (1, 0)."""
+    n = X.shape[0]
+    w = np.ones(n, dtype=np.int64) if weights is None else np.ascontiguousarray(weights, dtype=np.int64)
+    s = np.zeros(n) if scatter is None else np.ascontiguousarray(scatter, dtype=np.float64)
+    if w.shape != (n,) or s.shape != (n,):
+        raise ValueError(f"weights {w.shape} and scatter {s.shape} must be ({n},), one per row of X")
+    if n and w.min() < 1:
+        raise ValueError("every weight (a group's row count) must be >= 1")
+    return w, s
+
+
 def assign(X, C) -> tuple[np.ndarray, np.ndarray]:
     """Nearest-centroid assignment.
 
@@ -209,8 +222,13 @@ def assign(X, C) -> tuple[np.ndarray, np.ndarray]:
     return _blocked("_assign_impl", X, C)
 
 
-def lloyd_stats(X, C) -> tuple[np.ndarray, np.ndarray, float]:
+def lloyd_stats(X, C, weights=None, scatter=None) -> tuple[np.ndarray, np.ndarray, float]:
     """Sufficient statistics of one Lloyd step: assign, then sum per cluster.
+
+    With ``weights`` (int, >= 1) and ``scatter``, row i of ``X`` is the mean of a group
+    of ``weights[i]`` rows whose squared deviations from it add up to ``scatter[i]``:
+    the group is assigned whole, counts ``weights[i]`` rows and adds its exact SSE
+    ``scatter[i] + weights[i] ||x_i - c||^2``. Without them every row is a group of one.
 
     Bit-identical for any number of Numba threads (blocked partials reduced
     serially in block order, see :func:`block_rows`).
@@ -238,9 +256,10 @@ def lloyd_stats(X, C) -> tuple[np.ndarray, np.ndarray, float]:
     """
     X = _check_X(X)
     C = _check_centres(C, X)
+    w, s = _group_weights(X, weights, scatter)
     if small_work.small(X, C.shape[0]):
-        return small_work.lloyd_stats(X, C)
-    sums, counts, sse = _blocked("_lloyd_stats_impl", X, C)
+        return small_work.lloyd_stats(X, C, w, s)
+    sums, counts, sse = _blocked("_lloyd_stats_impl", X, w, s, C)
     return sums, counts, float(sse)
 
 
@@ -280,7 +299,7 @@ def min_sq_dist_update(X, centres, current) -> np.ndarray:
     return out[0] if single else out
 
 
-def minibatch_epoch(X, order, batch: int, gamma, beta: float, labels_out=None) -> np.ndarray:
+def minibatch_epoch(X, order, batch: int, gamma, beta: float, weights=None) -> np.ndarray:
     """One epoch of the federated mini-batch k-means site step (Triebe & Rajagopal).
 
     Rows are visited in ``order`` in batches of ``batch``; each batch is assigned to the
@@ -298,9 +317,9 @@ def minibatch_epoch(X, order, batch: int, gamma, beta: float, labels_out=None) -
         Centroids, updated IN PLACE (kept float64 whatever X's dtype).
     beta : float
         Client learning rate.
-    labels_out : int64 array of shape (n,), optional
-        Receives each row's cluster (the differencing guard's member sets); the epoch
-        then runs on the NumPy path whatever its size.
+    weights : int array of shape (n,), optional
+        Row i stands for ``weights[i]`` rows (a site's group, at its mean): it counts
+        that many times in Lambda and in its batch's mean. None: 1 each.
 
     Returns
     -------
@@ -318,16 +337,21 @@ def minibatch_epoch(X, order, batch: int, gamma, beta: float, labels_out=None) -
         raise ValueError(f"order must have shape ({X.shape[0]},), got {order.shape}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
+    w, _ = _group_weights(X, weights, None)
     lam = np.zeros(gamma.shape[0], dtype=np.int64)
-    if labels_out is not None or small_work.minibatch_small(X, gamma.shape[0], int(batch)):
-        small_work.minibatch_epoch(X, order, int(batch), gamma, float(beta), lam, labels_out)
+    if small_work.minibatch_small(X, gamma.shape[0], int(batch)):
+        small_work.minibatch_epoch(X, w, order, int(batch), gamma, float(beta), lam)
         return lam
-    _compiled_kernels()._minibatch_epoch_impl(X, order, int(batch), gamma, float(beta), lam)
+    _compiled_kernels()._minibatch_epoch_impl(X, w, order, int(batch), gamma, float(beta), lam)
     return lam
 
 
-def evaluation_stats(X, C):
+def evaluation_stats(X, C, weights=None, scatter=None):
     """Sufficient statistics of the exact federated metrics (one pass).
+
+    ``weights`` and ``scatter`` as for :func:`lloyd_stats` (groups at their means): a
+    group's silhouette distances are root-mean-square over its rows,
+    sqrt(scatter / weight + ||x - c||^2), and it counts ``weight`` times.
 
     For the assignment of X to its nearest centroid in C: per-cluster ``sums`` (k, d),
     ``counts`` (k,), sums of squared row norms ``sqnorms`` (k,) (Calinski-Harabasz by
@@ -337,41 +361,48 @@ def evaluation_stats(X, C):
     """
     X = _check_X(X)
     C = _check_centres(C, X)
+    w, s = _group_weights(X, weights, scatter)
     if small_work.small(X, C.shape[0]):
-        return small_work.evaluation_stats(X, C)
-    sums, counts, sqnorms, sse, sil = _blocked("_evaluation_stats_impl", X, C)
+        return small_work.evaluation_stats(X, C, w, s)
+    sums, counts, sqnorms, sse, sil = _blocked("_evaluation_stats_impl", X, w, s, C)
     return sums, counts, sqnorms, float(sse), float(sil)
 
 
-def distance_to_means(X, C, means):
+def distance_to_means(X, C, means, weights=None, scatter=None):
     """Per cluster of the assignment to ``C``, the sum of the Euclidean distances of its
     rows to ``means[cluster]`` (Davies-Bouldin's second pass: the means are the pooled
-    cluster means found by the first), and the cluster sizes: ``(sums, counts)``."""
+    cluster means found by the first), and the cluster sizes: ``(sums, counts)``. A
+    group (``weights``, ``scatter`` as for :func:`lloyd_stats`) counts its rows at their
+    root-mean-square distance, sqrt(scatter / weight + ||x - mean||^2)."""
     X = _check_X(X)
     C = _check_centres(C, X)
     means = _check_centres(means, X, name="means")
     if means.shape[0] != C.shape[0]:
         raise ValueError("means must have one row per centroid")
+    w, s = _group_weights(X, weights, scatter)
     if small_work.small(X, C.shape[0]):
-        return small_work.distance_to_means(X, C, means)
-    return _blocked("_distance_to_means_impl", X, C, means)
+        return small_work.distance_to_means(X, C, means, w, s)
+    return _blocked("_distance_to_means_impl", X, w, s, C, means)
 
 
-def fcm_stats(X, C, m: float):
+def fcm_stats(X, C, m: float, weights=None):
     """Sufficient statistics of one fuzzy c-means step (Bezdek memberships, fuzzifier m).
 
     Returns ``(sums, weights, hard_counts)``: sum_i u_ij^m x_i (k, d), W_j = sum_i
     u_ij^m (k,), and the sizes of the hard assignment (argmax membership, ties to the
     lowest index), which the privacy floor is applied to. A row that coincides with a
     centre has membership 1 there and 0 elsewhere. Deterministic for any thread count.
+    With ``weights``, row i is the mean of a group of ``weights[i]`` rows, each given
+    the group's memberships (those of its mean): it counts that many times.
     """
     X = _check_X(X)
     C = _check_centres(C, X)
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
+    w, _ = _group_weights(X, weights, None)
     if small_work.small(X, C.shape[0]):
-        return small_work.fcm_stats(X, C, float(m))
-    return _blocked("_fcm_stats_impl", X, C, float(m))
+        return small_work.fcm_stats(X, C, float(m), w)
+    return _blocked("_fcm_stats_impl", X, w, C, float(m))
 
 
 def fcm_memberships(X, C, m: float) -> np.ndarray:
@@ -386,7 +417,7 @@ def fcm_memberships(X, C, m: float) -> np.ndarray:
     return _blocked("_fcm_memberships_impl", X, C, float(m))
 
 
-def gtv_update(X, W, N, alpha: float, floor: int = 1, stats=None):
+def gtv_update(X, W, N, alpha: float, floor: int = 1, weights=None, scatter=None):
     """One GTVMin k-means update of a site's centroids (Jung; docs/explanation/algorithms.md section 6).
 
     E1 assigns the local rows to ``W`` (the Lloyd kernel: sums and counts); E2 links each
@@ -406,8 +437,9 @@ def gtv_update(X, W, N, alpha: float, floor: int = 1, stats=None):
     N : (deg, k, d) the neighbours' centroids (deg may be 0)
     alpha : float >= 0, the GTV penalty weight
     floor : int >= 1
-    stats : (sums, counts, sse), optional
-        E1's statistics given instead of computed (the differencing guard's member sets)
+    weights, scatter : optional
+        As for :func:`lloyd_stats`: the rows of ``X`` are groups' means (E1 assigns each
+        group whole)
 
     Returns
     -------
@@ -424,7 +456,7 @@ def gtv_update(X, W, N, alpha: float, floor: int = 1, stats=None):
         raise ValueError(f"N must be (deg, k, {W.shape[1]}), got shape {N.shape}")
     if not alpha >= 0.0:
         raise ValueError(f"alpha must be >= 0, got {alpha}")
-    sums, counts, sse = lloyd_stats(X, W) if stats is None else stats
+    sums, counts, sse = lloyd_stats(X, W, weights, scatter)
     m_step = (small_work.gtv_m_step if small_work.small(X, W.shape[0])
               else _compiled_kernels()._gtv_m_step_impl)
     W_new, gtv = m_step(W, N, sums, counts, float(alpha), int(floor))

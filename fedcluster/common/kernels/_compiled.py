@@ -51,12 +51,13 @@ Non-finite input: there is deliberately no ``nnan``/``ninf`` fast-math flag (see
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import types
 
 import numpy as np
 
-from numba import njit, prange
+from numba import njit, prange, set_parallel_chunksize
 from numba.core import config as numba_config
 from numba.core.caching import UserProvidedCacheLocator
 
@@ -281,7 +282,12 @@ def _assign_impl(X, C, block):
 
 
 @njit(cache=True, fastmath=FASTMATH, parallel=True)
-def _lloyd_stats_impl(X, C, block):
+def _lloyd_stats_impl(X, w, s, C, block):
+    """Weighted Lloyd statistics: row ``i`` of ``X`` is the mean of ``w[i]`` rows whose
+    squared deviations from it add up to ``s[i]`` (a site's group; a row is a group of
+    one with ``s`` 0). Per cluster: sums of ``w x``, counts of ``w``; the SSE is
+    ``sum s + w ||x - c||^2``, the groups' exact SSE. With ``w`` 1 and ``s`` 0 every
+    product and sum is the unweighted one, bit for bit."""
     n, d = X.shape
     k = C.shape[0]
     P = _pad_centroids(C)
@@ -300,11 +306,13 @@ def _lloyd_stats_impl(X, C, block):
             _contiguous_rows(rows, start, stop)
             _tile_distances(X, rows, P, D)
             for r in range(min(TILE_ROWS, stop - start)):
+                i = start + r
                 label, dist = _nearest_in(D, r, k)
-                counts_slab[b, label] += 1
-                sse += dist
+                weight = np.float64(w[i])
+                counts_slab[b, label] += w[i]
+                sse += s[i] + weight * dist
                 for j in range(d):
-                    sums_slab[b, label, j] += np.float64(X[start + r, j])
+                    sums_slab[b, label, j] += weight * np.float64(X[i, j])
         sse_slab[b] = sse
     # Serial reduction in block order: the order of the additions is fixed
     # by n alone, hence bit-identical for any thread count.
@@ -341,9 +349,10 @@ def _min_sq_dist_update_impl(X, centres, current):
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
-def _minibatch_epoch_impl(X, order, batch, gamma, beta, lam):
+def _minibatch_epoch_impl(X, w, order, batch, gamma, beta, lam):
     # Batches depend on each other (each is assigned against the centroids the
     # previous one moved), so this kernel is serial; it is one pass over X.
+    # Row i stands for w[i] rows (a site's group): it counts w[i] times.
     n = order.shape[0]
     k, d = gamma.shape
     sums = np.zeros((k, d), dtype=np.float64)
@@ -365,9 +374,10 @@ def _minibatch_epoch_impl(X, order, batch, gamma, beta, lam):
             for r in range(min(TILE_ROWS, stop - t0)):
                 i = rows[r]
                 label, _ = _nearest_in(D, r, k)
-                counts[label] += 1
+                counts[label] += w[i]
+                weight = np.float64(w[i])
                 for j in range(d):
-                    sums[label, j] += np.float64(X[i, j])
+                    sums[label, j] += weight * np.float64(X[i, j])
         for c in range(k):
             if counts[c] > 0:
                 lam[c] += counts[c]
@@ -378,7 +388,10 @@ def _minibatch_epoch_impl(X, order, batch, gamma, beta, lam):
 
 
 @njit(cache=True, fastmath=FASTMATH, parallel=True)
-def _evaluation_stats_impl(X, C, block):
+def _evaluation_stats_impl(X, w, s, C, block):
+    """The evaluation's statistics, weighted as :func:`_lloyd_stats_impl`: a group's
+    distances for the silhouette are root-mean-square over its rows,
+    sqrt(s / w + ||x - c||^2), and its squared norms add up to s + w ||x||^2."""
     n, d = X.shape
     k = C.shape[0]
     P = _pad_centroids(C)
@@ -411,20 +424,22 @@ def _evaluation_stats_impl(X, C, block):
                         label = c
                     elif dist < second:
                         second = dist
-                counts_slab[b, label] += 1
-                sse += best
-                a = np.sqrt(best)
+                weight = np.float64(w[i])
+                spread = s[i] / weight
+                counts_slab[b, label] += w[i]
+                sse += s[i] + weight * best
+                a = np.sqrt(best + spread)
                 if k > 1:
-                    bb = np.sqrt(second)
+                    bb = np.sqrt(second + spread)
                     top = max(a, bb)
                     if top > 0.0:
-                        sil += (bb - a) / top
+                        sil += weight * ((bb - a) / top)
                 norm = 0.0
                 for j in range(d):
                     x = np.float64(X[i, j])
-                    sums_slab[b, label, j] += x
+                    sums_slab[b, label, j] += weight * x
                     norm += x * x
-                sqnorm_slab[b, label] += norm
+                sqnorm_slab[b, label] += s[i] + weight * norm
         sse_slab[b] = sse
         sil_slab[b] = sil
     sums = np.zeros((k, d), dtype=np.float64)
@@ -444,7 +459,10 @@ def _evaluation_stats_impl(X, C, block):
 
 
 @njit(cache=True, fastmath=FASTMATH, parallel=True)
-def _distance_to_means_impl(X, C, means, block):
+def _distance_to_means_impl(X, w, s, C, means, block):
+    """Per cluster, the summed distances to ``means``: a group's w rows count at their
+    root-mean-square distance sqrt(s / w + ||x - mean||^2) (its one value that is a
+    function of its statistics; at most their mean distance, by Jensen)."""
     n = X.shape[0]
     k = C.shape[0]
     P = _pad_centroids(C)
@@ -459,9 +477,11 @@ def _distance_to_means_impl(X, C, means, block):
             _contiguous_rows(rows, start, stop)
             _tile_distances(X, rows, P, D)
             for r in range(min(TILE_ROWS, stop - start)):
+                i = start + r
                 label, _ = _nearest_in(D, r, k)
-                slab[b, label] += np.sqrt(_sq_dist(X, start + r, means, label))
-                counts_slab[b, label] += 1
+                weight = np.float64(w[i])
+                slab[b, label] += weight * np.sqrt(_sq_dist(X, i, means, label) + s[i] / weight)
+                counts_slab[b, label] += w[i]
     out = np.zeros(k, dtype=np.float64)
     counts = np.zeros(k, dtype=np.int64)
     for b in range(n_blocks):
@@ -502,7 +522,9 @@ def _memberships(D, r, k, m, u):
 
 
 @njit(cache=True, fastmath=FASTMATH, parallel=True)
-def _fcm_stats_impl(X, C, m, block):
+def _fcm_stats_impl(X, w, C, m, block):
+    """Fuzzy c-means statistics; row i stands for w[i] rows (a site's group), all with
+    the memberships of the row (the group's mean)."""
     n, d = X.shape
     k = C.shape[0]
     P = _pad_centroids(C)
@@ -524,15 +546,16 @@ def _fcm_stats_impl(X, C, m, block):
                 _memberships(D, r, k, m, W[r])
                 best = 0
                 u_best = W[r, 0]
+                weight = np.float64(w[start + r])
                 for c in range(k):
                     u = W[r, c]
                     if u > u_best:
                         best = c
                         u_best = u
-                    w = u * u if m == 2.0 else u ** m
-                    W[r, c] = w
-                    weights_slab[b, c] += w
-                hard_slab[b, best] += 1
+                    um = weight * (u * u if m == 2.0 else u ** m)
+                    W[r, c] = um
+                    weights_slab[b, c] += um
+                hard_slab[b, best] += w[start + r]
             for r in range(valid, TILE_ROWS):
                 W[r, :] = 0.0
             # sum_r w_rc x_r for the 8 rows at once: one pass over each cluster's
@@ -631,6 +654,492 @@ def _gtv_m_step_impl(W, N, sums, counts, alpha, floor):
 
 
 # --------------------------------------------------------------------------
+# Site groups (microaggregation, :mod:`fedcluster.client_app.grouping`): a site's rows
+# cut into groups of at least g rows, once per data version.
+#
+# What is computed
+# ----------------
+# A site's rows are ordered by a permutation ``perm`` and cut into segments (ranges of
+# positions), each split at its median along its principal axis until blocks are small;
+# then each block is grouped on its own.
+#
+# 1. Coarse splits of a large site (the caller reads it in file order only):
+#    :func:`_group_directions` (each segment's axis, from a sample the caller gathered),
+#    :func:`_group_project_rows` (projections, rows in file order),
+#    :func:`_group_select_level` (median split of each segment by quickselect).
+# 2. In memory, on a copy of a chunk of coarse segments: :func:`_group_split_level` (one
+#    level of median splits: axis from a sample, projections, quickselect) down to blocks,
+#    then :func:`_group_blocks`: inside each block local k-means (k-means++ seeding,
+#    capped Lloyd), clusters under ``g`` rows merged into the nearest cluster, clusters of
+#    ``2 g`` rows or more cut along their principal axis into runs of ``g`` or ``g + 1``.
+# 3. :func:`_group_finish`: block-local group ids to global ids, numbered by first
+#    appearance in row order.
+#
+# Reproducibility contract (as in ``_compiled``)
+# ----------------------------------------------
+# The labels are bit-identical for any ``numba.set_num_threads(...)``: every ``prange``
+# runs over units whose bounds depend on the data's shape alone (segments, fixed chunks of
+# a segment, blocks), each unit writes only its own slots, and every sum is taken inside
+# one unit in a fixed order.  Pseudo-random choices (k-means++ draws, quickselect pivots)
+# come from :func:`_group_splitmix`, seeded from the unit's global position in ``perm``
+# (so neither the thread count nor the caller's chunking changes a draw), never from
+# numba's per-thread ``np.random``.  No BLAS call decides anything.  As in ``_compiled``,
+# fast-math "reassoc"/"contract" make the last bits depend on the CPU, not on the threads.
+# --------------------------------------------------------------------------
+
+# Positions per projection task of a split level: fixed, so the tasks of a segment (and
+# the order of everything inside one) do not depend on the thread count.
+_GROUP_CHUNK = 4096
+
+# Blocks (or segments, tasks) handed to a thread at a time (:func:`_group_run`).  Numba's
+# default splits a prange evenly between the threads up front; on a shared machine one
+# descheduled thread then holds up the whole call.  Handing out a few at a time balances
+# the load and changes nothing in the result (threads only decide who computes a unit).
+_GROUP_DYNAMIC = 4
+
+# splitmix64 constants (Steele, Lea and Flood 2014).
+_GROUP_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_GROUP_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_GROUP_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+@njit(cache=True, nogil=True)
+def _group_splitmix(state):
+    """One splitmix64 step: ``(new state, 64 random bits)``.  A generator of our own:
+    its stream depends on the seed alone, whichever thread draws from it."""
+    state = state + _GROUP_GAMMA
+    z = state
+    z = (z ^ (z >> np.uint64(30))) * _GROUP_MIX1
+    z = (z ^ (z >> np.uint64(27))) * _GROUP_MIX2
+    return state, z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def _group_uniform(state):
+    """``(new state, u)`` with u uniform in [0, 1): the top 53 bits of a splitmix64 draw."""
+    state, z = _group_splitmix(state)
+    return state, np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=True, nogil=True)
+def _group_seed(index, salt):
+    """A generator state for unit ``index`` (a block, a segment's start): mixed once so
+    that neighbouring indices start far apart in the stream."""
+    _, z = _group_splitmix(np.uint64(index) * np.uint64(2) + np.uint64(salt))
+    return z
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def _group_sq_dist(A, i, B, j):
+    """Squared Euclidean distance of row ``i`` of ``A`` and row ``j`` of ``B``, as a sum
+    of squared differences (exactly 0 for equal rows, which k-means++ relies on)."""
+    acc = 0.0
+    for t in range(A.shape[1]):
+        u = A[i, t] - B[j, t]
+        acc += u * u
+    return acc
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def _group_principal_axis(A, idx, n_iter, v):
+    """Unit vector ``v`` (d,) along the principal axis of the rows ``A[idx]``.
+
+    Power iteration on the centred rows (no d x d covariance, no BLAS): each step costs
+    2 s d flops.  It starts from the row farthest from the mean (ties: the first), which
+    already points along the widest spread, so a few steps suffice for a split direction.
+    Rows all equal: ``v`` is the first coordinate axis (every projection then ties, and
+    the callers break ties by index).
+    """
+    s = idx.shape[0]
+    d = A.shape[1]
+    mu = np.zeros(d)
+    for r in range(s):
+        for t in range(d):
+            mu[t] += A[idx[r], t]
+    for t in range(d):
+        mu[t] /= s
+    far = idx[0]
+    best = -1.0
+    for r in range(s):
+        acc = 0.0
+        for t in range(d):
+            u = A[idx[r], t] - mu[t]
+            acc += u * u
+        if acc > best:
+            best = acc
+            far = idx[r]
+    norm = 0.0
+    for t in range(d):
+        v[t] = A[far, t] - mu[t]
+        norm += v[t] * v[t]
+    if not norm > 0.0:
+        v[:] = 0.0
+        v[0] = 1.0
+        return
+    norm = math.sqrt(norm)
+    for t in range(d):
+        v[t] /= norm
+    w = np.empty(d)
+    for _ in range(n_iter):
+        w[:] = 0.0
+        for r in range(s):
+            p = 0.0
+            for t in range(d):
+                p += (A[idx[r], t] - mu[t]) * v[t]
+            for t in range(d):
+                w[t] += p * (A[idx[r], t] - mu[t])
+        norm = 0.0
+        for t in range(d):
+            norm += w[t] * w[t]
+        if not norm > 0.0:
+            return  # v spans nothing of the spread: keep it
+        norm = math.sqrt(norm)
+        for t in range(d):
+            v[t] = w[t] / norm
+
+
+@njit(cache=True, nogil=True)
+def _group_select(proj, perm, lo, hi, k, state):
+    """Quickselect on positions ``lo..hi-1`` of ``(proj, perm)``, ordered by projection
+    and then by row index (so ties are broken by the rows, not by their current places):
+    afterwards position ``k`` holds its rank's entry, smaller keys before, larger after.
+    Pivots are drawn from ``state`` (expected linear time on any input)."""
+    left = lo
+    right = hi - 1
+    while right > left:
+        state, z = _group_splitmix(state)
+        piv = left + np.int64(z % np.uint64(right - left + 1))
+        proj[piv], proj[right] = proj[right], proj[piv]
+        perm[piv], perm[right] = perm[right], perm[piv]
+        pp = proj[right]
+        pq = perm[right]
+        store = left
+        for i in range(left, right):
+            if proj[i] < pp or (proj[i] == pp and perm[i] < pq):
+                proj[i], proj[store] = proj[store], proj[i]
+                perm[i], perm[store] = perm[store], perm[i]
+                store += 1
+        proj[store], proj[right] = proj[right], proj[store]
+        perm[store], perm[right] = perm[right], perm[store]
+        if store == k:
+            return
+        if k < store:
+            right = store - 1
+        else:
+            left = store + 1
+
+
+@njit(cache=True, fastmath=FASTMATH, parallel=True)
+def _group_split_level(X, perm, proj, lo, hi, sample, n_iter, offset):
+    """Split each segment ``perm[lo[s]:hi[s]]`` at its median along its principal axis:
+    afterwards its first ``(hi - lo) // 2`` positions hold the rows of lowest projection
+    (ties: lowest row index).  ``proj`` (n,) is scratch.  The axis is estimated on at
+    most ``sample`` rows of the segment taken at evenly spaced positions: a median split
+    needs a good direction, not the best one, and this keeps a level at one full pass
+    over the rows (the projections) instead of ``n_iter`` passes."""
+    n_seg = lo.shape[0]
+    d = X.shape[1]
+    V = np.empty((n_seg, d))
+    for s in prange(n_seg):
+        m = hi[s] - lo[s]
+        take = min(m, sample)
+        idx = np.empty(take, dtype=np.int64)
+        for t in range(take):
+            idx[t] = perm[lo[s] + (t * m) // take]
+        _group_principal_axis(X, idx, n_iter, V[s])
+    # Projection tasks: fixed chunks of each segment (no reduction across rows, but fixed
+    # bounds keep any vectorised remainder loop on the same rows whatever the threads).
+    n_tasks = 0
+    for s in range(n_seg):
+        n_tasks += (hi[s] - lo[s] + _GROUP_CHUNK - 1) // _GROUP_CHUNK
+    task_seg = np.empty(n_tasks, dtype=np.int64)
+    task_start = np.empty(n_tasks, dtype=np.int64)
+    t = 0
+    for s in range(n_seg):
+        for a in range(lo[s], hi[s], _GROUP_CHUNK):
+            task_seg[t] = s
+            task_start[t] = a
+            t += 1
+    for t in prange(n_tasks):
+        s = task_seg[t]
+        for i in range(task_start[t], min(task_start[t] + _GROUP_CHUNK, hi[s])):
+            r = perm[i]
+            acc = 0.0
+            for j in range(d):
+                acc += X[r, j] * V[s, j]
+            proj[i] = acc
+    for s in prange(n_seg):
+        _group_select(proj, perm, lo[s], hi[s], lo[s] + (hi[s] - lo[s]) // 2,
+                      _group_seed(offset + lo[s], 1))
+
+
+@njit(cache=True, fastmath=FASTMATH, parallel=True)
+def _group_directions(A, idx, starts, n_iter):
+    """(n_seg, d): row s is the principal axis of the rows ``A[idx[starts[s]:starts[s+1]]]``
+    (a coarse split's sample, gathered by the caller in file order)."""
+    n_seg = starts.shape[0] - 1
+    V = np.empty((n_seg, A.shape[1]))
+    for s in prange(n_seg):
+        _group_principal_axis(A, idx[starts[s]:starts[s + 1]], n_iter, V[s])
+    return V
+
+
+@njit(cache=True, fastmath=FASTMATH, parallel=True)
+def _group_project_rows(X, r0, r1, seg_of_row, V, proj_row):
+    """``proj_row[r] = X[r] . V[seg_of_row[r]]`` for the rows r0..r1-1 in FILE order (a
+    coarse split reads a memory-mapped site sequentially, so the caller can drop each
+    range's pages afterwards); rows with ``seg_of_row`` -1 are skipped.  Tasks are fixed
+    chunks of rows from ``r0``: a row's dot product goes through the same loop whatever
+    the thread count."""
+    d = X.shape[1]
+    n_tasks = (r1 - r0 + _GROUP_CHUNK - 1) // _GROUP_CHUNK
+    for t in prange(n_tasks):
+        for r in range(r0 + t * _GROUP_CHUNK, min(r1, r0 + (t + 1) * _GROUP_CHUNK)):
+            s = seg_of_row[r]
+            if s < 0:
+                continue
+            acc = 0.0
+            for j in range(d):
+                acc += X[r, j] * V[s, j]
+            proj_row[r] = acc
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _group_select_level(proj_row, perm, proj, lo, hi):
+    """Median split of every segment ``perm[lo[s]:hi[s]]`` by the projections of its rows
+    (``proj_row``, per row): as :func:`_group_split_level`'s last step."""
+    for s in prange(lo.shape[0]):
+        for p in range(lo[s], hi[s]):
+            proj[p] = proj_row[perm[p]]
+        _group_select(proj, perm, lo[s], hi[s], lo[s] + (hi[s] - lo[s]) // 2,
+                      _group_seed(lo[s], 1))
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def _group_kmeanspp(Y, k, state, C):
+    """k-means++ seeding of ``k`` centres from the rows of ``Y`` into ``C``; returns the
+    number of centres placed (fewer than ``k`` when ``Y`` has fewer distinct rows)."""
+    m = Y.shape[0]
+    state, u = _group_uniform(state)
+    first = min(m - 1, np.int64(u * m))
+    C[0] = Y[first]
+    D2 = np.empty(m)
+    for r in range(m):
+        D2[r] = _group_sq_dist(Y, r, C, 0)
+    for c in range(1, k):
+        total = 0.0
+        for r in range(m):
+            total += D2[r]
+        if not total > 0.0:
+            return c  # every row sits on a centre already
+        state, u = _group_uniform(state)
+        target = u * total
+        pick = -1
+        cum = 0.0
+        for r in range(m):
+            if D2[r] > 0.0:
+                pick = r  # rounding can leave target above the last sum: take the last
+                cum += D2[r]
+                if cum > target:
+                    break
+        C[c] = Y[pick]
+        for r in range(m):
+            dist = _group_sq_dist(Y, r, C, c)
+            if dist < D2[r]:
+                D2[r] = dist
+    return k
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def _group_lloyd(Y, C, k, max_iter, assign):
+    """At most ``max_iter`` Lloyd steps with the first ``k`` centres of ``C``; ``assign``
+    gets the last assignment (nearest centre, ties to the lowest index).  An empty
+    cluster keeps its centre.  Stops early when no row changes cluster."""
+    m, d = Y.shape
+    assign[:] = -1
+    sums = np.empty((k, d))
+    counts = np.empty(k, dtype=np.int64)
+    for _ in range(max_iter):
+        changed = 0
+        for r in range(m):
+            best = _group_sq_dist(Y, r, C, 0)
+            label = 0
+            for c in range(1, k):
+                dist = _group_sq_dist(Y, r, C, c)
+                if dist < best:
+                    best = dist
+                    label = c
+            if label != assign[r]:
+                assign[r] = label
+                changed += 1
+        if changed == 0:
+            return
+        sums[:] = 0.0
+        counts[:] = 0
+        for r in range(m):
+            counts[assign[r]] += 1
+            for j in range(d):
+                sums[assign[r], j] += Y[r, j]
+        for c in range(k):
+            if counts[c] > 0:
+                for j in range(d):
+                    C[c, j] = sums[c, j] / counts[c]
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def _group_one_block(Y, g, max_iter, axis_iter, state, out):
+    """Group the rows of one block ``Y`` (m >= g rows) into groups of ``g..2g-1`` rows;
+    ``out`` (m,) gets block-local group ids 0..G-1; returns G.
+
+    Local k-means with about m / (1.5 g) centres follows the data's fine structure; a
+    cluster under g rows is merged into the cluster of nearest mean (smallest first, so
+    a merge never hides a smaller one), and one of 2g rows or more is cut along its
+    principal axis into consecutive runs (by projection, ties by row) of g or g+1 rows.
+    """
+    m, d = Y.shape
+    if m < 2 * g:
+        out[:] = 0
+        return 1
+    k = max(1, (4 * m + 3 * g) // (6 * g))  # round(m / (1.5 g))
+    C = np.empty((k, d))
+    k = _group_kmeanspp(Y, k, state, C)
+    assign = np.empty(m, dtype=np.int64)
+    _group_lloyd(Y, C, k, max_iter, assign)
+    # Cluster means and counts of the final assignment.
+    S = np.zeros((k, d))
+    cnt = np.zeros(k, dtype=np.int64)
+    for r in range(m):
+        cnt[assign[r]] += 1
+        for j in range(d):
+            S[assign[r], j] += Y[r, j]
+    M = np.zeros((k, d))
+    for c in range(k):
+        if cnt[c] > 0:
+            for j in range(d):
+                M[c, j] = S[c, j] / cnt[c]
+    # Merge clusters under g rows, smallest first (ties: lowest index).
+    while True:
+        small = -1
+        for c in range(k):
+            if 0 < cnt[c] < g and (small < 0 or cnt[c] < cnt[small]):
+                small = c
+        if small < 0:
+            break
+        near = -1
+        best = np.inf
+        for c in range(k):
+            if c != small and cnt[c] > 0:
+                dist = _group_sq_dist(M, small, M, c)
+                if near < 0 or dist < best:
+                    best = dist
+                    near = c
+        if near < 0:
+            break  # one cluster left (cannot happen for m >= g)
+        for r in range(m):
+            if assign[r] == small:
+                assign[r] = near
+        cnt[near] += cnt[small]
+        cnt[small] = 0
+        for j in range(d):
+            S[near, j] += S[small, j]
+            M[near, j] = S[near, j] / cnt[near]
+    # Number the groups: clusters in index order, a large one cut into runs.
+    members = np.empty(m, dtype=np.int64)
+    proj = np.empty(m)
+    v = np.empty(d)
+    gid = 0
+    for c in range(k):
+        s = cnt[c]
+        if s == 0:
+            continue
+        if s < 2 * g:
+            for r in range(m):
+                if assign[r] == c:
+                    out[r] = gid
+            gid += 1
+            continue
+        t = 0
+        for r in range(m):
+            if assign[r] == c:
+                members[t] = r
+                t += 1
+        idx = members[:s]
+        _group_principal_axis(Y, idx, axis_iter, v)
+        for t in range(s):
+            acc = 0.0
+            for j in range(d):
+                acc += Y[idx[t], j] * v[j]
+            proj[t] = acc
+        # mergesort is stable: equal projections keep the rows' order
+        order = np.argsort(proj[:s], kind="mergesort")
+        runs = s // g  # runs of floor or ceil s / runs rows: g or g + 1
+        for q in range(runs):
+            for t in range((q * s) // runs, ((q + 1) * s) // runs):
+                out[idx[order[t]]] = gid + q
+        gid += runs
+    return gid
+
+
+@njit(cache=True, fastmath=FASTMATH, parallel=True)
+def _group_blocks(X, perm, lo, hi, g, max_iter, axis_iter, offset, local, n_groups, bad):
+    """Group every block ``perm[lo[b]:hi[b]]`` on its own (:func:`_group_one_block`):
+    ``local`` (positions of ``perm``) gets block-local group ids, ``n_groups[b]`` the
+    block's number of groups, ``bad[b]`` 1 if the block holds a non-finite value.
+
+    The block's rows are gathered into a small contiguous buffer (the block's working
+    set then stays in L2 whatever the row order of ``X``, and a memory-mapped ``X`` is
+    only read); its generator is seeded from the block's index."""
+    d = X.shape[1]
+    for b in prange(lo.shape[0]):
+        m = hi[b] - lo[b]
+        Y = np.empty((m, d))
+        finite = True
+        for r in range(m):
+            i = perm[lo[b] + r]
+            for j in range(d):
+                x = X[i, j]
+                Y[r, j] = x
+                if not math.isfinite(x):
+                    finite = False
+        bad[b] = 0 if finite else 1
+        if not finite:
+            n_groups[b] = 0
+            continue
+        n_groups[b] = _group_one_block(Y, g, max_iter, axis_iter, _group_seed(offset + lo[b], 2),
+                                       local[lo[b]:hi[b]])
+
+
+@njit(cache=True, nogil=True)
+def _group_finish(perm, lo, hi, local, offsets, labels):
+    """``labels[row]`` = global group id, groups numbered by their first row in row
+    order (so the numbering does not show the block order).  Serial: integer work over
+    n rows, a few milliseconds at a million."""
+    n = perm.shape[0]
+    for b in range(lo.shape[0]):
+        for p in range(lo[b], hi[b]):
+            labels[perm[p]] = offsets[b] + local[p]
+    renumber = np.full(offsets[-1], -1, dtype=np.int64)
+    nxt = 0
+    for i in range(n):
+        lab = labels[i]
+        if renumber[lab] < 0:
+            renumber[lab] = nxt
+            nxt += 1
+        labels[i] = renumber[lab]
+
+
+def _group_run(kernel, *args):
+    """``kernel(*args)`` with its prange units handed out :data:`_GROUP_DYNAMIC` at a
+    time.  Plain Python: ``set_parallel_chunksize`` inside compiled code would make the
+    kernel uncacheable (Numba implements it with a ctypes pointer)."""
+    previous = set_parallel_chunksize(_GROUP_DYNAMIC)
+    try:
+        return kernel(*args)
+    finally:
+        set_parallel_chunksize(previous)
+
+
+# --------------------------------------------------------------------------
 # Serial twins: the same kernels compiled without ``parallel``, for one block.
 # --------------------------------------------------------------------------
 #
@@ -663,5 +1172,6 @@ _SERIAL = {
     kernel: _serial_twin(kernel)
     for kernel in (_assign_impl, _lloyd_stats_impl, _min_sq_dist_update_impl,
                    _evaluation_stats_impl, _distance_to_means_impl, _fcm_stats_impl,
-                   _fcm_memberships_impl)
+                   _fcm_memberships_impl, _group_directions, _group_project_rows,
+                   _group_select_level, _group_split_level, _group_blocks)
 }

@@ -40,8 +40,8 @@ BLOCK_TERMS = 1 << 18
 
 #: Up to this many multiply-adds per pass, the tasks that make only a handful of passes
 #: at the centroids sent (:func:`few_passes`) use NumPy: a pass takes ~0.13 s here at
-#: this size, so even the five passes of a Lloyd step that carries the evaluation (and
-#: the differencing guard's assignment) cost less than loading the compiled kernels.
+#: this size, so even the four passes of a Lloyd step that carries the evaluation cost
+#: less than loading the compiled kernels.
 FEW_PASSES_MAX_WORK = 1 << 25
 _few_passes = contextvars.ContextVar("few_passes", default=False)
 
@@ -102,6 +102,13 @@ def _cluster_sums(rows: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
     return sums
 
 
+def _weighted(rows: np.ndarray, w: np.ndarray, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """The block's weights as floats, and its rows times them (a group of w rows at its
+    mean adds w times the mean; times 1.0 a row is itself, bit for bit)."""
+    weight = w[start:stop].astype(np.float64)
+    return weight, rows * weight[:, None]
+
+
 def assign(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     C = C.astype(np.float64)
     labels = np.empty(X.shape[0], dtype=np.int64)
@@ -111,15 +118,17 @@ def assign(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return labels, dists
 
 
-def lloyd_stats(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+def lloyd_stats(X: np.ndarray, C: np.ndarray, w: np.ndarray,
+                s: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     k = C.shape[0]
     C = C.astype(np.float64)
     sums, counts, sse = np.zeros((k, X.shape[1])), np.zeros(k, dtype=np.int64), 0.0
-    for _, _, rows in _blocks(X, k):
+    for start, stop, rows in _blocks(X, k):
         labels, best = _nearest(_sq_dists(rows, C))
-        sums += _cluster_sums(rows, labels, k)
-        counts += np.bincount(labels, minlength=k)
-        sse += float(best.sum())
+        weight, weighted = _weighted(rows, w, start, stop)
+        sums += _cluster_sums(weighted, labels, k)
+        counts += np.bincount(labels, weights=w[start:stop], minlength=k).astype(np.int64)
+        sse += float((s[start:stop] + weight * best).sum())
     return sums, counts, sse
 
 
@@ -131,12 +140,12 @@ def min_sq_dist_update(X: np.ndarray, centres: np.ndarray, current: np.ndarray) 
     return out
 
 
-def evaluation_stats(X: np.ndarray, C: np.ndarray):
+def evaluation_stats(X: np.ndarray, C: np.ndarray, w: np.ndarray, s: np.ndarray):
     k = C.shape[0]
     C = C.astype(np.float64)
     sums, counts = np.zeros((k, X.shape[1])), np.zeros(k, dtype=np.int64)
     sqnorms, sse, sil = np.zeros(k), 0.0, 0.0
-    for _, _, rows in _blocks(X, k):
+    for start, stop, rows in _blocks(X, k):
         D = _sq_dists(rows, C)
         # nearest and second nearest, as the compiled scan finds them
         best = np.full(D.shape[0], np.inf)
@@ -149,28 +158,35 @@ def evaluation_stats(X: np.ndarray, C: np.ndarray):
             second = np.where(closer, best, np.where(runner_up, dist, second))
             best = np.where(closer, dist, best)
             labels[closer] = c
-        sums += _cluster_sums(rows, labels, k)
-        counts += np.bincount(labels, minlength=k)
-        sqnorms += np.bincount(labels, weights=np.einsum("md,md->m", rows, rows), minlength=k)
-        sse += float(best.sum())
+        weight, weighted = _weighted(rows, w, start, stop)
+        scatter = s[start:stop]
+        sums += _cluster_sums(weighted, labels, k)
+        counts += np.bincount(labels, weights=w[start:stop], minlength=k).astype(np.int64)
+        sqnorms += np.bincount(labels, weights=scatter + weight * np.einsum("md,md->m", rows, rows),
+                               minlength=k)
+        sse += float((scatter + weight * best).sum())
         if k > 1:
-            a, b = np.sqrt(best), np.sqrt(second)
+            spread = scatter / weight
+            a, b = np.sqrt(best + spread), np.sqrt(second + spread)
             top = np.maximum(a, b)
             positive = top > 0.0
-            sil += float(np.sum((b[positive] - a[positive]) / top[positive]))
+            sil += float(np.sum(weight[positive] * ((b[positive] - a[positive]) / top[positive])))
     return sums, counts, sqnorms, sse, sil
 
 
-def distance_to_means(X: np.ndarray, C: np.ndarray, means: np.ndarray):
+def distance_to_means(X: np.ndarray, C: np.ndarray, means: np.ndarray, w: np.ndarray,
+                      s: np.ndarray):
     k = C.shape[0]
     C, means = C.astype(np.float64), means.astype(np.float64)
     out, counts = np.zeros(k), np.zeros(k, dtype=np.int64)
-    for _, _, rows in _blocks(X, k):
+    for start, stop, rows in _blocks(X, k):
         labels, _ = _nearest(_sq_dists(rows, C))
         diff = rows - means[labels]
-        out += np.bincount(labels, weights=np.sqrt(np.einsum("md,md->m", diff, diff)),
+        weight = w[start:stop].astype(np.float64)
+        spread = s[start:stop] / weight
+        out += np.bincount(labels, weights=weight * np.sqrt(np.einsum("md,md->m", diff, diff) + spread),
                            minlength=k)
-        counts += np.bincount(labels, minlength=k)
+        counts += np.bincount(labels, weights=w[start:stop], minlength=k).astype(np.int64)
     return out, counts
 
 
@@ -189,14 +205,15 @@ def _memberships(D: np.ndarray, m: float) -> np.ndarray:
     return U
 
 
-def fcm_stats(X: np.ndarray, C: np.ndarray, m: float):
+def fcm_stats(X: np.ndarray, C: np.ndarray, m: float, w: np.ndarray):
     k = C.shape[0]
     C = C.astype(np.float64)
     sums, weights, hard = np.zeros((k, X.shape[1])), np.zeros(k), np.zeros(k, dtype=np.int64)
-    for _, _, rows in _blocks(X, k):
+    for start, stop, rows in _blocks(X, k):
         U = _memberships(_sq_dists(rows, C), m)
-        hard += np.bincount(np.argmax(U, axis=1), minlength=k)  # ties: the lowest index
-        Um = U * U if m == 2.0 else U ** m
+        hard += np.bincount(np.argmax(U, axis=1), weights=w[start:stop],  # ties: the lowest index
+                            minlength=k).astype(np.int64)
+        Um = w[start:stop, None].astype(np.float64) * (U * U if m == 2.0 else U ** m)
         weights += Um.sum(axis=0)
         sums += np.einsum("mk,md->kd", Um, rows)  # einsum's own loop, no BLAS
     return sums, weights, hard
@@ -219,19 +236,17 @@ def minibatch_small(X: np.ndarray, k: int, batch: int) -> bool:
     return small(X, k) and -(-X.shape[0] // batch) <= MAX_BATCHES
 
 
-def minibatch_epoch(X, order, batch: int, gamma: np.ndarray, beta: float, lam: np.ndarray,
-                    labels_out: np.ndarray | None = None) -> None:
+def minibatch_epoch(X, w, order, batch: int, gamma: np.ndarray, beta: float,
+                    lam: np.ndarray) -> None:
     """The compiled ``_minibatch_epoch_impl``: ``gamma`` and ``lam`` updated in place;
-    ``labels_out`` (n,), when given, receives each row's cluster in its batch (the
-    differencing guard's member sets)."""
+    row i counts ``w[i]`` times (a site's group at its mean)."""
     k = gamma.shape[0]
     for start in range(0, order.shape[0], batch):
-        rows = X[order[start:start + batch]].astype(np.float64)
+        picked = order[start:start + batch]
+        rows = X[picked].astype(np.float64)
         labels, _ = _nearest(_sq_dists(rows, gamma))
-        if labels_out is not None:
-            labels_out[order[start:start + batch]] = labels
-        counts = np.bincount(labels, minlength=k)
-        sums = _cluster_sums(rows, labels, k)
+        counts = np.bincount(labels, weights=w[picked], minlength=k).astype(np.int64)
+        sums = _cluster_sums(rows * w[picked, None].astype(np.float64), labels, k)
         for c in np.flatnonzero(counts):
             lam[c] += counts[c]
             step = beta * counts[c] / lam[c]

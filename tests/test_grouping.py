@@ -1,0 +1,152 @@
+"""Microaggregation (fedcluster.client_app.grouping.group_rows): group sizes, a partition
+of the rows, the small cases, bit-identical labels for 1 and 2 Numba threads, on a
+read-only memmap and in memory, across calls, whatever the chunking, and the quality that
+makes the groups usable (k-means on the weighted group means as good as on the rows).
+
+At the test sizes one coarse segment holds every row (COARSE_BYTES = 16 MB of rows), so
+the ``coarse`` fixture lowers it to exercise the file-order coarse splits of large sites."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+
+from fedcluster.client_app import grouping
+from fedcluster.client_app.grouping import group_rows
+from reference import num_threads
+
+
+def blob_set(n, d, k, seed, spread=8.0):
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(-spread, spread, size=(k, d))
+    return centres[rng.integers(k, size=n)] + rng.standard_normal((n, d))
+
+
+@pytest.fixture(scope="module")
+def big():
+    """20,000 x 16: several split levels and many blocks, the parallel kernels."""
+    return blob_set(20_000, 16, 12, seed=3)
+
+
+@pytest.fixture(params=["default", "coarse"])
+def coarse(request, monkeypatch):
+    """Run as is, or with coarse segments of 512 rows (several levels of coarse splits
+    and many chunks at 20,000 rows)."""
+    if request.param == "coarse":
+        monkeypatch.setattr(grouping, "COARSE_BYTES", 512 * 8 * 16)
+        monkeypatch.setattr(grouping, "CHUNK_BYTES", 4096 * 8 * 16)
+        monkeypatch.setattr(grouping, "RELEASE_BYTES", 1 << 16)
+    return request.param
+
+
+def check_partition(labels, n, g):
+    """Every row in exactly one group, ids 0..G-1, numbered by first appearance, sizes
+    g..2g-1 (always attainable when n >= g: see group_rows)."""
+    assert labels.shape == (n,) and labels.dtype == np.int64
+    counts = np.bincount(labels)
+    assert counts.min() >= g and counts.max() <= max(g, 2 * g - 1)
+    first = np.unique(labels, return_index=True)[1]
+    assert np.array_equal(np.argsort(first, kind="stable"), np.arange(len(counts)))
+    assert np.all(np.diff(first) > 0)  # group i starts before group i + 1
+
+
+@pytest.mark.parametrize("n, d, g", [(2, 1, 2), (3, 2, 2), (7, 3, 4), (300, 2, 2),
+                                     (1000, 5, 3), (5000, 4, 2), (3000, 3, 40)])
+def test_sizes_and_partition(n, d, g):
+    X = blob_set(n, d, 5, seed=n + g)
+    check_partition(group_rows(X, g), n, g)
+
+
+def test_sizes_on_the_parallel_path(big, coarse):
+    check_partition(group_rows(big, 2), len(big), 2)
+
+
+def test_duplicate_rows_and_ties():
+    # all rows equal (k-means++ finds one distinct row) and a few distinct values
+    check_partition(group_rows(np.ones((600, 3)), 2), 600, 2)
+    X = np.repeat(np.arange(6.0)[:, None], 150, axis=0) @ np.ones((1, 2))
+    check_partition(group_rows(X, 3), 900, 3)
+
+
+def test_fewer_rows_than_min_size_wait():
+    assert np.array_equal(group_rows(np.zeros((2, 3)), 3), [-1, -1])
+    assert group_rows(np.zeros((0, 3)), 2).shape == (0,)
+
+
+def test_min_size_one_is_each_row_its_own_group():
+    X = blob_set(50, 2, 3, seed=0)
+    assert np.array_equal(group_rows(X, 1), np.arange(50))
+
+
+@pytest.mark.parametrize("min_size", [0, -1, 2.0, True, "2", None])
+def test_bad_min_size(min_size):
+    with pytest.raises(ValueError, match="min_size"):
+        group_rows(np.zeros((5, 2)), min_size)
+
+
+def test_bad_X():
+    with pytest.raises(ValueError, match="2-D"):
+        group_rows(np.zeros(5), 2)
+    with pytest.raises(ValueError, match="no feature columns"):
+        group_rows(np.zeros((5, 0)), 2)
+    X = np.zeros((50, 2))
+    X[7, 1] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        group_rows(X, 2)
+
+
+def test_other_dtypes_are_converted():
+    X = blob_set(400, 3, 4, seed=1)
+    assert np.array_equal(group_rows(X.astype(np.float32), 2),
+                          group_rows(X.astype(np.float32).astype(np.float64), 2))
+    assert np.array_equal(group_rows(np.asfortranarray(X), 2), group_rows(X, 2))
+
+
+def test_same_labels_for_one_and_two_threads(big, coarse):
+    with num_threads(1):
+        one = group_rows(big, 2)
+    with num_threads(2):
+        two = group_rows(big, 2)
+    assert np.array_equal(one, two)
+
+
+def test_same_labels_on_a_read_only_memmap(big, tmp_path, coarse):
+    path = tmp_path / "site.npy"
+    np.save(path, big)
+    mapped = np.load(path, mmap_mode="r")
+    assert isinstance(mapped, np.memmap) and not mapped.flags.writeable
+    assert np.array_equal(group_rows(mapped, 3), group_rows(big, 3))
+
+
+def test_deterministic_across_calls(big):
+    X = big[:7_000]
+    assert np.array_equal(group_rows(X, 2), group_rows(X.copy(), 2))
+
+
+def test_chunking_and_serial_twins_do_not_change_labels(big, monkeypatch):
+    """Seeds come from global positions, so cutting the finishing work into chunks of
+    coarse segments changes nothing; the serial twins (small sites) compute the same."""
+    X = big[:6_000]
+    monkeypatch.setattr(grouping, "COARSE_BYTES", 300 * 8 * 16)
+    whole = group_rows(X, 2)
+    monkeypatch.setattr(grouping, "CHUNK_BYTES", 1)  # one coarse segment per chunk
+    assert np.array_equal(group_rows(X, 2), whole)
+    monkeypatch.setattr(grouping, "SERIAL_MAX_ROWS", 10**9)
+    assert np.array_equal(group_rows(X, 2), whole)
+
+
+def group_means(X, labels):
+    counts = np.bincount(labels)
+    sums = np.zeros((len(counts), X.shape[1]))
+    np.add.at(sums, labels, X)
+    return sums / counts[:, None], counts
+
+
+@pytest.mark.parametrize("g", [2, 3])
+def test_kmeans_on_group_means_is_as_good_as_on_rows(g):
+    X = blob_set(3000, 8, 10, seed=7, spread=4.0)  # blobs that touch: not a trivial task
+    means, counts = group_means(X, group_rows(X, g))
+    on_groups = KMeans(10, n_init=10, random_state=0).fit(means, sample_weight=counts)
+    on_rows = KMeans(10, n_init=10, random_state=0).fit(X)
+    assert -on_groups.score(X) <= 1.01 * on_rows.inertia_

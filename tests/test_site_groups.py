@@ -1,0 +1,197 @@
+"""A site's groups (issue 35): the statistics a group keeps, the run's space, where the
+table is kept, data that grow (must-show 5), and the boundary: site tasks receive the
+group table, never rows."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import logging
+import os
+import typing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedcluster.client_app import group_table, private_tasks, tasks
+from fedcluster.client_app.private_rows import ClippedRows
+from fedcluster.client_app.site_data import SiteData, load_site_file
+from fedcluster.client_app.site_groups import SiteGroups
+from fedcluster.common.scaling import FeatureTransform
+
+
+def _site(X, labels=None, source="site") -> SiteData:
+    return SiteData(np.ascontiguousarray(X, dtype=np.float64), None, labels, source)
+
+
+@pytest.fixture
+def blobs():
+    rng = np.random.default_rng(3)
+    return rng.normal(size=(500, 4)) * [1.0, 10.0, 0.1, 1e3] + [0.0, 5.0, -3.0, 1e6]
+
+
+# ------------------------------------------------------------------ the statistics
+def test_a_group_keeps_its_count_sums_and_squares_exactly(blobs):
+    labels = np.random.default_rng(1).integers(3, size=len(blobs))
+    groups, group_of_row = group_table.build(_site(blobs, labels), 3)
+    assert groups.counts.min() >= 3 and groups.n_rows == len(blobs) and groups.waiting == 0
+    for g in (0, 7, groups.n_groups - 1):
+        rows = blobs[group_of_row == g]
+        assert groups.counts[g] == len(rows)
+        np.testing.assert_allclose(groups.sums[g], rows.sum(0), rtol=1e-13)
+        np.testing.assert_allclose(groups.m2[g], ((rows - rows.mean(0)) ** 2).sum(0),
+                                   rtol=1e-9, atol=1e-9)
+    table = groups.labels.contingency(np.zeros(groups.n_groups, dtype=int), 1)
+    np.testing.assert_array_equal(table[:, 0], np.bincount(labels))
+
+
+def test_in_the_runs_space_sums_and_squares_are_those_of_the_filled_scaled_rows(blobs):
+    X = blobs.copy()
+    X[np.random.default_rng(2).random(X.shape) < 0.1] = np.nan
+    from fedcluster.client_app.site_groups import TableFacts
+    site = SiteData(X, None, None, "site", table=TableFacts(None, "", 0, {"a": 1}))
+    groups, group_of_row = group_table.build(site, 2)
+    assert groups.present is not None
+    transform = FeatureTransform("standard", np.array([0.5, 5.0, -3.0, 1e6]),
+                                 np.array([2.0, 10.0, 0.1, 1e3]), np.array([0.1, 4.0, -3.1, 1e6 + 5]))
+    view = groups.in_run_space(transform)
+    Z = transform.apply(X)
+    for g in range(0, groups.n_groups, 37):
+        rows = Z[group_of_row == g]
+        np.testing.assert_allclose(view.sums[g], rows.sum(0), rtol=1e-11, atol=1e-9)
+        np.testing.assert_allclose(view.m2[g], ((rows - rows.mean(0)) ** 2).sum(0), rtol=1e-8,
+                                   atol=1e-8)
+    assert view.missing_features() == []
+    # a feature the run does not fill stays missing: a task then refuses, naming it
+    unfilled = transform.with_fill(np.array([0.1, np.nan, -3.1, 1e6 + 5]))
+    assert groups.in_run_space(unfilled).missing_features() == [1]
+
+
+def test_a_clipping_box_moves_each_group_whole(blobs):
+    groups, _ = group_table.build(_site(blobs), 2)
+    lo, hi = np.array([-1.0, 0.0, -3.05, 1e6]), np.array([1.0, 10.0, -2.95, 1e6 + 100])
+    clipped = groups.clipped(lo, hi)
+    np.testing.assert_allclose(clipped.means, np.clip(groups.means, lo, hi), rtol=1e-15)
+    np.testing.assert_array_equal(clipped.m2, groups.m2)  # its spread kept
+
+
+def test_groups_of_one_row_are_the_rows(blobs):
+    groups, grouped = group_table.site_groups(_site(blobs), 1)
+    assert groups.singletons and grouped is None and groups.min_size == 1
+    assert groups.means is groups.sums and np.shares_memory(groups.sums, blobs) or \
+        np.array_equal(groups.sums, blobs)
+    assert groups.scatter.sum() == 0.0
+
+
+def test_fewer_rows_than_p_make_no_group():
+    groups, grouped = group_table.site_groups(_site(np.arange(6.0).reshape(3, 2)), 4)
+    assert groups.n_groups == 0 and groups.waiting == 3 and not grouped.any()
+
+
+# ------------------------------------------------------------------ kept, and grown
+def _write_csv(path: Path, X: np.ndarray) -> None:
+    lines = ["a,b,c"] + [",".join(repr(float(v)) for v in row) for row in X]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _load(path: Path, cache: Path, p: int = 2):
+    site = load_site_file(path, cache_dir=cache)
+    return site, *group_table.site_groups(site, p, cache)
+
+
+def test_a_file_keeps_its_table_in_its_cache_and_reads_it_back(tmp_path, blobs, monkeypatch):
+    path = tmp_path / "site.csv"
+    _write_csv(path, blobs[:200, :3])
+    _, first, _ = _load(path, tmp_path / "cache")
+    assert list((tmp_path / "cache" / "groups").glob("*.json"))
+    # a fresh process reads the table back: the grouping is not run again
+    monkeypatch.setattr(group_table, "group_rows", lambda *a: pytest.fail("grouped again"))
+    group_table._MEMORY.clear()
+    _, again, _ = _load(path, tmp_path / "cache")
+    assert again.digest == first.digest
+    np.testing.assert_array_equal(again.sums, first.sums)
+
+
+def test_a_file_that_grows_keeps_its_earlier_groups_bit_for_bit(tmp_path, blobs, caplog):
+    path, cache = tmp_path / "site.csv", tmp_path / "cache"
+    X = blobs[:, :3]
+    _write_csv(path, X[:300])
+    _, before, _ = _load(path, cache)
+    # rows appended (and the file's mtime moves on): a new version of the file
+    _write_csv(path, X[:420])
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+    site, after, grouped = _load(path, cache)
+    G = before.n_groups
+    for name in ("counts", "sums", "m2"):
+        np.testing.assert_array_equal(np.asarray(getattr(after, name))[:G],
+                                      np.asarray(getattr(before, name)))
+    assert after.n_groups > G and after.n_rows == 420 and after.waiting == 0 and grouped is None
+    # the new groups are the new rows' own: their sums add up to the rows appended
+    np.testing.assert_allclose(np.asarray(after.sums)[G:].sum(0), X[300:420].sum(0), rtol=1e-12)
+    # one more row: fewer than p new rows wait, in no group, used by no task
+    _write_csv(path, X[:421])
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 2 * 10**9))
+    _, waiting, grouped = _load(path, cache)
+    assert waiting.waiting == 1 and waiting.n_rows == 420 and grouped.sum() == 420
+    np.testing.assert_array_equal(np.asarray(waiting.sums), np.asarray(after.sums))
+    # a second new row: the two form a group of their own
+    _write_csv(path, X[:422])
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 3 * 10**9))
+    _, grown, _ = _load(path, cache)
+    assert grown.waiting == 0 and grown.n_groups == after.n_groups + 1
+    np.testing.assert_array_equal(np.asarray(grown.sums)[-1], X[420:422].sum(0))
+    # rows removed: the file is grouped afresh, and the site says so
+    _write_csv(path, X[1:422])
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 4 * 10**9))
+    with caplog.at_level(logging.WARNING):
+        _, fresh, _ = _load(path, cache)
+    assert "grouped afresh" in caplog.text and fresh.n_rows == 421
+
+
+def test_rows_are_matched_by_content_wherever_they_sit():
+    earlier = np.array([[1, 10], [2, 20], [1, 10], [3, 30]], dtype=np.uint64)
+    now = np.array([[3, 30], [1, 10], [9, 90], [1, 10], [2, 20]], dtype=np.uint64)
+    matched = group_table.match_rows(earlier, now)
+    np.testing.assert_array_equal(now[matched], earlier)
+    assert len(set(matched.tolist())) == 4
+    assert group_table.match_rows(np.vstack([earlier, [[1, 10]]]), now) is None  # one too many
+    assert group_table.match_rows(np.array([[2, 21]], dtype=np.uint64), now) is None  # changed
+
+
+# ------------------------------------------------------------------ the boundary
+ROW_MODULES = {"site_data", "tables", "table_files", "schema_table", "group_table", "grouping",
+               "site_check"}
+TASK_MODULES = ["tasks", "site_statistics", "task_runner", "task_io", "local_kmeans", "private_tasks"]
+
+
+def _imports(module: str) -> set[str]:
+    path = Path(tasks.__file__).parent / f"{module}.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module.rsplit(".", 1)[-1])
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name.rsplit(".", 1)[-1] for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("module", TASK_MODULES)
+def test_no_task_module_reaches_the_modules_that_hold_rows(module):
+    assert not (_imports(module) & (ROW_MODULES | {"SiteData"})), module
+
+
+def test_every_site_task_takes_the_groups_and_only_dp_takes_clipped_rows():
+    for name, fn in tasks.TASKS.items():
+        hints = typing.get_type_hints(fn)
+        first = next(iter(inspect.signature(fn).parameters))
+        assert hints[first] is SiteGroups, name
+        assert ClippedRows not in hints.values(), name
+    for name, fn in private_tasks.PRIVATE_TASKS.items():
+        hints = typing.get_type_hints(fn)
+        site, rows = list(inspect.signature(fn).parameters)[:2]
+        assert hints[site] is SiteGroups and hints[rows] is ClippedRows, name
+    # the one module a task reaches rows through is handed to DP alone
+    users = [m for m in TASK_MODULES if "private_rows" in _imports(m) or "ClippedRows" in _imports(m)]
+    assert users == ["private_tasks"]
