@@ -82,10 +82,6 @@ def write_sites(directory: Path, rows: int, d: int, k: int) -> list[Path]:
     return paths
 
 
-#: init "random" without data-bounds: a bounds round, which the sites allow (node config)
-MINMAX = {"allow-minmax": True}
-
-
 def run_config(k: int, rounds: int) -> dict:
     # random init and tol 0: every run trains for exactly `rounds` rounds
     return {"algorithm": "dwf", "n-clusters": k, "num-rounds": rounds, "init": "random",
@@ -93,7 +89,7 @@ def run_config(k: int, rounds: int) -> dict:
 
 
 def node_configs(paths: list[Path], cache: Path) -> list[dict]:
-    return [{"data-path": str(p), "site-id": str(i), "cache-dir": str(cache), **MINMAX}
+    return [{"data-path": str(p), "site-id": str(i), "cache-dir": str(cache)}
             for i, p in enumerate(paths)]
 
 
@@ -129,7 +125,7 @@ def deployment(paths: list[Path], config: dict, workdir: Path,
         bed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.2"
         bed.env["FEDCLUSTER_TEST_SUPERNODE_IDLE"] = ""  # Flower's own 3 s idle pull: its floor
         link = bed.superlink(simulation=False, tls=tls)
-        bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i), **MINMAX}
+        bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i)}
                               for i, p in enumerate(paths)})
         bed.connect("bench", link.control_address, link.ca)
         # a first short run installs the app and fills Numba's cache (not measured)
@@ -213,20 +209,25 @@ def in_process(paths: list[Path], config: dict, workdir: Path) -> tuple[list[flo
 
 def parts(paths: list[Path], k: int, repeats: int = 5) -> dict[str, float]:
     """The site task of a training round as the run sends it (a Lloyd step that carries
-    the evaluation of the centroids sent, the site's differencing guard on, as by
-    default) and the opening of a site's file, timed alone."""
-    from fedcluster.client_app.differencing_guard import DifferencingGuard, RowSetHistory
+    the evaluation of the centroids sent, on the site's groups, as by default) and the
+    opening of a site's file and its kept group table, timed alone."""
+    from fedcluster.client_app import group_table
     from fedcluster.client_app.site_data import load_site_file
     from fedcluster.client_app.task_runner import run_task
     from fedcluster.common import protocol
 
-    sites = [load_site_file(p) for p in paths]
-    C = np.asarray(sites[0].X[:k], dtype=np.float64)
+    cache = paths[0].parent / "parts-cache"
+    sites = [group_table.site_groups(load_site_file(p, cache_dir=cache), 2, cache)[0] for p in paths]
+    C = np.asarray(sites[0].means[:k], dtype=np.float64)
     params = {"task": TRAIN_TASK, "local-iters": 1, "tol": 0.0, "min-cluster-size": 2,
               protocol.EVALUATE_TOO: True}
 
-    def site_task(site):
-        return run_task(site, [C], params, 2, guard=DifferencingGuard(RowSetHistory(site.n_rows)))
+    def site_task(groups):
+        return run_task(groups, [C], params, 2)
+
+    def open_site(p):
+        group_table._MEMORY.clear()
+        return group_table.site_groups(load_site_file(p, cache_dir=cache), 2, cache)
 
     site_task(sites[0])  # compile / load what the task needs
 
@@ -239,13 +240,13 @@ def parts(paths: list[Path], k: int, repeats: int = 5) -> dict[str, float]:
         return min(times)
 
     task_seconds = [best(lambda s=s: site_task(s)) for s in sites]
-    load = best(lambda: [load_site_file(p) for p in paths]) / len(paths)
+    load = best(lambda: [open_site(p) for p in paths]) / len(paths)
 
-    return {"site task (lloyd + the evaluation it carries, guard on), max of 3 sites":
+    return {"site task (lloyd + the evaluation it carries, on groups), max of 3 sites":
             max(task_seconds),
-            "site task (lloyd + the evaluation it carries, guard on), sum of 3 sites":
+            "site task (lloyd + the evaluation it carries, on groups), sum of 3 sites":
             sum(task_seconds),
-            "open the site's file (per site)": load}
+            "open the site's file and group table (per site)": load}
 
 
 def child_imports(what: str, rows: int, d: int, k: int) -> float:
@@ -261,9 +262,10 @@ def child_imports(what: str, rows: int, d: int, k: int) -> float:
         "flower": "import flwr.clientapp, flwr.client",
         "fedcluster": ("import flwr.clientapp, flwr.client; import fedcluster.client_app; "
                        "from fedcluster.client_app.site_data import SiteData; "
+                       "from fedcluster.client_app.group_table import rows_as_groups; "
                        "from fedcluster.client_app.task_runner import run_task; " + site
-                       + "run_task(SiteData(X, None, None, 'bench'), [C], {'task': 'lloyd', "
-                       "'local-iters': 1, 'tol': 0.0}, 1)"),
+                       + "run_task(rows_as_groups(SiteData(X, None, None, 'bench')), [C], "
+                       "{'task': 'lloyd', 'local-iters': 1, 'tol': 0.0}, 1)"),
         "fedcluster-compiled": ("import flwr.clientapp, flwr.client; import fedcluster.client_app; "
                                 "from fedcluster.client_app import local_kmeans as local; "
                                 + site + "local.lloyd(X, C, 1, 0.0)"),
@@ -338,8 +340,8 @@ def main(argv=None) -> None:
         "0.2 s (set by the script), gRPC transport, starting the ClientApp process and "
         "Flower's own imports in it). Same final score in both: "
         f"{'yes' if same else 'NO'}.\n")
-    rest = (in_round - pieces["site task (lloyd + the evaluation it carries, guard on), sum of 3 sites"]
-            - 3 * pieces["open the site's file (per site)"])
+    rest = (in_round - pieces["site task (lloyd + the evaluation it carries, on groups), sum of 3 sites"]
+            - 3 * pieces["open the site's file and group table (per site)"])
     text += ["| per training round | seconds | share |", "|---|---|---|",
              f"| deployment (SuperLink + 3 SuperNodes, gRPC{' + TLS' if args.tls else ''} on "
              f"loopback) | {dep_round:.3f} | 100% |",

@@ -40,6 +40,7 @@ import report  # noqa: E402
 
 import fedcluster  # noqa: E402
 from fedcluster.common import kernels  # noqa: E402
+from fedcluster.common.kernels import fuzzy as fuzzy_kernels
 from fedcluster.client_app import local_kmeans as local  # noqa: E402
 from fedcluster.strategies.metrics import knowledge_gap  # noqa: E402
 
@@ -123,7 +124,7 @@ def central_fcm(X, init, m, tol, local_iters) -> np.ndarray:
     as many iterations at most as the federated runs may do locally."""
     C = init
     for _ in range(MAX_ROUNDS * local_iters):
-        sums, weights, _ = kernels.fcm_stats(X, C, m)
+        sums, weights, _ = fuzzy_kernels.fcm_stats(X, C, m)
         new = local.update_centroids(C, sums, weights)
         moved = float(np.linalg.norm(new - C, axis=1).sum())
         C = new

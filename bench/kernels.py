@@ -10,7 +10,7 @@ What is timed
   the setup (validation, copies, the final relabelling E-step and inertia), which the
   ``KMeans.fit`` column shows for context. scikit-learn runs it under
   ``threadpool_limits(1, "blas")`` with OpenMP threads, exactly as ``KMeans.fit`` does.
-- **FCM**: ``kernels.fcm_stats`` (memberships with m = 2, sums of u^m x, u^m totals and
+- **FCM**: ``fuzzy_kernels.fcm_stats`` (memberships with m = 2, sums of u^m x, u^m totals and
   hard counts) against a numpy step written the fast way (GEMM distances, vectorised
   memberships, ``W.T @ X``) with the same number of BLAS threads.
 
@@ -47,6 +47,7 @@ import numba  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from fedcluster.common import kernels  # noqa: E402
+from fedcluster.common.kernels import fuzzy as fuzzy_kernels
 
 SHAPES = ((100_000, 16, 8), (200_000, 64, 50), (60_000, 784, 20))
 FUZZIFIER = 2.0
@@ -212,7 +213,7 @@ def main(argv=None) -> None:
                 if not args.no_fcm:
                     with threadpool_limits(limits=threads, user_api="blas"):
                         seconds = fastest({
-                            "fedcluster": lambda: kernels.fcm_stats(X, C, FUZZIFIER),
+                            "fedcluster": lambda: fuzzy_kernels.fcm_stats(X, C, FUZZIFIER),
                             "numpy": lambda: numpy_fcm_step(X, C),
                         }, max(1, args.repeats // 3))
                     fcm_rows.append(
@@ -256,7 +257,7 @@ def main(argv=None) -> None:
     if fcm_rows:
         text += ["", "### Fuzzy c-means step (m = 2) against numpy", "",
                  "numpy = GEMM distances, vectorised memberships and `W.T @ X` with the same "
-                 "number of BLAS threads; fedcluster = `kernels.fcm_stats` (exact distances, "
+                 "number of BLAS threads; fedcluster = `fuzzy_kernels.fcm_stats` (exact distances, "
                  "float64 sums, bit-identical for any thread count).", "",
                  "| dtype | N x d x k | threads | fedcluster ms | numpy ms | ratio |",
                  "|---|---|---|---|---|---|", *fcm_rows]

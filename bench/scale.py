@@ -85,8 +85,7 @@ def child_harness(spec: dict) -> dict:
     import fedcluster
 
     config = dict(algorithm="dwf", init="random", tol=0.0, min_sites=2,
-                  central_baseline=False, seed=0, n_clusters=spec["k"],
-                  site_config={})  # the bounds round of init random
+                  central_baseline=False, seed=0, n_clusters=spec["k"])
     if spec["kind"] == "builtin":
         call = dict(num_sites=spec["sites"], dataset="blobs", partitioning="iid")
     else:

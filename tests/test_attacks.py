@@ -1,4 +1,10 @@
-"""A malicious coordinator against one site's real ClientApp (issue 35, must-show 1).
+"""Coordinators against a site's real ClientApp (issue 35, must-show 1).
+
+A curious one runs every algorithm at its defaults and subtracts every pair of
+per-cluster sums a site sent whose counts differ by one: from sites answering from
+their rows it gets rows exactly, from sites at their defaults (groups) none.
+
+A malicious one:
 
 The coordinator writes its own tasks, message by message, to ONE site's real ClientApp
 (the in-process Grid calls it as a SuperNode would, keeping its Context between messages)
@@ -37,7 +43,7 @@ from fedcluster import client_app as client_module
 from fedcluster.client_app import group_table
 from fedcluster.client_app.site_data import SiteData
 from fedcluster.common.config import run_config_defaults
-from fedcluster.simulation import InProcessGrid
+from fedcluster.simulation import InProcessGrid, record_parts
 
 OPTED_OUT = {"min-cluster-size": 1}  # the site answers from its rows
 DEFAULT: dict = {}  # the site's defaults: groups of at least 2 rows
@@ -125,6 +131,86 @@ def assert_no_row(candidates: list[np.ndarray | None], X: np.ndarray) -> None:
 
 def site_rows(n: int = 400, d: int = 3, seed: int = 5) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, d))
+
+
+# ------------------------------------------------------------------ the curious coordinator
+# Replies whose arrays are per-cluster means and counts (their product is a sum) or the
+# evaluation's sums and counts.
+MEAN_REPLIES = {"lloyd", "minibatch", "kmeanspp", "prune_lloyd", "local_kmeans", "gtv"}
+
+
+def disclosed_sums(replies: list[dict], site_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every per-cluster (sum, count) one site sent in a run."""
+    sums, counts = [], []
+    for r in replies:
+        if r["metrics"].get("site-key") != site_key or not r["arrays"]:
+            continue
+        # per task whose statistics the reply carries (simulation.record_parts)
+        for task, arrays, _ in record_parts(r):
+            if task in MEAN_REPLIES:
+                means, n = arrays[0], arrays[1]
+                cluster_sums = means * n[:, None]
+            elif task == "evaluate":
+                n, cluster_sums = arrays[0], arrays[1]
+            else:
+                continue
+            for j in np.flatnonzero(n > 0):
+                sums.append(cluster_sums[j])
+                counts.append(int(n[j]))
+    return np.array(sums), np.array(counts)
+
+
+def rows_recovered(sums: np.ndarray, counts: np.ndarray, X: np.ndarray) -> set[int]:
+    """The site rows equal (to 1e-9) to the difference of two sums whose counts differ by 1."""
+    found: set[int] = set()
+    for a in range(len(counts)):
+        for b in np.flatnonzero(counts == counts[a] + 1):
+            candidate = sums[b] - sums[a]
+            error = np.abs(X - candidate).max(axis=1)
+            found.update(np.flatnonzero(error <= 1e-9 * (1.0 + np.abs(candidate).max())).tolist())
+    return found
+
+
+def leaked_rows(replies: list[dict], sites: list[np.ndarray]) -> int:
+    return sum(len(rows_recovered(*disclosed_sums(replies, str(i)), X)) for i, X in enumerate(sites))
+
+
+def public_table(name: str) -> tuple[list[np.ndarray], int]:
+    """A public table, z-scored, over 5 sites (a seeded shuffle), and its number of classes."""
+    from sklearn import datasets
+
+    X, y = {"iris": datasets.load_iris, "wine": datasets.load_wine}[name](return_X_y=True)
+    X = (X - X.mean(axis=0)) / X.std(axis=0)
+    rows = np.array_split(np.random.default_rng(0).permutation(len(X)), 5)
+    return [X[r] for r in rows], len(np.unique(y))
+
+
+# (algorithm, table, extra run config): each leaks rows from sites answering from rows.
+HONEST_RUNS = [
+    ("dwf", "iris", {}),
+    ("ewf", "iris", {}),
+    ("minibatch", "iris", {}),
+    ("fkm", "iris", {}),
+    ("kfed", "iris", {}),
+    ("gtv", "wine", {}),
+    # FFCM's fuzzy replies are no sums of row sets; its evaluation rounds are.
+    ("ffcm", "iris", {"eval_every": 1}),
+]
+
+
+@pytest.mark.parametrize("algorithm, name, extra", HONEST_RUNS, ids=[r[0] for r in HONEST_RUNS])
+def test_an_honest_default_run_gives_a_differencing_coordinator_no_row(algorithm, name, extra):
+    import fedcluster
+
+    sites, k = public_table(name)
+    leaks = {}
+    for label, node in (("rows", OPTED_OUT), ("groups", DEFAULT)):
+        replies: list[dict] = []
+        fedcluster.simulate(sites, algorithm=algorithm, n_clusters=k, record_replies=replies,
+                            site_config=node, **extra)
+        leaks[label] = leaked_rows(replies, sites)
+    assert leaks["rows"] >= 1, "the data must show the leak the groups stop"
+    assert leaks["groups"] == 0
 
 
 # ------------------------------------------------------------------ the binary search
@@ -275,11 +361,12 @@ def sse_oracle_attack(sse_of, d: int, direction: np.ndarray, span: float = 10.0,
         lo, hi = planes[i], planes[min(i + 1, grid - 1)] + h  # several rows: a finer grid
     rows = int(above[i])
     t_top = planes[i] - gap[i] / (4 * delta * rows)  # (their mean projection; one row: its own)
-    # The lowest plane asked with as many rows above lies above the next rows down: the
-    # plane goes half-way between it and the top, the nudges stay well inside.
-    lowest = min(b for b, n in seen.items() if n == rows and b < t_top)
-    b = (lowest + t_top) / 2
-    eps = min(1e-3, (t_top - lowest) / 8)
+    # The count above the plane falls as the plane rises: between the lowest and the
+    # highest plane asked with `rows` above, every plane has them (and only them) above.
+    same = sorted(b for b, n in seen.items() if n == rows and b < t_top)
+    lowest, highest = same[0], same[-1]
+    b = (lowest + highest) / 2 if highest > lowest else lowest
+    eps = min(1e-3, (t_top - b) / 8, (b - lowest) / 8 if highest > lowest else 1e-3)
     c1, c2 = (b - delta) * w, (b + delta) * w
     nudged = [np.stack([c1, c2 + eps * e]) for e in np.eye(d)]
     sse = np.asarray(sse_of([np.stack([c1, c2]), *nudged]))

@@ -57,16 +57,14 @@ def bad_width(tmp_path):
 CASES = [bad_missing, bad_empty, bad_text, bad_nan, bad_inf, bad_few_rows, bad_width]
 CONFIG = {"n-clusters": 2, "num-rounds": 3, "init": "random", "output-dir": ""}
 # init "random" without data-bounds: the sites send their minima and maxima (allowed here)
-MINMAX: dict = {}  # (sites once had to allow their minima and maxima: allow-minmax)
 
 
 @pytest.mark.parametrize("make_bad", CASES, ids=lambda f: f.__name__)
 def test_bad_site_is_dropped_and_run_goes_on(tmp_path, good_sites, make_bad):
     bad_path, expected = make_bad(tmp_path)
-    nodes = [{"data-path": p, "site-id": f"good{i}", "cache-dir": str(tmp_path / "cache"), **MINMAX}
+    nodes = [{"data-path": p, "site-id": f"good{i}", "cache-dir": str(tmp_path / "cache")}
              for i, p in enumerate(good_sites)]
-    nodes.append({"data-path": bad_path, "site-id": "bad", "cache-dir": str(tmp_path / "cache"),
-                  **MINMAX})
+    nodes.append({"data-path": bad_path, "site-id": "bad", "cache-dir": str(tmp_path / "cache")})
     result = run_in_process(nodes, {**CONFIG, "min-sites": 2})
     assert result.metrics["n-sites"] == 2
     assert result.metrics["n-rows"] == 120
@@ -77,8 +75,8 @@ def test_bad_site_is_dropped_and_run_goes_on(tmp_path, good_sites, make_bad):
 @pytest.mark.parametrize("make_bad", CASES, ids=lambda f: f.__name__)
 def test_bad_site_stops_run_below_min_sites(tmp_path, good_sites, make_bad):
     bad_path, expected = make_bad(tmp_path)
-    nodes = [{"data-path": p, "site-id": f"good{i}", **MINMAX} for i, p in enumerate(good_sites)]
-    nodes.append({"data-path": bad_path, "site-id": "bad", **MINMAX})
+    nodes = [{"data-path": p, "site-id": f"good{i}"} for i, p in enumerate(good_sites)]
+    nodes.append({"data-path": bad_path, "site-id": "bad"})
     with pytest.raises(FederationError, match="2 usable site\\(s\\), but min-sites = 3") as info:
         run_in_process(nodes, {**CONFIG, "min-sites": 3})
     assert expected in str(info.value)
@@ -95,8 +93,8 @@ def test_unknown_run_config_key_is_named():
 
 def test_site_with_other_column_names_is_rejected(tmp_path, good_sites):
     renamed = write_csv(tmp_path / "renamed.csv", np.ones((30, 3)), header="f0,f1,dose")
-    nodes = [{"data-path": p, "site-id": f"good{i}", **MINMAX} for i, p in enumerate(good_sites)]
-    nodes.append({"data-path": renamed, "site-id": "renamed", **MINMAX})
+    nodes = [{"data-path": p, "site-id": f"good{i}"} for i, p in enumerate(good_sites)]
+    nodes.append({"data-path": renamed, "site-id": "renamed"})
     result = run_in_process(nodes, {**CONFIG, "min-sites": 2})
     assert "differ from the other sites' ['f0', 'f1', 'f2']" in result.metrics["rejected-sites"]["renamed"]
     assert result.model.feature_names == ["f0", "f1", "f2"]

@@ -58,16 +58,3 @@ def test_quality_writes_its_tables_with_the_dp_runs_against_the_oracle(tmp_path,
     assert "against the `dp10-oracle` run" in text
     oracle = rows[2].split("|")
     assert oracle[5].strip() == oracle[7].strip().split()[0]  # one set: median = worst
-
-
-def test_guard_interventions_writes_its_table(tmp_path, monkeypatch):
-    import guard_interventions
-
-    out = tmp_path / "BENCHMARKS.md"
-    monkeypatch.setattr(sys, "argv", ["bench/guard_interventions.py", "--algorithms", "dwf",
-                                      "--sets", "iris", "--out", str(out)])
-    guard_interventions.main()
-    text = out.read_text()
-    row = next(line for line in text.splitlines() if line.startswith("| dwf |"))
-    assert row.split("|")[2].strip() == "2"  # iris, IID and label skew
-    assert "honest runs" in text

@@ -65,13 +65,8 @@ CASES = {
 
 @pytest.mark.parametrize("algorithm", sorted(CASES))
 def test_resumed_run_equals_uninterrupted(algorithm, sites, tmp_path, monkeypatch):
-    # In-process sites keep the differencing guard's row sets per run (Context.state),
-    # so a resumed in-process run would start with none and the two runs would differ;
-    # a deployed site keeps them in a file across runs (the gRPC resume test in
-    # test_deployment.py runs with it on). Here the guard is off.
     config = {"algorithm": algorithm, "n_clusters": 5, "num_rounds": 8, "tol": 0.0,
               "min_sites": 3, "seed": 4, "n_init": 2, "output_dir": str(tmp_path),
-              "differencing_guard": False,
               **{k.replace("-", "_"): v for k, v in CASES[algorithm].items()}}
     whole = fedcluster.simulate(sites, run_name="whole", **config)
 
@@ -149,7 +144,7 @@ NOT_STATE = {"config", "_pending", "_stand_ins"}  # state.TRANSIENT, spelled out
 SMALL = {"n_clusters": 4, "num_rounds": 3, "tol": 0.0, "min_sites": 3, "seed": 4, "n_init": 2}
 STATE_RUNS = {
     "dwf": {**SMALL, "algorithm": "dwf", "momentum": 0.3},
-    "ewf": {**SMALL, "algorithm": "ewf", "init": "random", "site_config": {}},
+    "ewf": {**SMALL, "algorithm": "ewf", "init": "random"},
     "minibatch": {**SMALL, "algorithm": "minibatch", "batch_size": 32, "reassign_patience": 1,
                   "reassign_fraction": 0.3},
     "kfed": {**SMALL, "algorithm": "kfed"},
@@ -158,8 +153,7 @@ STATE_RUNS = {
     "gtv": {**SMALL, "algorithm": "gtv", "topology": "ring", "eval_every": 2},
     "divisive": {**SMALL, "algorithm": "dwf", "init": "divisive"},
     "dp": {"algorithm": "dwf", "n_clusters": 3, "num_rounds": 3, "tol": 0.0, "seed": 1,
-           "init": "random", "data_bounds": "", "dp_epsilon": 5.0, "central_baseline": False,
-           "site_config": {}},  # no data-bounds: a bounds round
+           "init": "random", "data_bounds": "", "dp_epsilon": 5.0, "central_baseline": False},  # no data-bounds: a bounds round
     "secure": {"algorithm": "dwf", "n_clusters": 3, "num_rounds": 3, "tol": 0.0, "seed": 1,
                "min_sites": 3, "init": "random", "data_bounds": "0:5",
                "secure_aggregation": True, "secagg_data_bound": 5.0, "central_baseline": False},

@@ -140,7 +140,7 @@ def test_broken_site_is_rejected_and_the_run_goes_on(sandbox, digits_sites, tmp_
     out = tmp_path / "outputs"
     with sandbox() as bed:
         start_federation(bed, "dep-broken", {"0": paths[0], "1": broken, "2": paths[2]},
-                         policy={})
+                         )
         bed.run(APP_DIR, "dep-broken", {**config, "output-dir": str(out), "run-name": "broken"},
                 timeout=RUN_TIMEOUT)
     assert not fp.find_processes(tag=bed.tag, patterns=bed.patterns), "processes left behind"
@@ -158,7 +158,7 @@ def test_broken_site_is_rejected_and_the_run_goes_on(sandbox, digits_sites, tmp_
     assert got[0] == ("describe+bounds", 3, 2)  # the describe round carried the bounds task
     assert all(asked == answered == 2 for _, asked, answered in got[1:])
     # the two good sites give what the in-process harness gives on their arrays
-    harness = fedcluster.simulate([arrays[0], arrays[2]], site_config={},
+    harness = fedcluster.simulate([arrays[0], arrays[2]],
                                   **py_kwargs(config))
     np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
 

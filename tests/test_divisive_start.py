@@ -180,14 +180,13 @@ def test_a_dp_run_plans_its_budget_over_the_start_rounds_too():
 def test_a_run_stopped_inside_the_start_resumes_to_the_same_result(tmp_path, monkeypatch):
     """The start's state (grown clusters, rounds, the directions' generator) is in the
     checkpoint: stopped after round 3 (describe and two of the start's rounds), resumed,
-    the run ends exactly where the uninterrupted one does (guard off: see
-    test_checkpoint.py)."""
+    the run ends exactly where the uninterrupted one does."""
     from fedcluster import simulation
     from test_checkpoint import ServerKilled, crashing_grid
 
     sites, _ = blobs()
     config = dict(n_clusters=K, seed=1, init="divisive", n_init=2, num_rounds=6, tol=0.0,
-                  differencing_guard=False, output_dir=str(tmp_path))
+                  output_dir=str(tmp_path))
     whole = fedcluster.simulate(sites, run_name="whole", **config)
     monkeypatch.setattr(simulation, "InProcessGrid", crashing_grid(3))
     with pytest.raises(ServerKilled):

@@ -74,7 +74,7 @@ def site_files(tmp_path: Path, n_sites: int, seed: int) -> tuple[list[np.ndarray
 
 def test_site_killed_mid_run(bed, tmp_path):
     arrays, paths = site_files(tmp_path, 4, seed=6)
-    start_federation(bed, "faults", paths, policy={})  # init random
+    start_federation(bed, "faults", paths, )  # init random
     victim = next(p for p in bed.processes if p.name == "supernode-3")
     config = {"algorithm": "dwf", "n-clusters": 5, "num-rounds": 3, "tol": 0.0, "seed": 6,
               "min-sites": 3, "round-timeout": 120.0, "init": "random"}
@@ -95,7 +95,7 @@ def test_site_killed_mid_run(bed, tmp_path):
     assert list(failures) == ["3"], failures  # named by its site id
     assert any(h["sites-failed"] and "site 3:" in h["failures"] for h in model.history)
     assert sorted(model.metrics["per-site"]) == ["0", "1", "2"]  # evaluated without it
-    without = fedcluster.simulate(arrays[:3], site_config={},
+    without = fedcluster.simulate(arrays[:3],
                                   **py_kwargs(config))
     assert abs(model.metrics["score"] / without.metrics["score"] - 1) < 0.02
 

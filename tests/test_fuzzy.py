@@ -12,6 +12,9 @@ from fedcluster.client_app.site_data import SiteData
 from site_rows import run_on_rows
 
 
+ROWS = {"min-cluster-size": 1}  # sites answering from their rows: the row-level algorithm
+
+
 def central_fcm_step(X, C, m):
     w = ref.fcm_memberships(X, C, m) ** m
     return (w.T @ X) / w.sum(0)[:, None]
@@ -42,7 +45,7 @@ def test_one_site_avg1_is_central_fcm_step_by_step(m):
         want = central_fcm_step(X, want, m)
         r = fedcluster.simulate([X], algorithm="ffcm", aggregation="avg1", fuzzifier=m,
                                 local_iters=1, init_centroids=C0, num_rounds=rounds, tol=0.0,
-                                n_clusters=3,
+                                n_clusters=3, site_config=ROWS,
                                 min_sites=1, min_cluster_size=1)
         np.testing.assert_allclose(r.centroids, want, rtol=0, atol=1e-10)
 
@@ -113,14 +116,15 @@ def paper_metrics(X, C, m):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_fuzzy_evaluation_sums_match_numpy(dtype, monkeypatch):
-    from fedcluster.client_app import tasks
+    from fedcluster.client_app import group_table, tasks
     from fedcluster.common import kernels
 
     monkeypatch.setattr(kernels, "CHUNK_ROWS", 7)  # several chunks, one ragged
     rng = np.random.default_rng(5)
     C = np.array([[500.0, 500.0], [600.0, 600.0], [550.0, 520.0]])
     X = np.vstack([rng.normal(500, 30, (30, 2)), C[:1]]).astype(dtype)  # a row ON a centre
-    all_sq, part = tasks.fuzzy_evaluation_sums(X, C.astype(dtype), 2.0)
+    rows = group_table.rows_as_groups(SiteData(X, None, None, "site"))
+    all_sq, part = tasks.fuzzy_evaluation_sums(rows, C.astype(dtype), 2.0)
     X64 = X.astype(np.float64)
     rtol = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(all_sq, ref.sq_dists(X64, C).sum(), rtol=rtol)
@@ -132,7 +136,7 @@ def test_federated_fuzzy_metrics_equal_pooled_computation():
     truth = np.array([[0.0, 0.0], [4.0, 4.0], [0.0, 6.0]])
     sites = [np.vstack([rng.normal(c, 1.0, (n, 2)) for c in truth]) for n in (30, 50, 20)]
     r = fedcluster.simulate(sites, algorithm="ffcm", n_clusters=3, fuzzifier=1.7, min_sites=3,
-                            seed=2, true_centres=truth)
+                            seed=2, true_centres=truth, site_config=ROWS)
     want = paper_metrics(np.vstack(sites), r.centroids, 1.7)
     for name, value in want.items():
         np.testing.assert_allclose(r.metrics[name], value, rtol=1e-10, err_msg=name)

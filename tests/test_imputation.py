@@ -45,15 +45,20 @@ def test_plan_follows_the_encoded_features():
     assert not imputation_plan(_schema(missing="drop-row")).policies[0]
 
 
+def cells(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The present cells of rows as groups of one row each: (present, present sums)."""
+    return (~np.isnan(X)).astype(np.int64), np.nan_to_num(X)
+
+
 def test_site_statistics_withhold_what_is_under_the_floor():
     plan = imputation_plan(_schema(missing="impute-mean"))
     X = np.array([[1.0, 10.0, 1, 0, 0], [np.nan, 10.2, 0, 1, 0], [3.0, 90.0, np.nan, np.nan, 1],
                   [np.nan, np.nan, 1, 0, 0]])
-    sums, counts, hist = site_missing_stats(X, plan, floor=2)
+    sums, counts, hist = site_missing_stats(*cells(X), plan, floor=2)
     assert counts.tolist() == [2, 3, 3, 3, 0] and sums[0] == 4.0
     # b's histogram: two values in one bin (kept), 90 alone in its bin (withheld)
     assert hist[1].sum() == 2 and hist[1].max() == 2
-    sums, counts, hist = site_missing_stats(X, plan, floor=3)
+    sums, counts, hist = site_missing_stats(*cells(X), plan, floor=3)
     assert counts[0] == 0 and sums[0] == 0.0  # a: 2 present cells < 3: withheld whole
 
 
@@ -67,7 +72,7 @@ def test_pooled_fill_is_the_pooled_mean_and_the_binned_median():
         X[rng.random(n) < 0.2, 0] = np.nan
         X[rng.random(n) < 0.2, 1] = np.nan
         sites.append(X)
-    stats = [site_missing_stats(X, plan, floor=1) for X in sites]
+    stats = [site_missing_stats(*cells(X), plan, floor=1) for X in sites]
     fill = pooled_fill(plan, [s[1] for s in stats], [s[0] for s in stats], [s[2] for s in stats])
     pooled = np.vstack(sites)
     assert fill[0] == pytest.approx(np.nanmean(pooled[:, 0]), rel=1e-12)
@@ -129,9 +134,9 @@ def test_dwf_with_impute_mean_equals_central_kmeans_on_the_pooled_table(demo, tm
     Z, means = _pooled_reference(schema_path, paths)
     C0 = Z[np.random.default_rng(1).choice(len(Z), 4, replace=False)]
     rounds = 6
-    # (the differencing guard off: exact Lloyd, whose clusters may differ by a row)
+    # (the sites answer from their rows: exact Lloyd on the pooled rows)
     result = run_in_process(
-        [{**node, "differencing-guard": False}
+        [{**node, "min-cluster-size": 1}
          for node in _nodes(schema_path, paths, tmp_path / "cache")],
         {"algorithm": "dwf", "n-clusters": 4, "schema": str(schema_path), "scale": "standard",
          "num-rounds": rounds, "tol": 0.0, "min-cluster-size": 1, "central-baseline": False,
@@ -352,9 +357,9 @@ def test_run_config_missing_reads_plain_tables_with_empty_cells(tmp_path, missin
     else:
         expected_sites = [X[~np.isnan(X).any(axis=1)] for X in arrays]
     C0 = np.vstack(expected_sites)[[0, 50, 200]]
-    # (the differencing guard off: exact Lloyd, whose clusters may differ by a row)
+    # (the sites answer from their rows: exact Lloyd on the pooled rows)
     nodes = [{"data-path": str(p), "site-id": str(i), "cache-dir": str(tmp_path / "cache"),
-              "differencing-guard": False} for i, p in enumerate(paths)]
+              "min-cluster-size": 1} for i, p in enumerate(paths)]
     config = {"n-clusters": 3, "missing": missing, "num-rounds": 4, "tol": 0.0,
               "central-baseline": False, "output-dir": str(tmp_path / "out")}
     result = run_in_process(nodes, config, initial_centroids=C0)
@@ -409,7 +414,7 @@ def test_an_imputing_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
 
     arrays, _ = _plain_sites(tmp_path)
     config = {"n_clusters": 3, "num_rounds": 6, "tol": 0.0, "min_sites": 3, "seed": 2,
-              "scale": "standard", "output_dir": str(tmp_path), "differencing_guard": False}
+              "scale": "standard", "output_dir": str(tmp_path)}
     whole = fedcluster.simulate(arrays, missing="impute-mean", run_name="whole", **config)
     monkeypatch.setattr(simulation, "InProcessGrid", crashing_grid(3))
     with pytest.raises(ServerKilled):

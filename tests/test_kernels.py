@@ -30,6 +30,7 @@ import fedcluster
 import reference as ref
 from reference import num_threads
 from fedcluster.common import kernels
+from fedcluster.common.kernels import fuzzy as fuzzy_kernels
 from fedcluster.common.kernels import _compiled
 
 DTYPES = [np.float32, np.float64]
@@ -417,19 +418,21 @@ def test_the_weighted_kernels_are_the_groups_statistics_from_their_rows(n_rows):
     e_sums, e_counts, sqnorms, e_sse, sil = kernels.evaluation_stats(means, C, counts, scatter)
     np.testing.assert_allclose(e_sums, want_sums, rtol=1e-11, atol=1e-9)
     np.testing.assert_array_equal(e_counts, want_counts)
-    np.testing.assert_allclose(sqnorms, [(X[cluster == j] ** 2).sum() for j in range(k)], rtol=1e-11)
     assert e_sse == pytest.approx(want_sse, rel=1e-11)
-    # the silhouette of a group: its rows' root-mean-square distances to the nearest and
-    # second nearest centroid
-    D = ref.sq_dists(means, C) + (scatter / counts)[:, None]
+    # Per cluster every figure is of the groups' means (times their rows): a group's
+    # spread is in the total SSE only, no per-cluster figure carries it.
+    labels = ref.assign(means, C)[0]
+    np.testing.assert_allclose(sqnorms, np.bincount(labels, weights=counts * (means ** 2).sum(1),
+                                                    minlength=k), rtol=1e-11)
+    D = ref.sq_dists(means, C)
     a, b = np.sqrt(np.sort(D, 1)[:, 0]), np.sqrt(np.sort(D, 1)[:, 1])
     assert sil == pytest.approx((counts * (b - a) / np.maximum(a, b)).sum(), rel=1e-11)
-    distances, d_counts = kernels.distance_to_means(means, C, C, counts, scatter)
-    want = np.bincount(ref.assign(means, C)[0], weights=counts * np.sqrt(np.sort(D, 1)[:, 0]), minlength=k)
-    np.testing.assert_allclose(distances, want, rtol=1e-11)
+    distances, d_counts = kernels.distance_to_means(means, C, C, counts)
+    np.testing.assert_allclose(distances, np.bincount(labels, weights=counts * a, minlength=k),
+                               rtol=1e-11)
     # fuzzy: a group's rows take the memberships of its mean
     U = ref.fcm_memberships(means, C, 2.0)
-    f_sums, f_weights, hard = kernels.fcm_stats(means, C, 2.0, counts)
+    f_sums, f_weights, hard = fuzzy_kernels.fcm_stats(means, C, 2.0, counts)
     np.testing.assert_allclose(f_weights, (counts[:, None] * U**2).sum(0), rtol=1e-11)
     np.testing.assert_allclose(f_sums, (counts[:, None] * U**2).T @ means, rtol=1e-10)
     np.testing.assert_array_equal(hard, np.bincount(U.argmax(1), weights=counts, minlength=k))
@@ -453,7 +456,7 @@ def test_weighted_kernels_bit_identical_for_1_and_2_threads(n):
 
     def every():
         return (*kernels.lloyd_stats(X, C, w, s), *kernels.evaluation_stats(X, C, w, s),
-                *kernels.distance_to_means(X, C, C, w, s), *kernels.fcm_stats(X, C, 2.0, w))
+                *kernels.distance_to_means(X, C, C, w), *fuzzy_kernels.fcm_stats(X, C, 2.0, w))
 
     with num_threads(1):
         one = every()
@@ -748,7 +751,7 @@ def test_fcm_stats_matches_reference(dtype, threads, m):
     C = np.vstack([X[7], rng.normal(size=(3, 3))]).astype(dtype)  # row 7 sits on centre 0
     X[11] = C[2]  # and row 11 on centre 2
     with num_threads(threads):
-        sums, weights, hard = kernels.fcm_stats(X, C, m)
+        sums, weights, hard = fuzzy_kernels.fcm_stats(X, C, m)
     u = ref.fcm_memberships(X, C, m)
     assert u[7, 0] == 1.0 and u[11, 2] == 1.0
     w = u ** m
@@ -761,10 +764,10 @@ def test_fcm_stats_thread_invariant_and_rejects_bad_m():
     X = np.random.default_rng(0).normal(size=(20000, 4))
     C = X[:5].copy()
     with num_threads(1):
-        one = kernels.fcm_stats(X, C, 2.0)
+        one = fuzzy_kernels.fcm_stats(X, C, 2.0)
     with num_threads(2):
-        two = kernels.fcm_stats(X, C, 2.0)
+        two = fuzzy_kernels.fcm_stats(X, C, 2.0)
     for a, b in zip(one, two):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="fuzzifier m must be > 1"):
-        kernels.fcm_stats(X, C, 1.0)
+        fuzzy_kernels.fcm_stats(X, C, 1.0)

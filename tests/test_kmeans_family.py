@@ -104,6 +104,8 @@ def test_reseed_splits_largest_cluster():
 
 
 # ---------------------------------------------------------------- federated
+ROWS = {"min-cluster-size": 1}  # sites answering from their rows: the row-level algorithm
+
 @pytest.fixture(scope="module")
 def digit_sites():
     from fedcluster.common.datasets import load_builtin, partition
@@ -118,7 +120,8 @@ def test_minibatch_full_batch_is_central_lloyd(digit_sites):
     for rounds in (1, 4):
         r = fedcluster.simulate(sites, algorithm="minibatch", init_centroids=C0, num_rounds=rounds,
                                 n_clusters=7, batch_size=0, epochs=1, beta=1.0,
-                                learning_rate=1.0, min_cluster_size=1, tol=0.0, min_sites=4)
+                                learning_rate=1.0, min_cluster_size=1, tol=0.0, min_sites=4,
+                                site_config=ROWS)
         np.testing.assert_allclose(r.centroids, central_lloyd(X, C0, rounds), rtol=0, atol=1e-10)
 
 
@@ -143,7 +146,7 @@ def test_minibatch_keeps_a_real_small_cluster():
     sites = [np.vstack([rng.normal(centres[0], 1.0, (300, 2)), rng.normal(centres[1], 1.0, (300, 2)),
                         rng.normal(centres[2], 0.2, (3, 2))]) for _ in range(3)]
     r = fedcluster.simulate(sites, algorithm="minibatch", init_centroids=centres, n_clusters=3,
-                            min_sites=3, min_cluster_size=1)
+                            min_sites=3, min_cluster_size=1, site_config=ROWS)
     assert np.linalg.norm(r.centroids - centres[2], axis=1).min() < 1.0
     X = np.vstack(sites)
     central = KMeans(3, n_init=10, random_state=0).fit(X).inertia_ / len(X)
@@ -153,7 +156,8 @@ def test_minibatch_keeps_a_real_small_cluster():
     # data are (the sites' farthest rows: its own), it comes back to its rows. (Re-seeded
     # next to the largest cluster, as before the far rows, it ended > 10 away.)
     old = fedcluster.simulate(sites, algorithm="minibatch", init_centroids=centres, n_clusters=3,
-                              min_sites=3, min_cluster_size=1, reassign_fraction=0.01)
+                              min_sites=3, min_cluster_size=1, reassign_fraction=0.01,
+                              site_config=ROWS)
     assert np.linalg.norm(old.centroids - centres[2], axis=1).min() < 1.0
     assert old.metrics["score"] == pytest.approx(central, rel=1e-6)
 
@@ -318,7 +322,7 @@ def test_fkm_site_with_only_tiny_clusters_is_not_a_failure():
     replies = []
     r = fedcluster.simulate([*big, tiny], algorithm="fkm", n_clusters=2, num_rounds=3,
                             tol=0.0, min_sites=3, min_cluster_size=3, record_replies=replies,
-                            site_config={"min-site-rows": 1})  # the 3-row site takes part
+                            site_config={"min-site-rows": 1, **ROWS})  # the 3-row site takes part
     assert all(h["sites-failed"] == 0 for h in r.history)
     assert all(h["sites-answered"] == 3 for h in r.history)
     tiny_replies = [m for m in replies if m["task"] in ("kmeanspp", "prune_lloyd")

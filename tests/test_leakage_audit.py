@@ -46,7 +46,7 @@ from fedcluster.common import scaling
 from fedcluster.common.algorithms import ALGORITHMS
 from fedcluster.common.privacy import PrivacyLeakWarning
 from fedcluster.simulation import record_parts, record_tasks
-from test_differencing import leaked_rows
+from test_attacks import leaked_rows
 
 P = 5  # the privacy floor of the audited runs (run-config min-cluster-size)
 K, D = 4, 3
@@ -181,7 +181,6 @@ def audit(records: list[dict], sites: list[np.ndarray], floor: int,
 
 # ------------------------------------------------------------------ the runs
 
-MINMAX: dict = {}  # (sites once had to allow their minima and maxima: allow-minmax)
 COMMON = {"n_clusters": K, "num_rounds": 3, "tol": 0.0, "seed": 0, "min_sites": 2}
 CASES = {
     # name: (run config, tasks the run must have recorded)
@@ -189,8 +188,7 @@ CASES = {
     # pass, which the one-shot and fuzzy runs below still send)
     "dwf": ({"algorithm": "dwf"}, {"describe", "local_kmeans", "lloyd", "evaluate"}),
     # (init random without data-bounds: a bounds round, which the sites must allow)
-    "dwf-random-local-iters": ({"algorithm": "dwf", "init": "random", "local_iters": 3,
-                                "site_config": MINMAX}, {"bounds", "lloyd"}),
+    "dwf-random-local-iters": ({"algorithm": "dwf", "init": "random", "local_iters": 3}, {"bounds", "lloyd"}),
     "ewf": ({"algorithm": "ewf", "local_iters": 2}, {"local_kmeans", "lloyd"}),
     "minibatch": ({"algorithm": "minibatch", "batch_size": 16, "epochs": 2}, {"minibatch"}),
     "minibatch-full": ({"algorithm": "minibatch"}, {"minibatch"}),
@@ -205,12 +203,11 @@ CASES = {
     "ffcm-avg2": ({"algorithm": "ffcm", "aggregation": "avg2", "local_iters": 2},
                   {"lloyd", "fcm", "evaluate"}),
     "ffcm-kfed": ({"algorithm": "ffcm", "init": "kfed"}, {"local_kmeans", "fcm", "evaluate"}),
-    "ffcm-random": ({"algorithm": "ffcm", "init": "random", "site_config": MINMAX},
+    "ffcm-random": ({"algorithm": "ffcm", "init": "random"},
                     {"bounds", "fcm", "evaluate"}),
     "gtv": ({"algorithm": "gtv", "local_iters": 2}, {"gtv", "evaluate_sets"}),
     "scale-standard": ({"algorithm": "dwf", "scale": "standard"}, {"stats", "lloyd"}),
-    "scale-minmax": ({"algorithm": "dwf", "scale": "minmax", "init": "random",
-                      "site_config": MINMAX}, {"stats", "bounds", "lloyd"}),
+    "scale-minmax": ({"algorithm": "dwf", "scale": "minmax", "init": "random"}, {"stats", "bounds", "lloyd"}),
     "eval-every": ({"algorithm": "dwf", "eval_every": 1}, {"lloyd", "evaluate"}),
     # the sum-only start's Lloyd rounds (grown clusters' sums and counts, under the floor)
     "divisive": ({"algorithm": "dwf", "init": "divisive"}, {"lloyd", "evaluate"}),
@@ -240,14 +237,8 @@ def test_nothing_leaks(name):
     if name == "eval-every":  # an interim evaluation after every training round
         assert len(evaluations) > 2 * len(SITES)
     assert audit(records, SITES, P, LABELS) == []
-    # The site policies hold in the same runs. Per-feature minima and maxima leave a site
-    # only where it allows them (allow-minmax, default false) ...
-    allowed = config.get("site_config", {}).get("allow-minmax", False)
-    minmax = [rec for rec in records if "bounds" in record_tasks(rec)
-              or ("stats" in record_tasks(rec) and rec["params"].get("scale") == "minmax")]
-    assert bool(minmax) == allowed
-    # ... and (unscaled runs, where a difference of sums would be a raw row) subtracting
-    # every pair of a site's reported sums gives no row: the differencing guard is on
+    # (unscaled runs, where a difference of sums would be a raw row) subtracting every
+    # pair of a site's reported sums gives no row: the sites answer from their groups
     if "scale" not in config:
         assert leaked_rows(records, SITES) == 0
 

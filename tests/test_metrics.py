@@ -28,10 +28,11 @@ def test_federated_metrics_equal_pooled(n_sites):
     y = rng.integers(0, 5, 600)
     X = centres[y] + rng.normal(0, 1.2, (600, 3)) + 40.0  # an offset tests cancellation
     sites, labels = split(X, y, n_sites, rng)
-    # The one-row site takes part only with its own min-site-rows lowered.
+    # The one-row site takes part only with its own min-site-rows lowered; every site
+    # answers from its rows (their groups' partition: the next test).
     r = fedcluster.simulate(sites, labels=labels, n_clusters=5, num_rounds=4, min_sites=1,
                             min_cluster_size=1, init="random",
-                            site_config={"min-site-rows": 1})
+                            site_config={"min-site-rows": 1, "min-cluster-size": 1})
     Xp, yp = np.vstack(sites), np.concatenate(labels)
     found = r.model.predict(Xp)
     want = {
@@ -54,6 +55,61 @@ def test_federated_metrics_equal_pooled(n_sites):
     if n_sites > 1:  # the split really left clusters out at some sites
         sizes = [s["cluster-sizes"] for s in r.metrics["per-site"].values()]
         assert any(0 in row for row in sizes)
+
+
+def ari_of(table: np.ndarray) -> float:
+    """The adjusted Rand index of a contingency table (Hubert and Arabie)."""
+    pairs = lambda v: (v * (v - 1) / 2).sum()  # noqa: E731
+    index, a, b = pairs(table), pairs(table.sum(1)), pairs(table.sum(0))
+    expected = a * b / pairs(np.array([table.sum()]))
+    return float((index - expected) / ((a + b) / 2 - expected))
+
+
+def test_metrics_from_groups_are_those_of_the_groups_partition():
+    """From the sites' groups (their default) the metrics are those of the partition that
+    puts each group whole in the cluster nearest its mean: the score, Calinski-Harabasz
+    and every label metric exactly; the silhouette and Davies-Bouldin with each group's
+    rows at its mean (no per-cluster figure carries a group's spread). Rows labelled one
+    by one (``score-on-rows``) score at most that."""
+    from fedcluster.client_app import group_table
+    from fedcluster.client_app.site_data import SiteData
+
+    rng = np.random.default_rng(4)
+    centres = rng.uniform(-6, 6, (5, 3))
+    y = rng.integers(0, 5, 600)
+    X = centres[y] + rng.normal(0, 1.2, (600, 3)) + 40.0
+    sites, labels = [X[:200], X[200:350], X[350:]], [y[:200], y[200:350], y[350:]]
+    r = fedcluster.simulate(sites, labels=labels, n_clusters=5, num_rounds=4, min_sites=1,
+                            min_cluster_size=1, init="random")
+    C = r.centroids
+    rows, truth, means, counts, scatter = [], [], [], [], []
+    for S, yS in zip(sites, labels):
+        groups, group_of_row = group_table.build(SiteData(S, None, yS, "site"), 2)
+        M = np.asarray(groups.means)
+        d2 = ((M[:, None] - C[None]) ** 2).sum(-1)
+        rows.append(d2.argmin(1)[group_of_row])  # each row in its group's cluster
+        truth.append(yS)
+        means.append(M), counts.append(np.asarray(groups.counts)), scatter.append(groups.scatter)
+    found, yp, Xp = np.concatenate(rows), np.concatenate(truth), np.vstack(sites)
+    M, n, s = np.vstack(means), np.concatenate(counts), np.concatenate(scatter)
+    # the label metrics from the sites' contingency tables, each cell of 1 row withheld
+    # (the floor: max(the run's 1, the sites' 2))
+    tables = [np.histogram2d(yS, fS, bins=[np.arange(6), np.arange(6)])[0]
+              for yS, fS in zip(truth, rows)]
+    table = sum(np.where(t < 2, 0, t) for t in tables)
+    exact = {"score": ((Xp - C[found]) ** 2).sum() / len(Xp),
+             "calinski-harabasz": skm.calinski_harabasz_score(Xp, found),
+             "ari": ari_of(table)}
+    for name, value in exact.items():
+        assert r.metrics[name] == pytest.approx(value, rel=1e-9), name
+    D = ((M[:, None] - C[None]) ** 2).sum(-1)  # each group at its mean
+    a, b = np.sqrt(np.sort(D, 1)[:, 0]), np.sqrt(np.sort(D, 1)[:, 1])
+    silhouette = (n * (b - a) / np.maximum(a, b)).sum() / n.sum()
+    assert r.metrics["simplified-silhouette"] == pytest.approx(silhouette, rel=1e-9)
+    assert r.metrics["simplified-silhouette"] == pytest.approx(simplified_silhouette(Xp, C), rel=0.05)
+    assert r.metrics["davies-bouldin"] == pytest.approx(skm.davies_bouldin_score(Xp, found), rel=0.05)
+    on_rows = ((Xp[:, None] - C[None]) ** 2).sum(-1).min(1).mean()
+    assert r.metrics["score-on-rows"] == pytest.approx(on_rows, rel=1e-12) and on_rows <= r.metrics["score"]
 
 
 def test_string_labels_merge_across_sites_by_name(tmp_path):

@@ -205,7 +205,7 @@ def _blobs():
 
 
 #: Site policy for the runs without data-bounds (their box comes from a bounds round).
-MINMAX: dict = {}  # (sites once had to allow their minima and maxima: allow-minmax)
+ROWS = {"min-cluster-size": 1}  # sites answering from their rows
 
 
 def _run(sites, **config):
@@ -216,9 +216,9 @@ def _run(sites, **config):
 
 def test_dp_run_approaches_the_non_private_run_as_epsilon_grows():
     sites, _ = _blobs()
-    # DP replies are noised, not guarded: the plain run they approach is exact Lloyd
-    # (the differencing guard off).
-    plain = _run(sites, differencing_guard=False).centroids
+    # DP replies come from the rows (clipped, noised): the plain run they approach is
+    # exact Lloyd on the rows (the sites answering from their rows).
+    plain = _run(sites, site_config=ROWS).centroids
     gaps = {eps: np.linalg.norm(_run(sites, dp_epsilon=eps).centroids - plain)
             for eps in (0.5, 20.0, 1e6)}
     assert gaps[1e6] < 1e-2
@@ -262,16 +262,19 @@ def test_early_stop_spends_less_than_the_budget():
 
 
 def test_a_run_that_sends_minima_and_maxima_warns_and_one_that_does_not_is_silent():
-    """Without DP too: init 'random' without data-bounds runs a bounds round (the
-    sites' per-feature minima and maxima, each one person's value), and says so; with
-    data-bounds, or k-FED's start, nothing of the kind leaves a site and nothing is said."""
+    """Without DP too: init 'random' without data-bounds runs a bounds round. From the
+    sites' groups its minima and maxima are extremes of group means, as any reply is, and
+    nothing is said; from a site answering from its rows they are single values, and the
+    run says so, naming the site. With data-bounds or k-FED's start no bounds round runs."""
     import warnings
 
     sites, _ = _blobs()
-    with pytest.warns(privacy.PrivacyLeakWarning, match="init 'random' without data-bounds"):
-        _run(sites, data_bounds="", num_rounds=2, site_config=MINMAX)
+    with pytest.warns(privacy.PrivacyLeakWarning, match="init 'random' without data-bounds: "
+                                                        r"site\(s\) 0, 1, 2 answer from their rows"):
+        _run(sites, data_bounds="", num_rounds=2, site_config=ROWS)
     with warnings.catch_warnings():
         warnings.simplefilter("error", privacy.PrivacyLeakWarning)
+        _run(sites, data_bounds="", num_rounds=2)  # from the groups
         _run(sites, num_rounds=2)  # data-bounds "0:5": the start is drawn in that box
         _run(sites, data_bounds="", init="kfed", num_rounds=2)
 
@@ -279,7 +282,7 @@ def test_a_run_that_sends_minima_and_maxima_warns_and_one_that_does_not_is_silen
 def test_missing_bounds_warn_and_come_from_a_bounds_round():
     sites, _ = _blobs()
     with pytest.warns(privacy.PrivacyLeakWarning, match="without data-bounds"):
-        result = _run(sites, dp_epsilon=5.0, data_bounds="", site_config=MINMAX)
+        result = _run(sites, dp_epsilon=5.0, data_bounds="")
     assert result.metrics["dp-bounds-from-data"] is True
     with pytest.raises(Exception, match="data-bounds"):
         _run(sites, dp_epsilon=5.0, data_bounds="", init_centroids=np.ones((3, 2)))
@@ -292,8 +295,7 @@ def test_distributed_dp_refuses_a_box_from_the_data_beyond_the_secure_bound():
     from fedcluster.strategies.base import FederationError
 
     sites, _ = _blobs()  # values up to about 5
-    secure_dp = dict(dp_epsilon=5.0, data_bounds="", secure_aggregation=True, min_sites=3,
-                     site_config=MINMAX)
+    secure_dp = dict(dp_epsilon=5.0, data_bounds="", secure_aggregation=True, min_sites=3)
     with pytest.raises(FederationError, match="beyond secagg-data-bound 3"):
         _run(sites, secagg_data_bound=3.0, **secure_dp)
     with pytest.warns(privacy.PrivacyLeakWarning):
@@ -394,7 +396,7 @@ def test_the_noise_share_follows_flowers_reconstruction_threshold(monkeypatch):
 def test_distributed_dp_run_is_accounted_and_matches_the_plain_run_at_huge_epsilon():
     sites, _ = _blobs()
     secure_dp = dict(secure_aggregation=True, secagg_data_bound=5.0, min_sites=3)
-    plain = _run(sites, differencing_guard=False)  # exact Lloyd, as the DP run at huge epsilon
+    plain = _run(sites, site_config=ROWS)  # exact Lloyd on the rows, as the DP run at huge epsilon
     replies = []
     result = _run(sites, dp_epsilon=5.0, record_replies=replies, **secure_dp)
     metrics = result.metrics

@@ -116,7 +116,7 @@ def test_means_are_centroids_within_the_bound_only():
     {"algorithm": "fkm", "init": "kmeans++"},  # FKM's seeded clusters (the paper's)
     {"algorithm": "kfed"},  # k-FED one-shot
     {"scale": "standard"},  # the statistics round
-    {"init": "random", "site_config": {}},  # the bounding box
+    {"init": "random"},  # the bounding box
 ], ids=["dwf", "fkm", "kfed", "scale", "random"])
 def test_describe_carries_the_first_task_with_the_same_result(monkeypatch, sites, config):
     carried = fedcluster.simulate(sites, n_clusters=10, num_rounds=8, seed=0, **config)
@@ -130,21 +130,29 @@ def test_describe_carries_the_first_task_with_the_same_result(monkeypatch, sites
     assert carried.metrics["score"] == separate.metrics["score"]
 
 
-def test_a_site_refusing_the_carried_task_alone_is_admitted_without_its_reply(sites):
-    """Site 2 does not allow minima and maxima: it refuses the carried bounds task, is
+def test_a_site_refusing_the_carried_task_alone_is_admitted_without_its_reply(sites, monkeypatch):
+    """Site 2 refuses the carried bounds task (here: its bounds task fails): it is
     admitted all the same (its describe stands) and trains with the others, as it did
     when bounds was a round of its own."""
+    from fedcluster.client_app import tasks
+    from fedcluster.client_app.task_io import TaskError
     from fedcluster.simulation import run_in_process, site_nodes
 
-    with site_nodes(sites, site_config={}) as nodes:
-        nodes[2]["allow-minmax"] = False
+    honest = tasks.TASKS["bounds"]
+
+    def refuse_at_site_2(site, arrays, params, floor):
+        if site.source == "site 2":
+            raise TaskError("no bounds here")
+        return honest(site, arrays, params, floor)
+
+    monkeypatch.setitem(tasks.TASKS, "bounds", refuse_at_site_2)
+    with site_nodes(sites) as nodes:
         result = run_in_process(nodes, {"algorithm": "dwf", "n-clusters": 10, "init": "random",
                                         "num-rounds": 3, "min-sites": 2, "output-dir": ""})
     assert result.history[0]["task"] == "describe+bounds"
     assert result.metrics["rejected-sites"] == {} and result.metrics["n-sites"] == 3
     (failure,) = result.metrics["site-failures"]["2"]
-    assert failure.startswith("round 1 (bounds): reply dropped: the site refused: site policy "
-                              "allow-minmax=false refuses task 'bounds'")
+    assert failure.startswith("round 1 (bounds): reply dropped: the site refused: no bounds here")
     assert result.history[1]["task"] == "lloyd" and result.history[1]["sites-answered"] == 3
 
 

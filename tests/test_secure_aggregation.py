@@ -37,7 +37,7 @@ T = 2**24  # the default secagg-quantization-range
 BOUND = 16.0  # digits: every pixel is in 0..16
 # init "random" without data-bounds sends the sites' minima and maxima: the sites allow it
 BASE = {"n_clusters": 6, "num_rounds": 3, "init": "random", "tol": 0.0, "seed": 3,
-        "min_sites": 3, "central_baseline": False, "site_config": {}}
+        "min_sites": 3, "central_baseline": False}
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +280,7 @@ def test_dwf_under_secagg_over_real_grpc_equals_plain(tmp_path, numba_cache, dig
     started = time.monotonic()
     with fp.sandbox(tmp_path, NUMBA_CACHE_DIR=numba_cache,
                     FEDCLUSTER_CACHE_DIR=tmp_path / "site-cache") as bed:
-        start_federation(bed, "secagg", paths, policy={})
+        start_federation(bed, "secagg", paths, )
         bed.run(APP_DIR, "secagg", {**config, "secure-aggregation": True,
                                     "secagg-data-bound": BOUND, "output-dir": str(out),
                                     "run-name": "secagg"}, timeout=420, log_name="flwr-run")
@@ -292,7 +292,7 @@ def test_dwf_under_secagg_over_real_grpc_equals_plain(tmp_path, numba_cache, dig
     assert len(re.findall(r"Secure aggregation completed", log)) == 3, log[-3000:]
     model = fedcluster.Model.load(out / "secagg" / "model.json")
     records: list[dict] = []
-    plain = fedcluster.simulate(sites, record_replies=records, site_config={},
+    plain = fedcluster.simulate(sites, record_replies=records,
                                 **py_kwargs(config))
     assert model.metrics["cluster-sizes"] == plain.metrics["cluster-sizes"]
     assert [h["sites-answered"] for h in model.history] == [3] * len(plain.history)

@@ -17,7 +17,7 @@ from fedcluster.simulation_tables import encode_sites, table_run
 
 pd = pytest.importorskip("pandas")
 
-EXACT = {"differencing_guard": False, "min_cluster_size": 1, "central_baseline": False,
+EXACT = {"site_config": {"min-cluster-size": 1}, "min_cluster_size": 1, "central_baseline": False,
          "tol": 0.0}
 
 

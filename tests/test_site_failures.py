@@ -44,7 +44,7 @@ def test_superlink_error_for_a_gone_site_names_that_site(monkeypatch):
     sites = [X[rows] for rows in partition(y, 4, "iid", seed=3)]
     monkeypatch.setattr(simulation, "InProcessGrid", SuperLinkAnswersForSiteTwo)
     result = fedcluster.simulate(sites, n_clusters=4, num_rounds=4, tol=0.0, min_sites=3,
-                                 init="random", seed=3, site_config={})
+                                 init="random", seed=3)
     failures = result.metrics["site-failures"]
     assert list(failures) == ["2"], failures  # not "node-1" (the SuperLink's id)
     assert all("Node Unavailable" in event for event in failures["2"])

@@ -1,6 +1,6 @@
 """A site's own records across runs: the privacy budget (``dp-budget``, ``require-dp``),
 the disclosure ledger (``ledger-path``, ``fedcluster site ledger``) and the min/max policy
-(``allow-minmax``), in process (the real-process test is in test_site_ledgers_processes.py)."""
+(minima and maxima from the groups), in process (the real-process test is in test_site_ledgers_processes.py)."""
 
 from __future__ import annotations
 
@@ -138,22 +138,37 @@ def test_require_dp_refuses_a_plain_run_and_answers_a_private_one(tmp_path):
     assert result.metrics["site-failures"] == {}
 
 
-# ---------------------------------------------------------------- allow-minmax
+# ---------------------------------------------------------------- minima and maxima
 
 
 @pytest.mark.parametrize("config, task", [({"init": "random"}, "bounds"),
                                           ({"scale": "minmax"}, "stats")])
-def test_minmax_is_refused_by_default_naming_the_settings_that_avoid_it(config, task):
+def test_minima_and_maxima_are_the_groups_means_extremes(config, task):
+    """A site sends per-feature minima and maxima (init random's bounds, scale minmax)
+    as the extremes of its groups' means, each a mean of at least its min-cluster-size
+    rows; a site policy that refused them (allow-minmax) is gone, and naming it is an
+    error that says why."""
+    from fedcluster.client_app import group_table
+    from fedcluster.client_app.site_data import SiteData
+
     run = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 2, "seed": 4, "output-dir": "",
            **config}
-    with pytest.raises(FederationError) as refusal:
-        fedcluster.simulate(_sites(), **{k.replace("-", "_"): v for k, v in run.items()})
-    text = str(refusal.value)
-    assert f"site policy allow-minmax=false refuses task {task!r}" in text
-    assert "data-bounds" in text and "scale 'standard'" in text and "init 'kfed'" in text
-    allowed = fedcluster.simulate(_sites(), site_config={},
-                                  **{k.replace("-", "_"): v for k, v in run.items()})
-    assert allowed.history[0]["task"] == f"describe+{task}"  # carried by the describe round
+    records: list[dict] = []
+    result = fedcluster.simulate(_sites(), record_replies=records,
+                                 **{k.replace("-", "_"): v for k, v in run.items()})
+    assert result.history[0]["task"] == f"describe+{task}"  # carried by the describe round
+    for record in records:
+        if record["task"] != "describe" or protocol.THEN not in record["params"]:
+            continue
+        site = int(record["metrics"]["site-key"])
+        groups, _ = group_table.build(SiteData(_sites()[site], None, None, "s"), 2)
+        minima, maxima = record["arrays"][:2]
+        np.testing.assert_array_equal(minima, np.asarray(groups.means).min(axis=0))
+        np.testing.assert_array_equal(maxima, np.asarray(groups.means).max(axis=0))
+        assert not (minima == _sites()[site].min(axis=0)).any()  # no single row's value
+    with pytest.raises(FederationError, match="allow-minmax' was removed"):
+        fedcluster.simulate(_sites(), site_config={"allow-minmax": True},
+                            **{k.replace("-", "_"): v for k, v in run.items()})
 
 
 # ----------------------------------------------------------- disclosure ledger

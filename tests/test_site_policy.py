@@ -24,11 +24,9 @@ from fedcluster.strategies import FederationError
 from test_deployment import write_site_csv
 
 APP_DIR = Path(__file__).resolve().parents[1]
-# A short dwf run: a min/max round (init "random"; the sites allow it: MINMAX), two
-# training rounds, evaluation.
+# A short dwf run: a min/max round (init "random"), two training rounds, evaluation.
 CONFIG = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 2, "tol": 0.0, "seed": 4,
           "min-sites": 1, "init": "random"}
-MINMAX: dict = {}  # (sites once had to allow their minima and maxima: allow-minmax)
 
 
 def _sites(n_sites: int = 3, rows: int = 40) -> list[np.ndarray]:
@@ -115,7 +113,7 @@ def test_allow_algorithms_names_algorithm_and_list():
 
 
 def _policy_run(policies: dict[int, dict], config: dict):
-    with site_nodes(_sites(), site_config=MINMAX) as nodes:
+    with site_nodes(_sites()) as nodes:
         for index, policy in policies.items():
             nodes[index].update(policy)
         return run_in_process(nodes, {**config, "output-dir": ""})
@@ -141,7 +139,7 @@ def test_a_site_under_its_min_site_rows_refuses_to_take_part():
     small[2] = small[2][:6]
     results = {}
     for min_rows in (None, 6):
-        with site_nodes(small, site_config=MINMAX) as nodes:
+        with site_nodes(small) as nodes:
             if min_rows is not None:
                 nodes[2]["min-site-rows"] = min_rows
             results[min_rows] = run_in_process(nodes, {**CONFIG, "output-dir": ""})
@@ -216,7 +214,7 @@ def test_site_policies_on_real_site_processes(bed, tmp_path):
     for i, X in enumerate(arrays):
         key = str(i)
         path = write_site_csv(tmp_path / f"site-{key}.csv", X)
-        nodes[f"supernode-{key}"] = {"data-path": str(path), "site-id": key, **MINMAX,
+        nodes[f"supernode-{key}"] = {"data-path": str(path), "site-id": key,
                                      **policies.get(key, {})}
     link = bed.superlink(simulation=False)
     procs = dict(zip(nodes, bed.supernodes(link, nodes)))

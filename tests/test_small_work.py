@@ -15,6 +15,7 @@ import pytest
 
 from fedcluster.client_app.task_runner import is_few_pass_task
 from fedcluster.common import kernels
+from fedcluster.common.kernels import fuzzy as fuzzy_kernels
 from fedcluster.common.kernels import small_work
 
 # The reference tests of test_kernels.py, collected again here, where the fixture below
@@ -88,7 +89,7 @@ def test_fuzzy_minibatch_and_gtv_paths_agree(n, k, d, monkeypatch):
             compiled(monkeypatch)
         got = []
         for m in (2.0, 1.7):
-            got += [*kernels.fcm_stats(X, C, m), kernels.fcm_memberships(X, C, m)]
+            got += [*fuzzy_kernels.fcm_stats(X, C, m), fuzzy_kernels.fcm_memberships(X, C, m)]
         for batch in (1, 7, n):
             gamma = C.copy()
             got += [kernels.minibatch_epoch(X, order, batch, gamma, 0.7), gamma]
@@ -127,63 +128,50 @@ def test_the_choice_depends_on_the_shape_alone():
 SITE_PROCESS = textwrap.dedent('''
     import json, sys
     import numpy as np
-    from fedcluster.client_app.site_data import SiteData
-    from site_rows import run_on_rows
-    n = int(sys.argv[1])
-    X = np.random.default_rng(0).normal(size=(n, 8))
-    site = SiteData(X=X, feature_names=None, labels=None, source="site")
-    C = X[:5].copy()
-    lloyd_iters = int(sys.argv[2])
+    from fedcluster.client_app import group_table
+    from fedcluster.client_app.site_data import load_site_file
+    from fedcluster.client_app.task_runner import run_task
+    path, cache, p_site, lloyd_iters, make = sys.argv[1:]
+    site = load_site_file(path, cache_dir=cache)
+    groups, _ = group_table.site_groups(site, int(p_site), cache)
+    if make == "make":  # the site's first message: it groups its rows (once per version)
+        print(json.dumps("numba" in sys.modules))
+        raise SystemExit
+    C = np.asarray(groups.means[:5]).copy()
     for task, arrays, extra in [("describe", [], {}),
-                                ("lloyd", [C], {"local-iters": lloyd_iters, "tol": 0.0}),
+                                ("lloyd", [C], {"local-iters": int(lloyd_iters), "tol": 0.0}),
                                 ("evaluate", [C], {}), ("evaluate_distances", [C, C], {})]:
-        run_on_rows(site, arrays, {"task": task, **extra}, 1)
+        run_task(groups, arrays, {"task": task, **extra}, int(p_site))
     print(json.dumps(sorted(m for m in ("numba", "sklearn", "scipy", "matplotlib")
                             if m in sys.modules)))
 ''')
 
 
-ALGORITHMS_PROCESS = textwrap.dedent('''
-    import json, sys
-    import fedcluster
-    from fedcluster.common.datasets import load_builtin, partition
-    X, y = load_builtin("blobs", seed=4)
-    sites = [X[rows] for rows in partition(y, 3, "dirichlet:1.0", seed=4)]
-    for algorithm, extra in [("dwf", {}), ("ewf", {}), ("kfed", {}), ("fkm", {}),
-                             ("minibatch", {"batch_size": 64}), ("ffcm", {}),
-                             ("gtv", {"topology": "ring"}),
-                             ("dwf", {"init": "random", "site_config": {}}),
-                             ("dwf", {"secure_aggregation": True, "secagg_data_bound": 20.0,
-                                     "site_config": {}}),
-                             ("dwf", {"dp_epsilon": 1.0, "data_bounds": "-20:20"})]:
-        fedcluster.simulate(sites, algorithm=algorithm, n_clusters=6, num_rounds=2,
-                            seed=2, **extra)
-    print(json.dumps("numba" in sys.modules))
-''')
-
-
-def test_every_algorithm_on_small_sites_runs_without_numba():
-    """Every algorithm (and a secure and a DP run) on the three sites of the real-Flower
-    tests, server and sites in one process: no compiled kernel is needed, so a deployed
-    site's ClientApp processes never load Numba for them (the server's k-FED clustering
-    imports scikit-learn: that is the ServerApp's, once per run)."""
-    out = subprocess.run([sys.executable, "-c", ALGORITHMS_PROCESS], check=True,
-                         capture_output=True, text=True, timeout=600)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) is False
-
-
+@pytest.mark.parametrize("p_site", [1, 2])
 @pytest.mark.parametrize("rows,lloyd_iters,heavy", [(3000, 2, []), (40000, 2, ["numba", "scipy"]),
                                                      (40000, 1, []), (900000, 1, ["numba", "scipy"])])
-def test_a_site_process_loads_numba_only_for_work_that_needs_it(rows, lloyd_iters, heavy):
-    """As a fresh ClientApp process: 3000 x 8 rows against 5 centroids (120,000
-    multiply-adds per pass) run describe, lloyd and both evaluation tasks without
-    importing Numba (or scikit-learn, SciPy, matplotlib); 40,000 rows (1.6 M per pass, over
-    NUMPY_MAX_WORK) go to the compiled kernels for a Lloyd step of 2 local iterations (Numba
-    brings SciPy in for its BLAS check), but not when every task is one of a few passes (a
-    Lloyd step of one iteration, the evaluations: up to FEW_PASSES_MAX_WORK); 900,000 rows
-    (36 M per pass) are over that too."""
-    out = subprocess.run([sys.executable, "-c", SITE_PROCESS, str(rows), str(lloyd_iters)],
-                         check=True, capture_output=True, text=True, timeout=300)
+def test_a_site_process_loads_numba_only_for_work_that_needs_it(rows, lloyd_iters, heavy, p_site,
+                                                                tmp_path):
+    """As a fresh ClientApp process of a deployed site whose group table is kept (its
+    first message made it, loading Numba for the grouping when p_site > 1): 3000 x 8
+    rows against 5 centroids (120,000 multiply-adds per pass over the rows, fewer over
+    the groups) run describe, lloyd and both evaluation tasks without importing Numba
+    (or scikit-learn, SciPy, matplotlib); 40,000 rows (1.6 M per pass, over
+    NUMPY_MAX_WORK) go to the compiled kernels for a Lloyd step of 2 local iterations
+    (Numba brings SciPy in for its BLAS check), but not when every task is one of a few
+    passes (a Lloyd step of one iteration, the evaluations: up to FEW_PASSES_MAX_WORK);
+    900,000 rows (36 M per pass) are over that too. At p_site = 2 a pass goes over the
+    groups, some 2.5 times fewer: 40,000 rows make ~16,000 groups (0.64 M per pass, under
+    NUMPY_MAX_WORK) and 900,000 some 360,000 (14 M, under FEW_PASSES_MAX_WORK)."""
+    if p_site == 2 and (rows, lloyd_iters) in ((40000, 2), (900000, 1)):
+        heavy = []
+    path = tmp_path / "site.npy"
+    np.save(path, np.random.default_rng(0).normal(size=(rows, 8)))
+    base = [sys.executable, "-c", SITE_PROCESS, str(path), str(tmp_path / "cache"), str(p_site),
+            str(lloyd_iters)]
+    made = subprocess.run(base + ["make"], check=True, capture_output=True, text=True, timeout=300)
+    assert json.loads(made.stdout.strip().splitlines()[-1]) is (p_site > 1)
+    out = subprocess.run(base + ["answer"], check=True, capture_output=True, text=True, timeout=300)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == heavy
 
 

@@ -100,7 +100,7 @@ def _check(X, min_size) -> tuple[np.ndarray, int]:
     return X, int(min_size)
 
 
-def group_rows(X: np.ndarray, min_size: int) -> np.ndarray:
+def group_rows(X: np.ndarray, min_size: int, scale: np.ndarray | None = None) -> np.ndarray:
     """Partition the rows of one site into groups of at least ``min_size`` rows.
 
     Parameters
@@ -113,6 +113,9 @@ def group_rows(X: np.ndarray, min_size: int) -> np.ndarray:
         after every RELEASE_BYTES read (:func:`~fedcluster.client_app.mapped_pages.release_pages`).
     min_size : int
         Smallest group size ``g >= 1`` (the site's privacy floor).
+    scale : np.ndarray of shape (d,), optional
+        Per-feature multipliers of the distances the grouping measures (``x * scale``);
+        None: the rows as they are.
 
     Returns
     -------
@@ -134,6 +137,10 @@ def group_rows(X: np.ndarray, min_size: int) -> np.ndarray:
     """
     X, g = _check(X, min_size)
     n = X.shape[0]
+    if scale is not None:
+        scale = np.ascontiguousarray(scale, dtype=np.float64)
+        if scale.shape != (X.shape[1],) or not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
+            raise ValueError(f"scale must be {X.shape[1]} finite positive numbers, got {scale!r}")
     if g == 1:
         return np.arange(n, dtype=np.int64)
     if n < g:
@@ -149,7 +156,7 @@ def group_rows(X: np.ndarray, min_size: int) -> np.ndarray:
     row_bytes = 8 * X.shape[1]
     coarse = max(2 * block, COARSE_BYTES // row_bytes)
     perm = np.arange(n, dtype=np.int64)
-    lo, hi = _coarse_splits(X, perm, coarse, kernel, K)
+    lo, hi = _coarse_splits(X, perm, coarse, kernel, K, scale)
     # Finish chunks of whole coarse segments in memory; every block keeps its global
     # position range (lo, hi) in perm, and local[p] is position p's group within its block.
     budget = max(coarse, CHUNK_BYTES // row_bytes)
@@ -161,7 +168,7 @@ def group_rows(X: np.ndarray, min_size: int) -> np.ndarray:
         while last < len(lo) and hi[last] - lo[first] <= budget:
             last += 1
         b_lo, b_hi, groups = _finish_chunk(X, perm, lo[first:last], hi[first:last], g, block,
-                                           local, kernel, K)
+                                           local, kernel, K, scale)
         block_lo.append(b_lo)
         block_hi.append(b_hi)
         block_groups.append(groups)
@@ -174,9 +181,10 @@ def group_rows(X: np.ndarray, min_size: int) -> np.ndarray:
     return labels
 
 
-def _gather(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``X[rows]`` as a new array, read in file order, a memory-mapped ``X``'s pages dropped
-    after every RELEASE_BYTES of it (a copy is exact: no arithmetic, nothing to decide)."""
+def _gather(X: np.ndarray, rows: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+    """``X[rows]`` (times ``scale``, per feature) as a new array, read in file order, a
+    memory-mapped ``X``'s pages dropped after every RELEASE_BYTES of it (a copy, or one
+    product per cell: the same bits whatever the chunking)."""
     order = np.argsort(rows, kind="stable")
     ordered = rows[order]
     out = np.empty((len(rows), X.shape[1]))
@@ -185,13 +193,14 @@ def _gather(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
     for top in range(span, X.shape[0] + span, span):
         stop = int(np.searchsorted(ordered, top))
         if stop > start:
-            out[order[start:stop]] = X[ordered[start:stop]]
+            out[order[start:stop]] = X[ordered[start:stop]] if scale is None \
+                else X[ordered[start:stop]] * scale
             release_pages(X)
         start = stop
     return out
 
 
-def _coarse_splits(X, perm, coarse, kernel, K) -> tuple[np.ndarray, np.ndarray]:
+def _coarse_splits(X, perm, coarse, kernel, K, scale=None) -> tuple[np.ndarray, np.ndarray]:
     """Median splits of ``perm`` (in place) until every segment has at most ``coarse``
     rows; returns the segments' (lo, hi) positions, in position order.  ``X`` is read in
     file order only: each segment's axis from a sample of its rows (gathered), then one
@@ -218,8 +227,10 @@ def _coarse_splits(X, perm, coarse, kernel, K) -> tuple[np.ndarray, np.ndarray]:
         sample = perm[c_lo[seg] + within * sizes[seg] // take[seg]]
         ordered = np.sort(sample)
         starts = np.concatenate([[0], np.cumsum(take)]).astype(np.int64)
-        V = kernel(K._group_directions)(_gather(X, ordered), np.searchsorted(ordered, sample),
+        V = kernel(K._group_directions)(_gather(X, ordered, scale), np.searchsorted(ordered, sample),
                                         starts, SPLIT_ITERATIONS)
+        if scale is not None:  # (x * scale) . v = x . (scale * v): project the raw rows
+            V = np.ascontiguousarray(V * scale)
         seg_of_row.fill(-1)
         seg_of_row[perm[np.concatenate([np.arange(a, b) for a, b in zip(c_lo, c_hi)])]] = \
             np.repeat(np.arange(len(c_lo)), sizes)
@@ -231,7 +242,7 @@ def _coarse_splits(X, perm, coarse, kernel, K) -> tuple[np.ndarray, np.ndarray]:
         hi = np.append(lo[1:], n)
 
 
-def _finish_chunk(X, perm, lo, hi, g, block, local, kernel, K):
+def _finish_chunk(X, perm, lo, hi, g, block, local, kernel, K, scale=None):
     """Median splits down to blocks of at most ``block`` rows and the grouping inside each
     block, for the consecutive segments (lo, hi) of ``perm``, on an in-memory copy of their
     rows.  Fills ``perm`` and ``local`` over the chunk's positions; returns the blocks'
@@ -240,7 +251,7 @@ def _finish_chunk(X, perm, lo, hi, g, block, local, kernel, K):
     for a, b in zip(lo, hi):
         perm[a:b].sort()  # a segment's rows in row order: its result depends on its rows alone
     rows = perm[start:stop].copy()
-    buf = _gather(X, rows)
+    buf = _gather(X, rows, scale)
     lperm = np.arange(stop - start, dtype=np.int64)
     s_lo, s_hi = lo - start, hi - start
     proj = np.empty(stop - start)

@@ -226,12 +226,11 @@ class SiteGroups:
         """The features with a cell the run has not filled (NaN in the sums)."""
         return np.flatnonzero(np.isnan(self.sums).any(axis=0)).tolist()
 
-    def farthest(self, C: np.ndarray, sq_dist: np.ndarray, rows: int) -> np.ndarray:
-        """The groups farthest from their nearest centroid (``sq_dist``: their means'
-        squared distances), fewest that hold at least ``rows`` rows: a boolean mask.
-        A group's distance is its rows' root-mean-square one (scatter / count added)."""
-        spread = sq_dist + self.scatter / self.counts
-        order = np.argsort(-spread, kind="stable")
+    def farthest(self, sq_dist: np.ndarray, rows: int) -> np.ndarray:
+        """The groups whose means are farthest from their nearest centroid (``sq_dist``:
+        their means' squared distances), fewest that hold at least ``rows`` rows: a
+        boolean mask (by the means alone: a group's spread decides nothing a reply shows)."""
+        order = np.argsort(-np.asarray(sq_dist), kind="stable")
         taken = np.searchsorted(np.cumsum(self.counts[order]), rows) + 1
         mask = np.zeros(self.n_groups, dtype=bool)
         mask[order[:taken]] = True

@@ -70,14 +70,20 @@ def check_algorithm(node: NodeConfig, algorithm: str) -> None:
         )
 
 
-def check_site_rows(node: NodeConfig, n_rows: int) -> None:
-    """Refuse every task of a site with fewer than ``min-site-rows`` rows.
+def check_site_rows(node: NodeConfig, n_rows: int, waiting: int = 0) -> None:
+    """Refuse every task of a site with fewer than ``min-site-rows`` rows in groups
+    (``waiting``: its rows in no group yet, fewer than its ``min-cluster-size``).
 
     Raises
     ------
     PolicyRefusal
         Naming the policy, the site's size and the minimum.
     """
+    if n_rows == 0 and waiting:
+        raise PolicyRefusal(
+            f"site policy min-cluster-size={node.min_cluster_size}: this site holds {waiting} "
+            f"row(s), fewer than {node.min_cluster_size}: they make no group, so it answers "
+            "nothing")
     if n_rows < node.min_site_rows:
         raise PolicyRefusal(
             f"site policy min-site-rows={node.min_site_rows}: this site holds {n_rows} rows "

@@ -58,6 +58,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from fedcluster.common import kernels, protocol
+from fedcluster.common.kernels import fuzzy as fuzzy_kernels
 
 from fedcluster.client_app import local_kmeans as local
 from fedcluster.client_app.site_groups import SiteGroups
@@ -155,7 +156,7 @@ def farthest_groups(groups: SiteGroups, C: np.ndarray, rows: int,
     rows = max(int(rows), int(floor), 1)
     if groups.n_rows < rows:
         return np.zeros((1, groups.n_features)), np.zeros(1, dtype=np.int64)
-    mask = groups.farthest(C, kernels.assign(groups.means, C)[1], rows)
+    mask = groups.farthest(kernels.assign(groups.means, C)[1], rows)
     count = int(groups.counts[mask].sum())
     mean = (groups.means[mask] * groups.counts[mask, None]).sum(axis=0) / count
     return mean[None, :], np.array([count], dtype=np.int64)
@@ -217,7 +218,7 @@ def fcm_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
         raise TaskError(f"bad fuzzy c-means parameters: fuzzifier {m}, local-iters {local_iters}")
     centres = C.copy()
     for _ in range(local_iters):
-        sums, weights, hard = kernels.fcm_stats(groups.means, centres, m, _weights(groups)[0])
+        sums, weights, hard = fuzzy_kernels.fcm_stats(groups.means, centres, m, _weights(groups)[0])
         centres = local.update_centroids(centres, sums, weights)
     hidden = hard < floor
     weights[hidden] = 0.0
@@ -309,7 +310,7 @@ def fuzzy_evaluation_sums(groups: SiteGroups, C: np.ndarray, m: float) -> tuple[
         block = means[start:start + kernels.CHUNK_ROWS]
         weight = counts[start:start + kernels.CHUNK_ROWS]
         all_sq_dist += k * float((weight * ((block - cbar) ** 2).sum(axis=1)).sum()) + weight.sum() * spread
-        partition_sum += float((weight * (kernels.fcm_memberships(block, C, m) ** 2).sum(axis=1)).sum())
+        partition_sum += float((weight * (fuzzy_kernels.fcm_memberships(block, C, m) ** 2).sum(axis=1)).sum())
     return all_sq_dist, partition_sum
 
 
@@ -317,7 +318,9 @@ def evaluate(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """Pass 1 of the exact metrics (see ``common/metrics.py``), over the groups'
     partition (each group in its nearest cluster, whole); clusters under the floor
     (empty ones included) are left out (zeros) and flagged ``hidden``, contingency cells
-    under it are left out, and labels with no cell at or above the floor are not named."""
+    under it are left out, and labels with no cell at or above the floor are not named.
+    Per cluster every figure is of the groups' means and rows (silhouette distances,
+    squared norms, distances): a group's spread enters only the site's totals."""
     C = received_centroids(arrays.centroids, groups)
     weights, scatter = _weights(groups)
     sums, counts, sqnorms, sse, silhouette = kernels.evaluation_stats(groups.means, C, weights, scatter)
@@ -331,13 +334,17 @@ def evaluate(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     hidden = counts < floor if floor > 1 else np.zeros(counts.shape, dtype=bool)
     # Davies-Bouldin's distances, measured to C: the server uses them when the pooled
     # means are C (a converged run) and spares the second pass (strategies/base.py).
-    distances, _ = kernels.distance_to_means(groups.means, C, C, weights, scatter)
+    distances, _ = kernels.distance_to_means(groups.means, C, C, weights)
     counts[hidden], sums[hidden], sqnorms[hidden], distances[hidden] = 0, 0.0, 0.0, 0.0
     reply = TaskReply(
         arrays=protocol.Evaluation(counts, sums, sqnorms, hidden.astype(np.int64), distances),
         # floor: the site's effective privacy floor (a policy, not data), so that the
         # server can say what a hidden size is under ("<p" with the site's own p).
-        metrics={"sse": float(sse), "silhouette-sum": float(silhouette), "floor": int(floor)},
+        metrics={"sse": float(sse), "silhouette-sum": float(silhouette), "floor": int(floor),
+                 # every group's spread about its own mean, summed over ALL the site's
+                 # groups (whatever the centroids): Calinski-Harabasz's within-cluster
+                 # dispersion needs it, and no per-cluster figure carries a group's
+                 "group-scatter": float(groups.scatter.sum())},
     )
     if "fuzzifier" in params:
         m = task_param(params, "fuzzifier", float)
@@ -360,10 +367,10 @@ def evaluate(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
 
 def evaluate_distances(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """Pass 2 (Davies-Bouldin): per cluster of C, the summed distance to the pooled means
-    (a group's rows at their root-mean-square distance)."""
+    (a group's rows at its mean's distance)."""
     C = received_centroids(arrays.centroids, groups)
     means = received_centroids(arrays.means, groups)
-    distances, counts = kernels.distance_to_means(groups.means, C, means, *_weights(groups))
+    distances, counts = kernels.distance_to_means(groups.means, C, means, _weights(groups)[0])
     distances[counts < floor] = 0.0
     return TaskReply(arrays=protocol.Distances(distances))
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.common import kernels
+from fedcluster.common.kernels import fuzzy as fuzzy_kernels
 from fedcluster.common.scaling import FeatureTransform
 from fedcluster.common.schema import Schema, parse_schema
 from fedcluster.common.table_encoding import encode_table, frame_columns
@@ -188,7 +189,7 @@ class Model:
         """Fuzzy memberships (n, k) of a fuzzy c-means model (Bezdek, m = fuzzifier)."""
         if self.fuzzifier is None:
             raise ValueError("memberships need a fuzzy c-means model (algorithm 'ffcm')")
-        return kernels.fcm_memberships(self._check(X), self.centroids, self.fuzzifier)
+        return fuzzy_kernels.fcm_memberships(self._check(X), self.centroids, self.fuzzifier)
 
     def transform(self, X) -> np.ndarray:
         """Euclidean distance of each row to each centroid, (n, k), in the scaled space."""

@@ -286,14 +286,14 @@ def evaluation_reply(counts: np.ndarray, sse: float, n_features: int,
                      hidden: np.ndarray | None = None) -> tuple[protocol.Evaluation, dict]:
     """The (arrays, metrics) of a DP evaluation reply, in the layout of the plain one
     (``tasks.evaluate``): ``counts``, zero sums, squared norms and distances (not
-    released under DP), the ``hidden`` flags (zeros when not given), ``sse`` and a zero
-    silhouette sum.
+    released under DP), the ``hidden`` flags (zeros when not given), ``sse``, a zero
+    silhouette sum and a zero group scatter (DP answers from rows, each its own point).
     A local-DP site and the server's release of a distributed-DP sum both use it."""
     k = len(counts)
     flags = np.zeros(k, dtype=np.int64) if hidden is None else np.asarray(hidden, dtype=np.int64)
     return (protocol.Evaluation(counts, np.zeros((k, n_features)), np.zeros(k), flags,
                                 np.zeros(k)),
-            {"sse": float(sse), "silhouette-sum": 0.0})
+            {"sse": float(sse), "silhouette-sum": 0.0, "group-scatter": 0.0})
 
 
 def evaluation_sigmas(lo: np.ndarray, hi: np.ndarray, rho: float) -> tuple[float, float, float]:

@@ -198,7 +198,8 @@ METRICS = {
     "describe": ("n-features", "feature-names", "max-rounds", "schema-hash", "rows-dropped",
                  "cells-missing", "group-size"),
     "lloyd": ("sse",), "prune_lloyd": ("sse",), "minibatch": ("sse",), "gtv": ("sse", "gtv"),
-    "evaluate": ("sse", "silhouette-sum", "all-sq-dist", "partition-sum", "floor", "label-names"),
+    "evaluate": ("sse", "silhouette-sum", "group-scatter", "all-sq-dist", "partition-sum", "floor",
+                 "label-names"),
 }
 #: Every reply may carry these: the site's key, the rounds its policy still allows, a
 #: refusal (an error reply: the reason, no arrays).

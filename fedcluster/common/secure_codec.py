@@ -78,7 +78,7 @@ def site_terms(task: str, arrays, metrics: dict, n_rows: int,
     terms a task formed itself (distributed DP: its noisy per-cluster sums and counts,
     which no plain reply carries; ``client_app/private_tasks.py``)."""
     terms: dict[str, np.ndarray] = {"n": np.array([float(n_rows)])}
-    for key in ("sse", "silhouette-sum", "all-sq-dist", "partition-sum"):
+    for key in ("sse", "silhouette-sum", "group-scatter", "all-sq-dist", "partition-sum"):
         if key in metrics:
             terms[key] = np.array([float(metrics[key])])
     if own is not None:
@@ -140,7 +140,8 @@ def term_names(task: str, dynamic: bool = True, fuzzy_eval: bool = False,
             names = ["wc", "w" if task == "fcm" else "w-int"]
         return names + (["sse"] if with_sse else []) + ["n"]
     if task == "evaluate":
-        names = ["counts", "sums", "sqnorms", "hidden", "distances", "sse", "silhouette-sum", "n"]
+        names = ["counts", "sums", "sqnorms", "hidden", "distances", "sse", "silhouette-sum",
+                 "group-scatter", "n"]
         return names + (["all-sq-dist", "partition-sum"] if fuzzy_eval else [])
     if task == "evaluate_distances":
         return ["distances", "n"]
@@ -164,6 +165,7 @@ def term_bounds(names: list[str], centroids: np.ndarray, data_bound: float, n_ma
         "n": n_max, "w-int": n_max, "w": n_max, "counts": n_max, "hidden": 1.0,
         "wc": n_max * R, "c": R, "sums": n_max * B,
         "sqnorms": n_max * d * B * B, "sse": n_max * d * G * G,
+        "group-scatter": n_max * d * 4 * B * B,
         "silhouette-sum": n_max, "partition-sum": n_max,
         "all-sq-dist": n_max * k * d * G * G,
         "distances": n_max * math.sqrt(d) * (B + mmax),

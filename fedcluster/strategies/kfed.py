@@ -89,11 +89,7 @@ class KFedOrRandomInit:
             if self.config.resolved_init == "divisive":
                 return None  # the box is for clipping; the start is still to grow
         else:
-            # k-FED's round sends aggregates only, but DP and SecAgg+ refuse it.
-            private.warn_leak("init 'random' without data-bounds: the sites sent their "
-                              "per-feature minima and maxima (each one person's value) for the "
-                              "bounding box the start is drawn in; give data-bounds, or use "
-                              "init 'divisive' (sums and counts only)")
+            private.warn_extremes(self, "init 'random' without data-bounds")
         return bounding_box_init(mins, maxs, self.k, self.seed)
 
 

@@ -52,8 +52,11 @@ class PooledStats:
     silhouette_sum: float
     counts: np.ndarray  # (k,)
     sums: np.ndarray  # (k, d)
-    sqnorms: np.ndarray  # (k,)
+    sqnorms: np.ndarray  # (k,) of the groups' means, times their rows
     contingency: dict[str, np.ndarray]  # true label -> counts per cluster (k,)
+    # The sites' groups' spreads about their own means, summed (no per-cluster figure
+    # carries one): the part of the within-cluster dispersion the means do not show.
+    group_scatter: float = 0.0
     # Fuzzy runs only: sum over rows of sum_j ||x - c_j||^2 and of sum_j u_ij^2.
     all_sq_dist: float | None = None
     partition_sum: float | None = None
@@ -81,6 +84,7 @@ def pool(site_stats: list[dict]) -> PooledStats:
         sums=np.sum([s["sums"] for s in site_stats], axis=0),
         sqnorms=np.sum([s["sqnorms"] for s in site_stats], axis=0),
         contingency=contingency,
+        group_scatter=float(sum(s.get("group_scatter", 0.0) for s in site_stats)),
         all_sq_dist=_sum_if_all(site_stats, "all_sq_dist"),
         partition_sum=_sum_if_all(site_stats, "partition_sum"),
     )
@@ -117,7 +121,9 @@ def means_are_centroids(stats: PooledStats, centroids: np.ndarray) -> bool:
 def calinski_harabasz(stats: PooledStats) -> float:
     """As ``sklearn.metrics.calinski_harabasz_score``, over the non-empty clusters; the
     within-cluster dispersion by the parallel-axis identity
-    sum ||x - m_k||^2 = sum ||x||^2 - ||sum x||^2 / n_k."""
+    sum ||x - m_k||^2 = sum ||x||^2 - ||sum x||^2 / n_k, over the groups' means, plus the
+    groups' own spreads (sites answering from groups: exact for the groups' partition
+    when no cluster is withheld)."""
     has = stats.counts > 0
     n_labels = int(has.sum())
     n = int(stats.counts.sum())
@@ -128,7 +134,7 @@ def calinski_harabasz(stats: PooledStats) -> float:
     means = sums / counts[:, None]
     grand = sums.sum(axis=0) / n
     extra = float(np.sum(counts * np.sum((means - grand) ** 2, axis=1)))
-    intra = float(np.sum(stats.sqnorms[has] - np.sum(sums * sums, axis=1) / counts))
+    intra = float(np.sum(stats.sqnorms[has] - np.sum(sums * sums, axis=1) / counts)) + stats.group_scatter
     if intra == 0.0:
         return 1.0
     return extra * (n - n_labels) / (intra * (n_labels - 1.0))

@@ -101,15 +101,27 @@ def box_from_data(config: RunConfig, mins: np.ndarray,
                               f"beyond secagg-data-bound {bound:g}; raise 'secagg-data-bound' "
                               f"or give data-bounds")
     warn_leak("dp-epsilon without data-bounds: the clipping box was computed from the sites' "
-              "data (their per-feature minima and maxima, sent without noise), which leaks "
-              "privacy outside the DP guarantee; give data-bounds from domain knowledge")
+              "data (the per-feature extremes of their groups' means, sent without noise), "
+              "which leaks privacy outside the DP guarantee; give data-bounds from domain "
+              "knowledge")
     return lo, hi
 
 
+def warn_extremes(strategy, what: str) -> None:
+    """Per-feature minima and maxima (``what`` sent them) are the extremes of each site's
+    groups' means, each a mean of at least its min-cluster-size rows, as every reply is;
+    a site that answers from its rows (min-cluster-size 1) sent single values: say so."""
+    from_rows = [site.key for site in strategy.ordered_sites() if site.group_size in (None, 1)]
+    if from_rows:
+        warn_leak(f"{what}: site(s) {', '.join(from_rows)} answer from their rows (min-cluster-"
+                  "size 1), so their per-feature minima and maxima are single values of their "
+                  "data; scale 'standard' and init 'kfed' or 'divisive' send sums only")
+
+
 def warn_leak(message: str) -> None:
-    """Say that a round disclosed single values of the data (per-feature minima and
-    maxima: each is one person's value): a PrivacyLeakWarning for the caller of
-    ``fedcluster.simulate`` and a warning in the server's log."""
+    """Say that a round disclosed something outside a guarantee (values outside DP, or
+    single values of a site that answers from its rows): a PrivacyLeakWarning for the
+    caller of ``fedcluster.simulate`` and a warning in the server's log."""
     warnings.warn(message, privacy.PrivacyLeakWarning, stacklevel=3)
     log(logging.WARNING, "%s", message)
 

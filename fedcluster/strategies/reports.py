@@ -18,6 +18,8 @@ def site_stats(reply: Reply) -> dict:
         "counts": evaluation.counts,
         "sums": evaluation.sums,
         "sqnorms": evaluation.sqnorms,
+        # (DP's evaluation answers from rows, which have no spread)
+        "group_scatter": reply.metrics.get("group-scatter", 0.0),
     }
     if "all-sq-dist" in reply.metrics:
         stats["all_sq_dist"] = reply.metrics["all-sq-dist"]

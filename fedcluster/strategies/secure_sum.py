@@ -102,7 +102,8 @@ def sum_reply(strategy, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
         if name in sums and (np.any(sums[name] < 0) or np.any(sums[name] > n_rows)):
             raise ReplyError(f"term {name} is outside [0, {n_rows}]")
     metrics_out = {key: float(sums[key][0]) for key in
-                   ("sse", "silhouette-sum", "all-sq-dist", "partition-sum") if key in sums}
+                   ("sse", "silhouette-sum", "group-scatter", "all-sq-dist", "partition-sum")
+                   if key in sums}
     if plan.task in ("lloyd", "minibatch", "fcm"):
         C = np.asarray(plan.arrays.centroids, dtype=np.float64)
         if "c" in sums:  # EWF: the plain mean of the sites' centroids

@@ -328,9 +328,7 @@ def fix_transform(strategy, replies: list[Reply]) -> None:
         m2s = [r.arrays.m2 for r in replies]
         strategy.transform = scaling.standard_transform(counts, means, deviations, m2s)
     else:
-        private.warn_leak("scale 'minmax': the sites sent their per-feature minima and "
-                          "maxima (each one person's value); scale 'standard' sends sums "
-                          "only")
+        private.warn_extremes(strategy, "scale 'minmax'")
         minima = [r.arrays.minima for r in replies]
         maxima = [r.arrays.maxima for r in replies]
         strategy.transform = scaling.minmax_transform(minima, maxima)

@@ -244,6 +244,9 @@ def _evaluation(reply: protocol.Evaluation, metrics, expect: Expect, n_rows: int
             raise ReplyError(f"{key} {value!r} is not a finite number")
     if metrics["sse"] < 0 or abs(metrics["silhouette-sum"]) > n_rows:
         raise ReplyError("sse or silhouette-sum out of range")
+    scatter = metrics.get("group-scatter", 0.0)
+    if not isinstance(scatter, (int, float)) or not 0 <= scatter <= metrics["sse"] * (1 + 1e-9) + 1e-12:
+        raise ReplyError(f"group-scatter {scatter!r} is not a number in [0, sse]")
     floor = metrics.get("floor", expect.floor)
     if not isinstance(floor, int) or isinstance(floor, bool) or floor < expect.floor:
         raise ReplyError(f"floor {floor!r} is not an integer at or above the run's {expect.floor}")

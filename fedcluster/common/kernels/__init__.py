@@ -7,7 +7,8 @@ federated site ships to the server, and it keeps the policy decisions (what
 to do with an empty cluster, when to stop) out of compiled code.
 
 This package's ``__init__`` holds the checked Python wrappers (argument checks,
-dtype and contiguity normalisation, the block size, serial or parallel); every
+dtype and contiguity normalisation, the block size, serial or parallel; the fuzzy
+c-means ones in :mod:`~fedcluster.common.kernels.fuzzy`); every
 compiled function is in :mod:`fedcluster.common.kernels._compiled`, whose docstring
 gives the reproducibility contract (bit-identical results for any Numba thread
 count) and how the compiled code keeps it.  The wrappers' share of that contract:
@@ -79,7 +80,7 @@ def __getattr__(name: str):
 __all__ = [
     "FASTMATH", "MIN_BLOCK_ROWS", "MAX_BLOCKS", "block_rows", "assign", "lloyd_stats",
     "min_sq_dist_update", "minibatch_epoch", "evaluation_stats", "distance_to_means",
-    "fcm_stats", "fcm_memberships", "gtv_update",
+    "gtv_update",
 ]
 
 # Rows per block is max(MIN_BLOCK_ROWS, ceil(n / MAX_BLOCKS)): at least 2048
@@ -350,8 +351,10 @@ def evaluation_stats(X, C, weights=None, scatter=None):
     """Sufficient statistics of the exact federated metrics (one pass).
 
     ``weights`` and ``scatter`` as for :func:`lloyd_stats` (groups at their means): a
-    group's silhouette distances are root-mean-square over its rows,
-    sqrt(scatter / weight + ||x - c||^2), and it counts ``weight`` times.
+    group counts ``weight`` times in every figure, at its mean (its silhouette
+    distances, its squared norm); its ``scatter`` enters the total ``sse`` only, which
+    sums every group's whatever the centroids, so no per-cluster figure carries a
+    group's spread.
 
     For the assignment of X to its nearest centroid in C: per-cluster ``sums`` (k, d),
     ``counts`` (k,), sums of squared row norms ``sqnorms`` (k,) (Calinski-Harabasz by
@@ -368,53 +371,20 @@ def evaluation_stats(X, C, weights=None, scatter=None):
     return sums, counts, sqnorms, float(sse), float(sil)
 
 
-def distance_to_means(X, C, means, weights=None, scatter=None):
+def distance_to_means(X, C, means, weights=None):
     """Per cluster of the assignment to ``C``, the sum of the Euclidean distances of its
     rows to ``means[cluster]`` (Davies-Bouldin's second pass: the means are the pooled
     cluster means found by the first), and the cluster sizes: ``(sums, counts)``. A
-    group (``weights``, ``scatter`` as for :func:`lloyd_stats`) counts its rows at their
-    root-mean-square distance, sqrt(scatter / weight + ||x - mean||^2)."""
+    group (``weights`` as for :func:`lloyd_stats`) counts its rows at its mean's distance."""
     X = _check_X(X)
     C = _check_centres(C, X)
     means = _check_centres(means, X, name="means")
     if means.shape[0] != C.shape[0]:
         raise ValueError("means must have one row per centroid")
-    w, s = _group_weights(X, weights, scatter)
-    if small_work.small(X, C.shape[0]):
-        return small_work.distance_to_means(X, C, means, w, s)
-    return _blocked("_distance_to_means_impl", X, w, s, C, means)
-
-
-def fcm_stats(X, C, m: float, weights=None):
-    """Sufficient statistics of one fuzzy c-means step (Bezdek memberships, fuzzifier m).
-
-    Returns ``(sums, weights, hard_counts)``: sum_i u_ij^m x_i (k, d), W_j = sum_i
-    u_ij^m (k,), and the sizes of the hard assignment (argmax membership, ties to the
-    lowest index), which the privacy floor is applied to. A row that coincides with a
-    centre has membership 1 there and 0 elsewhere. Deterministic for any thread count.
-    With ``weights``, row i is the mean of a group of ``weights[i]`` rows, each given
-    the group's memberships (those of its mean): it counts that many times.
-    """
-    X = _check_X(X)
-    C = _check_centres(C, X)
-    if not m > 1.0:
-        raise ValueError(f"the fuzzifier m must be > 1, got {m}")
     w, _ = _group_weights(X, weights, None)
     if small_work.small(X, C.shape[0]):
-        return small_work.fcm_stats(X, C, float(m), w)
-    return _blocked("_fcm_stats_impl", X, w, C, float(m))
-
-
-def fcm_memberships(X, C, m: float) -> np.ndarray:
-    """Bezdek memberships (n, k) of every row (rows sum to 1; a row on a centre has 1
-    there)."""
-    X = _check_X(X)
-    C = _check_centres(C, X)
-    if not m > 1.0:
-        raise ValueError(f"the fuzzifier m must be > 1, got {m}")
-    if small_work.small(X, C.shape[0]):
-        return small_work.fcm_memberships(X, C, float(m))
-    return _blocked("_fcm_memberships_impl", X, C, float(m))
+        return small_work.distance_to_means(X, C, means, w)
+    return _blocked("_distance_to_means_impl", X, w, C, means)
 
 
 def gtv_update(X, W, N, alpha: float, floor: int = 1, weights=None, scatter=None):
@@ -474,3 +444,4 @@ def frobenius(A) -> float:
     """
     A = np.asarray(A, dtype=np.float64)
     return float(np.sqrt(np.sum(A * A)))
+

@@ -389,9 +389,10 @@ def _minibatch_epoch_impl(X, w, order, batch, gamma, beta, lam):
 
 @njit(cache=True, fastmath=FASTMATH, parallel=True)
 def _evaluation_stats_impl(X, w, s, C, block):
-    """The evaluation's statistics, weighted as :func:`_lloyd_stats_impl`: a group's
-    distances for the silhouette are root-mean-square over its rows,
-    sqrt(s / w + ||x - c||^2), and its squared norms add up to s + w ||x||^2."""
+    """The evaluation's statistics, weighted as :func:`_lloyd_stats_impl`: per cluster
+    from each group's mean and rows (its silhouette distances those of its mean, its
+    squared norms w ||x||^2); a group's spread ``s`` enters the total SSE only, a sum
+    over all the groups whatever the centroids (no per-cluster figure carries it)."""
     n, d = X.shape
     k = C.shape[0]
     P = _pad_centroids(C)
@@ -425,12 +426,11 @@ def _evaluation_stats_impl(X, w, s, C, block):
                     elif dist < second:
                         second = dist
                 weight = np.float64(w[i])
-                spread = s[i] / weight
                 counts_slab[b, label] += w[i]
                 sse += s[i] + weight * best
-                a = np.sqrt(best + spread)
+                a = np.sqrt(best)
                 if k > 1:
-                    bb = np.sqrt(second + spread)
+                    bb = np.sqrt(second)
                     top = max(a, bb)
                     if top > 0.0:
                         sil += weight * ((bb - a) / top)
@@ -439,7 +439,7 @@ def _evaluation_stats_impl(X, w, s, C, block):
                     x = np.float64(X[i, j])
                     sums_slab[b, label, j] += weight * x
                     norm += x * x
-                sqnorm_slab[b, label] += s[i] + weight * norm
+                sqnorm_slab[b, label] += weight * norm
         sse_slab[b] = sse
         sil_slab[b] = sil
     sums = np.zeros((k, d), dtype=np.float64)
@@ -459,10 +459,9 @@ def _evaluation_stats_impl(X, w, s, C, block):
 
 
 @njit(cache=True, fastmath=FASTMATH, parallel=True)
-def _distance_to_means_impl(X, w, s, C, means, block):
-    """Per cluster, the summed distances to ``means``: a group's w rows count at their
-    root-mean-square distance sqrt(s / w + ||x - mean||^2) (its one value that is a
-    function of its statistics; at most their mean distance, by Jensen)."""
+def _distance_to_means_impl(X, w, C, means, block):
+    """Per cluster, the summed distances to ``means``: a group's w rows count at the
+    distance of their mean (a group's spread is in no per-cluster figure)."""
     n = X.shape[0]
     k = C.shape[0]
     P = _pad_centroids(C)
@@ -479,8 +478,7 @@ def _distance_to_means_impl(X, w, s, C, means, block):
             for r in range(min(TILE_ROWS, stop - start)):
                 i = start + r
                 label, _ = _nearest_in(D, r, k)
-                weight = np.float64(w[i])
-                slab[b, label] += weight * np.sqrt(_sq_dist(X, i, means, label) + s[i] / weight)
+                slab[b, label] += np.float64(w[i]) * np.sqrt(_sq_dist(X, i, means, label))
                 counts_slab[b, label] += w[i]
     out = np.zeros(k, dtype=np.float64)
     counts = np.zeros(k, dtype=np.int64)

@@ -162,20 +162,18 @@ def evaluation_stats(X: np.ndarray, C: np.ndarray, w: np.ndarray, s: np.ndarray)
         scatter = s[start:stop]
         sums += _cluster_sums(weighted, labels, k)
         counts += np.bincount(labels, weights=w[start:stop], minlength=k).astype(np.int64)
-        sqnorms += np.bincount(labels, weights=scatter + weight * np.einsum("md,md->m", rows, rows),
+        sqnorms += np.bincount(labels, weights=weight * np.einsum("md,md->m", rows, rows),
                                minlength=k)
         sse += float((scatter + weight * best).sum())
         if k > 1:
-            spread = scatter / weight
-            a, b = np.sqrt(best + spread), np.sqrt(second + spread)
+            a, b = np.sqrt(best), np.sqrt(second)
             top = np.maximum(a, b)
             positive = top > 0.0
             sil += float(np.sum(weight[positive] * ((b[positive] - a[positive]) / top[positive])))
     return sums, counts, sqnorms, sse, sil
 
 
-def distance_to_means(X: np.ndarray, C: np.ndarray, means: np.ndarray, w: np.ndarray,
-                      s: np.ndarray):
+def distance_to_means(X: np.ndarray, C: np.ndarray, means: np.ndarray, w: np.ndarray):
     k = C.shape[0]
     C, means = C.astype(np.float64), means.astype(np.float64)
     out, counts = np.zeros(k), np.zeros(k, dtype=np.int64)
@@ -183,8 +181,7 @@ def distance_to_means(X: np.ndarray, C: np.ndarray, means: np.ndarray, w: np.nda
         labels, _ = _nearest(_sq_dists(rows, C))
         diff = rows - means[labels]
         weight = w[start:stop].astype(np.float64)
-        spread = s[start:stop] / weight
-        out += np.bincount(labels, weights=weight * np.sqrt(np.einsum("md,md->m", diff, diff) + spread),
+        out += np.bincount(labels, weights=weight * np.sqrt(np.einsum("md,md->m", diff, diff)),
                            minlength=k)
         counts += np.bincount(labels, weights=w[start:stop], minlength=k).astype(np.int64)
     return out, counts
