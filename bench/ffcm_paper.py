@@ -18,11 +18,18 @@ Figures, averaged over the seeds as in the paper:
 Unstated in the paper and chosen here: case 1 sigma = 0.5 (fits its Within SSE 0.312),
 five local iterations per round ("a number of fuzzy c-means iterations locally"),
 stopping on a summed centre movement below 1e-5 x the data's spread, at most 300 rounds,
-privacy floor 1 (the paper has none).
+privacy floor 1 and sites answering from their rows (the paper has neither floor nor
+groups).
+
+Case ``3d`` (issue 35): case 3 at fedcluster's DEFAULTS (the sum-only ``divisive`` start,
+one local iteration, the floor 2 and the sites' groups of 2-3 rows), its knowledge gap
+against central fuzzy c-means' at its best (the lowest J of 10 k-means++ starts), per
+size setting, mean over the seeds; the bound is 1.1 x central + 0.05.
 
 Usage::
 
-    python bench/ffcm_paper.py [--seeds 10] [--data ../shared/data/g2] [--out BENCHMARKS.md]
+    python bench/ffcm_paper.py [--seeds 10] [--data ../shared/data/g2] [--cases 1,2,3,3d,4]
+                               [--out BENCHMARKS.md]
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from fedcluster.client_app import local_kmeans as local  # noqa: E402
 from fedcluster.strategies.metrics import knowledge_gap  # noqa: E402
 
 LOCAL_ITERS = 5  # --local-iters
+ROWS = {"min-cluster-size": 1}  # the paper's sites: no groups
 MAX_ROUNDS = 300
 REL_TOL = 1e-5
 
@@ -188,7 +196,7 @@ def run_case(sites, truth, m, seed, init_mode="box", local_iters=None) -> dict:
                 sites, algorithm="ffcm", aggregation=method, n_clusters=len(truth),
                 fuzzifier=m, local_iters=local_iters, num_rounds=MAX_ROUNDS, tol=tol,
                 init_centroids=init, min_sites=len(sites), min_cluster_size=1, seed=seed,
-                true_centres=truth, central_baseline=False,
+                true_centres=truth, central_baseline=False, site_config=ROWS,
             )
             C, rounds, fed_metrics = r.centroids, r.metrics["rounds"], r.metrics
         within, outside = paper_form(X, C)
@@ -201,6 +209,54 @@ def run_case(sites, truth, m, seed, init_mode="box", local_iters=None) -> dict:
         out[method] = {"gap": gap, "hit": hit(C, truth), "W": within, "O": outside, "W2": sq_within,
                        "O2": sq_outside, "rounds": rounds, "centres": C}
     return out
+
+
+def central_best(X, k, m, starts: int = 10) -> np.ndarray:
+    """Central fuzzy c-means at its best: the lowest J_m of ``starts`` runs from
+    k-means++ seeds, each to a summed centre movement under 1e-9."""
+    from sklearn.cluster import kmeans_plusplus
+
+    best, best_J = None, np.inf
+    for start in range(starts):
+        C = kmeans_plusplus(X, k, random_state=start)[0]
+        for _ in range(1000):
+            sums, weights, _ = fuzzy_kernels.fcm_stats(X, C, m)
+            new = local.update_centroids(C, sums, weights)
+            moved = float(np.linalg.norm(new - C, axis=1).sum())
+            C = new
+            if moved < 1e-9:
+                break
+        d = np.maximum(((X[:, None, :] - C[None]) ** 2).sum(-1), 1e-300)
+        J = float((d ** (-1.0 / (m - 1))).sum(1).__pow__(-(m - 1)).sum())
+        if J < best_J:
+            best, best_J = C, J
+    return best
+
+
+def defaults_table(seeds) -> str:
+    """Case 3 at the defaults: central FCM at its best against FFCM at fedcluster's
+    defaults from the sites' groups, and from their rows (min-cluster-size 1)."""
+    lines = ["| setting | central FCM gap (best of 10 starts) | FFCM at defaults (groups) | "
+             "bound 1.1 x central + 0.05 | within | FFCM at defaults, sites from rows | "
+             "FFCM rounds (median) |", "|---|---|---|---|---|---|---|"]
+    for sizes in PAPER_CASE3:
+        central, grouped, rows, rounds = [], [], [], []
+        for s in seeds:
+            sites, truth, m = case3(np.random.default_rng(3000 + s), sizes)
+            central.append(knowledge_gap(central_best(np.vstack(sites), len(truth), m),
+                                         truth)["knowledge-gap"])
+            for out, node in ((grouped, {}), (rows, ROWS)):
+                r = fedcluster.simulate(sites, algorithm="ffcm", n_clusters=len(truth), seed=s,
+                                        min_sites=len(sites), central_baseline=False,
+                                        true_centres=truth, site_config=node)
+                out.append(r.metrics["knowledge-gap"])
+                if node == {}:
+                    rounds.append(r.metrics["rounds"])
+        bound = 1.1 * np.mean(central) + 0.05
+        lines.append(f"| {sizes} | {np.mean(central):.3f} | {np.mean(grouped):.3f} | "
+                     f"{bound:.3f} | {'yes' if np.mean(grouped) <= bound else 'NO'} | "
+                     f"{np.mean(rows):.3f} | {int(np.median(rounds))} |")
+    return "\n".join(lines)
 
 
 def mean_of(runs: list[dict], method: str, key: str) -> float:
@@ -292,7 +348,8 @@ def main(argv=None) -> None:
     parser.add_argument("--data", type=Path, default=report.SHARED_DATA / "g2",
                         help="folder with the G2 sets g2-2-S.txt")
     parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
-    parser.add_argument("--cases", default="1,2,3,4", help="which cases to run")
+    parser.add_argument("--cases", default="1,2,3,3d,4",
+                        help="which cases to run (3d: case 3 at fedcluster's defaults)")
     parser.add_argument("--local-iters", type=int, default=LOCAL_ITERS,
                         help="fuzzy c-means iterations per site and round")
     args = parser.parse_args(argv)
@@ -300,7 +357,7 @@ def main(argv=None) -> None:
     from flwr.common.logger import FLOWER_LOGGER
 
     FLOWER_LOGGER.setLevel(logging.WARNING)  # one line per setting, not a report per run
-    cases = {int(c) for c in args.cases.split(",")}
+    cases = {int(c) if c.isdigit() else c for c in args.cases.split(",")}
     seeds = range(args.seeds)
     t0 = time.perf_counter()
     text = [report.header("FFCM: the paper's cases (Stallmann & Wilbik 2022)"), ""]
@@ -362,6 +419,15 @@ def main(argv=None) -> None:
                  "`memberships` = centres of random memberships, as central FCM codes start.",
                  "", sensitivity_table(seeds), ""]
         log("case 3 sensitivity done")
+    if "3d" in cases:
+        text += ["### Case 3 at fedcluster's defaults", "",
+                 f"Knowledge gap, mean over {args.seeds} seeds (the data of case 3's seeds): "
+                 "central fuzzy c-means at its best (the lowest J_2 of 10 k-means++ starts) "
+                 "against FFCM at fedcluster's defaults (`init = auto`: the sum-only "
+                 "`divisive` start; one local iteration; the floor 2; the sites' groups of "
+                 "2-3 rows), and the same from sites answering from their rows.", "",
+                 defaults_table(seeds), ""]
+        log("case 3 at the defaults done")
     if 4 in cases:
         files = sorted(args.data.glob("g2-2-*.txt"), key=lambda p: int(p.stem.split("-")[-1]))
         if not files:

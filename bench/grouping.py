@@ -1,33 +1,49 @@
-"""Microaggregation (``fedcluster.client_app.grouping.group_rows``): time and peak memory
-on one large memory-mapped site, and the quality of k-means on the group means.
+"""Site groups (issue 35): what a deployed site does when it first meets a new data
+version, timed with its peak memory on one large memory-mapped site; and the quality of
+k-means on the groups' means.
 
-1. **Time and memory** (default): a 1,000,000 x 64 float64 site (50 Gaussian blobs of
-   random sizes and spreads + 2 % uniform noise, seed 0) written to a ``.npy`` in a
-   temporary folder and opened read-only memory-mapped, as a deployed site's cache is.
-   ``group_rows`` runs in a fresh child process (``NUMBA_NUM_THREADS=2``) whose peak RSS
-   (``ru_maxrss``, and VmHWM as a check) then covers the interpreter, numpy, Numba with
-   the grouping kernels loaded from the on-disk cache (an untimed child on a small file
-   fills it first; the child's own warm-up call on a 40,000-row file loads every kernel)
-   and the grouping alone.  The files are written by other processes: Linux starts a
-   child's ``ru_maxrss`` at its parent's high-water mark, so the parent stays small.
+1. **Time and memory** (``--parts scale``, the default): a 1,000,000 x 64 float64 site
+   (50 Gaussian blobs of random sizes and spreads + 2 % uniform noise, seed 0) written to
+   a ``.npy`` in a temporary folder, which a site memory-maps read-only. Each measure
+   runs in a fresh child process (``NUMBA_NUM_THREADS=2``) whose peak RSS (``ru_maxrss``,
+   and VmHWM as a check) then covers the interpreter, numpy, Numba with the kernels
+   loaded from the on-disk cache (an untimed child on a small file fills it first; the
+   child's own warm-up on a 40,000-row file loads every kernel and code path) and the
+   measure alone. The files are written by other processes: Linux starts a child's
+   ``ru_maxrss`` at its parent's high-water mark, so the parent stays small.
+
+   - *grouping alone*: ``grouping.group_rows(X, g)`` on the mapped rows;
+   - *whole build*: ``site_data.load_site_file(path, cache_dir=...)`` then
+     ``group_table.site_groups(site, g, cache_dir)`` on a fresh cache folder: the
+     grouping scale (a pass over the rows), the grouping, the statistics (sums, then
+     the squared deviations a window of groups at a time), the canonical order, the
+     labels, the row hashes (for growth), the entry written (.npy files and the json
+     sidecar) and read back memory-mapped. Its parts are timed by wrapping those
+     functions in the child; "high-water after" is the child's ``ru_maxrss`` when the
+     part returns (which part raised the peak).
+
    Printed: seconds, the child's baseline (after its imports and the warm-up, before the
-   data is opened) and peak RSS, over the data's size.  Targets: at most 60 s and at most
-   1.5 x the data.
-2. **Quality** (``--quality``): for g = 2 and 3, the 13 SIPU sets and scikit-learn's iris,
-   wine, breast cancer and digits, z-scored, each split IID over 5 sites (seed 0, as
-   ``bench/quality.py``); each site's rows are grouped alone; scikit-learn's
-   ``KMeans(k, n_init=10, random_state=0)`` is fitted on the pooled group means weighted
-   by their counts and its inertia on the pooled rows is divided by that of the same
-   KMeans fitted on the pooled rows (k = the set's number of labels).  Printed per set,
-   then median, 90th percentile and worst per g.  ``--seeds S`` takes the best of
-   ``random_state`` 0..S-1 on both sides, which separates the grouping's cost from
-   KMeans landing in another local optimum on either side (on a set with many clusters
-   one seed's ratio can move by several percent: seen once at 1.10 on d31).
+   data is opened) and peak RSS, over the data's size. Targets (issue 35): at most 60 s
+   and at most 1.5 x the data.
+2. **Quality** (``--parts quality``, or ``--quality``): for g = 2 and 3, the 13 SIPU sets
+   and scikit-learn's iris, wine, breast cancer and digits, z-scored, each split IID over
+   5 sites (seed 0, as ``bench/quality.py``); each site's rows are grouped alone
+   (``group_rows``); scikit-learn's ``KMeans(k, n_init=10, random_state=0)`` is fitted on
+   the pooled group means weighted by their counts and its inertia on the pooled rows is
+   divided by that of the same KMeans fitted on the pooled rows (k = the set's number of
+   labels). Printed per set, then median, 90th percentile and worst per g.  ``--seeds S``
+   takes the best of ``random_state`` 0..S-1 on both sides, which separates the
+   grouping's cost from KMeans landing in another local optimum on either side (on a set
+   with many clusters one seed's ratio can move by several percent: seen once at 1.10 on
+   d31).
+
+``--out BENCHMARKS.md`` writes the parts run as its section ``grouping``.
 
 Usage::
 
-    python bench/grouping.py [--rows 1000000] [--dim 64] [--min-size 2]
+    python bench/grouping.py [--rows 1000000] [--dim 64] [--min-size 2 3]
     python bench/grouping.py --quality [--seeds 1] [--sets a1 iris ...]
+    python bench/grouping.py --parts scale quality --out BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -45,26 +61,89 @@ import numpy as np
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+MB = 2**20
 
-CHILD = """
-import json, resource, sys, time
+PEAK = """
+import json, resource, time
+
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+def resident():  # now, not the high-water mark
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+def hwm():  # the same high-water mark, from the kernel's mm
+    with open("/proc/self/status") as status:
+        return [int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM")][0]
+"""
+
+GROUPING_CHILD = PEAK + """
+import sys
 import numpy as np
 from fedcluster.client_app.grouping import group_rows
 
 path, warm, g = sys.argv[1], sys.argv[2], int(sys.argv[3])
 group_rows(np.load(warm, mmap_mode="r"), g)  # kernels from the disk cache
-baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+baseline = peak()
 X = np.load(path, mmap_mode="r")
 t0 = time.perf_counter()
 labels = group_rows(X, g)
 seconds = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-with open("/proc/self/status") as status:  # the same high-water mark, from the kernel's mm
-    hwm = [int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM")][0]
 counts = np.bincount(labels)
-print(json.dumps({"seconds": seconds, "baseline": baseline, "peak": peak, "hwm": hwm,
+print(json.dumps({"seconds": seconds, "baseline": baseline, "peak": peak(), "hwm": hwm(),
                   "groups": int(len(counts)), "smallest": int(counts.min()),
                   "largest": int(counts.max())}))
+"""
+
+SITE_CHILD = PEAK + """
+import sys
+import numpy as np
+from fedcluster.client_app import group_stats, group_table, site_data
+
+path, warm, g, cache, warm_cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+# the whole build once on a small file: kernels from the disk cache, every code path
+group_table.site_groups(site_data.load_site_file(warm, cache_dir=warm_cache), g, warm_cache)
+baseline = peak()
+parts = {}
+
+def timed(module, name, label):
+    function = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        parts.setdefault(label, {"calls": 0, "seconds": 0.0, "first": len(parts)})
+        try:
+            return function(*args, **kwargs)
+        finally:
+            part = parts[label]
+            part["calls"] += 1
+            part["seconds"] += time.perf_counter() - t0
+            part["after"] = peak()
+            part["resident"] = resident()
+    setattr(module, name, wrapper)
+
+for module, name, label in [
+        (site_data, "load_site_file", "load_site_file (map, check finite)"),
+        (group_table, "row_hashes", "row_hashes (growth)"),
+        (group_table, "grouping_scale", "grouping_scale"),
+        (group_table, "group_rows", "group_rows"),
+        (group_stats, "group_sums", "group_sums (counts, sums)"),
+        (group_stats, "group_m2", "group_m2 (a window of groups each)"),
+        (group_stats, "stats_keys", "stats_keys (hash of each group's statistics)"),
+        (group_stats, "canonical_order", "canonical_order"),
+        (group_table, "_labels_of_groups", "labels"),
+        (group_table, "_write_entry", "_write_entry (.npy files, json)"),
+        (group_table, "_read_entry", "_read_entry (first a miss; then the entry, mapped)")]:
+    timed(module, name, label)
+t0 = time.perf_counter()
+site = site_data.load_site_file(path, cache_dir=cache)
+groups, grouped = group_table.site_groups(site, g, cache)
+seconds = time.perf_counter() - t0
+counts = np.asarray(groups.counts)
+print(json.dumps({"seconds": seconds, "baseline": baseline, "peak": peak(), "hwm": hwm(),
+                  "groups": int(groups.n_groups), "smallest": int(counts.min()),
+                  "largest": int(counts.max()), "waiting": groups.waiting, "parts": parts}))
 """
 
 
@@ -89,7 +168,7 @@ def write_site(path: Path, n: int, d: int, seed: int = 0, blobs: int = 50) -> No
     del out
 
 
-def run_child(*args, code: str | None = CHILD) -> dict | None:
+def run_child(*args, code: str | None) -> dict | None:
     """``python -c code args`` (``code`` None: this script with ``args``) in a fresh
     process, NUMBA_NUM_THREADS=2; its last output line as JSON."""
     env = dict(os.environ, NUMBA_NUM_THREADS="2")
@@ -103,32 +182,75 @@ def run_child(*args, code: str | None = CHILD) -> dict | None:
     return json.loads(lines[-1]) if lines else None
 
 
-def time_and_memory(n: int, d: int, g: int) -> None:
+def time_and_memory(n: int, d: int, sizes: list[int]) -> list[str]:
+    """Run the scale part; its lines for BENCHMARKS.md."""
+    load = os.getloadavg()[0]
+    out = []
     with tempfile.TemporaryDirectory(prefix="fedcluster-grouping-") as tmp:
-        path, warm = Path(tmp) / "site.npy", Path(tmp) / "warm.npy"
+        tmp = Path(tmp)
+        path, warm = tmp / "site.npy", tmp / "warm.npy"
         t0 = time.perf_counter()
         # Written by other processes: Linux starts a child's ru_maxrss at its parent's
         # high-water mark (kept across fork and exec), so this process must stay small.
         run_child("--write", path, n, d, 0, code=None)
         # past the serial twins and one coarse split, so that every kernel is loaded
         run_child("--write", warm, 40_000, d, 1, code=None)
-        print(f"wrote {n:,} x {d} float64 ({path.stat().st_size / 2**20:.0f} MB) in "
-              f"{time.perf_counter() - t0:.1f} s")
-        # fill Numba's on-disk cache (compiling costs time and memory that a site pays
-        # once per app version, not per grouping)
-        run_child(warm, warm, g)
-        r = run_child(path, warm, g)
         data = path.stat().st_size
-        print(f"group_rows(min_size={g}), NUMBA_NUM_THREADS=2: {r['seconds']:.1f} s; "
-              f"{r['groups']:,} groups of {r['smallest']}..{r['largest']} rows")
-        print(f"child baseline {r['baseline'] / 2**20:.0f} MB, peak RSS "
-              f"{r['peak'] / 2**20:.0f} MB (VmHWM {r['hwm'] / 2**20:.0f} MB) = "
-              f"{r['peak'] / data:.2f} x the data "
-              f"({data / 2**20:.0f} MB); (peak - baseline) / data = "
-              f"{(r['peak'] - r['baseline']) / data:.2f}")
+        print(f"wrote {n:,} x {d} float64 ({data / MB:.0f} MB) in "
+              f"{time.perf_counter() - t0:.1f} s; load average {load:.2f}")
+        out += [f"One site, {n:,} x {d} float64 rows ({data / MB:.0f} MB .npy, memory-mapped), "
+                f"NUMBA_NUM_THREADS=2, each measure in a fresh process; MB = 2^20 bytes; "
+                f"limit 1.5 x the data = {1.5 * data / MB:.0f} MB. baseline = the process "
+                "after its imports and a warm-up on a 40,000-row file (every kernel loaded), "
+                "before the data is opened; peak = its ru_maxrss (VmHWM agrees). "
+                f"Load average (1 min) {load:.2f} at the start on {os.cpu_count()} cores.", "",
+                "| g | measure | seconds | groups (sizes) | baseline MB | peak RSS MB "
+                "| peak / data | (peak - baseline) / data |", "|---|---|---|---|---|---|---|---|"]
+        builds = {}
+        for g in sizes:
+            # fill Numba's on-disk cache (compiling costs time and memory that a site pays
+            # once per app version, not per grouping)
+            run_child(warm, warm, g, code=GROUPING_CHILD)
+            for label, code, extra in (("grouping alone (`group_rows`)", GROUPING_CHILD, ()),
+                                       ("whole build (`load_site_file` + `site_groups`)",
+                                        SITE_CHILD, (tmp / f"cache-{g}", tmp / f"warm-{g}"))):
+                r = run_child(path, warm, g, *extra, code=code)
+                print(f"g = {g}, {label}: {r['seconds']:.1f} s; {r['groups']:,} groups of "
+                      f"{r['smallest']}..{r['largest']} rows; baseline {r['baseline'] / MB:.0f} "
+                      f"MB, peak {r['peak'] / MB:.0f} MB (VmHWM {r['hwm'] / MB:.0f} MB) = "
+                      f"{r['peak'] / data:.2f} x the data", flush=True)
+                out.append(f"| {g} | {label} | {r['seconds']:.1f} | {r['groups']:,} "
+                           f"({r['smallest']}..{r['largest']}) | {r['baseline'] / MB:.0f} | "
+                           f"{r['peak'] / MB:.0f} | **{r['peak'] / data:.2f}** | "
+                           f"{(r['peak'] - r['baseline']) / data:.2f} |")
+                if "parts" in r:
+                    builds[g] = r
+        for g, r in builds.items():
+            table = r["groups"] * d * 8
+            out += ["", f"Reading, g = {g}: the whole build takes {r['seconds']:.1f} s (target "
+                    f"60 s) and peaks at {r['peak'] / data:.2f} x the data (target 1.5 x). The "
+                    "peak is the table being made: the process's baseline, the per-feature "
+                    f"sums held whole ({r['groups']:,} x {d} float64, {table / MB:.0f} MB) and "
+                    "one window of squared deviations (at most 64 MB; the others wait in a "
+                    "temporary file); the rows' pages are dropped after every chunk of every "
+                    "pass, and the entry is written in canonical order chunk by chunk. Most "
+                    "of the time is the grouping (`group_rows`)."]
+            out += ["", f"The whole build's parts at g = {g} (seconds summed over calls; "
+                    "high-water after = the process's peak RSS when the part's last call "
+                    "returned, resident after = its RSS then):", "",
+                    "| part (in the order first called) | calls | seconds | high-water after, MB "
+                    "| resident after, MB |", "|---|---|---|---|---|"]
+            print(f"parts at g = {g}:")
+            for label, part in sorted(r["parts"].items(), key=lambda item: item[1]["first"]):
+                print(f"  {label:48s} {part['calls']:3d} {part['seconds']:6.1f} s "
+                      f"{part['after'] / MB:6.0f} MB high-water {part['resident'] / MB:6.0f} MB now")
+                out.append(f"| {label} | {part['calls']} | {part['seconds']:.1f} | "
+                           f"{part['after'] / MB:.0f} | {part['resident'] / MB:.0f} |")
+    return out
 
 
-def quality(sets: list[str], sizes: tuple[int, ...], seeds: int = 1) -> None:
+def quality(sets: list[str], sizes: tuple[int, ...], seeds: int = 1) -> list[str]:
+    """Run the quality part; its lines for BENCHMARKS.md."""
     import warnings
 
     from sklearn.cluster import KMeans
@@ -141,6 +263,12 @@ def quality(sets: list[str], sizes: tuple[int, ...], seeds: int = 1) -> None:
     warnings.filterwarnings("ignore")
     data = ROOT.parent / "shared" / "data"
     ratios = {g: [] for g in sizes}
+    state = "random_state 0" if seeds == 1 else f"the best of random_state 0..{seeds - 1}"
+    out = [f"Pooled KMeans(k, n_init=10, {state}) on the count-weighted group means, its "
+           "inertia on the pooled rows over that of the same KMeans on the rows; each set "
+           "z-scored, split IID over 5 sites, each site's rows grouped alone (`group_rows`).",
+           "", "| set | n | k | " + " | ".join(f"g = {g}" for g in sizes) + " |",
+           "|---|---|---|" + "---|" * len(sizes)]
     print(f"{'set':12s} {'n':>6s} {'k':>3s} " + " ".join(f"{'g=' + str(g):>8s}" for g in sizes)
           + "   (pooled KMeans on group means / KMeans on rows, inertia on the rows)")
     for name in sets:
@@ -166,21 +294,31 @@ def quality(sets: list[str], sizes: tuple[int, ...], seeds: int = 1) -> None:
             ratios[g].append(ratio)
             line += f"{ratio:8.4f} "
         print(line, flush=True)
+        out.append(f"| {name} | {len(rows)} | {k} | "
+                   + " | ".join(f"{ratios[g][-1]:.4f}" for g in sizes) + " |")
+    out.append("")
     for g in sizes:
         r = np.array(ratios[g])
-        print(f"g = {g}: median {np.median(r):.4f}, 90th percentile {np.percentile(r, 90):.4f}, "
-              f"worst {r.max():.4f} ({sets[int(r.argmax())]}), over {len(r)} sets")
+        summary = (f"g = {g}: median {np.median(r):.4f}, 90th percentile "
+                   f"{np.percentile(r, 90):.4f}, worst {r.max():.4f} ({sets[int(r.argmax())]}), "
+                   f"over {len(r)} sets")
+        print(summary)
+        out.append(f"- {summary}.")
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--min-size", type=int, default=2)
-    parser.add_argument("--quality", action="store_true")
+    parser.add_argument("--min-size", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--parts", nargs="+", choices=["scale", "quality"], default=["scale"])
+    parser.add_argument("--quality", action="store_true", help="the same as --parts quality")
     parser.add_argument("--seeds", type=int, default=1,
-                        help="--quality: best of KMeans random_state 0..SEEDS-1 on both sides "
+                        help="quality: best of KMeans random_state 0..SEEDS-1 on both sides "
                              "(1, the default: random_state 0 only)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the parts run as section 'grouping' of this file")
     parser.add_argument("--write", nargs=4, metavar=("PATH", "ROWS", "DIM", "SEED"),
                         help=argparse.SUPPRESS)  # internal: the bench's data writer
     parser.add_argument("--sets", nargs="+", default=[
@@ -190,10 +328,22 @@ def main() -> None:
     if args.write:
         path, rows, dim, seed = args.write
         write_site(Path(path), int(rows), int(dim), int(seed))
-    elif args.quality:
-        quality(args.sets, (2, 3), args.seeds)
-    else:
-        time_and_memory(args.rows, args.dim, args.min_size)
+        return
+    parts = ["quality"] if args.quality else args.parts
+    lines = []
+    if "scale" in parts:
+        lines += ["### Time and memory: a site's first meeting with a data version", "",
+                  *time_and_memory(args.rows, args.dim, args.min_size), ""]
+    if "quality" in parts:
+        lines += ["### Quality: k-means on the groups' means", "",
+                  *quality(args.sets, (2, 3), args.seeds), ""]
+    if args.out is not None:
+        sys.path.insert(0, str(BENCH))
+        import report  # noqa: E402
+
+        text = "\n".join([report.header("Site groups: grouping one large site, and the "
+                                        "quality of its groups"), "", *lines])
+        print(f"wrote section 'grouping' of {report.write_section('grouping', text, args.out)}")
 
 
 if __name__ == "__main__":

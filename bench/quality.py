@@ -9,7 +9,9 @@ rows, and 10 far outliers; ``tiny``: six groups of 400 and three of 12). Each is
 5 sites IID and by label skew (Dirichlet 0.3, ``common/datasets.partition``).
 
 Runs: ``fedcluster.simulate`` (the real ServerApp and ClientApps in process), one per data
-set, split, floor (``min-cluster-size``) and mode:
+set, split, floor (the run's ``min-cluster-size``), the sites' own floor p_site (their node
+config ``min-cluster-size``: the size of the groups they answer from, default 2; 1: the
+sites answer from their rows) and mode:
 
 - ``plain``: the algorithm at its defaults;
 - ``secure``: ``secure-aggregation`` at its defaults (the sum-only ``divisive`` start),
@@ -32,7 +34,8 @@ c-means, the best of 10 k-means++-seeded runs to convergence.
 Usage::
 
     python bench/quality.py [--algorithms dwf ...] [--modes plain secure dp10]
-                            [--floors 1 2] [--sets iris ...] [--out BENCHMARKS.md]
+                            [--floors 1 2] [--site-floors 1 2] [--sets iris ...]
+                            [--out BENCHMARKS.md]
 """
 
 from __future__ import annotations
@@ -158,9 +161,11 @@ def sse(X: np.ndarray, C: np.ndarray) -> float:
     return total
 
 
-def run(sites, k, algorithm, mode, floor, X, central, extra: dict) -> tuple[float, int]:
+def run(sites, k, algorithm, mode, floor, X, central, extra: dict,
+        site_floor: int = 2) -> tuple[float, int]:
     config = {"algorithm": algorithm, "n_clusters": k, "min_cluster_size": floor, "seed": 0,
-              "central_baseline": False, **extra}
+              "central_baseline": False, "site_config": {"min-cluster-size": site_floor},
+              **extra}
     if mode == "secure":
         config.update(secure_aggregation=True,
                       secagg_data_bound=float(np.ceil(np.abs(X).max() + 1e-9)))
@@ -181,17 +186,19 @@ def run(sites, k, algorithm, mode, floor, X, central, extra: dict) -> tuple[floa
 
 
 def table(rows: list[dict], key: str, groups: list[tuple]) -> list[str]:
-    out = ["| algorithm | mode | floor | split | median | 90th pct | worst (set) | rounds (median) |",
-           "|---|---|---|---|---|---|---|---|"]
-    for algorithm, mode, floor, split in groups:
-        sel = [r for r in rows if (r["algorithm"], r["mode"], r["floor"], r["split"])
-               == (algorithm, mode, floor, split) and key in r]
+    out = ["| algorithm | mode | floor | p_site | split | median | 90th pct | worst (set) | "
+           "rounds (median) |", "|---|---|---|---|---|---|---|---|---|"]
+    for algorithm, mode, floor, site_floor, split in groups:
+        sel = [r for r in rows if (r["algorithm"], r["mode"], r["floor"], r["site_floor"],
+                                   r["split"]) == (algorithm, mode, floor, site_floor, split)
+               and key in r]
         if not sel:
             continue
         values = np.array([r[key] for r in sel])
         worst = sel[int(np.argmax(values))]
-        out.append(f"| {algorithm} | {mode} | {floor} | {split} | {np.median(values):.4f} | "
-                   f"{np.percentile(values, 90):.4f} | {values.max():.4f} ({worst['set']}) | "
+        out.append(f"| {algorithm} | {mode} | {floor} | {site_floor} | {split} | "
+                   f"{np.median(values):.4f} | {np.percentile(values, 90):.4f} | "
+                   f"{values.max():.4f} ({worst['set']}) | "
                    f"{int(np.median([r['rounds'] for r in sel]))} |")
     return out
 
@@ -201,7 +208,11 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["dwf"])
     parser.add_argument("--modes", nargs="+",
                         default=["plain", "secure", "dp10", "dp10-box", "dp10-oracle"])
-    parser.add_argument("--floors", nargs="+", type=int, default=[1])
+    parser.add_argument("--floors", nargs="+", type=int, default=[2],
+                        help="the run's min-cluster-size (default 2, the run's default)")
+    parser.add_argument("--site-floors", nargs="+", type=int, default=[2],
+                        help="the sites' own min-cluster-size: their groups' size (default 2; "
+                             "1: the sites answer from their rows)")
     parser.add_argument("--splits", nargs="+", default=list(SPLITS))
     parser.add_argument("--sets", nargs="+", default=["iris", "wine", "cancer", "digits", *SIPU,
                                                       "g2", "mnist", "outliers", "tiny"])
@@ -221,6 +232,7 @@ def main() -> None:
         extra[key.replace("-", "_")] = value
 
     rows = []
+    began = time.monotonic()
     for name in args.sets:
         X, y = load(name, args.data)
         k = len(np.unique(y))
@@ -229,19 +241,21 @@ def main() -> None:
         for split in args.splits:
             sites = split_sites(X, y, split)
             for algorithm in args.algorithms:
-                for floor in args.floors:
+                for floor, site_floor in [(f, s) for f in args.floors for s in args.site_floors]:
                     plain = None
                     for mode in args.modes:
                         started = time.monotonic()
                         try:
                             score, rounds = run(sites, k, algorithm, mode, floor, X,
-                                                reference.cluster_centers_, extra)
+                                                reference.cluster_centers_, extra, site_floor)
                         except Exception as err:  # a refused mode is a row, not a crash
-                            print(f"{name} {split} {algorithm} {mode} floor {floor}: {err}")
+                            print(f"{name} {split} {algorithm} {mode} floor {floor} p_site "
+                                  f"{site_floor}: {err}")
                             continue
                         central = central_fuzzy if algorithm == "ffcm" else reference.inertia_
                         row = {"set": name, "split": split, "algorithm": algorithm, "mode": mode,
-                               "floor": floor, "rounds": rounds, "central": score / central}
+                               "floor": floor, "site_floor": site_floor, "rounds": rounds,
+                               "central": score / central}
                         if mode == "plain":
                             plain = score
                         elif plain is not None:
@@ -249,22 +263,26 @@ def main() -> None:
                         if mode == "dp10-oracle":  # the same noise from the best start
                             for earlier in rows:
                                 if (earlier["set"], earlier["split"], earlier["algorithm"],
-                                        earlier["floor"]) == (name, split, algorithm, floor) \
+                                        earlier["floor"], earlier["site_floor"]) \
+                                        == (name, split, algorithm, floor, site_floor) \
                                         and earlier["mode"].startswith("dp10"):
                                     earlier["oracle"] = earlier["score"] / score
                         row["score"] = score
                         rows.append(row)
-                        print(f"{name:11s} {split:4s} {algorithm:9s} {mode:6s} floor {floor}: "
+                        print(f"{name:11s} {split:4s} {algorithm:9s} {mode:6s} floor {floor} "
+                              f"p_site {site_floor}: "
                               f"{score / central:.4f} x central"
                               + (f", {row['plain']:.4f} x plain" if "plain" in row else "")
                               + f", {rounds} rounds, {time.monotonic() - started:.1f} s",
                               flush=True)
-    groups = [(a, m, f, s) for a in args.algorithms for m in args.modes for f in args.floors
-              for s in args.splits]
+    groups = [(a, m, f, sf, s) for a in args.algorithms for m in args.modes for f in args.floors
+              for sf in args.site_floors for s in args.splits]
     lines = [report.header(f"Quality at defaults ({args.section})"), "",
              f"{len(args.sets)} data sets ({', '.join(args.sets)}), z-scored, k = their classes, "
-             f"{SITES} sites (IID, and Dirichlet 0.3 label skew), seed 0. Each figure is the "
-             "k-means objective of the run's final centroids on the pooled data over that of "
+             f"{SITES} sites (IID, and Dirichlet 0.3 label skew), seed 0; floor = the run's "
+             "min-cluster-size, p_site = the sites' own (the size of the groups they answer "
+             "from; 1: from their rows). Each figure is the "
+             "k-means objective of the run's final centroids on the pooled rows over that of "
              "scikit-learn's KMeans (n_init 10), both measured in this run (FFCM: the fuzzy "
              "objective J_2 over central fuzzy c-means' best of 10). Modes: `plain` (the "
              "defaults), `secure` (secure-aggregation at its defaults: the `divisive` start), "
@@ -283,6 +301,7 @@ def main() -> None:
                   "centroids: what the start costs under DP, its rounds' share of the budget "
                   "included, the noise's own cost taken out):", "",
                   *table(rows, "oracle", [g for g in groups if g[1] in ("dp10", "dp10-box")])]
+    lines += ["", f"Total time {time.monotonic() - began:.0f} s."]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -84,9 +84,18 @@ class Coordinator:
             raise AssertionError(f"the site refused: {fitres.metrics['error']}")
         return [np.asarray(a) for a in parameters_to_ndarrays(fitres.parameters)], dict(fitres.metrics)
 
-    def lloyd(self, C: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-        (means, counts), metrics = self.ask("lloyd", [C], **{"local-iters": 1, "tol": 0.0})
-        return means, counts, float(metrics["sse"])
+    def lloyd(self, C: np.ndarray, **params) -> tuple[np.ndarray, np.ndarray, float]:
+        """A 'lloyd' reply (means, counts, sse; sse NaN under DP, which sends none)."""
+        (means, counts), metrics = self.ask("lloyd", [C], **{"local-iters": 1, "tol": 0.0, **params})
+        return means, counts, float(metrics.get("sse", np.nan))
+
+    def refusal(self, C: np.ndarray, **params) -> str:
+        """The site's refusal text of a 'lloyd' task (AssertionError: it answered)."""
+        try:
+            self.lloyd(C, **params)
+        except AssertionError as refused:
+            return str(refused)
+        raise AssertionError("the site answered")
 
 
 @pytest.fixture
@@ -438,3 +447,37 @@ def test_ffcm_near_m_1_gets_a_row_only_from_a_site_that_answers_from_rows(site_f
     recovered = ffcm_top_row(site_factory(X, OPTED_OUT, algorithm="ffcm"), 3)
     assert is_row(recovered, X)
     assert_no_row([ffcm_top_row(site_factory(X, DEFAULT, algorithm="ffcm"), 3)], X)
+
+
+# ------------------------------------------------------------------ differential privacy
+def test_a_site_dp_policy_leaves_the_best_placed_attack_an_error_the_noise_implies(site_factory):
+    """DP answers from rows (clipped, noised). The site's own DP policy (require-dp,
+    dp-budget epsilon 1 for all runs, the clipping box given): the coordinator cannot ask
+    plain tasks, and even one that already knows where a row crosses between its two
+    clusters (found on a copy of the site answering from its rows) and spends the whole
+    budget on the two queries that bracket it gets the row only up to the noise; a third
+    query is refused."""
+    from fedcluster.common import privacy
+
+    X = site_rows()
+    d = X.shape[1]
+    (row,) = binary_search(site_factory(X, OPTED_OUT), d)  # the exact row
+    direction = np.eye(d)[0]
+    h = row[0]
+    brackets = [h - 1e-9, h + 1e-9]
+    rho_total = privacy.rho_from_epsilon(1.0, 1e-5)
+    dp = {"dp-rho": rho_total / 2, "dp-rho-planned": rho_total, "data-bounds": "-6:6"}
+    site = site_factory(X, {"require-dp": True, "dp-budget": "1"}, server_floor=2)
+    plane = lambda b: np.stack([(b - 1.0) * direction, (b + 1.0) * direction])  # noqa: E731
+    assert "site policy require-dp" in site.refusal(plane(h))
+    replies = [site.lloyd(plane(b), **dp) for b in brackets]
+    assert "site policy dp-budget=1,1e-05" in site.refusal(plane(h), **dp)
+    (m_lo, n_lo, _), (m_hi, n_hi, _) = replies
+    recovered = m_lo[0] * n_lo[0] - m_hi[0] * n_hi[0]  # the row moved out of cluster 0
+    lo, hi = np.full(d, -6.0), np.full(d, 6.0)
+    sigma = privacy.sums_counts_sigma(lo, hi, rho_total / 2)
+    # Each released sum carries noise of std sigma per coordinate (here 7 box diameters),
+    # their difference sigma sqrt(2): the "row" comes out box widths away from it. (The
+    # site's noise is seeded in simulation, so the figure is the same every run.)
+    error = float(np.linalg.norm(recovered - row))
+    assert sigma > 5 * privacy.l2_diameter(lo, hi) and error > sigma / 2, (error, sigma)

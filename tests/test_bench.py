@@ -53,8 +53,8 @@ def test_quality_writes_its_tables_with_the_dp_runs_against_the_oracle(tmp_path,
     quality.main()
     text = out.read_text()
     assert "## Quality at defaults (quality)" in text
-    rows = [line for line in text.splitlines() if line.startswith("| dwf | dp10 | 1 | iid |")]
+    rows = [line for line in text.splitlines() if line.startswith("| dwf | dp10 | 2 | 2 | iid |")]
     assert len(rows) == 3  # against central, against the plain run, against the oracle
     assert "against the `dp10-oracle` run" in text
     oracle = rows[2].split("|")
-    assert oracle[5].strip() == oracle[7].strip().split()[0]  # one set: median = worst
+    assert oracle[6].strip() == oracle[8].strip().split()[0]  # one set: median = worst

@@ -1,7 +1,9 @@
 """Microaggregation (fedcluster.client_app.grouping.group_rows): group sizes, a partition
 of the rows, the small cases, bit-identical labels for 1 and 2 Numba threads, on a
 read-only memmap and in memory, across calls, whatever the chunking, and the quality that
-makes the groups usable (k-means on the weighted group means as good as on the rows).
+makes the groups usable (k-means on the weighted group means as good as on the rows);
+then the groups' statistics (group_stats): each group's rows added in row order, the
+same bits whatever the chunking, the window of groups, or where the rows are held.
 
 At the test sizes one coarse segment holds every row (COARSE_BYTES = 16 MB of rows), so
 the ``coarse`` fixture lowers it to exercise the file-order coarse splits of large sites."""
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 
-from fedcluster.client_app import grouping
+from fedcluster.client_app import group_stats, grouping
 from fedcluster.client_app.grouping import group_rows
 from reference import num_threads
 
@@ -150,3 +152,76 @@ def test_kmeans_on_group_means_is_as_good_as_on_rows(g):
     on_groups = KMeans(10, n_init=10, random_state=0).fit(means, sample_weight=counts)
     on_rows = KMeans(10, n_init=10, random_state=0).fit(X)
     assert -on_groups.score(X) <= 1.01 * on_rows.inertia_
+
+
+# ------------------------------------------------------------------ the groups' statistics
+def sequential_statistics(X, labels, n_groups):
+    """Each group's sums and squared deviations, its rows added one at a time in row
+    order (the definition group_stats keeps bit for bit); missing cells skipped."""
+    d = X.shape[1]
+    sums, m2 = np.zeros((n_groups, d)), np.zeros((n_groups, d))
+    present = np.zeros((n_groups, d), dtype=np.int64)
+    seen = np.zeros(n_groups, dtype=bool)
+    for row, g in zip(X, labels):
+        if g < 0:
+            continue
+        cells = np.where(np.isnan(row), 0.0, row)
+        sums[g] = cells if not seen[g] else sums[g] + cells
+        present[g] += ~np.isnan(row)
+        seen[g] = True
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(present > 0, sums / np.maximum(present, 1), 0.0)
+    seen[:] = False
+    for row, g in zip(X, labels):
+        if g < 0:
+            continue
+        deviation = np.where(np.isnan(row), 0.0, row - means[g])
+        m2[g] = deviation * deviation if not seen[g] else m2[g] + deviation * deviation
+        seen[g] = True
+    return np.bincount(labels[labels >= 0], minlength=n_groups), sums, m2, present
+
+
+@pytest.fixture
+def grouped():
+    """3,000 x 5 rows on very different scales in groups of 2..5 rows, some rows waiting."""
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((3000, 5)) * [1.0, 1e3, 1e-3, 7.0, 1e6] + [0, 0, 1, -5, 1e7]
+    labels = np.repeat(np.arange(900), rng.integers(2, 6, size=900))[:2990]
+    labels = np.r_[rng.permutation(labels), [-1] * 10]
+    labels = np.unique(labels, return_inverse=True)[1] - 1  # -1 stays the smallest
+    return X, labels, int(labels.max()) + 1
+
+
+def test_a_groups_statistics_are_its_rows_added_in_row_order(grouped, monkeypatch):
+    X, labels, G = grouped
+    counts, sums, m2, present = group_stats.group_statistics(X, labels, G)
+    want = sequential_statistics(X, labels, G)
+    assert present is None  # no cell missing: no present-cell counts at all
+    for got, expected in zip((counts, sums, m2), want):
+        assert np.array_equal(got, expected)
+    # whatever the chunking
+    monkeypatch.setattr(group_stats, "STATS_ROWS", 7)
+    assert all(np.array_equal(a, b) for a, b in
+               zip(group_stats.group_statistics(X, labels, G)[:3], (counts, sums, m2)))
+
+
+def test_statistics_skip_missing_cells_and_count_the_present_ones(grouped):
+    X, labels, G = grouped
+    X = X.copy()
+    X[np.random.default_rng(6).random(X.shape) < 0.2] = np.nan
+    got = group_stats.group_statistics(X, labels, G)
+    for a, b in zip(got, sequential_statistics(X, labels, G)):
+        assert np.array_equal(a, b)
+    assert got[3].dtype == np.int64 and not np.isnan(got[1]).any()
+
+
+def test_statistics_of_a_memmap_are_those_in_memory_window_by_window(grouped, tmp_path):
+    X, labels, G = grouped
+    np.save(tmp_path / "rows.npy", X)
+    mapped = np.load(tmp_path / "rows.npy", mmap_mode="r")
+    counts, sums, absent, places = group_stats.group_sums(mapped, labels, G)
+    whole = group_stats.group_statistics(X, labels, G)
+    assert np.array_equal(sums, whole[1]) and absent is None
+    windows = [group_stats.group_m2(mapped, labels, places, counts, sums, None, lo, min(G, lo + 97))
+               for lo in range(0, G, 97)]
+    assert np.array_equal(np.concatenate(windows), whole[2])

@@ -35,7 +35,6 @@ import reference as ref
 
 T = 2**24  # the default secagg-quantization-range
 BOUND = 16.0  # digits: every pixel is in 0..16
-# init "random" without data-bounds sends the sites' minima and maxima: the sites allow it
 BASE = {"n_clusters": 6, "num_rounds": 3, "init": "random", "tol": 0.0, "seed": 3,
         "min_sites": 3, "central_baseline": False}
 
@@ -174,9 +173,11 @@ def test_secure_mod_passes_plain_messages_through():
 ])
 def test_secure_run_equals_plain(digits, algorithm, extra):
     sites, labels = digits
-    # Floor 1: no site withholds a cluster, so the figures are the pooled data's (the
-    # floor under secure aggregation: test_secure_evaluation_applies_each_sites_floor).
-    config = {**BASE, "algorithm": algorithm, "min_cluster_size": 1, **extra}
+    # Floor 1 and sites answering from their rows: no site withholds a cluster, so the
+    # figures are the pooled rows' (the floor under secure aggregation:
+    # test_secure_evaluation_applies_each_sites_floor; groups: the next test).
+    config = {**BASE, "algorithm": algorithm, "min_cluster_size": 1, **extra,
+              "site_config": {"min-cluster-size": 1}}
     plain_records, secure_records = [], []
     plain = fedcluster.simulate(sites, labels=labels, record_replies=plain_records, **config)
     sec = fedcluster.simulate(sites, labels=labels, record_replies=secure_records,
@@ -218,6 +219,21 @@ def test_secure_run_equals_plain(digits, algorithm, extra):
         assert rec["num-examples"] == 1 and Key.MASKED_PARAMETERS in rec["secagg"]
     plain_tasks = {t for r in secure_records for t in record_tasks(r)} - set(protocol.SECURE_TASKS)
     assert plain_tasks == {"describe", "bounds"}  # the plain round (describe carried bounds)
+
+
+def test_secure_run_from_groups_equals_the_plain_run_from_groups(digits):
+    """From the sites' groups (their default) a secure run's sums are the plain run's:
+    the same centroids up to the quantisation, the same sizes, the same metrics (of the
+    groups' partition; group-scatter summed securely too)."""
+    sites, labels = digits
+    config = {**BASE, "algorithm": "dwf"}
+    plain = fedcluster.simulate(sites, labels=labels, **config)
+    sec = fedcluster.simulate(sites, labels=labels, secure_aggregation=True,
+                              secagg_data_bound=BOUND, **config)
+    np.testing.assert_allclose(sec.centroids, plain.centroids, atol=1e-4)
+    assert sec.metrics["cluster-sizes"] == plain.metrics["cluster-sizes"]
+    for key in ("score", "calinski-harabasz", "simplified-silhouette", "davies-bouldin"):
+        assert sec.metrics[key] == pytest.approx(plain.metrics[key], rel=1e-4), key
 
 
 def test_secure_evaluation_applies_each_sites_floor(digits):

@@ -1,6 +1,7 @@
 """A site's groups (issue 35): the statistics a group keeps, the run's space, where the
-table is kept, data that grow (must-show 5), and the boundary: site tasks receive the
-group table, never rows."""
+table is kept, data that grow (must-show 5), the deployed build (memory-mapped rows, the
+table written chunk by chunk in canonical order: the same table as in memory, for any
+thread count), and the boundary: site tasks receive the group table, never rows."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcluster.client_app import group_table, private_tasks, tasks
+from fedcluster.client_app import group_stats, group_table, grouping, private_tasks, tasks
 from fedcluster.client_app.private_rows import ClippedRows
 from fedcluster.client_app.site_data import SiteData, load_site_file
-from fedcluster.client_app.site_groups import SiteGroups
+from fedcluster.client_app.site_groups import SiteGroups, TableFacts
 from fedcluster.common.scaling import FeatureTransform
+from reference import num_threads
 
 
 def _site(X, labels=None, source="site") -> SiteData:
@@ -49,7 +51,6 @@ def test_a_group_keeps_its_count_sums_and_squares_exactly(blobs):
 def test_in_the_runs_space_sums_and_squares_are_those_of_the_filled_scaled_rows(blobs):
     X = blobs.copy()
     X[np.random.default_rng(2).random(X.shape) < 0.1] = np.nan
-    from fedcluster.client_app.site_groups import TableFacts
     site = SiteData(X, None, None, "site", table=TableFacts(None, "", 0, {"a": 1}))
     groups, group_of_row = group_table.build(site, 2)
     assert groups.present is not None
@@ -161,7 +162,7 @@ def test_rows_are_matched_by_content_wherever_they_sit():
 
 # ------------------------------------------------------------------ the boundary
 ROW_MODULES = {"site_data", "tables", "table_files", "schema_table", "group_table", "grouping",
-               "site_check"}
+               "group_stats", "site_check"}
 TASK_MODULES = ["tasks", "site_statistics", "task_runner", "task_io", "local_kmeans", "private_tasks"]
 
 
@@ -195,3 +196,114 @@ def test_every_site_task_takes_the_groups_and_only_dp_takes_clipped_rows():
     # the one module a task reaches rows through is handed to DP alone
     users = [m for m in TASK_MODULES if "private_rows" in _imports(m) or "ClippedRows" in _imports(m)]
     assert users == ["private_tasks"]
+
+
+# ------------------------------------------------------------------ the deployed build
+def _write_npy(path: Path, X: np.ndarray) -> Path:
+    np.save(path, X)
+    return path
+
+
+@pytest.fixture
+def small_windows(monkeypatch):
+    """The squared deviations made 50 groups at a time (spilled to a temporary file),
+    the rows and the groups read a few hundred at a time."""
+    monkeypatch.setattr(group_stats, "M2_WINDOW_BYTES", 50 * 8 * 4)
+    monkeypatch.setattr(group_stats, "STATS_ROWS", 300)
+    monkeypatch.setattr(group_stats, "CHUNK_GROUPS", 64)
+    monkeypatch.setattr(group_table, "CHUNK_ROWS", 256)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_kept_table_is_the_one_built_in_memory_bit_for_bit(tmp_path, blobs, small_windows,
+                                                             threads):
+    """A deployed site (a memory-mapped .npy, its table written chunk by chunk in
+    canonical order, m2 in windows) holds the table ``build`` makes of the same rows in
+    memory, for 1 and 2 Numba threads."""
+    with num_threads(threads):
+        site, kept, grouped = _load(_write_npy(tmp_path / "site.npy", blobs), tmp_path / "cache")
+    assert isinstance(kept.sums, np.memmap) and grouped is None
+    held, _ = group_table.build(_site(blobs), 2)
+    assert kept.digest == held.digest
+    for name in ("counts", "sums", "m2"):
+        np.testing.assert_array_equal(np.asarray(getattr(kept, name)), getattr(held, name))
+    assert kept.present is None and held.present is None
+
+
+def test_a_kept_table_with_missing_cells_is_the_one_built_in_memory(tmp_path, blobs,
+                                                                    small_windows):
+    X = blobs.copy()
+    X[np.random.default_rng(4).random(X.shape) < 0.05] = np.nan
+    path = _write_npy(tmp_path / "site.npy", X)
+    facts = TableFacts(None, "", 0, {"a": 1})
+    mapped = np.load(path, mmap_mode="r")
+    site = SiteData(mapped, None, None, "site", table=facts, version="v1", lineage="l")
+    kept, _ = group_table.site_groups(site, 2, tmp_path / "cache")
+    held, _ = group_table.build(SiteData(X, None, None, "site", table=facts), 2)
+    assert kept.digest == held.digest and kept.present is not None
+    for name in ("counts", "sums", "m2", "present"):
+        np.testing.assert_array_equal(np.asarray(getattr(kept, name)), getattr(held, name))
+    # the grouping saw the same filled rows (spilled to a file, or in memory)
+    with group_table._grouping_rows(site, scratch=tmp_path) as spilled:
+        with group_table._grouping_rows(SiteData(X, None, None, "s", table=facts)) as inside:
+            assert isinstance(spilled, np.memmap) and np.array_equal(spilled, inside)
+
+
+def test_the_canonical_order_depends_on_the_statistics_alone():
+    """Groups whose rows sit elsewhere in the file (integer rows: every sum exact) give
+    the same table; groups whose 64-bit keys collide are ordered by their statistics."""
+    rng = np.random.default_rng(8)
+    labels = np.repeat(np.arange(200), rng.choice([2, 4], size=200))  # means of 2 or 4: exact
+    X = rng.integers(-50, 50, size=(labels.size, 3)).astype(np.float64)
+    moved, renamed = rng.permutation(labels.size), rng.permutation(200)
+    tables = []
+    for rows, group_of_row in ((X, labels), (X[moved], renamed[labels[moved]])):
+        columns, order = group_stats.ordered(rows, group_of_row, 200, None)
+        tables.append(group_stats.Table(columns, 3, None, 0).held())
+        counts, sums, m2, _ = group_stats.group_statistics(rows, group_of_row, 200)
+
+        def bits_of(ids, c=counts, s=sums, m=m2):
+            return np.stack(group_stats._stats_bits(c[ids], s[ids], m[ids], None), axis=1)
+
+        collided = group_stats.canonical_order(np.zeros(200, dtype=np.uint64), bits_of)
+        tables.append([a[collided] for a in (counts, sums, m2)])
+    for a, b in zip(tables[0], tables[2]):
+        assert a is None and b is None or np.array_equal(a, b)
+    for a, b in zip(tables[1], tables[3]):
+        assert np.array_equal(a, b)
+    assert np.all(np.diff(tables[1][0]) >= 0)  # a collision: by count, then sums, ...
+    assert not np.array_equal(tables[0][1], tables[1][1])
+
+
+def test_the_grouping_scale_reads_a_memmap_as_scaling_does(tmp_path, blobs, monkeypatch):
+    from fedcluster.common import kernels, scaling
+
+    monkeypatch.setattr(kernels, "CHUNK_ROWS", 64)
+    mapped = np.load(_write_npy(tmp_path / "rows.npy", blobs), mmap_mode="r")
+    assert np.array_equal(grouping._moments(mapped), scaling.site_moments(blobs)[2])
+    assert np.array_equal(group_table.grouping_scale(mapped), group_table.grouping_scale(blobs))
+
+
+def test_row_hashes_are_those_of_earlier_entries(blobs):
+    """The hashes a grown file is matched by: unchanged, so earlier entries still match."""
+    bits = blobs.view(np.uint64)
+    a = np.full(len(blobs), 0x9E3779B97F4A7C15, dtype=np.uint64)
+    b = np.full(len(blobs), 0xD1B54A32D192ED03, dtype=np.uint64)
+    for j in range(blobs.shape[1]):
+        a = group_stats.mix(a ^ bits[:, j])
+        b = group_stats.mix(b + group_stats.mix(bits[:, j] ^ np.uint64(j + 1)))
+    np.testing.assert_array_equal(group_table.row_hashes(_site(blobs)), np.stack([a, b], 1))
+
+
+def test_a_file_that_grows_keeps_its_groups_with_small_windows(tmp_path, blobs, small_windows):
+    path, cache = tmp_path / "site.npy", tmp_path / "cache"
+    _write_npy(path, blobs[:300])
+    _, before, _ = _load(path, cache)
+    _write_npy(path, blobs)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+    _, after, _ = _load(path, cache)
+    G = before.n_groups
+    for name in ("counts", "sums", "m2"):
+        np.testing.assert_array_equal(np.asarray(getattr(after, name))[:G],
+                                      np.asarray(getattr(before, name)))
+    np.testing.assert_allclose(np.asarray(after.sums)[G:].sum(0), blobs[300:].sum(0), rtol=1e-9)

@@ -13,6 +13,13 @@ Kept where (p_site >= 2):
   a fresh process per message maps the table instead of grouping again;
 - in memory, per array object (simulation, the in-process harness).
 
+Memory (``group_stats.py``): a deployed site's rows are read in file order only, a chunk
+at a time, their pages dropped after each; of the table only the per-feature sums are
+held whole while it is made (its squared deviations a window of groups at a time,
+spilled to a temporary file beside the table), and every array is written in canonical
+order chunk by chunk, never reordered in memory (``bench/grouping.py``: 1,000,000 x 64
+at g = 2, the whole build in about 7 s and 1.2 x the data).
+
 Data that grow keep their groups. Each deployed entry keeps a 128-bit hash of every row
 (its cells and its label) and the row's group; the file's lineage (its path and the
 columns read, not its version) names its latest entry. When a new version of the file
@@ -25,28 +32,36 @@ afresh (the privacy model says what comparing runs on the two versions can give 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import tempfile
 import weakref
 from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app import site_files
-from fedcluster.client_app.grouping import group_rows
+from fedcluster.client_app import group_stats, site_files
+from fedcluster.client_app.group_stats import group_statistics, mix
+from fedcluster.client_app.grouping import group_rows, grouping_scale
 from fedcluster.client_app.site_data import SiteData, cache_sibling, release_pages, write_atomic
 from fedcluster.client_app.site_groups import GroupLabels, SiteGroups
-from fedcluster.common import scaling
+
+__all__ = ["build", "group_statistics", "grouping_scale", "match_rows",
+           "row_hashes", "rows_as_groups", "site_groups", "table_digest"]
 
 logger = logging.getLogger(__name__)
-GROUPS_FORMAT = "fedcluster-site-groups-v1"
-#: Rows per chunk of the statistics pass (bounds its temporaries to CHUNK x d values).
-CHUNK_ROWS = 1 << 16
+# v2: groups ordered by a hash of their statistics (v1: by their means), each sum taken
+# in row order (group_stats.py): a v1 entry is grouped again.
+GROUPS_FORMAT = "fedcluster-site-groups-v2"
+#: Rows per chunk of a pass over the rows (row hashes, fill means): bounds the
+#: temporaries to a few CHUNK_ROWS x d values.
+CHUNK_ROWS = 1 << 14
 
 
-# ------------------------------------------------------------------ statistics
+# ------------------------------------------------------------------ labels and digest
 def _label_codes(site: SiteData) -> tuple[np.ndarray, tuple[str, ...]] | None:
     """Each row's label as an index into the site's sorted distinct labels, and their text."""
     if site.labels is None:
@@ -57,66 +72,42 @@ def _label_codes(site: SiteData) -> tuple[np.ndarray, tuple[str, ...]] | None:
     return codes.astype(np.int64), names
 
 
-def group_statistics(X: np.ndarray, group_of_row: np.ndarray, n_groups: int):
-    """Per group: ``(counts, sums, m2, present)`` of ``X``'s rows (``group_of_row``: each
-    row's group, -1 for none), over present (non-NaN) cells; ``present`` None when no
-    cell is missing. In chunks of whole groups, in row order within a group (so the same
-    rows give the same bits)."""
-    d = X.shape[1]
-    order = np.argsort(group_of_row, kind="stable")
-    order = order[group_of_row[order] >= 0]
-    counts = np.bincount(group_of_row[order], minlength=n_groups).astype(np.int64)
-    ends = np.cumsum(counts)
-    sums, m2 = np.zeros((n_groups, d)), np.zeros((n_groups, d))
-    present = np.zeros((n_groups, d), dtype=np.int64)
-    any_missing = False
-    g = 0
-    while g < n_groups:
-        # whole groups, about CHUNK_ROWS rows
-        last = max(g + 1, int(np.searchsorted(ends, ends[g] - counts[g] + CHUNK_ROWS, "right")))
-        last = min(last, n_groups)
-        start = ends[g] - counts[g]
-        rows = np.asarray(X[order[start:ends[last - 1]]], dtype=np.float64)
-        offsets = (ends[g:last] - counts[g:last]) - start
-        missing = np.isnan(rows)
-        if missing.any():
-            any_missing = True
-            rows = np.where(missing, 0.0, rows)
-        n_present = np.add.reduceat(~missing, offsets, axis=0)
-        block_sums = np.add.reduceat(rows, offsets, axis=0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            block_means = np.where(n_present > 0, block_sums / np.maximum(n_present, 1), 0.0)
-        deviation = rows - np.repeat(block_means, counts[g:last], axis=0)
-        deviation[missing] = 0.0
-        sums[g:last], present[g:last] = block_sums, n_present
-        m2[g:last] = np.add.reduceat(deviation * deviation, offsets, axis=0)
-        release_pages(X)
-        g = last
-    return counts, sums, m2, present if any_missing else None
-
-
-def _labels_of_groups(codes: np.ndarray, names: tuple[str, ...], group_of_row: np.ndarray) -> GroupLabels:
+def _labels_of_groups(site: SiteData, group_of_row: np.ndarray) -> GroupLabels | None:
+    if (coded := _label_codes(site)) is None:
+        return None
+    codes, names = coded
     grouped = group_of_row >= 0
     key = group_of_row[grouped] * len(names) + codes[grouped]
     pairs, count = np.unique(key, return_counts=True)
     return GroupLabels(pairs // len(names), pairs % len(names), count.astype(np.int64), names)
 
 
-def table_digest(counts, sums, m2, present, labels: GroupLabels | None, min_size: int) -> str:
-    """sha256 of a group table: what the disclosure ledger names each reply by."""
-    digest = hashlib.sha256(f"{GROUPS_FORMAT}\0{min_size}\0".encode())
-    for part in (counts, sums, m2, present, *(() if labels is None else
-                                               (labels.group, labels.code, labels.count))):
-        if part is not None:
-            digest.update(np.ascontiguousarray(part).tobytes())
+def _digest_start(min_size: int):
+    return hashlib.sha256(f"{GROUPS_FORMAT}\0{min_size}\0".encode())
+
+
+def _digest_labels(digest, labels: GroupLabels | None) -> str:
     if labels is not None:
+        for part in (labels.group, labels.code, labels.count):
+            digest.update(np.ascontiguousarray(part))
         digest.update(json.dumps(labels.names).encode())
     return digest.hexdigest()
 
 
-def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, waiting: int):
-    return SiteGroups(counts, sums, m2, present, site.source, min_size,
-                      table_digest(counts, sums, m2, present, labels, min_size),
+def table_digest(counts, sums, m2, present, labels: GroupLabels | None, min_size: int) -> str:
+    """sha256 of a group table: what the disclosure ledger names each reply by (each
+    array's bytes, hashed in place: no copy of a large table)."""
+    digest = _digest_start(min_size)
+    for part in (counts, sums, m2, present):
+        if part is not None:
+            digest.update(np.ascontiguousarray(part))
+    return _digest_labels(digest, labels)
+
+
+def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, waiting: int,
+            digest: str | None = None):
+    digest = digest or table_digest(counts, sums, m2, present, labels, min_size)
+    return SiteGroups(counts, sums, m2, present, site.source, min_size, digest,
                       site.feature_names, labels, site.table, waiting, site.fingerprint)
 
 
@@ -138,69 +129,74 @@ def rows_as_groups(site: SiteData) -> SiteGroups:
                       site.feature_names, labels, site.table, 0, site.fingerprint)
 
 
-def _grouping_rows(site: SiteData, rows: np.ndarray | None = None) -> np.ndarray:
-    """The rows the grouping sees: a missing cell at its feature's site mean (the
-    grouping only decides who is with whom; the statistics keep the cell missing)."""
-    X = site.X if rows is None else site.X[rows]
-    if site.table is None or not site.table.has_missing:
-        return X
-    X = np.array(X, dtype=np.float64)
-    missing = np.isnan(X)
-    if missing.any():
-        present = (~missing).sum(axis=0)
-        means = np.where(missing, 0.0, X).sum(axis=0) / np.maximum(present, 1)
-        X[missing] = means[np.nonzero(missing)[1]]
-    return X
+# ------------------------------------------------------------------ what the grouping sees
+@contextlib.contextmanager
+def _grouping_rows(site: SiteData, rows: np.ndarray | None = None, scratch: Path | None = None):
+    """The rows the grouping sees (``rows``: those rows of the site, ascending): a missing
+    cell at its feature's site mean (the grouping only decides who is with whom; the
+    statistics keep the cell missing). The site's own rows when it has all of them and
+    no missing cell; else a copy, made a chunk at a time, in a temporary file in
+    ``scratch`` when given (mapped read-only, so never all resident), else in memory."""
+    X = site.X
+    missing = site.table is not None and site.table.has_missing
+    if rows is None and not missing:
+        yield X
+        return
+    n, d = (X.shape[0] if rows is None else len(rows)), X.shape[1]
+
+    def chunks():  # in file order, a memory-mapped site's pages dropped after each
+        for start in range(0, n, CHUNK_ROWS):
+            yield start, np.asarray(X[start:start + CHUNK_ROWS] if rows is None
+                                    else X[rows[start:start + CHUNK_ROWS]])
+            release_pages(X)
+
+    means = None
+    if missing:  # chunked, so a file and memory give the same bits
+        present, total = np.zeros(d, dtype=np.int64), np.zeros(d)
+        for _, block in chunks():
+            absent = np.isnan(block)
+            present += (~absent).sum(axis=0)
+            total += np.where(absent, 0.0, block).sum(axis=0)
+        means = total / np.maximum(present, 1)
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(tempfile.TemporaryFile(dir=scratch)) if scratch else None
+        copy = np.empty((n, d)) if out is None else None
+        for start, block in chunks():
+            if means is not None:
+                block = np.where(np.isnan(block), means, block)
+            if out is None:
+                copy[start:start + len(block)] = block
+            else:
+                out.write(np.ascontiguousarray(block))
+        if out is not None:
+            out.flush()
+            copy = np.memmap(out, dtype=np.float64, mode="r", shape=(n, d))
+        yield copy
 
 
-def canonical_order(group_of_row: np.ndarray, stats: tuple) -> tuple[np.ndarray, tuple]:
-    """The groups renumbered in the order of their statistics (means, then counts, then
-    spreads): the table then depends on the groups' statistics alone, not on where their
-    rows sit in the file, so two sites whose groups have equal statistics hold equal
-    tables (and send equal replies)."""
-    counts, sums, m2, present = stats
-    if counts.size == 0:
-        return group_of_row, stats
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = sums / (counts[:, None] if present is None else np.maximum(present, 1))
-    keys = [m2.sum(axis=1), counts, *means.T[::-1]]  # np.lexsort: the last key first
-    order = np.lexsort(keys)
-    new_id = np.empty_like(order)
-    new_id[order] = np.arange(order.size)
-    relabelled = np.where(group_of_row >= 0, new_id[np.maximum(group_of_row, 0)], -1)
-    return relabelled, tuple(None if a is None else a[order] for a in stats)
+# ------------------------------------------------------------------ the table
+def _grouped(site: SiteData, min_size: int, rows: np.ndarray | None = None,
+             scratch: Path | None = None) -> np.ndarray:
+    """Each row's group (``rows``: of those rows alone), numbered by first appearance."""
+    with _grouping_rows(site, rows, scratch) as X:
+        return group_rows(X, min_size, grouping_scale(X))
 
 
-def grouping_scale(X: np.ndarray) -> np.ndarray | None:
-    """Per-feature multipliers of the distances the grouping measures: every feature
-    weighted half as the rows are (its share of the total spread) and half as if
-    standardised (its own spread), w_j = 1 / sum_l var_l + 1 / (d var_j). A run may cluster
-    the rows as they are or standardised (``scale``), which the site cannot know when it
-    groups: groups whose rows are close in both spaces serve both (measured: on wine,
-    grouping as the rows are cost a standardised run 7% of its score, grouping
-    standardised cost an unscaled run 14%; this weighting, under 1% either way)."""
-    n, d = X.shape
-    _, _, m2 = scaling.site_moments(X)
-    var = m2 / n
-    total = float(var.sum())
-    if not total > 0:
-        return None
-    return np.sqrt(1.0 / total + np.where(var > 0, 1.0 / (d * np.where(var > 0, var, 1.0)), 0.0))
-
-
-def build(site: SiteData, min_size: int, group_of_row: np.ndarray | None = None):
-    """The group table of ``site`` and each row's group (-1: waiting). ``group_of_row``
-    given: those groups (a grown file's), else the grouping's, in canonical order."""
-    if group_of_row is None:
-        rows = _grouping_rows(site)
-        group_of_row = group_rows(rows, min_size, grouping_scale(rows) if min_size > 1 else None)
+def _fresh(site: SiteData, min_size: int, scratch: Path | None = None):
+    """A table of the site's rows grouped afresh, and each row's group (-1: waiting)."""
+    group_of_row = _grouped(site, min_size, scratch=scratch)
     n_groups = int(group_of_row.max()) + 1 if group_of_row.size else 0
-    group_of_row, (counts, sums, m2, present) = canonical_order(
-        group_of_row, group_statistics(site.X, group_of_row, n_groups))
-    coded = _label_codes(site)
-    labels = None if coded is None else _labels_of_groups(*coded, group_of_row)
-    waiting = int(np.count_nonzero(group_of_row < 0))
-    return _groups(site, min_size, counts, sums, m2, present, labels, waiting), group_of_row
+    columns, order = group_stats.ordered(site.X, group_of_row, n_groups, scratch)
+    group_of_row = group_stats.relabel(group_of_row, order)
+    return group_stats.Table(columns, site.n_features, _labels_of_groups(site, group_of_row),
+                             int(np.count_nonzero(group_of_row < 0))), group_of_row
+
+
+def build(site: SiteData, min_size: int) -> tuple[SiteGroups, np.ndarray]:
+    """The group table of ``site`` (the grouping's groups, in canonical order), in
+    memory, and each row's group (-1: waiting)."""
+    table, group_of_row = _fresh(site, min_size)
+    return _groups(site, min_size, *table.held(), table.labels, table.waiting), group_of_row
 
 
 # ------------------------------------------------------------------ where tables are kept
@@ -258,8 +254,9 @@ def _kept(site: SiteData, min_size: int, directory: Path):
     with site_files.locked(directory, key):  # one process groups, the others then read
         found = _read_entry(base, site)
         if found is None:
-            groups, group_of_row, hashes = _grow_or_group(site, min_size, directory)
-            _write_entry(base, groups, group_of_row, hashes)
+            table, group_of_row, hashes = _grow_or_group(site, min_size, directory)
+            _write_entry(base, table, min_size, group_of_row, hashes)
+            del table  # its columns went as they were written
             site_files.replace_atomically(_lineage_path(directory, site, min_size),
                                           lambda out: out.write(json.dumps({"entry": key}).encode()))
             found = _read_entry(base, site)
@@ -268,17 +265,28 @@ def _kept(site: SiteData, min_size: int, directory: Path):
     return found
 
 
-def _write_entry(base: Path, groups: SiteGroups, group_of_row: np.ndarray, hashes: np.ndarray) -> None:
-    labels = groups.labels
-    parts = {"counts": groups.counts, "sums": groups.sums, "m2": groups.m2,
-             "present": groups.present, "row-groups": group_of_row, "row-hashes": hashes,
+def _write_entry(base: Path, table: group_stats.Table, min_size: int, group_of_row: np.ndarray,
+                 hashes: np.ndarray) -> None:
+    """The entry's arrays, then its sidecar (last: with it, the entry is complete). A
+    column is dropped from ``table`` once written, so its memory goes with it."""
+    digest, has = _digest_start(min_size), []
+    for name in ("counts", "sums", "m2", "present"):
+        pieces = table.columns.pop(name)
+        if pieces is not None:
+            write_atomic(cache_sibling(base, f".{name}.npy"), lambda f: group_stats.write_column(
+                f, name, pieces, table.width, digest))
+            has.append(name)
+        del pieces
+    labels = table.labels
+    parts = {"row-groups": group_of_row, "row-hashes": hashes,
              "labels": None if labels is None else np.stack([labels.group, labels.code, labels.count], 1)}
     for name, array in parts.items():
         if array is not None:
             write_atomic(cache_sibling(base, f".{name}.npy"),
                          lambda f, a=np.ascontiguousarray(array): np.save(f, a))
-    meta = {"format": GROUPS_FORMAT, "min-size": groups.min_size, "digest": groups.digest,
-            "waiting": groups.waiting, "has": [n for n, a in parts.items() if a is not None],
+            has.append(name)
+    meta = {"format": GROUPS_FORMAT, "min-size": min_size, "digest": _digest_labels(digest, labels),
+            "waiting": table.waiting, "has": has,
             "label-names": None if labels is None else list(labels.names)}
     write_atomic(cache_sibling(base, ".json"), lambda f: f.write(json.dumps(meta).encode()))
 
@@ -309,23 +317,13 @@ def _read_entry(base: Path, site: SiteData) -> tuple[SiteGroups, np.ndarray | No
     if "labels" in parts:
         coo = np.asarray(parts["labels"])
         labels = GroupLabels(coo[:, 0], coo[:, 1], coo[:, 2], tuple(meta["label-names"]))
-    groups = SiteGroups(parts["counts"], parts["sums"], parts["m2"], parts.get("present"),
-                        site.source, int(meta["min-size"]), str(meta["digest"]), site.feature_names,
-                        labels, site.table, int(meta["waiting"]), site.fingerprint)
+    groups = _groups(site, int(meta["min-size"]), parts["counts"], parts["sums"], parts["m2"],
+                     parts.get("present"), labels, int(meta["waiting"]), str(meta["digest"]))
     grouped = None if groups.waiting == 0 else np.asarray(parts["row-groups"]) >= 0
     return groups, grouped
 
 
 # ------------------------------------------------------------------ growth
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (a bijection of uint64 that spreads every bit)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def row_hashes(site: SiteData) -> np.ndarray:
     """(n, 2) uint64: two independent 64-bit hashes of each row's cells (their bits) and
     label (its text): a row's content, wherever it sits in the file."""
@@ -338,17 +336,18 @@ def row_hashes(site: SiteData) -> np.ndarray:
                 for name in coded[1]]
         label_bits = np.asarray(text, dtype=np.uint64)[coded[0]]
     for start in range(0, n, CHUNK_ROWS):
-        bits = X[start:start + CHUNK_ROWS].view(np.uint64)
-        a = np.full(bits.shape[0], 0x9E3779B97F4A7C15, dtype=np.uint64)
-        b = np.full(bits.shape[0], 0xD1B54A32D192ED03, dtype=np.uint64)
-        for j in range(d):
-            a = _mix(a ^ bits[:, j])
-            b = _mix(b + _mix(bits[:, j] ^ np.uint64(j + 1)))
-        if label_bits is not None:
-            a = _mix(a ^ label_bits[start:start + CHUNK_ROWS])
-            b = _mix(b + label_bits[start:start + CHUNK_ROWS])
-        out[start:start + bits.shape[0], 0], out[start:start + bits.shape[0], 1] = a, b
+        # features as contiguous columns: each step below reads one feature of the chunk
+        bits = np.ascontiguousarray(X[start:start + CHUNK_ROWS].T).view(np.uint64)
         release_pages(site.X)
+        a = np.full(bits.shape[1], 0x9E3779B97F4A7C15, dtype=np.uint64)
+        b = np.full(bits.shape[1], 0xD1B54A32D192ED03, dtype=np.uint64)
+        for j in range(d):
+            a = mix(a ^ bits[j])
+            b = mix(b + mix(bits[j] ^ np.uint64(j + 1)))
+        if label_bits is not None:
+            a = mix(a ^ label_bits[start:start + CHUNK_ROWS])
+            b = mix(b + label_bits[start:start + CHUNK_ROWS])
+        out[start:start + bits.shape[1], 0], out[start:start + bits.shape[1], 1] = a, b
     return out
 
 
@@ -378,7 +377,7 @@ def match_rows(earlier: np.ndarray, now: np.ndarray) -> np.ndarray | None:
 
 
 def _grow_or_group(site: SiteData, min_size: int, directory: Path):
-    """(groups, each row's group, row hashes) of a new version of the file: the earlier
+    """(table, each row's group, row hashes) of a new version of the file: the earlier
     version's groups kept when every one of its rows is still there, else afresh."""
     hashes = row_hashes(site)
     earlier = None
@@ -393,33 +392,31 @@ def _grow_or_group(site: SiteData, min_size: int, directory: Path):
         if earlier is not None:
             logger.warning("%s: rows were removed or changed since the site's last group "
                            "table: its rows are grouped afresh", site.source)
-        groups, group_of_row = build(site, min_size)
-        return groups, group_of_row, hashes
+        table, group_of_row = _fresh(site, min_size, directory)
+        return table, group_of_row, hashes
     meta, kept = earlier
     n_kept = int(kept["counts"].shape[0])
     group_of_row = np.full(site.n_rows, -1, dtype=np.int64)
     group_of_row[matched] = kept["row-groups"]
     others = np.flatnonzero(group_of_row < 0)  # new rows, and rows that waited
     if others.size >= min_size:
-        rows = _grouping_rows(site, others)
-        new = group_rows(rows, min_size, grouping_scale(rows))
+        new = _grouped(site, min_size, others, directory)
         group_of_row[others] = np.where(new >= 0, new + n_kept, -1)
-    n_new = int(group_of_row.max()) + 1 - n_kept if group_of_row.size else 0
+    n_new = max(int(group_of_row.max()) + 1 - n_kept if group_of_row.size else 0, 0)
     new_of_row = np.where(group_of_row >= n_kept, group_of_row - n_kept, -1)
-    new_of_row, (counts, sums, m2, present) = canonical_order(
-        new_of_row, group_statistics(site.X, new_of_row, max(n_new, 0)))
-    group_of_row = np.where(new_of_row >= 0, new_of_row + n_kept, group_of_row)
-    old_present = kept.get("present")
-    if present is not None or old_present is not None:  # one side has missing cells
-        full = lambda c: np.repeat(c[:, None], site.n_features, axis=1)  # noqa: E731
-        present = np.concatenate([np.asarray(old_present) if old_present is not None
-                                  else full(np.asarray(kept["counts"])),
-                                  present if present is not None else full(counts)])
-    coded = _label_codes(site)
-    labels = None if coded is None else _labels_of_groups(*coded, group_of_row)
-    groups = _groups(site, min_size, np.concatenate([kept["counts"], counts]),
-                     np.concatenate([kept["sums"], sums]), np.concatenate([kept["m2"], m2]),
-                     present, labels, int(np.count_nonzero(group_of_row < 0)))
+    columns, order = group_stats.ordered(site.X, new_of_row, n_new, directory)
+    group_of_row = np.where(group_of_row >= n_kept,
+                            group_stats.relabel(new_of_row, order) + n_kept, group_of_row)
+    # the earlier groups first, bit for bit, then the new ones in canonical order
+    width = site.n_features
+    if columns["present"] is not None or "present" in kept:
+        columns["present"] = [group_stats.piece(kept["present"]) if "present" in kept else
+                              group_stats.spread(group_stats.piece(kept["counts"]), width)] + \
+            (columns["present"] or [group_stats.spread(columns["counts"][0], width)])
+    for name in ("counts", "sums", "m2"):
+        columns[name] = [group_stats.piece(kept[name])] + columns[name]
+    table = group_stats.Table(columns, width, _labels_of_groups(site, group_of_row),
+                              int(np.count_nonzero(group_of_row < 0)))
     logger.info("%s: the file grew; its %d earlier groups kept, %d new, %d rows waiting",
-                site.source, n_kept, max(n_new, 0), groups.waiting)
-    return groups, group_of_row, hashes
+                site.source, n_kept, n_new, table.waiting)
+    return table, group_of_row, hashes

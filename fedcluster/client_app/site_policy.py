@@ -79,11 +79,13 @@ def check_site_rows(node: NodeConfig, n_rows: int, waiting: int = 0) -> None:
     PolicyRefusal
         Naming the policy, the site's size and the minimum.
     """
-    if n_rows == 0 and waiting:
+    if n_rows + waiting >= node.min_site_rows and n_rows == 0:
         raise PolicyRefusal(
             f"site policy min-cluster-size={node.min_cluster_size}: this site holds {waiting} "
             f"row(s), fewer than {node.min_cluster_size}: they make no group, so it answers "
             "nothing")
+    if n_rows + waiting < node.min_site_rows:
+        n_rows += waiting  # (its size, whether its rows are in groups yet or not)
     if n_rows < node.min_site_rows:
         raise PolicyRefusal(
             f"site policy min-site-rows={node.min_site_rows}: this site holds {n_rows} rows "

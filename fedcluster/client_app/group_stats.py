@@ -1,0 +1,306 @@
+"""A group table's statistics, from one site's rows: what ``group_table.py`` keeps.
+
+Per group (``grouping.group_rows``' groups): its count, per feature the sum of its
+present cells, the squared deviations of those cells from their mean (m2), and its
+present cells when a cell of the table is missing (``site_groups.SiteGroups``).
+
+- **Bits.** A group's rows are added one at a time in row order (its k-th row in step k,
+  where no two rows share a group): ((x0 + x1) + x2) ..., whatever the chunking, the
+  threads, or whether the rows are a memory-mapped file or an array in memory.
+- **Memory.** The rows are read in file order only, STATS_ROWS at a time, a memory-mapped
+  site's pages dropped after each chunk. The sums are the one (G, d) array held whole;
+  the m2 of a table kept in a file is made a window of groups at a time (one more pass
+  over the rows per window) and spilled to a temporary file; present-cell counts exist
+  only once a missing cell is met. The table is written in its canonical order chunk by
+  chunk (:class:`Table`), never reordered in memory.
+- **Canonical order.** The groups are ordered by a 64-bit hash of their statistics' bits
+  (ties by the bits themselves): the table is a function of the groups' statistics
+  alone, whatever the file order of their rows, in O(G) memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedcluster.client_app.mapped_pages import release_pages
+from fedcluster.client_app.site_groups import GroupLabels
+
+__all__ = ["DTYPES", "Table", "canonical_order", "group_m2", "group_statistics", "group_sums",
+           "mix", "ordered", "piece", "relabel", "row_places", "spread", "stats_keys",
+           "write_column"]
+
+#: Rows per chunk of a pass over the rows: bounds its temporaries to a few
+#: STATS_ROWS x d values (8 MB at d = 64).
+STATS_ROWS = 1 << 14
+#: Groups per chunk of a pass over the groups (hashing, writing).
+CHUNK_GROUPS = 1 << 14
+#: The m2 of a table kept in a file is made at most this many bytes of groups at a time
+#: (spilled to a file): with the sums, held whole, the (G, d) arrays then cost one array
+#: and a window (226 + 64 MB at 1,000,000 x 64, g = 2), not two or three arrays.
+M2_WINDOW_BYTES = 1 << 26
+
+
+# ------------------------------------------------------------------ statistics
+def row_places(group_of_row: np.ndarray) -> np.ndarray:
+    """Each row's place among its group's rows in row order (0: the group's first row),
+    int32; -1 for a row in no group."""
+    order = np.argsort(group_of_row, kind="stable")
+    sorted_groups = group_of_row[order]
+    index = np.arange(order.size, dtype=np.int64)
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = sorted_groups[1:] != sorted_groups[:-1]
+    places = np.empty(order.size, dtype=np.int32)
+    places[order] = index - np.maximum.accumulate(np.where(first, index, 0))
+    places[group_of_row < 0] = -1
+    return places
+
+
+def _in_steps(places: np.ndarray, groups: np.ndarray, values: np.ndarray, into: np.ndarray,
+              offset: int = 0) -> None:
+    """Add each value to its group's slot (``into[group - offset]``) in its row's place
+    order: place 0 sets the slot, place k adds to it (one row per group per step)."""
+    for k in range(int(places.max()) + 1 if places.size else 0):
+        rows = np.flatnonzero(places == k)
+        if rows.size == 0:
+            continue
+        slots = groups[rows] - offset
+        if k == 0:
+            into[slots] = values[rows]
+        else:
+            into[slots] += values[rows]
+
+
+def group_sums(X: np.ndarray, group_of_row: np.ndarray, n_groups: int):
+    """Per group: ``(counts, sums, absent, places)``: its rows, per feature the sum of its
+    present (non-NaN) cells, per feature its missing cells (None: no cell is missing;
+    int16 unless a group is larger), and :func:`row_places` (for :func:`group_m2`).
+
+    One pass over ``X`` in file order; ``absent`` is allocated only when a missing cell
+    is met (a table without one keeps no present-cell counts)."""
+    n, d = X.shape
+    counts = np.bincount(group_of_row[group_of_row >= 0], minlength=n_groups).astype(np.int64)
+    places = row_places(group_of_row)
+    sums = np.zeros((n_groups, d))  # (each group's first row sets its slot)
+    absent = None
+    small = np.int16 if counts.size == 0 or counts.max() < np.iinfo(np.int16).max else np.int64
+    for r0 in range(0, n, STATS_ROWS):
+        groups, at = group_of_row[r0:r0 + STATS_ROWS], places[r0:r0 + STATS_ROWS]
+        rows = np.asarray(X[r0:r0 + STATS_ROWS])
+        missing = np.isnan(rows)
+        if missing.any():
+            if absent is None:
+                absent = np.zeros((n_groups, d), dtype=small)
+            rows = np.where(missing, 0.0, rows)
+            _in_steps(at, groups, missing.astype(small), absent)  # integers: any order
+        _in_steps(at, groups, rows, sums)
+        release_pages(X)
+    return counts, sums, absent, places
+
+
+def group_m2(X: np.ndarray, group_of_row: np.ndarray, places: np.ndarray, counts: np.ndarray,
+             sums: np.ndarray, absent: np.ndarray | None, lo: int, hi: int) -> np.ndarray:
+    """(hi - lo, d): per feature, the squared deviations of the present cells of groups
+    ``lo..hi-1`` from their group's mean (``sums`` / present cells), summed in row order.
+    One pass over ``X`` in file order, which takes the rows of those groups alone (a
+    table larger than memory should hold is made a window of groups at a time)."""
+    n, d = X.shape
+    m2 = np.zeros((hi - lo, d))
+    for r0 in range(0, n, STATS_ROWS):
+        groups = group_of_row[r0:r0 + STATS_ROWS]
+        mine = np.flatnonzero((groups >= lo) & (groups < hi))
+        if mine.size == 0:
+            continue
+        rows, groups, at = X[r0:r0 + STATS_ROWS][mine], groups[mine], places[r0:r0 + STATS_ROWS][mine]
+        if absent is None:
+            deviation = rows - sums[groups] / counts[groups, None]
+        else:
+            present = counts[groups, None] - absent[groups]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                deviation = rows - np.where(present > 0, sums[groups] / np.maximum(present, 1), 0.0)
+            deviation[np.isnan(rows)] = 0.0
+        _in_steps(at, groups, deviation * deviation, m2, lo)
+        release_pages(X)
+    return m2
+
+
+def group_statistics(X: np.ndarray, group_of_row: np.ndarray, n_groups: int):
+    """Per group: ``(counts, sums, m2, present)`` of ``X``'s rows (``group_of_row``: each
+    row's group 0..n_groups-1, -1 for none), over present (non-NaN) cells; ``present``
+    None when no cell is missing. In memory, in group order (:func:`group_sums`,
+    :func:`group_m2`)."""
+    counts, sums, absent, places = group_sums(X, group_of_row, n_groups)
+    m2 = group_m2(X, group_of_row, places, counts, sums, absent, 0, n_groups)
+    present = None if absent is None else counts[:, None] - absent
+    return counts, sums, m2, present
+
+
+# ------------------------------------------------------------------ canonical order
+def mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser (a bijection of uint64 that spreads every bit)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _stats_bits(counts, sums, m2, present) -> list[np.ndarray]:
+    """The bits of some groups' statistics, one uint64 column per value (count, then per
+    feature sums, m2, present)."""
+    parts = [counts[:, None], sums, m2] + ([] if present is None else [present])
+    return [column for part in parts
+            for column in np.ascontiguousarray(np.asarray(part).T).view(np.uint64)]
+
+
+def stats_keys(counts, sums, m2, present) -> np.ndarray:
+    """A 64-bit hash of each group's statistics (the bits of its count, sums, m2 and
+    present cells, chained through splitmix64's finaliser)."""
+    keys = np.empty(len(counts), dtype=np.uint64)
+    for lo in range(0, len(counts), CHUNK_GROUPS):
+        key = np.full(min(CHUNK_GROUPS, len(counts) - lo), 0x9E3779B97F4A7C15, dtype=np.uint64)
+        hi = lo + key.size
+        for column in _stats_bits(counts[lo:hi], sums[lo:hi], m2[lo:hi],
+                                  None if present is None else present[lo:hi]):
+            key = mix(key ^ column)
+        keys[lo:hi] = key
+    return keys
+
+
+def canonical_order(keys: np.ndarray, bits_of) -> np.ndarray:
+    """The groups in canonical order (position -> group): by :func:`stats_keys`, groups
+    whose keys are equal by their statistics' bits (``bits_of(groups)``: a (len, width)
+    uint64 array), equal statistics in group order. The table then depends on the
+    groups' statistics alone, not on where their rows sit in the file, so two sites
+    whose groups have equal statistics hold equal tables (and send equal replies); and
+    the order needs O(G) memory, not the (G, d) means a sort by value would."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    tied = np.flatnonzero(~first)
+    if tied.size == 0:
+        return order
+    run = np.maximum.accumulate(np.where(first, np.arange(order.size), 0))
+    unequal = set()  # runs of equal keys whose statistics differ (a hash collision)
+    for lo in range(0, tied.size, CHUNK_GROUPS):
+        at = tied[lo:lo + CHUNK_GROUPS]
+        differ = (bits_of(order[at]) != bits_of(order[run[at]])).any(axis=1)
+        unequal.update(run[at[differ]].tolist())
+    starts = np.flatnonzero(first)
+    for start in sorted(unequal):
+        stop = int(starts[np.searchsorted(starts, start, "right")]) \
+            if start < starts[-1] else order.size
+        groups = order[start:stop]
+        order[start:stop] = groups[np.lexsort(bits_of(groups).T[::-1])]
+    return order
+
+
+def relabel(group_of_row: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Each row's group renumbered by its position in ``order`` (-1 stays -1)."""
+    if order.size == 0:
+        return np.full(group_of_row.shape, -1, dtype=np.int64)
+    new_id = np.empty_like(order)
+    new_id[order] = np.arange(order.size)
+    return np.where(group_of_row >= 0, new_id[np.maximum(group_of_row, 0)], -1)
+
+
+# ------------------------------------------------------------------ a table in pieces
+def piece(array: np.ndarray, order: np.ndarray | None = None) -> tuple:
+    """A piece of a table's column: ``array``'s rows (in ``order``), taken lo..hi at a
+    time (a memory-mapped array's pages dropped after each)."""
+    def take(lo, hi):  # a copy either way, so that a mapping's pages can go at once
+        rows = np.array(array[lo:hi]) if order is None else array[order[lo:hi]]
+        release_pages(array)
+        return rows
+    return len(array) if order is None else len(order), take
+
+
+def spread(counts: tuple, width: int) -> tuple:
+    """The present cells of groups that miss none (``counts``: a piece of their counts):
+    their count on every feature."""
+    rows, take = counts
+    return rows, lambda lo, hi: np.repeat(take(lo, hi)[:, None], width, axis=1)
+
+
+@dataclass
+class Table:
+    """A group table to keep or hold. Each array (counts, sums, m2, present) is a list of
+    pieces ``(rows, take)``, ``take(lo, hi)`` giving rows lo..hi of the piece: it is
+    written in its final order chunk by chunk, never reordered or joined in memory."""
+
+    columns: dict
+    width: int
+    labels: GroupLabels | None
+    waiting: int
+
+    def held(self) -> list:
+        """The arrays, in memory (counts, sums, m2, present; present may be None)."""
+        return [None if pieces is None else
+                np.concatenate([take(0, rows) for rows, take in pieces]).astype(DTYPES[name], copy=False)
+                for name, pieces in self.columns.items()]
+
+
+#: The dtype of each column of a table.
+DTYPES = {"counts": np.int64, "sums": np.float64, "m2": np.float64, "present": np.int64}
+
+
+def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Path | None):
+    """The statistics of groups 0..n_groups-1 as a table's columns, in canonical order,
+    and the order. With ``scratch`` (a directory) the squared deviations are made a
+    window of groups at a time and spilled to a temporary file there."""
+    counts, sums, absent, places = group_sums(X, group_of_row, n_groups)
+    width = X.shape[1]
+
+    def present(ids):
+        return None if absent is None else counts[ids, None] - absent[ids]
+
+    window = max(1, n_groups if scratch is None else M2_WINDOW_BYTES // (8 * width))
+    keys = np.empty(n_groups, dtype=np.uint64)
+    with contextlib.ExitStack() as stack:
+        spill = stack.enter_context(tempfile.TemporaryFile(dir=scratch)) \
+            if n_groups > window else None
+        m2 = np.zeros((0, width))
+        for lo in range(0, n_groups, window):
+            hi = min(n_groups, lo + window)
+            m2 = None  # the last window goes before the next is made
+            m2 = group_m2(X, group_of_row, places, counts, sums, absent, lo, hi)
+            keys[lo:hi] = stats_keys(counts[lo:hi], sums[lo:hi], m2, present(slice(lo, hi)))
+            if spill is not None:
+                spill.write(m2)
+        del places
+        if spill is not None:
+            spill.flush()
+            m2 = np.memmap(spill, dtype=np.float64, mode="r", shape=(n_groups, width))
+
+    def bits_of(ids):
+        rows = np.array(m2[ids])
+        release_pages(m2)
+        return np.stack(_stats_bits(counts[ids], sums[ids], rows, present(ids)), axis=1)
+
+    order = canonical_order(keys, bits_of)
+    columns = {"counts": [piece(counts, order)], "sums": [piece(sums, order)],
+               "m2": [piece(m2, order)], "present": None}
+    if absent is not None:
+        columns["present"] = [(n_groups, lambda lo, hi: present(order[lo:hi]))]
+    return columns, order
+
+
+def write_column(out, name: str, pieces: list, width: int, digest) -> None:
+    """Column ``name`` of a table as a .npy written to ``out``, its pieces' rows chunk by
+    chunk (each chunk also into ``digest``: the table's digest without a copy of it)."""
+    dtype = DTYPES[name]
+    width = None if name == "counts" else width
+    rows = sum(n for n, _ in pieces)
+    np.lib.format.write_array_header_1_0(out, {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+        "shape": (rows,) if width is None else (rows, width)})
+    for n, take in pieces:
+        for lo in range(0, n, CHUNK_GROUPS):
+            block = np.ascontiguousarray(take(lo, min(n, lo + CHUNK_GROUPS)), dtype=dtype)
+            out.write(block)
+            digest.update(block)
