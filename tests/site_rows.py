@@ -21,3 +21,19 @@ def run_on_groups(site: SiteData, arrays, params: dict, site_floor: int = 2, **k
     groups, grouped = group_table.site_groups(site, site_floor)
     return run_task(groups, arrays, params, site_floor,
                     private_rows=PrivateRows(site.X, grouped, site.source), **kwargs)
+
+
+def refuse_at(monkeypatch, task: str, source: str, reason: str) -> None:
+    """Make the site whose data is ``source`` refuse ``task`` (every other site answers
+    it as before): a site that cannot answer one task, as a test needs it."""
+    from fedcluster.client_app import tasks
+    from fedcluster.client_app.task_io import TaskError
+
+    honest = tasks.TASKS[task]
+
+    def refusing(site, arrays, params, floor):
+        if site.source == source:
+            raise TaskError(reason)
+        return honest(site, arrays, params, floor)
+
+    monkeypatch.setitem(tasks.TASKS, task, refusing)

@@ -134,18 +134,10 @@ def test_a_site_refusing_the_carried_task_alone_is_admitted_without_its_reply(si
     """Site 2 refuses the carried bounds task (here: its bounds task fails): it is
     admitted all the same (its describe stands) and trains with the others, as it did
     when bounds was a round of its own."""
-    from fedcluster.client_app import tasks
-    from fedcluster.client_app.task_io import TaskError
     from fedcluster.simulation import run_in_process, site_nodes
+    from site_rows import refuse_at
 
-    honest = tasks.TASKS["bounds"]
-
-    def refuse_at_site_2(site, arrays, params, floor):
-        if site.source == "site 2":
-            raise TaskError("no bounds here")
-        return honest(site, arrays, params, floor)
-
-    monkeypatch.setitem(tasks.TASKS, "bounds", refuse_at_site_2)
+    refuse_at(monkeypatch, "bounds", "site 2", "no bounds here")
     with site_nodes(sites) as nodes:
         result = run_in_process(nodes, {"algorithm": "dwf", "n-clusters": 10, "init": "random",
                                         "num-rounds": 3, "min-sites": 2, "output-dir": ""})

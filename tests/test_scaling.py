@@ -249,16 +249,9 @@ def test_the_scaled_copy_goes_when_the_sites_array_does():
 def test_a_site_without_valid_statistics_leaves_the_run(monkeypatch):
     """The transform must cover every row that is clustered: a site whose statistics fail
     is rejected with the reason, and the transform is that of the others' pooled rows."""
-    from fedcluster.client_app import tasks
+    from site_rows import refuse_at
 
-    honest = tasks.TASKS["stats"]
-
-    def refuse_at_site_2(site, arrays, params, floor):
-        if site.source == "site 2":
-            raise TaskError("statistics unavailable")
-        return honest(site, arrays, params, floor)
-
-    monkeypatch.setitem(tasks.TASKS, "stats", refuse_at_site_2)
+    refuse_at(monkeypatch, "stats", "site 2", "statistics unavailable")
     rng = np.random.default_rng(8)
     sites = [rng.normal(i, 1 + i, size=(50, 2)) for i in range(3)]
     result = fedcluster.simulate(sites, n_clusters=2, scale="standard", min_sites=2)

@@ -4,6 +4,7 @@ run gives (file, row, column, value) and exit code 2."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from fedcluster.cli import main
@@ -34,6 +35,37 @@ def test_the_check_reports_what_the_file_holds(tmp_path, schema_path, capsys):
     assert "age | age | 1 (25.0%) | drop-row | 1 (clipped) | -" in out
     assert "smoking: never 1, former 1, current 0, unknown 0; unlisted (mapped to 'unknown'): vaper 1" in out
     assert "the check sends nothing" in out
+
+
+def test_the_check_reports_the_groups_and_rows_waiting(tmp_path, schema_path, capsys):
+    """What the site would answer from: how many groups, their sizes, the table's hash;
+    with the site's cache-dir, the groups it keeps there, and after its file grew by one
+    row (fewer than p_site new rows), that row waiting."""
+    header, *rows = GOOD.strip().splitlines()
+    rng = np.random.default_rng(3)
+    more = [f"a,never,{rng.uniform(4, 10):.2f},{rng.integers(20, 80)},p{i}" for i in range(40)]
+    data = tmp_path / "site.csv"
+    data.write_text("\n".join([header, *more]) + "\n")
+    cache = tmp_path / "cache"
+    assert main(["site", "check", str(data), "--schema", str(schema_path),
+                 "--cache-dir", str(cache)]) == 0
+    out = capsys.readouterr().out
+    groups_line = next(line for line in out.splitlines() if line.startswith("Groups"))
+    assert "min-cluster-size p_site = 2" in groups_line and "groups of at least 2 rows" in groups_line
+    sizes = groups_line.split("sizes: ")[1]
+    assert sum(int(n) * int(s) for n, s in (part.split(" of ") for part in
+                                               sizes.replace(" rows", "").split(", "))) == 40
+    assert "group table sha256" in out and "wait" not in out
+    data.write_text("\n".join([header, *more, "b,never,6.50,50,p99"]) + "\n")
+    import os
+    stat = os.stat(data)
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert main(["site", "check", str(data), "--schema", str(schema_path),
+                 "--cache-dir", str(cache)]) == 0
+    assert "1 new row(s) wait, in no group, until there are 2" in capsys.readouterr().out
+    assert main(["site", "check", str(data), "--schema", str(schema_path),
+                 "--min-cluster-size", "1"]) == 0
+    assert "this site answers from its 41 rows" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("body, message", [

@@ -307,3 +307,25 @@ def test_a_file_that_grows_keeps_its_groups_with_small_windows(tmp_path, blobs, 
         np.testing.assert_array_equal(np.asarray(getattr(after, name))[:G],
                                       np.asarray(getattr(before, name)))
     np.testing.assert_allclose(np.asarray(after.sums)[G:].sum(0), blobs[300:].sum(0), rtol=1e-9)
+
+
+def test_a_site_that_opts_out_is_named_in_the_summary_and_the_model(tmp_path, caplog):
+    """min-cluster-size = 1 is an explicit opt-out: the site warns, says so in its
+    describe reply (group-size 1), and the run's summary and model.json name it."""
+    import json
+
+    import fedcluster
+    from fedcluster.server_app.outputs import summary_table
+
+    rng = np.random.default_rng(0)
+    sites = [rng.normal(size=(60, 2)) for _ in range(3)]
+    with caplog.at_level(logging.WARNING):
+        result = fedcluster.simulate(sites, n_clusters=2, site_min_cluster_size=[2, 1, 2],
+                                     output_dir=str(tmp_path), run_name="opt-out")
+    assert "site 1: min-cluster-size = 1: this site answers from its rows" in caplog.text
+    assert result.metrics["sites-answering-from-rows"] == ["1"]
+    saved = json.loads((tmp_path / "opt-out" / "model.json").read_text())
+    assert saved["metrics"]["sites-answering-from-rows"] == ["1"]
+    summary = summary_table(result.metrics)
+    assert "site 1 answered from its rows (its min-cluster-size = 1" in summary
+    assert "the sites' groups, each in one cluster whole" in summary

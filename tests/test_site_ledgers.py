@@ -217,9 +217,17 @@ def test_every_ledger_line_is_exactly_what_the_server_received(tmp_path, algorit
         # and its metrics are those of its tasks together
         metrics = {name: v for line in mine for name, v in line["metrics"].items()}
         assert metrics == json.loads(json.dumps(record["metrics"]))
+    # every line names the group table its reply came from (each site's own, every time)
+    from fedcluster.client_app import group_table
+    from fedcluster.client_app.site_data import SiteData
+
+    tables = {str(i): group_table.build(SiteData(X, None, None, f"site {i}"), 2)[0].digest[:16]
+              for i, X in enumerate(_sites(3))}
+    assert {(line["site"], line["groups"]) for line in lines} == set(tables.items())
     out = cli_output(["site", "ledger", str(path)])
     assert f"disclosure ledger {path}: {len(lines)} line(s)" in out
     assert f"({algorithm}), site 0:" in out and "numbers in plain replies" in out
+    assert f"from group table(s) {tables['0']}" in out
 
 
 def cli_output(argv: list[str]) -> str:
