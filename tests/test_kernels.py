@@ -366,7 +366,7 @@ def test_one_block_runs_the_serial_twin_with_the_same_bits(dtype, n):
         for impl, args in ((kernels._lloyd_stats_impl, (X, w, s, C, block)),
                            (kernels._assign_impl, (X, C, block)),
                            (kernels._evaluation_stats_impl, (X, w, s, C, block)),
-                           (kernels._fcm_stats_impl, (X, w, C, 2.0, block)),
+                           (kernels._fcm_stats_impl, (X, w, C, 2.0, 0.0, block)),
                            (kernels._min_sq_dist_update_impl, (X, C, np.full(n, np.inf)))):
             parallel, serial = impl(*args), kernels._SERIAL[impl](*args)
             for a, b in zip(parallel if isinstance(parallel, tuple) else (parallel,),
@@ -464,6 +464,26 @@ def test_weighted_kernels_bit_identical_for_1_and_2_threads(n):
         two = every()
     for a, b in zip(one, two):
         assert np.array_equal(a, b), "result depends on the number of threads"
+
+
+def test_a_spread_softens_the_memberships_as_the_rows_would_see_them():
+    """fcm_stats(spread=s) gives each point the memberships of squared distances + s:
+    those a group's rows have on average (E||x - c||^2 = ||mean - c||^2 + spread)."""
+    rng = np.random.default_rng(3)
+    X, C = rng.normal(size=(500, 4)), rng.normal(size=(3, 4))
+    w = rng.integers(1, 4, size=500)
+    D = ref.sq_dists(X, C) + 0.7
+    U = (1 / D) / (1 / D).sum(1, keepdims=True)
+    for force_compiled in (False, True):
+        with pytest.MonkeyPatch.context() as patch:
+            if force_compiled:
+                patch.setattr(kernels.small_work, "NUMPY_MAX_WORK", -1)
+            sums, weights, hard = fuzzy_kernels.fcm_stats(X, C, 2.0, w, spread=0.7)
+            np.testing.assert_allclose(weights, (w[:, None] * U**2).sum(0), rtol=1e-10)
+            np.testing.assert_allclose(sums, (w[:, None] * U**2).T @ X, rtol=1e-10)
+            np.testing.assert_allclose(fuzzy_kernels.fcm_memberships(X, C, 2.0, 0.7), U, rtol=1e-12)
+    with pytest.raises(ValueError, match="spread"):
+        fuzzy_kernels.fcm_stats(X, C, 2.0, spread=-1.0)
 
 
 def test_a_weight_under_one_is_refused():

@@ -74,6 +74,14 @@ def _weights(groups: SiteGroups) -> tuple[np.ndarray | None, np.ndarray | None]:
     return (None, None) if groups.singletons else (groups.counts, groups.scatter)
 
 
+def _spread_per_row(groups: SiteGroups) -> float:
+    """The site's groups' spread per row (their squared deviations from their own means,
+    summed over ALL its groups, over its rows): each row of a group lies on average its
+    group's spread farther (squared) from a centre than the group's mean; this site-wide
+    figure stands in for each group's own, which no reply may carry (0: rows)."""
+    return 0.0 if groups.singletons else float(groups.scatter.sum()) / groups.n_rows
+
+
 def local_kmeans_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     k_local = task_param(params, "k-local", int)
     seed = task_param(params, "seed", int)
@@ -208,7 +216,8 @@ def prune_lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRepl
 
 def fcm_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """Local centres after ``local-iters`` fuzzy c-means iterations, and W_j = sum u^m
-    against the last centres used (a group's rows take its mean's memberships). A centre
+    against the last centres used (a group's rows take its mean's memberships, softened
+    by the site's spread per row: :func:`_spread_per_row`). A centre
     whose hard (argmax) cluster has fewer than p rows is withheld like a small k-means
     cluster (W = 0, the received centre)."""
     C = received_centroids(arrays.centroids, groups)
@@ -218,7 +227,8 @@ def fcm_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
         raise TaskError(f"bad fuzzy c-means parameters: fuzzifier {m}, local-iters {local_iters}")
     centres = C.copy()
     for _ in range(local_iters):
-        sums, weights, hard = fuzzy_kernels.fcm_stats(groups.means, centres, m, _weights(groups)[0])
+        sums, weights, hard = fuzzy_kernels.fcm_stats(groups.means, centres, m, _weights(groups)[0],
+                                                      _spread_per_row(groups))
         centres = local.update_centroids(centres, sums, weights)
     hidden = hard < floor
     weights[hidden] = 0.0
@@ -310,7 +320,8 @@ def fuzzy_evaluation_sums(groups: SiteGroups, C: np.ndarray, m: float) -> tuple[
         block = means[start:start + kernels.CHUNK_ROWS]
         weight = counts[start:start + kernels.CHUNK_ROWS]
         all_sq_dist += k * float((weight * ((block - cbar) ** 2).sum(axis=1)).sum()) + weight.sum() * spread
-        partition_sum += float((weight * (fuzzy_kernels.fcm_memberships(block, C, m) ** 2).sum(axis=1)).sum())
+        U = fuzzy_kernels.fcm_memberships(block, C, m, _spread_per_row(groups))
+        partition_sum += float((weight * (U ** 2).sum(axis=1)).sum())
     return all_sq_dist, partition_sum
 
 

@@ -520,9 +520,10 @@ def _memberships(D, r, k, m, u):
 
 
 @njit(cache=True, fastmath=FASTMATH, parallel=True)
-def _fcm_stats_impl(X, w, C, m, block):
+def _fcm_stats_impl(X, w, C, m, off, block):
     """Fuzzy c-means statistics; row i stands for w[i] rows (a site's group), all with
-    the memberships of the row (the group's mean)."""
+    the memberships of the row (the group's mean), ``off`` added to every squared
+    distance (0 for rows: see the wrapper)."""
     n, d = X.shape
     k = C.shape[0]
     P = _pad_centroids(C)
@@ -541,6 +542,9 @@ def _fcm_stats_impl(X, w, C, m, block):
             _tile_distances(X, rows, P, D)
             valid = min(TILE_ROWS, stop - start)
             for r in range(valid):
+                if off != 0.0:
+                    for c in range(k):
+                        D[r, c] += off
                 _memberships(D, r, k, m, W[r])
                 best = 0
                 u_best = W[r, 0]
@@ -583,7 +587,7 @@ def _fcm_stats_impl(X, w, C, m, block):
 
 
 @njit(cache=True, fastmath=FASTMATH, parallel=True)
-def _fcm_memberships_impl(X, C, m, block):
+def _fcm_memberships_impl(X, C, m, off, block):
     n = X.shape[0]
     k = C.shape[0]
     P = _pad_centroids(C)
@@ -597,6 +601,9 @@ def _fcm_memberships_impl(X, C, m, block):
             _contiguous_rows(rows, start, stop)
             _tile_distances(X, rows, P, D)
             for r in range(min(TILE_ROWS, stop - start)):
+                if off != 0.0:
+                    for c in range(k):
+                        D[r, c] += off
                 _memberships(D, r, k, m, out[start + r])
     return out
 

@@ -10,7 +10,7 @@ from fedcluster.common import kernels
 from fedcluster.common.kernels import small_work
 
 
-def fcm_stats(X, C, m: float, weights=None):
+def fcm_stats(X, C, m: float, weights=None, spread: float = 0.0):
     """Sufficient statistics of one fuzzy c-means step (Bezdek memberships, fuzzifier m).
 
     Returns ``(sums, weights, hard_counts)``: sum_i u_ij^m x_i (k, d), W_j = sum_i
@@ -18,25 +18,38 @@ def fcm_stats(X, C, m: float, weights=None):
     lowest index), which the privacy floor is applied to. A row that coincides with a
     centre has membership 1 there and 0 elsewhere. Deterministic for any thread count.
     With ``weights``, row i is the mean of a group of ``weights[i]`` rows, each given
-    the group's memberships (those of its mean): it counts that many times.
+    the group's memberships: it counts that many times. ``spread`` is added to every
+    squared distance before the memberships: a group's rows lie on average that much
+    farther (squared) from every centre than its mean does (E||x - c||^2 = ||mean - c||^2
+    + the group's spread per row), so their memberships are softer than the mean's; the
+    site's mean spread per row stands in for each group's own (0: rows).
     """
     X = kernels._check_X(X)
     C = kernels._check_centres(C, X)
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
     w, _ = kernels._group_weights(X, weights, None)
+    spread = _spread(spread)
     if small_work.small(X, C.shape[0]):
-        return small_work.fcm_stats(X, C, float(m), w)
-    return kernels._blocked("_fcm_stats_impl", X, w, C, float(m))
+        return small_work.fcm_stats(X, C, float(m), w, spread)
+    return kernels._blocked("_fcm_stats_impl", X, w, C, float(m), spread)
 
 
-def fcm_memberships(X, C, m: float) -> np.ndarray:
+def fcm_memberships(X, C, m: float, spread: float = 0.0) -> np.ndarray:
     """Bezdek memberships (n, k) of every row (rows sum to 1; a row on a centre has 1
-    there)."""
+    there), ``spread`` added to every squared distance (as in :func:`fcm_stats`)."""
     X = kernels._check_X(X)
     C = kernels._check_centres(C, X)
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
+    spread = _spread(spread)
     if small_work.small(X, C.shape[0]):
-        return small_work.fcm_memberships(X, C, float(m))
-    return kernels._blocked("_fcm_memberships_impl", X, C, float(m))
+        return small_work.fcm_memberships(X, C, float(m), spread)
+    return kernels._blocked("_fcm_memberships_impl", X, C, float(m), spread)
+
+
+def _spread(spread) -> float:
+    spread = float(spread)
+    if not (spread >= 0.0 and np.isfinite(spread)):
+        raise ValueError(f"spread must be a finite number >= 0, got {spread}")
+    return spread

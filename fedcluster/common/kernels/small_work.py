@@ -202,12 +202,13 @@ def _memberships(D: np.ndarray, m: float) -> np.ndarray:
     return U
 
 
-def fcm_stats(X: np.ndarray, C: np.ndarray, m: float, w: np.ndarray):
+def fcm_stats(X: np.ndarray, C: np.ndarray, m: float, w: np.ndarray, off: float = 0.0):
     k = C.shape[0]
     C = C.astype(np.float64)
     sums, weights, hard = np.zeros((k, X.shape[1])), np.zeros(k), np.zeros(k, dtype=np.int64)
     for start, stop, rows in _blocks(X, k):
-        U = _memberships(_sq_dists(rows, C), m)
+        D = _sq_dists(rows, C)
+        U = _memberships(D + off if off != 0.0 else D, m)
         hard += np.bincount(np.argmax(U, axis=1), weights=w[start:stop],  # ties: the lowest index
                             minlength=k).astype(np.int64)
         Um = w[start:stop, None].astype(np.float64) * (U * U if m == 2.0 else U ** m)
@@ -216,11 +217,12 @@ def fcm_stats(X: np.ndarray, C: np.ndarray, m: float, w: np.ndarray):
     return sums, weights, hard
 
 
-def fcm_memberships(X: np.ndarray, C: np.ndarray, m: float) -> np.ndarray:
+def fcm_memberships(X: np.ndarray, C: np.ndarray, m: float, off: float = 0.0) -> np.ndarray:
     C = C.astype(np.float64)
     out = np.empty((X.shape[0], C.shape[0]))
     for start, stop, rows in _blocks(X, C.shape[0]):
-        out[start:stop] = _memberships(_sq_dists(rows, C), m)
+        D = _sq_dists(rows, C)
+        out[start:stop] = _memberships(D + off if off != 0.0 else D, m)
     return out
 
 
