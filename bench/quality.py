@@ -61,9 +61,9 @@ SIPU = ("a1", "s1", "s2", "s3", "s4", "unbalance", "d31", "r15", "aggregation", 
 SPLITS = {"iid": "iid", "skew": "dirichlet:0.3"}
 
 
-def split_sites(X: np.ndarray, y: np.ndarray, split: str) -> list[np.ndarray]:
-    """The bench's SITES sites of a data set under ``split`` (a SPLITS key), seed 0."""
-    return [X[idx] for idx in partition(y, SITES, SPLITS[split], seed=0)]
+def split_sites(X: np.ndarray, y: np.ndarray, split: str, seed: int = 0) -> list[np.ndarray]:
+    """The bench's SITES sites of a data set under ``split`` (a SPLITS key)."""
+    return [X[idx] for idx in partition(y, SITES, SPLITS[split], seed=seed)]
 
 
 def federations(sets, data: Path):
@@ -162,8 +162,8 @@ def sse(X: np.ndarray, C: np.ndarray) -> float:
 
 
 def run(sites, k, algorithm, mode, floor, X, central, extra: dict,
-        site_floor: int = 2) -> tuple[float, int]:
-    config = {"algorithm": algorithm, "n_clusters": k, "min_cluster_size": floor, "seed": 0,
+        site_floor: int = 2, seed: int = 0) -> tuple[float, int]:
+    config = {"algorithm": algorithm, "n_clusters": k, "min_cluster_size": floor, "seed": seed,
               "central_baseline": False, "site_config": {"min-cluster-size": site_floor},
               **extra}
     if mode == "secure":
@@ -196,9 +196,11 @@ def table(rows: list[dict], key: str, groups: list[tuple]) -> list[str]:
             continue
         values = np.array([r[key] for r in sel])
         worst = sel[int(np.argmax(values))]
+        many = len({r["seed"] for r in sel}) > 1
         out.append(f"| {algorithm} | {mode} | {floor} | {site_floor} | {split} | "
                    f"{np.median(values):.4f} | {np.percentile(values, 90):.4f} | "
-                   f"{values.max():.4f} ({worst['set']}) | "
+                   f"{values.max():.4f} ({worst['set']}" + (f", seed {worst['seed']}" if many else "")
+                   + ") | "
                    f"{int(np.median([r['rounds'] for r in sel]))} |")
     return out
 
@@ -214,6 +216,9 @@ def main() -> None:
                         help="the sites' own min-cluster-size: their groups' size (default 2; "
                              "1: the sites answer from their rows)")
     parser.add_argument("--splits", nargs="+", default=list(SPLITS))
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="seeds 0..N-1: each redraws the split and the run's own seeds "
+                             "(a figure is then over sets x seeds)")
     parser.add_argument("--sets", nargs="+", default=["iris", "wine", "cancer", "digits", *SIPU,
                                                       "g2", "mnist", "outliers", "tiny"])
     parser.add_argument("--data", type=Path, default=report.SHARED_DATA)
@@ -238,8 +243,8 @@ def main() -> None:
         k = len(np.unique(y))
         reference = KMeans(k, n_init=10, random_state=0).fit(X)
         central_fuzzy = central_fcm(X, k) if "ffcm" in args.algorithms else None
-        for split in args.splits:
-            sites = split_sites(X, y, split)
+        for split, seed in [(s, e) for s in args.splits for e in range(args.seeds)]:
+            sites = split_sites(X, y, split, seed)
             for algorithm in args.algorithms:
                 for floor, site_floor in [(f, s) for f in args.floors for s in args.site_floors]:
                     plain = None
@@ -247,13 +252,15 @@ def main() -> None:
                         started = time.monotonic()
                         try:
                             score, rounds = run(sites, k, algorithm, mode, floor, X,
-                                                reference.cluster_centers_, extra, site_floor)
+                                                reference.cluster_centers_, extra, site_floor,
+                                                seed)
                         except Exception as err:  # a refused mode is a row, not a crash
                             print(f"{name} {split} {algorithm} {mode} floor {floor} p_site "
                                   f"{site_floor}: {err}")
                             continue
                         central = central_fuzzy if algorithm == "ffcm" else reference.inertia_
-                        row = {"set": name, "split": split, "algorithm": algorithm, "mode": mode,
+                        row = {"set": name, "seed": seed, "split": split,
+                               "algorithm": algorithm, "mode": mode,
                                "floor": floor, "site_floor": site_floor, "rounds": rounds,
                                "central": score / central}
                         if mode == "plain":
@@ -262,14 +269,15 @@ def main() -> None:
                             row["plain"] = score / plain
                         if mode == "dp10-oracle":  # the same noise from the best start
                             for earlier in rows:
-                                if (earlier["set"], earlier["split"], earlier["algorithm"],
-                                        earlier["floor"], earlier["site_floor"]) \
-                                        == (name, split, algorithm, floor, site_floor) \
+                                if (earlier["set"], earlier["seed"], earlier["split"],
+                                        earlier["algorithm"], earlier["floor"],
+                                        earlier["site_floor"]) \
+                                        == (name, seed, split, algorithm, floor, site_floor) \
                                         and earlier["mode"].startswith("dp10"):
                                     earlier["oracle"] = earlier["score"] / score
                         row["score"] = score
                         rows.append(row)
-                        print(f"{name:11s} {split:4s} {algorithm:9s} {mode:6s} floor {floor} "
+                        print(f"{name:11s} {split:4s} s{seed} {algorithm:9s} {mode:6s} floor {floor} "
                               f"p_site {site_floor}: "
                               f"{score / central:.4f} x central"
                               + (f", {row['plain']:.4f} x plain" if "plain" in row else "")
@@ -279,7 +287,10 @@ def main() -> None:
               for sf in args.site_floors for s in args.splits]
     lines = [report.header(f"Quality at defaults ({args.section})"), "",
              f"{len(args.sets)} data sets ({', '.join(args.sets)}), z-scored, k = their classes, "
-             f"{SITES} sites (IID, and Dirichlet 0.3 label skew), seed 0; floor = the run's "
+             f"{SITES} sites (IID, and Dirichlet 0.3 label skew), "
+             + (f"seeds 0-{args.seeds - 1} (each redraws the split and the run's seeds; a "
+                f"figure is over {len(args.sets)} sets x {args.seeds} seeds)" if args.seeds > 1
+                else "seed 0") + "; floor = the run's "
              "min-cluster-size, p_site = the sites' own (the size of the groups they answer "
              "from; 1: from their rows). Each figure is the "
              "k-means objective of the run's final centroids on the pooled rows over that of "

@@ -84,3 +84,56 @@ def test_replies_never_carry_rows(two_groups):
         reply = run_on_rows(two_groups, [C], params, 2)
         for a in protocol.to_arrays(reply.arrays):
             assert a.shape[0] <= 2 or a.ndim == 1 and a.shape[0] == 2
+
+
+def _lone_row_glued():
+    """A site of 20 rows near 0 and 2 rows far apart near 10 and 14: at p_site 2 the two
+    far rows can only be one group (or join the rows near 0)."""
+    rng = np.random.default_rng(3)
+    return site(np.vstack([rng.normal(0, 0.1, (20, 2)), [[10.0, 10.0]], [[14.0, 14.0]]]))
+
+
+def test_min_groups_leaves_out_a_cluster_of_one_group():
+    from site_rows import run_on_groups
+
+    data = _lone_row_glued()
+    C = np.array([[0.0, 0.0], [12.0, 12.0]])
+    params = {"task": "lloyd", "local-iters": 1, "tol": 0.0, "min-cluster-size": 2}
+    plain = run_on_groups(data, [C], params)
+    assert list(plain.arrays.counts) == [20, 2]  # one group of the two far rows: shown
+    strict = run_on_groups(data, [C], {**params, protocol.MIN_GROUPS: 2})
+    assert list(strict.arrays.counts) == [20, 0]  # left out, as a cluster under the floor
+    np.testing.assert_array_equal(strict.arrays.centroids[1], C[1])
+    assert strict.metrics["sse"] == plain.metrics["sse"]  # the SSE is the site's whole
+    # on rows (p_site 1) each row is a group: two rows make two groups, shown
+    rows = run_on_rows(data, [C], {**params, protocol.MIN_GROUPS: 2}, 1)
+    assert list(rows.arrays.counts) == [20, 2]
+
+
+def test_min_groups_in_local_kmeans_and_bad_values():
+    from site_rows import run_on_groups
+
+    data = _lone_row_glued()
+    params = {"task": "local_kmeans", "k-local": 2, "seed": 0, "min-cluster-size": 2}
+    assert sorted(run_on_groups(data, [], params).arrays.counts) == [2, 20]
+    strict = run_on_groups(data, [], {**params, protocol.MIN_GROUPS: 2})
+    assert list(strict.arrays.counts) == [20]
+    for bad in (0, "two"):
+        with pytest.raises(TaskError, match="min-groups"):
+            run_on_groups(data, [], {**params, protocol.MIN_GROUPS: bad})
+
+
+def test_ewf_and_kfed_ask_for_two_groups_dwf_does_not():
+    from fedcluster.common.config import parse_run_config
+    from fedcluster.strategies import make_strategy
+
+    def plans(algorithm):
+        strategy = make_strategy(parse_run_config({"algorithm": algorithm, "n-clusters": 2}))
+        strategy.reset_repetition()
+        return strategy
+    ewf, dwf, kfed = plans("ewf"), plans("dwf"), plans("kfed")
+    ewf.centroids = dwf.centroids = np.zeros((2, 2))
+    assert ewf.train_task().params[protocol.MIN_GROUPS] == 2
+    assert protocol.MIN_GROUPS not in dwf.train_task().params
+    assert kfed.init_task().params[protocol.MIN_GROUPS] == 2
+    assert protocol.MIN_GROUPS not in dwf.init_task().params

@@ -74,6 +74,29 @@ def _weights(groups: SiteGroups) -> tuple[np.ndarray | None, np.ndarray | None]:
     return (None, None) if groups.singletons else (groups.counts, groups.scatter)
 
 
+def _min_groups(params) -> int:
+    """The task's :data:`protocol.MIN_GROUPS` (1 when absent), checked."""
+    wanted = task_param(params, protocol.MIN_GROUPS, int, default=1)
+    if wanted < 1:
+        raise TaskError(f"task parameter '{protocol.MIN_GROUPS}' must be >= 1, got {wanted}")
+    return wanted
+
+
+def _too_few_groups(groups: SiteGroups, C: np.ndarray, counts: np.ndarray,
+                    min_groups: int) -> np.ndarray:
+    """Which clusters of ``C`` hold fewer than ``min_groups`` of the site's groups (their
+    groups nearest to them; ``counts``: the rows those groups hold)."""
+    if min_groups <= 1 or groups.n_groups == 0:
+        return np.zeros(len(C), dtype=bool)
+    # A cluster of more rows than min_groups - 1 of the largest groups can hold has enough
+    # groups: only the others need the groups counted (one more pass, rarely).
+    unsure = counts <= (min_groups - 1) * int(groups.counts.max())
+    if not unsure.any():
+        return unsure
+    labels = kernels.assign(groups.means, C)[0]
+    return np.bincount(labels, minlength=len(C)) < min_groups
+
+
 def _spread_per_row(groups: SiteGroups) -> float:
     """The site's groups' spread per row (their squared deviations from their own means,
     summed over ALL its groups, over its rows): each row of a group lies on average its
@@ -87,10 +110,11 @@ def local_kmeans_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRep
     seed = task_param(params, "seed", int)
     if k_local < 1:
         raise TaskError(f"task parameter 'k-local' must be >= 1, got {k_local}")
+    min_groups = _min_groups(params)
     weights, scatter = _weights(groups)
     centroids, counts = local.local_kmeans(groups.means, k_local, seed, weights=weights,
                                            scatter=scatter)
-    keep = counts >= floor
+    keep = (counts >= floor) & ~_too_few_groups(groups, centroids, counts, min_groups)
     return TaskReply(arrays=protocol.ClusterMeans(centroids[keep], counts[keep].astype(np.int64)))
 
 
@@ -110,13 +134,15 @@ def lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     tol = task_param(params, "tol", float)
     if local_iters < 1:
         raise TaskError(f"task parameter 'local-iters' must be >= 1, got {local_iters}")
+    min_groups = _min_groups(params)
     # The weights are counted against the RECEIVED centroids (DWF paper, Fig. 1); the
     # first Lloyd pass needs exactly these statistics, so they are computed once.
     sums, weights, sse = kernels.lloyd_stats(groups.means, C, *_weights(groups))
     local_C, last_counts = _continue_lloyd(groups, C, sums, weights, local_iters, tol)
     # A cluster is reported only if both its weight and the member set of its reported
     # mean reach the floor.
-    last_counts = np.where(weights < floor, 0, last_counts)
+    last_counts = np.where((weights < floor) | _too_few_groups(groups, C, weights, min_groups),
+                           0, last_counts)
     hidden_counts, local_C = apply_privacy_floor(last_counts, local_C, C, floor)
     weights = np.where(hidden_counts == 0, 0, weights).astype(np.int64)
     reply = TaskReply(arrays=protocol.ClusterMeans(local_C, weights), metrics={"sse": float(sse)})

@@ -169,24 +169,48 @@ class Task:
     rows: str | None = None
     secure: bool = False
     private: bool = False
+    #: What a site sends in reply, in a sentence (the privacy model's table, the run report).
+    sends: str = ""
 
 
 TASKS: dict[str, Task] = {task.name: task for task in (
-    Task("describe", NoArrays, None, private=True),
-    Task("impute_stats", NoArrays, MissingStats),
-    Task("stats", NoArrays, Moments),  # Range with scale = minmax (reply_type)
-    Task("bounds", NoArrays, Range, private=True),
-    Task("local_kmeans", NoArrays, ClusterMeans, rows="at-most"),
-    Task("kmeanspp", NoArrays, ClusterMeans, rows="at-most"),
-    Task("prune_lloyd", Centroids, ClusterMeans, rows="at-most"),
-    Task("lloyd", Centroids, ClusterMeans, rows="per-cluster", secure=True, private=True),
-    Task("minibatch", Centroids, ClusterMeans, rows="per-cluster", secure=True),
-    Task("gtv", SiteGraphState, ClusterMeans, rows="per-cluster"),
-    Task("fcm", Centroids, FuzzyCentres, rows="per-cluster", secure=True),
-    Task("evaluate_sets", CentroidSets, SetScores),
-    Task("evaluate", Centroids, Evaluation, rows="per-cluster", secure=True, private=True),
+    Task("describe", NoArrays, None, private=True,
+         sends="its row count, width and column names, its policy (max-rounds, group-size); "
+               "a table read through a schema: the schema's hash, rows dropped and missing "
+               "cells per column (\"<p\" when 1 to p-1)"),
+    Task("impute_stats", NoArrays, MissingStats,
+         sends="per encoded feature: the sum and count of its present cells and, for "
+               "impute-median, a histogram of its groups' present means (bins under p withheld)"),
+    Task("stats", NoArrays, Moments,  # Range with scale = minmax (reply_type)
+         sends="per feature: its mean, sum of deviations and sum of squared deviations "
+               "(standard), or the minimum and maximum of its groups' means (minmax)"),
+    Task("bounds", NoArrays, Range, private=True,
+         sends="per feature: the minimum and maximum of its groups' means"),
+    Task("local_kmeans", NoArrays, ClusterMeans, rows="at-most",
+         sends="its local k-means centroids (of its groups' means) and their counts"),
+    Task("kmeanspp", NoArrays, ClusterMeans, rows="at-most",
+         sends="the means and counts of its seeded clusters"),
+    Task("prune_lloyd", Centroids, ClusterMeans, rows="at-most",
+         sends="the means and counts of its kept clusters, its SSE"),
+    Task("lloyd", Centroids, ClusterMeans, rows="per-cluster", secure=True, private=True,
+         sends="per cluster: its centroid after local Lloyd iterations and its count "
+               "against the received centroids, its SSE (with evaluate-too, also the "
+               "evaluation of the received centroids)"),
+    Task("minibatch", Centroids, ClusterMeans, rows="per-cluster", secure=True,
+         sends="its mini-batch centroids and counts (asked, the mean and count of its "
+               "groups farthest from the centroids)"),
+    Task("gtv", SiteGraphState, ClusterMeans, rows="per-cluster",
+         sends="its own centroids and their counts, its GTV and SSE"),
+    Task("fcm", Centroids, FuzzyCentres, rows="per-cluster", secure=True,
+         sends="its local fuzzy centres and fuzzy weights"),
+    Task("evaluate_sets", CentroidSets, SetScores,
+         sends="its SSE against each centroid set sent"),
+    Task("evaluate", Centroids, Evaluation, rows="per-cluster", secure=True, private=True,
+         sends="per cluster: counts, sums, sums of squared norms and of distances to the "
+               "centroids; SSE, silhouette sums, its groups' scatter; labels: the "
+               "contingency table"),
     Task("evaluate_distances", CentroidsAndMeans, Distances, rows="per-cluster", secure=True,
-         private=True),
+         private=True, sends="per cluster: Davies-Bouldin's sums of distances to the pooled means"),
 )}
 
 #: The tasks a secure round may carry, and those a site runs under DP.
@@ -227,6 +251,11 @@ EVALUATE_TOO, EVALUATION_PREFIX = "evaluate-too", "evaluation-"
 #: centroids it received, the fewest that hold this many rows (at least the floor): a
 #: dead cluster is re-seeded there.
 FAR_ROWS = "far-rows"
+#: ``local_kmeans`` and ``lloyd`` may ask the site to leave out every cluster that holds
+#: fewer than this many of its groups (default 1: none left out on that count; the floor
+#: in rows applies as ever): EWF and k-FED weigh a site's cluster by its presence, not its
+#: size, and one group alone is most often a lone row glued to its nearest neighbour.
+MIN_GROUPS = "min-groups"
 #: A seeded task's seed base (JSON list of ints); the site draws its own seed from it and
 #: its key (:func:`site_seed`), so the server need not know which site is which yet.
 SEED_BASE = "seed-base"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedcluster.common import protocol
 from fedcluster.strategies import divisive, private
 from fedcluster.strategies.divisive import DivisiveStart
 from fedcluster.strategies.aggregate import bounding_box_init, kmeans_on_centroids
@@ -18,11 +19,15 @@ from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.validation import Reply
 
 
-def kfed_plan(strategy: ClusteringStrategy, k_local: int) -> TaskPlan:
-    """The site task: k-means++ and Lloyd to convergence with ``k_local`` clusters."""
+def kfed_plan(strategy: ClusteringStrategy, k_local: int, min_groups: int = 1) -> TaskPlan:
+    """The site task: k-means++ and Lloyd to convergence with ``k_local`` clusters (each
+    of at least ``min_groups`` of the site's groups: :data:`protocol.MIN_GROUPS`)."""
+    params = {"k-local": k_local}
+    if min_groups > 1:
+        params[protocol.MIN_GROUPS] = min_groups
     return TaskPlan(
         "local_kmeans",
-        params={"k-local": k_local},
+        params=params,
         seed_base=(strategy.seed,),
         max_rows=k_local,
     )
@@ -50,6 +55,10 @@ class KFedOrRandomInit:
     declared box (``data-bounds``) or, without it, the federated bounding box
     (per-site minima and maxima)."""
 
+    #: The k-FED round's :data:`protocol.MIN_GROUPS`: as a start, every local cluster
+    #: (the server's k-means weighs them by their rows).
+    kfed_min_groups = 1
+
     def reset_repetition(self) -> None:
         super().reset_repetition()
         self.divisive_start: DivisiveStart | None = None
@@ -70,7 +79,7 @@ class KFedOrRandomInit:
     def init_task(self) -> TaskPlan:
         init = self.config.resolved_init
         if init == "kfed":
-            return kfed_plan(self, self.config.resolved_k_local)
+            return kfed_plan(self, self.config.resolved_k_local, self.kfed_min_groups)
         if init == "divisive" and not (self.config.private and self.box is None):
             if self.divisive_start is None:
                 self.divisive_start = DivisiveStart.new(self.k, self.n_features, self.seed)
@@ -101,3 +110,7 @@ class KFed(KFedOrRandomInit, ClusteringStrategy):
     """
 
     has_training = False
+    #: k-FED proper clusters the union of the local centroids unweighted: a local cluster
+    #: of one group (at p_site >= 2 most often a lone row glued to its nearest neighbour)
+    #: would count as much as a site's whole cluster, so the sites leave those out.
+    kfed_min_groups = 2

@@ -40,6 +40,11 @@ class WeightedFedKMeans(KFedOrRandomInit, ClusteringStrategy):
     def train_task(self) -> TaskPlan:
         config = self.config
         params = {"local-iters": config.local_iters, "tol": config.tol}
+        if not self.dynamic:
+            # EWF weighs every site's centroid alike, whatever its count: a cluster of one
+            # group (at p_site >= 2 most often a lone row glued to its nearest neighbour)
+            # would move a centroid as much as a site's whole cluster (BENCHMARKS.md).
+            params[protocol.MIN_GROUPS] = 2
         if (self.evaluates_with_training and config.local_iters == 1
                 and not config.secure_aggregation and not config.private):
             params[protocol.EVALUATE_TOO] = True
