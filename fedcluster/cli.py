@@ -7,6 +7,7 @@
 ``fedcluster site ledger`` summarise a site's disclosure ledger (for its data officer)
 ``fedcluster site check``  check a site's table against the agreed schema, sending nothing
 ``fedcluster app sign``   sign an app bundle (FAB); ``fedcluster app serve``: serve signed apps
+``fedcluster report``     write a run directory's report.html (one self-contained page)
 """
 
 from __future__ import annotations
@@ -261,6 +262,14 @@ def cmd_app_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedcluster.server_app.run_report import write_report
+
+    # A missing directory or model.json: FileNotFoundError naming the path (main prints it).
+    print(write_report(Path(args.run_dir)))
+    return 0
+
+
 CHOOSE_K_HELP = """\
 Run the federation once for every k in --k-range LO:HI (the configured --algorithm; each
 k warm-started from the previous k's centroids with its largest cluster split, unless
@@ -387,6 +396,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
     serve.add_argument("--port", type=int, default=9080, help="default 9080")
     serve.set_defaults(func=cmd_app_serve)
+
+    report = sub.add_parser(
+        "report", help="write RUN_DIR/report.html: what was run, the metrics, Table 1 by "
+                       "cluster, the pictures and what each site sent (one file, no network)")
+    report.add_argument("run_dir", metavar="RUN_DIR",
+                        help="a run's output directory (<output-dir>/<run-name>, with model.json)")
+    report.set_defaults(func=cmd_report)
     return parser
 
 

@@ -80,8 +80,12 @@ def test_simulation_engine_matches_in_process(engine_run):
 
 def test_simulation_engine_writes_outputs(engine_run):
     engine, _, directory = engine_run
-    for name in ("model.json", "history.csv", "convergence.png"):
+    for name in ("model.json", "history.csv", "convergence.png", "report.html"):
         assert (directory / name).stat().st_size > 0, name
+    # the run's page: self-contained, and it lists every round's task
+    page = (directory / "report.html").read_text()
+    assert "data:image/png;base64," in page and "<script" not in page
+    assert all(f"<td>{h['round']}</td>" in page and h["task"] in page for h in engine.history)
     with open(directory / "history.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == len(engine.history)

@@ -1,5 +1,6 @@
 """What a run leaves behind and shows: progress lines, the summary, and the files
-``model.json``, ``history.csv`` and ``convergence.png`` in ``output-dir/<run-name>/``;
+``model.json``, ``history.csv``, ``convergence.png`` and ``report.html`` in
+``output-dir/<run-name>/``;
 for a k-range run ``choose-k.json``, ``choose-k.png`` and ``model-k<k>.json``.
 """
 
@@ -188,11 +189,15 @@ def plot_convergence(path: Path, model: Model) -> None:
 
 
 def write_outputs(directory: Path, model: Model) -> None:
-    """model.json, history.csv and convergence.png into ``directory``."""
+    """model.json, history.csv, convergence.png and report.html (``run_report.py``: the
+    page that shows them all) into ``directory``."""
+    from fedcluster.server_app.run_report import write_report
+
     directory.mkdir(parents=True, exist_ok=True)
     model.save(directory / "model.json")
     write_history(directory / "history.csv", model.history)
     plot_convergence(directory / "convergence.png", model)
+    write_report(directory)
 
 
 def plot_choose_k(path: Path, result: dict) -> None:

@@ -1,0 +1,302 @@
+"""Table 1 by cluster: who is in each cluster, rendered from tidy profile rows.
+
+The federated part computes a cluster profile and hands it over as *tidy rows*, one
+figure per row (``cluster, variable, level, unit, statistic, value``); this module only
+renders them: ``table1.csv`` (the rows as they are), ``table1.md`` and ``table1.html``
+(the familiar clinical layout: one column per cluster, largest first, and "All").
+
+Tidy rows
+---------
+cluster
+    ``"all"`` or a cluster id ``"0"``..``"k-1"`` (the labels ``Model.predict`` gives).
+variable
+    ``"size"`` (statistics ``n``, ``%`` of all rows), ``"site"`` (level = the site's name;
+    ``n``, ``%`` of the cluster) or a schema column.
+level
+    ``""`` for a numeric variable (``n``, ``mean``, ``sd``, ``median``, ``q1``, ``q3``,
+    ``missing n``, ``missing %``); a categorical level's label (``n``, ``%`` of the rows
+    with the variable present), and ``""`` for its ``missing n``, ``missing %``.
+unit
+    The numeric variable's unit, or ``""``.
+value
+    A float; ``"<p"`` (a cell of 1..p-1 rows, suppressed under the privacy floor); ``""``
+    (not available, e.g. per-site figures under secure aggregation).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import math
+from pathlib import Path
+
+FIELDS = ["cluster", "variable", "level", "unit", "statistic", "value"]
+ALL = "all"
+SIZE = "size"
+SITE = "site"
+UNAVAILABLE = "-"
+# An em space: the indent of a level row, visible in the raw markdown and rendered alike.
+INDENT = "\u2003"
+
+
+def write_table1(rows: list[dict], meta: dict, directory: str | Path) -> list[Path]:
+    """Write ``table1.csv``, ``table1.md`` and ``table1.html`` into ``directory``.
+
+    Parameters
+    ----------
+    rows : list of dict
+        The tidy profile rows (see the module docstring).
+    meta : dict
+        ``{"floor": p, "secure": bool, "notes": [str, ...]}``; every key optional.
+    directory : str or Path
+        Created if missing.
+
+    Returns
+    -------
+    list of Path
+        The three files, in that order.
+
+    Raises
+    ------
+    ValueError
+        A row lacks one of the six keys (the message names the row and the key).
+    """
+    rows = _checked(rows)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / "table1.csv", directory / "table1.md", directory / "table1.html"]
+    with open(paths[0], "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**{key: row[key] for key in FIELDS}, "value": _csv_value(row["value"])})
+    paths[1].write_text(table1_markdown(rows, meta))
+    paths[2].write_text(table1_html(rows, meta))
+    return paths
+
+
+def read_table1(path: str | Path) -> list[dict]:
+    """The tidy rows of a ``table1.csv``: values as floats, ``"<p"`` and ``""`` kept as text.
+
+    Raises
+    ------
+    ValueError
+        The file's header is not ``cluster,variable,level,unit,statistic,value``.
+    """
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames != FIELDS:
+            raise ValueError(f"{path}: not a table1.csv (header {reader.fieldnames}, "
+                             f"expected {','.join(FIELDS)})")
+        return [{**row, "value": _parse_value(row["value"])} for row in reader]
+
+
+def cluster_order(rows: list[dict]) -> list[str]:
+    """The cluster ids, largest first (by the ``size``/``n`` rows; a suppressed or unknown
+    size after every known one; ties by id), without ``"all"``."""
+    sizes = {r["cluster"]: r["value"] for r in rows
+             if r["variable"] == SIZE and r["statistic"] == "n" and r["cluster"] != ALL}
+    ids = list(dict.fromkeys(r["cluster"] for r in rows if r["cluster"] != ALL))
+
+    def key(cid: str):
+        size = sizes.get(cid)
+        known = isinstance(size, (int, float)) and not math.isnan(size)
+        # A suppressed size is 1..p-1 rows: smaller than any size shown, so it goes last.
+        return (0 if known else 1, -(size if known else 0), _id_key(cid))
+
+    return sorted(ids, key=key)
+
+
+def table1_layout(rows: list[dict], meta: dict) -> tuple[list[str], list[tuple[str, list[str], str]], list[str]]:
+    """The table as text cells, shared by the markdown and the HTML.
+
+    Returns
+    -------
+    header : list of str
+        ``"Characteristic"``, then one ``"Cluster c (n = ...)"`` per cluster, largest
+        first, then ``"All (n = ...)"``.
+    body : list of (label, cells, kind)
+        ``kind`` is ``"row"``, ``"group"`` (a categorical variable's heading, empty cells)
+        or ``"level"`` (indented under a heading or a numeric variable).
+    notes : list of str
+        The footnote lines.
+    """
+    index = {(r["cluster"], r["variable"], r["level"], r["statistic"]): r["value"] for r in rows}
+    columns = cluster_order(rows) + [ALL]
+
+    def get(cid, variable, level, statistic):
+        return index.get((cid, variable, level, statistic), "")
+
+    def n_pct(variable, level, n_stat="n", pct_stat="%"):
+        return [_n_pct(get(c, variable, level, n_stat), get(c, variable, level, pct_stat))
+                for c in columns]
+
+    header = ["Characteristic"] + [
+        f"{'All' if c == ALL else f'Cluster {c}'} ({_n_equals(get(c, SIZE, '', 'n'))})"
+        for c in columns]
+    body: list[tuple[str, list[str], str]] = [("rows, n (% of all rows)", n_pct(SIZE, ""), "row")]
+    for variable in dict.fromkeys(r["variable"] for r in rows if r["variable"] != SIZE):
+        of_variable = [r for r in rows if r["variable"] == variable]
+        levels = list(dict.fromkeys(r["level"] for r in of_variable if r["level"] != ""))
+        unit = next((r["unit"] for r in of_variable if r["unit"]), "")
+        label = f"{variable} ({unit})" if unit else variable
+        if levels:  # categorical (and "site"): a heading, then one row per level
+            body.append((f"{label}, n (%)", [""] * len(columns), "group"))
+            body += [(INDENT + level, n_pct(variable, level), "level") for level in levels]
+        else:
+            body.append((f"{label}, mean (SD)",
+                         [_pair(get(c, variable, "", "mean"), get(c, variable, "", "sd"), "({})")
+                          for c in columns], "row"))
+            body.append((INDENT + "median [Q1, Q3]",
+                         [_median(get(c, variable, "", "median"), get(c, variable, "", "q1"),
+                                  get(c, variable, "", "q3")) for c in columns], "level"))
+        missing = [get(c, variable, "", "missing n") for c in columns]
+        # Shown when any cell has missing rows; a suppressed count ("<p") is 1..p-1 rows.
+        if any(isinstance(m, str) and m.startswith("<") or _number(m) and m > 0 for m in missing):
+            body.append((INDENT + "missing, n (%)", n_pct(variable, "", "missing n", "missing %"),
+                         "level"))
+    return header, body, _notes(meta)
+
+
+def table1_markdown(rows: list[dict], meta: dict) -> str:
+    """Table 1 as a markdown (pipe) table, then the footnote lines."""
+    header, body, notes = table1_layout(_checked(rows), meta)
+
+    def line(cells):
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    out = [line(header), "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+    for label, cells, kind in body:
+        out.append(line([f"**{label}**" if kind == "group" else label] + cells))
+    return "\n".join(out + [""] + notes) + "\n"
+
+
+def table1_html(rows: list[dict], meta: dict) -> str:
+    """Table 1 as an HTML fragment: ``<table class="table1">`` and a ``<div
+    class="table1-notes">`` of footnotes; no ``<html>`` wrapper; every text escaped."""
+    header, body, notes = table1_layout(_checked(rows), meta)
+    esc = html.escape
+    out = ['<table class="table1">', "<thead><tr>"
+           + "".join(f'<th scope="col">{esc(h)}</th>' for h in header) + "</tr></thead>", "<tbody>"]
+    for label, cells, kind in body:
+        out.append(f'<tr class="{kind}"><th scope="row">{esc(label.lstrip(INDENT))}</th>'
+                   + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+    out += ["</tbody>", "</table>", '<div class="table1-notes">']
+    out += [f"<p>{esc(note)}</p>" for note in notes]
+    out.append("</div>")
+    return "\n".join(out) + "\n"
+
+
+# --- formatting -------------------------------------------------------------------------
+
+def format_number(value) -> str:
+    """A mean, SD or quantile: 3 significant digits, at most 2 decimals for values >= 1
+    (``123``, ``45.7``, ``5.43``, ``0.0123``); text (``"<p"``) as it is; ``""``/NaN -> "-"."""
+    if isinstance(value, str):
+        return value or UNAVAILABLE
+    if not _number(value):
+        return UNAVAILABLE
+    size = abs(value)
+    if size >= 100:
+        return f"{value:.0f}"
+    if size >= 10:
+        return f"{value:.1f}"
+    if size >= 1:
+        return f"{value:.2f}"
+    return f"{value:#.3g}"  # "#": keep trailing zeros, 0.900 not 0.9
+
+
+def format_count(value) -> str:
+    """A count (noisy DP counts are rounded), or its text."""
+    if isinstance(value, str):
+        return value or UNAVAILABLE
+    return f"{value:.0f}" if _number(value) else UNAVAILABLE
+
+
+def format_percent(value) -> str:
+    if isinstance(value, str):
+        return value or UNAVAILABLE
+    return f"{value:.1f}" if _number(value) else UNAVAILABLE
+
+
+def _n_pct(n, pct) -> str:
+    count = format_count(n)
+    # A suppressed or unavailable count has no meaningful share: show the count's text only.
+    if count == UNAVAILABLE or count.startswith("<"):
+        return count
+    share = format_percent(pct)
+    return count if share == UNAVAILABLE else f"{count} ({share})"
+
+
+def _pair(first, second, wrap: str) -> str:
+    head = format_number(first)
+    if head == UNAVAILABLE or head.startswith("<"):
+        return head
+    return f"{head} {wrap.format(format_number(second))}"
+
+
+def _median(median, q1, q3) -> str:
+    head = format_number(median)
+    if head == UNAVAILABLE or head.startswith("<"):
+        return head
+    return f"{head} [{format_number(q1)}, {format_number(q3)}]"
+
+
+def _n_equals(size) -> str:
+    text = format_count(size)
+    # "n < 2" reads as a sentence where "n = <2" does not.
+    return f"n {text[0]} {text[1:]}" if text.startswith("<") else f"n = {text}"
+
+
+def _notes(meta: dict) -> list[str]:
+    notes = []
+    floor = meta.get("floor")
+    if floor:
+        p = int(floor)
+        notes.append(f"Cells of 1 to {p - 1} rows show as <{p} and are left out of their totals.")
+    notes.append("Numeric variables: mean (SD), then median [Q1, Q3]; categories: n (% of the "
+                 "cluster's rows with the variable present); \"-\": not available.")
+    if meta.get("secure"):
+        notes.append("Secure aggregation: the server saw only sums over all sites, so "
+                     "per-site figures are not available.")
+    return notes + [str(note) for note in meta.get("notes", [])]
+
+
+# --- values and checks --------------------------------------------------------------------
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _id_key(cid: str):
+    return (0, int(cid), "") if cid.isdigit() else (1, 0, cid)
+
+
+def _csv_value(value) -> str:
+    if isinstance(value, str):
+        return value
+    value = float(value)
+    # Whole numbers without ".0" (counts read as counts); others round-trip exactly (repr).
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
+
+
+def _parse_value(text: str):
+    if text == "" or text.startswith("<"):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        return text  # any other text is shown as it is, never guessed at
+
+
+def _checked(rows: list[dict]) -> list[dict]:
+    out = []
+    for i, row in enumerate(rows):
+        missing = [key for key in FIELDS if key not in row]
+        if missing:
+            raise ValueError(f"profile row {i} ({row!r}) has no key {missing[0]!r}")
+        value = "" if row["value"] is None else row["value"]
+        if isinstance(value, str) and value not in ("",) and not value.startswith("<"):
+            value = _parse_value(value)
+        out.append({**{key: str(row[key]) for key in FIELDS[:-1]}, "value": value})
+    return out
