@@ -148,6 +148,22 @@ class Evaluation(NamedTuple):
     contingency: np.ndarray | None = None
 
 
+class ClusterProfile(NamedTuple):
+    """A site's cluster profile (Table 1 by cluster; ``client_app/site_profile.py``), per
+    cluster: its rows; per cluster and encoded feature, in the encoded units (not scaled):
+    the rows counted (the cluster's rows, 0 where the cell is withheld), the present cells,
+    their sum, their squared deviations about the reference point sent, their histogram
+    over the bins sent (numeric features only), and whether the cell was withheld."""
+
+    counts: np.ndarray
+    rows: np.ndarray
+    present: np.ndarray
+    sums: np.ndarray
+    squares: np.ndarray
+    histograms: np.ndarray
+    hidden: np.ndarray
+
+
 class Distances(NamedTuple):
     """Per cluster, the sum of distances of its members to the pooled cluster mean."""
 

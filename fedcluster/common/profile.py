@@ -1,0 +1,162 @@
+"""Table 1 by cluster from the sites' cluster profiles (issue 36): pooled sums, then
+the tidy rows ``server_app/table1.py`` renders (``cluster``, ``variable``, ``level``,
+``unit``, ``statistic``, ``value``).
+
+Every figure comes from sums over the sites (``protocol.ClusterProfile``, made by
+``client_app/site_profile.py``), so secure aggregation could carry them: per numeric
+variable n, mean and SD (exact: SD from the squared deviations about the reference
+points, corrected to the mean; for all rows, within plus between clusters), median and
+quartiles from the pooled histogram (linear within a bin), missing n (%); per category
+level n (%) of the rows with the variable present, and missing n (%); the cluster sizes;
+per site (when the replies are seen one by one) the rows of each cluster. A cell that a
+site withheld is left out of the totals; one that no site shows but one withheld shows
+as ``<p``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedcluster.common.protocol import ClusterProfile
+
+#: The quantiles Table 1 shows.
+QUANTILES = (("q1", 0.25), ("median", 0.5), ("q3", 0.75))
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One row block of Table 1: a numeric column (one encoded feature) or a category
+    (one encoded feature per level, ``weight`` its one-hot 1)."""
+
+    name: str
+    kind: str  # "numeric" or "categorical"
+    columns: tuple[int, ...]
+    unit: str = ""
+    levels: tuple[str, ...] = ()
+    weight: float = 1.0
+
+
+def variables_of(schema=None, feature_names=None) -> list[Variable]:
+    """The variables of a run: its schema's feature columns (a missing-indicator column
+    is left out: the missing counts say it), or every feature numeric."""
+    if schema is None:
+        return [Variable(str(name), "numeric", (j,)) for j, name in enumerate(feature_names)]
+    out, j = [], 0
+    for column in schema.features:
+        if column.type == "numeric":
+            out.append(Variable(column.name, "numeric", (j,), column.unit or ""))
+            j += 1
+        else:
+            n = len(column.categories)
+            out.append(Variable(column.name, "categorical", tuple(range(j, j + n)), "",
+                                tuple(column.categories), column.category_weight))
+            j += n
+        j += 1 if column.missing_indicator else 0
+    return out
+
+
+def level_weights(variables: list[Variable], d: int) -> np.ndarray:
+    """(d,) each encoded feature's one-hot weight (0: numeric), as a site needs it."""
+    weights = np.zeros(d)
+    for v in variables:
+        if v.kind == "categorical":
+            weights[list(v.columns)] = v.weight
+    return weights
+
+
+def pool(replies: list[ClusterProfile]) -> ClusterProfile:
+    """The sum of the sites' profiles (what secure aggregation would give)."""
+    return ClusterProfile(*(np.sum([np.asarray(r[i]) for r in replies], axis=0)
+                            for i in range(len(ClusterProfile._fields))))
+
+
+def _quantiles(hist: np.ndarray, lo: float, hi: float) -> dict[str, float]:
+    total = hist.sum()
+    if total == 0:
+        return {}
+    width = (hi - lo) / len(hist)
+    cum = np.cumsum(hist)
+    out = {}
+    for name, q in QUANTILES:
+        b = int(np.searchsorted(cum, q * total))  # the first bin reaching q
+        before = cum[b - 1] if b else 0
+        out[name] = lo + width * (b + (q * total - before) / hist[b])
+    return out
+
+
+def table1_rows(pooled: ClusterProfile, variables: list[Variable], references: np.ndarray,
+                lower: np.ndarray, upper: np.ndarray, floor: int,
+                sites: dict[str, ClusterProfile] | None = None) -> list[dict]:
+    """The tidy Table 1 rows (module docstring) of a pooled profile; ``sites``: each
+    site's own profile, for the per-site composition (None: not known, as under secure
+    aggregation)."""
+    k = len(pooled.counts)
+    rows: list[dict] = []
+    suppressed = f"<{floor}"
+
+    def add(cluster, variable, level, unit, statistic, value):
+        rows.append({"cluster": cluster, "variable": variable, "level": level, "unit": unit,
+                     "statistic": statistic, "value": value})
+
+    total = int(pooled.counts.sum())
+    clusters = [(str(j), [j]) for j in range(k)] + [("all", list(range(k)))]
+    for name, members in clusters:
+        n = int(pooled.counts[members].sum())
+        add(name, "size", "", "", "n", n if n or not pooled.hidden[members].any() else suppressed)
+        add(name, "size", "", "", "%", 100.0 * n / total if total else "")
+    for v in variables:
+        for name, members in clusters:
+            if v.kind == "numeric":
+                _numeric(add, name, v, pooled, members, references, lower, upper, suppressed)
+            else:
+                _categorical(add, name, v, pooled, members, suppressed)
+    if sites:
+        for name, members in clusters:
+            n = int(pooled.counts[members].sum())
+            for site, profile in sites.items():
+                rows_here = int(np.asarray(profile.counts)[members].sum())
+                add(name, "site", site, "", "n", rows_here)
+                add(name, "site", site, "", "%", 100.0 * rows_here / n if n else "")
+    return rows
+
+
+def _numeric(add, cluster, v, pooled, members, references, lower, upper, suppressed):
+    j = v.columns[0]
+    P = pooled.present[members, j].astype(float)
+    S = pooled.sums[members, j]
+    Q = pooled.squares[members, j]
+    n, counted = int(P.sum()), int(pooled.rows[members, j].sum())
+    if n == 0:
+        add(cluster, v.name, "", v.unit, "n", suppressed if pooled.hidden[members, j].any() else 0)
+        return
+    means = np.where(P > 0, S / np.maximum(P, 1), 0.0)
+    mean = S.sum() / n
+    # within each cluster about its own mean, then between the clusters' means
+    within = Q - P * (means - references[members, j]) ** 2
+    spread = within.sum() + (P * (means - mean) ** 2).sum()
+    add(cluster, v.name, "", v.unit, "n", n)
+    add(cluster, v.name, "", v.unit, "mean", mean)
+    add(cluster, v.name, "", v.unit, "sd", float(np.sqrt(max(spread, 0.0) / (n - 1))) if n > 1 else "")
+    for stat, value in _quantiles(pooled.histograms[members, j].sum(axis=0), lower[j], upper[j]).items():
+        add(cluster, v.name, "", v.unit, stat, value)
+    add(cluster, v.name, "", v.unit, "missing n", counted - n)
+    add(cluster, v.name, "", v.unit, "missing %", 100.0 * (counted - n) / counted)
+
+
+def _categorical(add, cluster, v, pooled, members, suppressed):
+    for level, j in zip(v.levels, v.columns):
+        n = int(round(pooled.sums[members, j].sum() / v.weight))
+        if n == 0 and pooled.hidden[members, j].any():
+            add(cluster, v.name, level, "", "n", suppressed)
+            continue
+        present = int(pooled.present[members, j].sum())  # over the sites that show the level
+        add(cluster, v.name, level, "", "n", n)
+        add(cluster, v.name, level, "", "%", 100.0 * n / present if present else "")
+    # the missing cells over the level column that the most rows were counted for
+    best = max(v.columns, key=lambda j: int(pooled.rows[members, j].sum()))
+    present = int(pooled.present[members, best].sum())
+    counted = int(pooled.rows[members, best].sum())
+    add(cluster, v.name, "", "", "missing n", counted - present)
+    add(cluster, v.name, "", "", "missing %", 100.0 * (counted - present) / counted if counted else "")

@@ -1,0 +1,123 @@
+"""Table 1 by cluster, its maths (issue 36): a site's cluster profile from its groups
+(``client_app/site_profile.py``) pooled into tidy rows (``common/profile.py``), checked
+against pandas on the pooled rows, each row given its group's cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedcluster.client_app import group_table
+from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.site_groups import TableFacts
+from fedcluster.client_app.site_profile import site_profile
+from fedcluster.common import profile
+
+LEVELS = ("a", "b", "c")
+VARIABLES = [profile.Variable("age", "numeric", (0,), "years"),
+             profile.Variable("crp", "numeric", (1,), "mg/L"),
+             profile.Variable("ward", "categorical", (2, 3, 4), "", LEVELS, 1.5)]
+LOWER, UPPER, BINS = np.array([0.0, 0.0, 0, 0, 0]), np.array([100.0, 20.0, 1, 1, 1]), 200
+
+
+def _sites(seed=0):
+    rng = np.random.default_rng(seed)
+    sites = []
+    for s, n in enumerate((150, 120, 90)):
+        age = rng.normal(40 + 10 * s, 12, n).clip(1, 99)
+        crp = rng.gamma(2.0, 2.0 + s, n).clip(0, 19.9)
+        crp[rng.random(n) < 0.1] = np.nan  # missing cells
+        ward = rng.choice(3, n, p=(0.5, 0.3, 0.2))
+        onehot = np.eye(3)[ward] * 1.5
+        sites.append(np.column_stack([age, crp, onehot]))
+    return sites
+
+
+def _run(sites, p_site, floor):
+    """Every site's profile at p_site, the rows with their group's cluster."""
+    centroids = np.array([[30.0, 4.0], [50.0, 8.0], [70.0, 6.0]])
+    k, d = len(centroids), sites[0].shape[1]
+    references = np.column_stack([centroids, np.zeros((k, 3))])
+    replies, labelled = {}, []
+    for s, X in enumerate(sites):
+        facts = TableFacts(None, "", 0, {"crp": int(np.isnan(X[:, 1]).sum())})
+        data = SiteData(X, None, None, f"site {s}", table=facts)
+        if p_site == 1:
+            groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(X))
+        else:
+            groups, group_of_row = group_table.build(data, p_site)
+        means = np.nan_to_num(groups.means[:, :2], nan=5.0)
+        cluster = ((means[:, None] - centroids[None]) ** 2).sum(-1).argmin(1)
+        replies[f"site {s}"] = site_profile(groups, cluster, references, LOWER, UPPER, BINS,
+                                            profile.level_weights(VARIABLES, d), floor)
+        labels = cluster[group_of_row]  # each row in its group's cluster
+        frame = pd.DataFrame({"age": X[:, 0], "crp": X[:, 1],
+                              "ward": np.array(LEVELS)[X[:, 2:].argmax(1)],
+                              "cluster": labels, "site": f"site {s}"})
+        labelled.append(frame)
+    pooled = profile.pool(list(replies.values()))
+    rows = profile.table1_rows(pooled, VARIABLES, references, LOWER, UPPER, floor, replies)
+    return rows, pd.concat(labelled, ignore_index=True)
+
+
+def _value(rows, cluster, variable, statistic, level=""):
+    hits = [r["value"] for r in rows if (r["cluster"], r["variable"], r["level"],
+                                         r["statistic"]) == (cluster, variable, level, statistic)]
+    assert len(hits) == 1, (cluster, variable, level, statistic, hits)
+    return hits[0]
+
+
+@pytest.mark.parametrize("p_site", [1, 2, 3])
+def test_means_sds_counts_equal_pandas_on_the_pooled_rows(p_site):
+    rows, frame = _run(_sites(), p_site, floor=1)
+    for cluster, part in [*[(str(c), frame[frame.cluster == c]) for c in range(3)],
+                          ("all", frame)]:
+        assert _value(rows, cluster, "size", "n") == len(part)
+        for name in ("age", "crp"):
+            assert _value(rows, cluster, name, "n") == part[name].count()
+            assert _value(rows, cluster, name, "mean") == pytest.approx(part[name].mean(), abs=1e-9)
+            assert _value(rows, cluster, name, "sd") == pytest.approx(part[name].std(), abs=1e-9)
+            assert _value(rows, cluster, name, "missing n") == part[name].isna().sum()
+        for level in LEVELS:
+            assert _value(rows, cluster, "ward", "n", level) == (part.ward == level).sum()
+            assert _value(rows, cluster, "ward", "%", level) == pytest.approx(
+                100 * (part.ward == level).mean(), abs=1e-9)
+        for site, here in part.groupby("site"):
+            assert _value(rows, cluster, "site", "n", site) == len(here)
+
+
+def test_medians_and_quartiles_within_one_bin_on_rows():
+    rows, frame = _run(_sites(), 1, floor=1)
+    width = (UPPER[:2] - LOWER[:2]) / BINS
+    for cluster, part in [*[(str(c), frame[frame.cluster == c]) for c in range(3)],
+                          ("all", frame)]:
+        for j, name in enumerate(("age", "crp")):
+            for stat, q in (("q1", 0.25), ("median", 0.5), ("q3", 0.75)):
+                assert abs(_value(rows, cluster, name, stat) - part[name].quantile(q)) <= width[j]
+
+
+def test_a_cell_under_the_floor_shows_as_under_p_and_leaves_the_totals():
+    sites = _sites()
+    X = sites[2]
+    X[:, 2:] = np.eye(3)[np.zeros(len(X), dtype=int)] * 1.5  # site 2: every row in ward a
+    X[:3, 2:] = np.eye(3)[[2, 2, 2]] * 1.5                     # ... but 3 in ward c
+    floor = 5
+    rows, frame = _run(sites, 1, floor)
+    # every site's cell of 1..p-1 rows (site 2's 3 rows of ward c among them) is left out
+    # of its total; a cluster of fewer than p rows at a site is left out whole
+    for cluster in range(3):
+        expected, hidden = 0, False
+        for _, here in frame[frame.cluster == cluster].groupby("site"):
+            count = int((here.ward == "c").sum())
+            if len(here) >= floor and count >= floor:
+                expected += count
+            hidden |= len(here) < floor or 0 < count < floor
+        value = _value(rows, str(cluster), "ward", "n", "c")
+        assert value == (expected if expected or not hidden else f"<{floor}")
+    site2 = frame[(frame.site == "site 2") & (frame.ward == "c")]
+    assert len(site2) == 3  # the cell the floor must hide
+    # no value the sites sent holds a count of 1..p-1
+    for r in rows:
+        if r["statistic"] in ("n", "missing n") and isinstance(r["value"], int):
+            assert not 0 < r["value"] < floor, r
