@@ -101,6 +101,22 @@ def _load(path: Path, cache: Path, p: int = 2):
     return site, *group_table.site_groups(site, p, cache)
 
 
+def _grown(path: Path, cache: Path, write, first: np.ndarray, grown: np.ndarray):
+    """The groups of ``first`` written to ``path``, then ``_load``'s answer once the file
+    holds ``grown`` (rows appended, its mtime moved on: a new version of the file), after
+    checking that the earlier groups are kept bit for bit."""
+    write(path, first)
+    _, before, _ = _load(path, cache)
+    write(path, grown)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+    loaded = _load(path, cache)
+    after = loaded[1]
+    for name in ("counts", "sums", "m2"):
+        np.testing.assert_array_equal(np.asarray(getattr(after, name))[:before.n_groups],
+                                      np.asarray(getattr(before, name)))
+    return before, loaded
+
+
 def test_a_file_keeps_its_table_in_its_cache_and_reads_it_back(tmp_path, blobs, monkeypatch):
     path = tmp_path / "site.csv"
     _write_csv(path, blobs[:200, :3])
@@ -117,16 +133,8 @@ def test_a_file_keeps_its_table_in_its_cache_and_reads_it_back(tmp_path, blobs, 
 def test_a_file_that_grows_keeps_its_earlier_groups_bit_for_bit(tmp_path, blobs, caplog):
     path, cache = tmp_path / "site.csv", tmp_path / "cache"
     X = blobs[:, :3]
-    _write_csv(path, X[:300])
-    _, before, _ = _load(path, cache)
-    # rows appended (and the file's mtime moves on): a new version of the file
-    _write_csv(path, X[:420])
-    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
-    site, after, grouped = _load(path, cache)
+    before, (site, after, grouped) = _grown(path, cache, _write_csv, X[:300], X[:420])
     G = before.n_groups
-    for name in ("counts", "sums", "m2"):
-        np.testing.assert_array_equal(np.asarray(getattr(after, name))[:G],
-                                      np.asarray(getattr(before, name)))
     assert after.n_groups > G and after.n_rows == 420 and after.waiting == 0 and grouped is None
     # the new groups are the new rows' own: their sums add up to the rows appended
     np.testing.assert_allclose(np.asarray(after.sums)[G:].sum(0), X[300:420].sum(0), rtol=1e-12)
@@ -297,15 +305,8 @@ def test_row_hashes_are_those_of_earlier_entries(blobs):
 
 def test_a_file_that_grows_keeps_its_groups_with_small_windows(tmp_path, blobs, small_windows):
     path, cache = tmp_path / "site.npy", tmp_path / "cache"
-    _write_npy(path, blobs[:300])
-    _, before, _ = _load(path, cache)
-    _write_npy(path, blobs)
-    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
-    _, after, _ = _load(path, cache)
+    before, (_, after, _) = _grown(path, cache, _write_npy, blobs[:300], blobs)
     G = before.n_groups
-    for name in ("counts", "sums", "m2"):
-        np.testing.assert_array_equal(np.asarray(getattr(after, name))[:G],
-                                      np.asarray(getattr(before, name)))
     np.testing.assert_allclose(np.asarray(after.sums)[G:].sum(0), blobs[300:].sum(0), rtol=1e-9)
 
 

@@ -140,12 +140,18 @@ def pooled_fill(plan: ImputationPlan, counts, sums, histograms, names=None) -> n
 
 
 def histogram_median(hist: np.ndarray, lo: float, hi: float) -> float:
-    """The point of a histogram over [lo, hi] with half its mass below, linear within the
-    bin where the cumulative count reaches half."""
+    """The point of a histogram over [lo, hi] with half its mass below
+    (:func:`histogram_quantile` at 0.5)."""
+    return histogram_quantile(hist, lo, hi, 0.5)
+
+
+def histogram_quantile(hist: np.ndarray, lo: float, hi: float, q: float) -> float:
+    """The point of a histogram over [lo, hi] with a share ``q`` of its mass below,
+    linear within the bin where the cumulative count reaches it."""
     hist = np.asarray(hist, dtype=np.float64)
     width = (hi - lo) / hist.size
     cumulative = np.cumsum(hist)
-    half = cumulative[-1] / 2.0
-    b = int(np.searchsorted(cumulative, half))
+    target = cumulative[-1] * q
+    b = int(np.searchsorted(cumulative, target))
     below = cumulative[b - 1] if b > 0 else 0.0
-    return float(lo + width * (b + (half - below) / hist[b]))
+    return float(lo + width * (b + (target - below) / hist[b]))

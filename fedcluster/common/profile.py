@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedcluster.common.imputation import histogram_quantile
 from fedcluster.common.protocol import ClusterProfile
 
 #: The quantiles Table 1 shows.
@@ -73,17 +74,9 @@ def pool(replies: list[ClusterProfile]) -> ClusterProfile:
 
 
 def _quantiles(hist: np.ndarray, lo: float, hi: float) -> dict[str, float]:
-    total = hist.sum()
-    if total == 0:
+    if hist.sum() == 0:
         return {}
-    width = (hi - lo) / len(hist)
-    cum = np.cumsum(hist)
-    out = {}
-    for name, q in QUANTILES:
-        b = int(np.searchsorted(cum, q * total))  # the first bin reaching q
-        before = cum[b - 1] if b else 0
-        out[name] = lo + width * (b + (q * total - before) / hist[b])
-    return out
+    return {name: histogram_quantile(hist, lo, hi, q) for name, q in QUANTILES}
 
 
 def table1_rows(pooled: ClusterProfile, variables: list[Variable], references: np.ndarray,
