@@ -164,6 +164,12 @@ class SimulationResult:
     def metrics(self) -> dict:
         return self.model.metrics
 
+    @property
+    def profile(self):
+        """Table 1 by cluster, a pandas DataFrame of the rows of ``table1.csv``
+        (:attr:`Model.profile`); None when the run left no profile."""
+        return self.model.profile
+
 
 def serve_in_process(
     node_configs: list[dict],

@@ -159,7 +159,8 @@ def test_a_secure_run_starts_from_sums_only_as_well_as_the_plain_kfed_start():
     # describe, then the start's Lloyd rounds (each a SecAgg+ sum), then training
     assert tasks[0] == "describe" and "bounds" not in tasks
     assert {t for rec in records for t in record_tasks(rec)} <= {"describe", "lloyd", "evaluate",
-                                                                   "evaluate_distances", ""}
+                                                                   "evaluate_distances",
+                                                                   "profile", ""}
     assert not secure.metrics["site-failures"]
     assert len([t for t in tasks if t == "lloyd"]) <= start + 50
     assert sse(X, secure.centroids) <= 1.02 * sse(X, plain.centroids)

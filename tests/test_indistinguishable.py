@@ -134,6 +134,11 @@ def messages(A: SiteData):
             ("evaluate", [C], t),
             ("evaluate_distances", [honest, honest + 0.5], t),
             ("evaluate_distances", [C, on_rows], t),
+            ("profile", [honest, honest, np.full(D, -600.0), np.full(D, 600.0), np.zeros(D)],
+             {**t, protocol.BINS: 50}),
+            # centroids and references on rows, a narrow range cut into fine bins
+            ("profile", [C, on_rows, X.min(axis=0), X.min(axis=0) + 1.0, np.zeros(D)],
+             {**t, protocol.BINS: 4000, "data-bounds": "-100:100"}),
         ]
     return out
 
@@ -142,7 +147,8 @@ SECURE_TERMS = {"lloyd": ["n", "sse", "wc", "w-int", "c"], "minibatch": ["n", "w
                 "fcm": ["n", "wc", "w", "c"],
                 "evaluate": ["n", "sse", "silhouette-sum", "counts", "sums", "sqnorms", "hidden",
                              "distances"],
-                "evaluate_distances": ["n", "distances"]}
+                "evaluate_distances": ["n", "distances"],
+                "profile": ["n", *(protocol.PROFILE_TERM + f for f in protocol.ClusterProfile._fields)]}
 
 
 def answer(site: SiteClient, task: str, arrays: list, params: dict, secure_round: bool):
@@ -178,7 +184,7 @@ def test_equal_group_tables_give_identical_replies(sites, secure_round):
     A, B = sites
     (site_a, token_a), (site_b, token_b) = client(A), client(B)
     try:
-        compared = 0
+        compared, tasks_answered = 0, set()
         for task, arrays, params in messages(A):
             if secure_round and task not in protocol.SECURE_TASKS:
                 continue
@@ -187,8 +193,12 @@ def test_equal_group_tables_give_identical_replies(sites, secure_round):
             assert same(reply_a, reply_b), (task, params, reply_a, reply_b)
             # (a crafted input may be refused, alike by both: a NaN from a fuzzifier
             # near 1 cannot be summed securely)
-            compared += reply_a[0] != "raised" and "error" not in reply_a[2]
+            answered = reply_a[0] != "raised" and "error" not in reply_a[2]
+            compared += answered
+            tasks_answered |= {task} if answered else set()
         assert compared >= (22 if secure_round else 60)
+        # every task (secure: every sum) was answered at least once, not only refused
+        assert tasks_answered == set(protocol.SECURE_TASKS if secure_round else protocol.TASKS)
     finally:
         client_module.MEMORY_SITES.pop(token_a, None)
         client_module.MEMORY_SITES.pop(token_b, None)

@@ -61,8 +61,11 @@ CENTRES = 8.0 * np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], dtype=np.
 COUNT_ARRAYS = {
     "local_kmeans": (1,), "lloyd": (1,), "minibatch": (1, 3), "kmeanspp": (1,),
     "prune_lloyd": (1,), "gtv": (1,), "evaluate": (0, 5),
+    # Table 1's profile: cluster sizes, rows counted, present cells, histogram bins
+    "profile": (0, 1, 2, 5),
 }
-FLAG_ARRAYS = {"evaluate": (3,)}  # which clusters were withheld (hidden)
+# which clusters (evaluate) or cells (profile) were withheld
+FLAG_ARRAYS = {"evaluate": (3,), "profile": (6,)}
 MAX_METRIC_TEXT = 200  # characters; feature and label names are short
 
 
@@ -116,12 +119,21 @@ def _array_problems(task: str, arrays: list[np.ndarray], n_rows: int, views, flo
             yield f"count array {i} has entries under the floor {floor}: {a.ravel().tolist()}"
         if i in flags and not np.isin(a, (0, 1)).all():
             yield f"flag array {i} holds values other than 0/1"
-        if i in flags and floor > 1 and not np.array_equal(a != 0, np.asarray(arrays[0]) == 0):
+        if i in flags and floor > 1 and a.ndim == 1 and not np.array_equal(
+                a != 0, np.asarray(arrays[0]) == 0):
             # A flag that sets a withheld cluster (1..p-1 members) apart from an empty
             # one would say which clusters the site holds a few rows of.
             yield f"flag array {i} says more than the zero counts: {a.ravel().tolist()}"
+        if i in flags and floor > 1 and a.ndim == 2 and not np.all(
+                a[np.asarray(arrays[0]) == 0] == 1):
+            # the profile's cells: every cell of a withheld or empty cluster flagged alike
+            yield f"flag array {i} sets a withheld cluster apart from an empty one"
         if a.dtype.kind == "f" and a.ndim >= 1 and a.shape[-1] == D and _holds_a_row(a, views):
             yield f"array {i} {a.shape} contains one of the site's data rows"
+    if task == "profile" and len(arrays) > 2:  # missing: rows counted less present cells
+        missing = np.asarray(arrays[1]) - np.asarray(arrays[2])
+        if np.any((missing >= 1) & (missing < floor)):
+            yield f"profile: missing counts under the floor {floor}: {missing.ravel().tolist()}"
 
 
 def _metric_problems(metrics: dict, views):
@@ -226,7 +238,8 @@ def test_nothing_leaks(name):
     config, tasks = CASES[name]
     records, result = recorded_run(config)
     seen = {task for rec in records for task in record_tasks(rec)}
-    assert tasks <= seen, f"the run recorded {sorted(seen)}, not all of {sorted(tasks)}"
+    assert tasks | {"profile"} <= seen, \
+        f"the run recorded {sorted(seen)}, not all of {sorted(tasks)} and profile"
     # every site took part to the end (none was dropped, so none escaped the audit)
     assert result.metrics["n-sites"] == len(SITES) and not result.metrics["site-failures"]
     assert {rec["metrics"]["site-key"] for rec in records} == {"0", "1", "2", "3"}
@@ -345,6 +358,8 @@ def test_audit_catches_counts_under_the_floor():
     assert "site 0, task evaluate: label-names names labels with fewer than 5 rows: ['2', '3']" \
         in problems
     assert any("evaluate: count array 5 has entries under the floor" in p for p in problems)
+    # ... and profile their clusters' cells with counts of 2..4 (groups of 2)
+    assert any("task profile: count array 0 has entries under the floor" in p for p in problems)
 
 
 def _fake(task: str, arrays: list, metrics: dict | None = None, site: int = 1) -> dict:

@@ -76,12 +76,24 @@ def test_simulation_engine_matches_in_process(engine_run):
     np.testing.assert_allclose(engine.metrics["score"], harness.metrics["score"], rtol=1e-12)
     # the streamed ServerApp log has one progress line per round
     assert len(PROGRESS.findall(run.output)) == len(engine.history)
+    # Table 1 by cluster (two profile rounds: no schema declares a range): the same rows
+    assert [row["task"] for row in engine.history][-2:] == ["profile", "profile"]
+    ours, theirs = engine.profile, harness.profile
+    assert len(ours) == len(theirs) > 64 * (CONFIG["n-clusters"] + 1) * 5
+    assert ours[["cluster", "variable", "level", "statistic"]].equals(
+        theirs[["cluster", "variable", "level", "statistic"]])
+    np.testing.assert_allclose(ours.value.astype(float), theirs.value.astype(float), rtol=1e-12)
 
 
 def test_simulation_engine_writes_outputs(engine_run):
     engine, _, directory = engine_run
-    for name in ("model.json", "history.csv", "convergence.png", "report.html"):
+    for name in ("model.json", "history.csv", "convergence.png", "report.html", "table1.csv",
+                 "table1.md", "table1.html", "profile.png", "sites.png"):
         assert (directory / name).stat().st_size > 0, name
+    # Table 1 in the clinical layout, and on the page
+    table = (directory / "table1.md").read_text()
+    assert table.splitlines()[0].startswith("|") and "mean (SD)" in table
+    assert "Who is in each cluster" in (directory / "report.html").read_text()
     # the run's page: self-contained, and it lists every round's task
     page = (directory / "report.html").read_text()
     assert "data:image/png;base64," in page and "<script" not in page

@@ -15,6 +15,12 @@ from fedcluster.strategies import metrics
 from fedcluster.strategies.base import ClusteringStrategy
 
 
+def simulate(*args, **config):
+    """``fedcluster.simulate`` without Table 1's profile rounds: these runs end with the
+    rounds compared here (the profile round has its own tests: tests/test_table1.py)."""
+    return fedcluster.simulate(*args, **{"profile": False, **config})
+
+
 @pytest.fixture(scope="module")
 def sites():
     X, y = load_builtin("digits")
@@ -24,9 +30,9 @@ def sites():
 def _both(monkeypatch, sites, **config):
     """The same run with the evaluation's distances folded in (today) and with the old
     separate second pass."""
-    folded = fedcluster.simulate(sites, **config)
+    folded = simulate(sites, **config)
     monkeypatch.setattr(ClusteringStrategy, "fold_distances", False)
-    separate = fedcluster.simulate(sites, **config)
+    separate = simulate(sites, **config)
     monkeypatch.undo()
     return folded, separate
 
@@ -76,7 +82,7 @@ def test_under_secure_aggregation_the_quantised_means_keep_the_second_pass(sites
     centroids by the quantisation error (~1e-5 here), far above means_are_centroids'
     bound, so the second pass runs as before (the evaluation's distances travel in the
     secure sum, unused)."""
-    result = fedcluster.simulate(sites, n_clusters=10, num_rounds=60, seed=3,
+    result = simulate(sites, n_clusters=10, num_rounds=60, seed=3,
                                  secure_aggregation=True, secagg_data_bound=16.0,
                                  data_bounds="0:16")
     assert [h["task"] for h in result.history][-2:] == ["evaluate", "evaluate_distances"]
@@ -88,7 +94,7 @@ def test_a_dp_run_sends_no_davies_bouldin_round():
     released): the run no longer asks for it, and still reports no Davies-Bouldin."""
     rng = np.random.default_rng(4)
     data = [np.clip(rng.normal(size=(120, 3)) + 4 * (i % 2), -8, 8) for i in range(3)]
-    result = fedcluster.simulate(data, n_clusters=2, dp_epsilon=2.0, data_bounds="-8:8",
+    result = simulate(data, n_clusters=2, dp_epsilon=2.0, data_bounds="-8:8",
                                  num_rounds=3, min_sites=3)
     assert result.history[-1]["task"] == "evaluate"
     assert "evaluate_distances" not in {h["task"] for h in result.history}
@@ -119,9 +125,9 @@ def test_means_are_centroids_within_the_bound_only():
     {"init": "random"},  # the bounding box
 ], ids=["dwf", "fkm", "kfed", "scale", "random"])
 def test_describe_carries_the_first_task_with_the_same_result(monkeypatch, sites, config):
-    carried = fedcluster.simulate(sites, n_clusters=10, num_rounds=8, seed=0, **config)
+    carried = simulate(sites, n_clusters=10, num_rounds=8, seed=0, **config)
     monkeypatch.setattr(ClusteringStrategy, "carries_first_task", False)
-    separate = fedcluster.simulate(sites, n_clusters=10, num_rounds=8, seed=0, **config)
+    separate = simulate(sites, n_clusters=10, num_rounds=8, seed=0, **config)
     first, *rest = [h["task"] for h in carried.history]
     old_first, old_second, *old_rest = [h["task"] for h in separate.history]
     assert old_first == "describe" and first == f"describe+{old_second}"
@@ -176,9 +182,9 @@ def test_a_converged_run_needs_no_evaluation_round_and_reports_the_same(monkeypa
     if config.pop("site_labels", False):  # the contingency table rides along too
         _, y = load("digits")
         config["labels"] = [y[rows] for rows in partition(y, 3, "dirichlet:0.5", seed=1)]
-    carried = fedcluster.simulate(sites, n_clusters=10, num_rounds=60, seed=0, **config)
+    carried = simulate(sites, n_clusters=10, num_rounds=60, seed=0, **config)
     monkeypatch.setattr(WeightedFedKMeans, "evaluates_with_training", False)
-    separate = fedcluster.simulate(sites, n_clusters=10, num_rounds=60, seed=0, **config)
+    separate = simulate(sites, n_clusters=10, num_rounds=60, seed=0, **config)
     tasks, old_tasks = ([h["task"] for h in r.history] for r in (carried, separate))
     assert "evaluate" not in tasks and old_tasks.count("evaluate") == config.get("n_init", 1)
     assert tasks == [task for task in old_tasks if task != "evaluate"]
@@ -190,7 +196,7 @@ def test_a_converged_run_needs_no_evaluation_round_and_reports_the_same(monkeypa
 def test_an_unconverged_or_partial_round_still_sends_the_evaluation_round(sites):
     """The last round moved (num-rounds reached), or a fraction of the sites trained:
     the evaluation round runs as before."""
-    moved = fedcluster.simulate(sites, n_clusters=10, num_rounds=2, tol=0.0, seed=0)
+    moved = simulate(sites, n_clusters=10, num_rounds=2, tol=0.0, seed=0)
     assert moved.history[-2]["task"] == "evaluate" or moved.history[-1]["task"] == "evaluate"
-    sampled = fedcluster.simulate(sites, n_clusters=10, num_rounds=60, seed=0, fraction=0.5)
+    sampled = simulate(sites, n_clusters=10, num_rounds=60, seed=0, fraction=0.5)
     assert "evaluate" in [h["task"] for h in sampled.history]

@@ -3,6 +3,8 @@ tidy profile rows built by hand."""
 
 from __future__ import annotations
 
+from html import escape as esc
+
 import base64
 import csv
 import re
@@ -71,7 +73,8 @@ def test_table1_layout_orders_by_size_and_formats_cells():
     assert [c.strip() for c in former.split("|")[2:5]] == ["0 (0.0)", "<2", "1 (0.5)"]
     site_b = next(line for line in md.splitlines() if line.startswith("| \u2003B"))
     assert [c.strip() for c in site_b.split("|")[2:4]] == ["-", "<2"]
-    assert "Cells of 1 to 1 rows show as <2 and are left out of their totals." in md
+    assert ("A cell a site held fewer than 2 rows of is left out of its totals (the floor, "
+            "applied at each site); a count shown as <2 is fewer than 2.") in md
     assert "Synthetic test profile." in md
     # smoking has no missing cells: no missing row under it
     lines = md.splitlines()
@@ -145,7 +148,7 @@ def make_run(tmp_path, with_table=True):
     with open(run / "history.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=["round", "repetition", "task", "sites-answered"])
         writer.writeheader()
-        for i, task in enumerate(["describe", "lloyd", "mystery-task"]):
+        for i, task in enumerate(["describe+stats", "lloyd", "profile", "mystery-task"]):
             writer.writerow({"round": i + 1, "repetition": 0, "task": task, "sites-answered": 2})
     if with_table:
         table1.write_table1(profile_rows(), META, run)
@@ -172,6 +175,9 @@ def test_report_is_one_self_contained_page(tmp_path):
     assert schema_hash(schema) in text and "clinical.toml" in text and "fedkmeans" in text
     assert "schema hash &lt;differs&gt;" in text and "timeout in round 2" in text
     assert TASKS["describe"].sends.split(";")[0] in text and "unknown task" in text
+    # a describe that carried the run's first task: both sentences
+    assert esc(TASKS["describe"].sends + "; and in the same message: " + TASKS["stats"].sends) in text
+    assert esc(TASKS["profile"].sends) in text
     assert sorted(p.name for p in run.iterdir()) == [
         "convergence.png", "history.csv", "model.json", "report.html", "table1.csv",
         "table1.html", "table1.md"]  # the pictures were drawn elsewhere

@@ -125,8 +125,11 @@ def test_max_rounds_counts_answered_task_rounds_in_process():
     # describe (not counted) with bounds, + one lloyd answered by all; site 1 declared its
     # limit, so the server does not ask it after that (no refusals, no failures)
     assert rounds == [("describe+bounds", 3, 3), ("lloyd", 3, 3), ("lloyd", 2, 2),
-                      ("evaluate", 2, 2), ("evaluate_distances", 2, 2)]
+                      ("evaluate", 2, 2), ("evaluate_distances", 2, 2),
+                      ("profile", 2, 2), ("profile", 2, 2)]
     assert result.metrics["site-failures"] == {}
+    # Table 1 says whose rows it counts
+    assert result.metrics["profile-note"].startswith("2 of 3 sites answered the profile round")
     assert result.metrics["sites-at-max-rounds"] == {"1": 2}
     assert sorted(result.metrics["per-site"]) == ["0", "2"]
     from fedcluster.server_app.outputs import summary_table
@@ -162,9 +165,9 @@ def test_a_site_at_its_limit_that_is_still_asked_refuses():
     finally:
         base.Site.at_limit = at_limit
     failures = result.metrics["site-failures"]
-    assert list(failures) == ["1"] and len(failures["1"]) == 3
+    assert list(failures) == ["1"] and len(failures["1"]) == 5
     assert all("site policy max-rounds=2 reached" in event for event in failures["1"])
-    assert [h["sites-answered"] for h in result.history] == [3, 3, 2, 2, 2]
+    assert [h["sites-answered"] for h in result.history] == [3, 3, 2, 2, 2, 2, 2]
 
 
 def test_the_server_follows_the_sites_own_count():
@@ -233,10 +236,12 @@ def test_site_policies_on_real_site_processes(bed, tmp_path):
     # of every message, site 1 would have been asked (and answered) every round.
     assert sorted(failures) == ["2"] and model.metrics["sites-at-max-rounds"] == {"1": 2}
     # (describe with bounds, lloyd, lloyd, evaluate: the run converged, so the
-    # evaluation's distances gave Davies-Bouldin without a second pass)
-    assert [h["task"] for h in model.history] == ["describe+bounds", "lloyd", "lloyd", "evaluate"]
-    assert [h["sites-answered"] for h in model.history] == [2, 2, 1, 1]
-    assert [h["sites-asked"] for h in model.history] == [3, 2, 1, 1]
+    # evaluation's distances gave Davies-Bouldin without a second pass; then Table 1's
+    # two profile rounds, site 1 at its limit)
+    assert [h["task"] for h in model.history] == ["describe+bounds", "lloyd", "lloyd", "evaluate",
+                                                  "profile", "profile"]
+    assert [h["sites-answered"] for h in model.history] == [2, 2, 1, 1, 1, 1]
+    assert [h["sites-asked"] for h in model.history] == [3, 2, 1, 1, 1, 1]
     assert sorted(model.metrics["per-site"]) == ["0"]
     # the refusing site says so in its own log (its ClientApp processes log there)
     assert "refused" not in procs["supernode-1"].log_text()

@@ -49,7 +49,9 @@ def test_stops_on_convergence_and_records_history(sites):
     assert 2 < len(train) < 40 and train[-1]["movement"] < 1e-9
     # converged: the last round moved nothing, so it carried the evaluation, and the
     # pooled means are the centroids, so its distances give Davies-Bouldin (no more rounds)
-    assert r.history[-1]["task"] == "lloyd" and r.history[-1]["evaluated"]
+    # (then the two profile rounds of Table 1)
+    assert [h["task"] for h in r.history[-2:]] == ["profile", "profile"]
+    assert r.history[-3]["task"] == "lloyd" and r.history[-3]["evaluated"]
     assert np.isfinite(r.metrics["davies-bouldin"])
     assert r.metrics["rounds"] == len(train)
 
@@ -90,7 +92,7 @@ def test_eval_every_adds_exact_evaluations(sites):
     r = fedcluster.simulate(sites, n_clusters=4, num_rounds=6, tol=0.0, eval_every=2)
     tasks = [h["task"] for h in r.history]
     # after rounds 2 and 4; the final one rode on round 6, which moved nothing
-    assert tasks.count("evaluate") == 2 and r.history[-1].get("evaluated")
+    assert tasks.count("evaluate") == 2 and r.history[-3].get("evaluated")
     interim = [i for i, t in enumerate(tasks) if t == "evaluate"]
     # an interim evaluation scores the centroids the next training round receives, over all
     # sites: with every site sampled the two agree

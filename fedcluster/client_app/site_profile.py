@@ -16,18 +16,67 @@ feature's cell whose present cells or missing cells number 1 to p-1 is withheld 
 term 0, ``hidden`` 1); so is a level count of 1 to p-1 and a histogram bin of 1 to p-1
 cells. A withheld cell is left out of the pooled totals and shows as ``<p``. What this
 does not stop: a withheld level's count can be had by subtraction from its variable's
-other levels and the cluster's size (no secondary suppression yet).
+other levels and the cluster's size (no secondary suppression).
 
-The round that asks for it is not part of the protocol yet: these are its maths, tested
-against pandas on the pooled rows (``tests/test_profile.py``).
+The ``profile`` task (:func:`profile_task`, ``protocol.TASKS["profile"]``) is the round
+after the final evaluation; its maths are tested against pandas on the pooled rows
+(``tests/test_profile.py``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from fedcluster.client_app.private_tasks import site_bounds
 from fedcluster.client_app.site_groups import SiteGroups
+from fedcluster.client_app.task_io import TaskError, TaskReply, received_centroids, task_param
+from fedcluster.common import kernels, protocol, scaling
 from fedcluster.common.protocol import ClusterProfile
+
+#: The most histogram bins a site computes per feature (k x d x bins counts).
+MAX_BINS = 10_000
+
+
+def profile_task(groups: SiteGroups, arrays: protocol.ProfileInputs, params: dict,
+                 floor: int) -> TaskReply:
+    """The ``profile`` task: each group joins the cluster of the final centroids its mean
+    is nearest to in the run's space (its ``transform``, its ``data-bounds`` clipping: the
+    final evaluation's partition), and the clusters are profiled from the groups as they
+    are in the encoded units (:func:`site_profile`).
+
+    ``groups`` are the site's groups as encoded (no fill, no scaling: ``task_runner``
+    hands this task the table as it is)."""
+    C = received_centroids(arrays.centroids, groups)
+    k, d = C.shape
+    inputs = {"references": (k, d), "lower": (d,), "upper": (d,), "level_weights": (d,)}
+    checked = {}
+    for name, shape in inputs.items():
+        value = getattr(arrays, name)
+        value = None if value is None else np.asarray(value, dtype=np.float64)
+        if value is None or value.shape != shape or not np.all(np.isfinite(value)):
+            raise TaskError(f"task profile: {name} must be {shape} finite values")
+        checked[name] = value
+    if np.any(checked["lower"] >= checked["upper"]) or np.any(checked["level_weights"] < 0):
+        raise TaskError("task profile: every lower bound must be below its upper bound and "
+                        "every level weight at least 0")
+    bins = task_param(params, protocol.BINS, int)
+    if not 1 <= bins <= MAX_BINS:
+        raise TaskError(f"task profile: {protocol.BINS} = {bins}, expected 1 to {MAX_BINS}")
+    run = groups
+    if "transform" in params:
+        try:
+            run = groups.in_run_space(scaling.FeatureTransform.decode(str(params["transform"])))
+        except ValueError as err:
+            raise TaskError(f"task parameter 'transform': {err}") from None
+    if missing := run.missing_features():
+        raise TaskError(f"{groups.source}: task profile: the run sent no value to fill the "
+                        f"missing cells of features {missing}, so no cluster can be assigned")
+    if (box := site_bounds(params, d)) is not None:
+        run = run.clipped(*box)
+    cluster_of_group = kernels.assign(run.means, C)[0]
+    return TaskReply(arrays=site_profile(groups, cluster_of_group, checked["references"],
+                                         checked["lower"], checked["upper"], bins,
+                                         checked["level_weights"], floor))
 
 
 def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: np.ndarray,
@@ -83,8 +132,12 @@ def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: n
     missing = rows - present
     levels = np.rint(np.where(numeric, 0.0, sums / np.where(numeric, 1.0, level_weights)))
     small = lambda a: (a > 0) & (a < floor)  # noqa: E731
+    # Every cluster under the floor is flagged whole, an empty one too (as the evaluation
+    # flags it): flagging only those of 1..p-1 rows would say which the site holds a few
+    # rows of. A withheld cell of a cluster shown is flagged: the server learns that one of
+    # its counts is 1 to p-1 (Table 1's "<p"), never which or how many.
     hide = (counts < floor)[:, None] | small(present) | small(missing) | small(levels)
-    hidden = (hide & (rows > 0)).astype(np.int64)
+    hidden = hide.astype(np.int64)
     for term in (rows, present, sums, squares):
         term[hide] = 0
     histograms[hide] = 0

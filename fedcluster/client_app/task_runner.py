@@ -34,7 +34,7 @@ def run_task(groups: SiteGroups, arrays: list[np.ndarray], params: dict, site_fl
     server_floor = task_param(params, "min-cluster-size", int, default=1)
     floor = max(server_floor, site_floor, 1)
     transform = str(params["transform"]) if "transform" in params else None
-    if transform is not None:  # the run's fill and scaling: the task sees the groups there
+    if transform is not None and name not in RAW_TABLE_TASKS:  # the run's fill and scaling
         try:
             groups = groups.in_run_space(scaling.FeatureTransform.decode(transform))
         except ValueError as err:
@@ -57,7 +57,7 @@ def run_task(groups: SiteGroups, arrays: list[np.ndarray], params: dict, site_fl
             rows = lambda: _clipped(private_rows, transform, box)  # noqa: E731
             reply = private_tasks.run_private(name, groups, rows, arrays, params, floor, dp, rng)
         if reply is None:
-            if box is not None:  # data-bounds: every task sees the groups' means clipped
+            if box is not None and name not in RAW_TABLE_TASKS:  # data-bounds: clipped means
                 groups = groups.clipped(*box)
             reply = TASKS[name](groups, arrays, params, floor)
     reply.metrics.setdefault("n-rows", groups.n_rows)
@@ -73,8 +73,9 @@ def _clipped(private_rows, transform: str | None, box):
         raise TaskError(f"task parameter 'transform': {err}") from None
 
 
-#: Tasks that see the table as encoded, missing cells included.
-RAW_TABLE_TASKS = frozenset({"describe", "impute_stats"})
+#: Tasks that see the table as encoded, missing cells included (``profile`` takes the
+#: run's space itself, to assign its groups, and reports in the encoded units).
+RAW_TABLE_TASKS = frozenset({"describe", "impute_stats", "profile"})
 
 #: Tasks that pass over the groups only a few times, at the centroids sent.
 FEW_PASS_TASKS = frozenset({"evaluate", "evaluate_distances"})

@@ -62,6 +62,7 @@ from fedcluster.common.kernels import fuzzy as fuzzy_kernels
 
 from fedcluster.client_app import local_kmeans as local
 from fedcluster.client_app.site_groups import SiteGroups
+from fedcluster.client_app.site_profile import profile_task
 from fedcluster.client_app.site_statistics import bounds, describe, impute_stats, stats
 from fedcluster.client_app.task_io import (
     TaskError, TaskReply, apply_privacy_floor, received_centroids, refuse_under_floor, task_param,
@@ -429,4 +430,5 @@ TASKS: dict[str, TaskFn] = {
     "evaluate_sets": evaluate_sets_task,
     "evaluate": evaluate,
     "evaluate_distances": evaluate_distances,
+    "profile": profile_task,
 }

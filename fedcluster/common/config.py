@@ -180,6 +180,11 @@ class RunConfig(_Strict):
     # an error (the site is dropped), its row dropped, or the pooled mean of its column.
     missing: Literal["error", "drop-row", "impute-mean"] = Field(
         "error", description="sites without a schema: a missing cell's policy")
+    # Table 1 by cluster (strategies/profile.py): one round after the final evaluation
+    # (and a ``bounds`` round before it for the numeric columns with no declared range).
+    profile: bool = Field(
+        True, description="profile the final clusters (Table 1 by cluster); not under "
+        "dp-epsilon, not in a k-range run")
     # Choosing k: run the federation for every k in LO..HI ("" = one run with n-clusters).
     k_range: str = Field("", description="LO:HI, e.g. 2:15: run and evaluate every k in LO..HI")
     k_warm_start: bool = Field(

@@ -24,6 +24,7 @@ import numpy as np
 
 from fedcluster.common import kernels
 from fedcluster.common.kernels import fuzzy as fuzzy_kernels
+from fedcluster.common.profile import FIELDS
 from fedcluster.common.scaling import FeatureTransform
 from fedcluster.common.schema import Schema, parse_schema
 from fedcluster.common.table_encoding import encode_table, frame_columns
@@ -79,6 +80,10 @@ class Model:
     # The run's table schema (``Schema.model_dump(mode="json", by_alias=True)``; a Schema
     # is converted), None for a run on arrays or files read without one.
     schema: dict | None = None
+    # Table 1 by cluster (``strategies/profile.py``): ``{"rows": [tidy rows], "floor": p,
+    # "secure": bool, "notes": [str]}``; None when the run left none (its metrics'
+    # ``profile-note`` says why).
+    table1: dict | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.schema, Schema):
@@ -93,6 +98,26 @@ class Model:
     @property
     def n_features(self) -> int:
         return int(self.centroids.shape[1])
+
+    @property
+    def profile(self):
+        """Table 1 by cluster as a pandas DataFrame: the rows of ``table1.csv`` (cluster,
+        variable, level, unit, statistic, value; "<p" where a cell is under the floor);
+        None when the run left no profile.
+
+        Raises
+        ------
+        ImportError
+            pandas is not installed (``pip install pandas``; ``table1`` holds the rows).
+        """
+        if self.table1 is None:
+            return None
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("Model.profile is a pandas DataFrame: pip install pandas (or "
+                              "read the rows from Model.table1['rows'])") from None
+        return pd.DataFrame(self.table1["rows"], columns=list(FIELDS))
 
     @property
     def centroids_original(self) -> np.ndarray:
@@ -248,6 +273,9 @@ class Model:
         out["scaling"] = None if self.scaling is None else self.scaling.to_dict()
         if self.scaling is not None:
             out["centroids-original"] = self.centroids_original.tolist()
+        if self.table1 is not None:  # rows as lists: a long table, written once
+            out["table1"] = {**self.table1, "columns": list(FIELDS),
+                             "rows": [[row[c] for c in FIELDS] for row in self.table1["rows"]]}
         out["n-features"] = self.n_features
         out["format-version"] = FORMAT_VERSION
         return out
@@ -295,6 +323,7 @@ class Model:
             ),
             scaling=FeatureTransform.from_dict(data["scaling"]) if data.get("scaling") else None,
             schema=data.get("schema"),  # absent in a model.json from before schemas
+            table1=_table1(data.get("table1")),
         )
 
     def save(self, path: str | Path) -> None:
@@ -303,6 +332,15 @@ class Model:
     @classmethod
     def load(cls, path: str | Path) -> "Model":
         return cls.from_json(Path(path).read_text(), str(path))
+
+
+def _table1(stored: dict | None) -> dict | None:
+    """A stored ``table1``, its rows as dicts again."""
+    if stored is None:
+        return None
+    columns = stored.get("columns", list(FIELDS))
+    rows = [dict(zip(columns, row)) for row in stored["rows"]]
+    return {**{k: v for k, v in stored.items() if k != "columns"}, "rows": rows}
 
 
 def json_default(value):

@@ -22,6 +22,8 @@ import numpy as np
 from fedcluster.common.imputation import histogram_quantile
 from fedcluster.common.protocol import ClusterProfile
 
+#: The columns of a tidy Table 1 row (``table1.csv``, ``Model.profile``).
+FIELDS = ("cluster", "variable", "level", "unit", "statistic", "value")
 #: The quantiles Table 1 shows.
 QUANTILES = (("q1", 0.25), ("median", 0.5), ("q3", 0.75))
 
@@ -110,8 +112,11 @@ def table1_rows(pooled: ClusterProfile, variables: list[Variable], references: n
             n = int(pooled.counts[members].sum())
             for site, profile in sites.items():
                 rows_here = int(np.asarray(profile.counts)[members].sum())
-                add(name, "site", site, "", "n", rows_here)
-                add(name, "site", site, "", "%", 100.0 * rows_here / n if n else "")
+                withheld = bool(np.asarray(profile.hidden)[members].any())
+                # a cluster the site withheld (or held none of): fewer than p, not 0
+                shown = not (withheld and not rows_here)
+                add(name, "site", site, "", "n", rows_here if shown else suppressed)
+                add(name, "site", site, "", "%", 100.0 * rows_here / n if n and shown else "")
     return rows
 
 

@@ -29,6 +29,7 @@ Tasks
 ``evaluate_sets`` -> :class:`SetScores`
 ``evaluate``      -> :class:`Evaluation`
 ``evaluate_distances`` -> :class:`Distances`
+``profile``       -> :class:`ClusterProfile` (Table 1 by cluster, after the final evaluation)
 """
 
 from __future__ import annotations
@@ -68,6 +69,20 @@ class SiteGraphState(NamedTuple):
 
     own: np.ndarray | None = None
     neighbours: np.ndarray | None = None
+
+
+class ProfileInputs(NamedTuple):
+    """``profile``: the final centroids (k, d) in the run's space (each group joins the
+    cluster its mean is nearest to there), and per encoded feature, in the encoded units:
+    the reference point of each cluster's squared deviations (k, d), the histogram's range
+    (d,) and (d,) and each level column's one-hot weight (d,; 0 for a numeric feature).
+    The bins per feature are the task parameter :data:`BINS`."""
+
+    centroids: np.ndarray
+    references: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    level_weights: np.ndarray
 
 
 class CentroidSets(NamedTuple):
@@ -227,6 +242,10 @@ TASKS: dict[str, Task] = {task.name: task for task in (
                "contingency table"),
     Task("evaluate_distances", CentroidsAndMeans, Distances, rows="per-cluster", secure=True,
          private=True, sends="per cluster: Davies-Bouldin's sums of distances to the pooled means"),
+    Task("profile", ProfileInputs, ClusterProfile, rows="per-cluster", secure=True,
+         sends="per cluster (of at least p rows): its rows; per cluster and encoded feature: "
+               "present cells, their sum, squared deviations about the point sent and a "
+               "histogram of its groups' means; a cell or bin of 1 to p-1 rows withheld"),
 )}
 
 #: The tasks a secure round may carry, and those a site runs under DP.
@@ -272,6 +291,8 @@ FAR_ROWS = "far-rows"
 #: in rows applies as ever): EWF and k-FED weigh a site's cluster by its presence, not its
 #: size, and one group alone is most often a lone row glued to its nearest neighbour.
 MIN_GROUPS = "min-groups"
+#: ``profile``: the histogram's bins per feature.
+BINS = "bins"
 #: A seeded task's seed base (JSON list of ints); the site draws its own seed from it and
 #: its key (:func:`site_seed`), so the server need not know which site is which yet.
 SEED_BASE = "seed-base"
@@ -379,4 +400,10 @@ def secure_terms(name: str, reply: tuple) -> dict[str, np.ndarray]:
                 "distances": as_float(reply.distances)}
     if isinstance(reply, Distances):
         return {"distances": as_float(reply.distances)}
+    if isinstance(reply, ClusterProfile):  # every field a sum over sites (hidden: of flags)
+        return {PROFILE_TERM + name: as_float(value) for name, value in zip(reply._fields, reply)}
     return {}
+
+
+#: The secure terms of a ``profile`` reply: ``profile-<field>`` of :class:`ClusterProfile`.
+PROFILE_TERM = "profile-"

@@ -54,10 +54,12 @@ MODULUS = 2**32
 WEIGHT = 1
 
 # Terms whose sums are integers (rounded after decoding; exact, see check_exact_counts).
-INTEGER_TERMS = {"n", "w-int", "counts", "hidden"}
+INTEGER_TERMS = {"n", "w-int", "counts", "hidden",
+                 *(protocol.PROFILE_TERM + name for name in ("counts", "rows", "present",
+                                                            "histograms", "hidden"))}
 # The phases whose round is a secure sum; describe and stats run plain, and init is secure
 # when its task is a sum (``strategies/secure_sum.is_secure_round``).
-SECURE_PHASES = ("train", "evaluate", "interim", "distances")
+SECURE_PHASES = ("train", "evaluate", "interim", "distances", "profile-range", "profile")
 
 SECURE_PARAM = "secure"  # the task parameter that asks a site for encoded terms
 # Distributed DP: a noisy term's scale is widened by this many standard deviations of one
@@ -103,18 +105,25 @@ def encode(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int, requ
     """
     try:
         wanted = json.loads(request)
-        names, scales = list(wanted["terms"]), [float(s) for s in wanted["scales"]]
+        names = list(wanted["terms"])
+        # a scale per term, or per feature of a term (a list: the profile's sums)
+        scales = [np.asarray(s, dtype=np.float64) for s in wanted["scales"]]
         clip = bool(wanted.get("clip", False))
     except (ValueError, KeyError, TypeError, AttributeError):
         raise SecureAggregationError(f"bad task parameter '{SECURE_PARAM}': {request!r}") from None
-    if len(names) != len(scales) or any(not (s > 0 and math.isfinite(s)) for s in scales):
+    if len(names) != len(scales) or any(
+            s.ndim > 1 or not (np.all(s > 0) and np.all(np.isfinite(s))) for s in scales):
         raise SecureAggregationError(f"bad task parameter '{SECURE_PARAM}': {request!r}")
     terms = site_terms(task, arrays, metrics, n_rows, own)
     out = []
     for name, scale in zip(names, scales):
         if name not in terms:
             raise SecureAggregationError(f"task {task} has no term {name!r} to sum")
-        value = np.asarray(terms[name], dtype=np.float64) / scale
+        try:
+            value = np.asarray(terms[name], dtype=np.float64) / scale
+        except ValueError:
+            raise SecureAggregationError(f"term {name!r}: {scale.size} scales do not fit its "
+                                         f"shape {np.shape(terms[name])}") from None
         if not np.all(np.isfinite(value)):
             raise SecureAggregationError(f"term {name!r} is not finite")
         if clip:
@@ -122,7 +131,7 @@ def encode(task: str, arrays: list[np.ndarray], metrics: dict, n_rows: int, requ
         elif np.any(np.abs(value) > CLIP):
             # Clipping would corrupt the sum silently: refuse. The message names no value.
             raise SecureAggregationError(
-                f"term {name!r} exceeds its agreed scale {scale:g}: this site's data lie "
+                f"term {name!r} exceeds its agreed scale {np.max(scale):g}: this site's data lie "
                 "outside [-secagg-data-bound, secagg-data-bound]; raise the run-config key "
                 "'secagg-data-bound'")
         out.append(value)
@@ -145,6 +154,8 @@ def term_names(task: str, dynamic: bool = True, fuzzy_eval: bool = False,
         return names + (["all-sq-dist", "partition-sum"] if fuzzy_eval else [])
     if task == "evaluate_distances":
         return ["distances", "n"]
+    if task == "profile":
+        return [protocol.PROFILE_TERM + name for name in protocol.ClusterProfile._fields] + ["n"]
     raise ValueError(f"task {task!r} is not a sum")
 
 
@@ -172,6 +183,29 @@ def term_bounds(names: list[str], centroids: np.ndarray, data_bound: float, n_ma
     }
     # A zero bound (no data, all-zero data) still needs a positive scale.
     return [max(float(table[name]), 1e-300) for name in names]
+
+
+def profile_term_bounds(names: list[str], lower: np.ndarray, upper: np.ndarray,
+                        references: np.ndarray, n_max: int) -> list:
+    """The ``profile`` round's scales, per feature for its sums: every cell of encoded
+    feature j in [lower_j, upper_j] (the schema's declared range, or the
+    ``secagg-data-bound`` box in the encoded units), a sum is at most n_max E_j (E_j the
+    larger |bound|) and a sum of squared deviations about a reference at most n_max W_j^2
+    (W_j the span of the range and the references). Per feature, because a table's
+    columns differ by orders of magnitude: one scale for all would drown the narrow
+    ones in the quantisation of the widest."""
+    lo = np.minimum(lower, references.min(axis=0))
+    hi = np.maximum(upper, references.max(axis=0))
+    per_feature = {"sums": n_max * np.maximum(np.abs(lo), np.abs(hi)),
+                   "squares": n_max * (hi - lo) ** 2}
+    out = []
+    for name in names:
+        field = name.removeprefix(protocol.PROFILE_TERM)
+        if field in per_feature:
+            out.append(np.maximum(per_feature[field], 1e-300).tolist())
+        else:
+            out.append(1.0 if field == "hidden" else float(max(n_max, 1)))
+    return out
 
 
 def reconstruction_threshold(n_sites: int, num_shares: float, threshold: float) -> int:
@@ -217,6 +251,6 @@ def decode(aggregate: list[np.ndarray], names: list[str], scales: list[float],
         raise ValueError(f"the secure aggregate has {len(aggregate)} arrays, expected {len(names)}")
     out = {}
     for name, scale, value in zip(names, scales, aggregate):
-        total = np.asarray(value, dtype=np.float64) * n_sites * scale
+        total = np.asarray(value, dtype=np.float64) * n_sites * np.asarray(scale, dtype=np.float64)
         out[name] = np.rint(total) if name in INTEGER_TERMS else total
     return out

@@ -112,6 +112,8 @@ def summary_table(metrics: dict) -> str:
     for key, events in metrics.get("site-failures", {}).items():
         lines.append(f"  site {key} failed {len(events)} time(s); first: {events[0]}; "
                      f"last: {events[-1]}")
+    if "profile-note" in metrics:
+        lines.append(f"  Table 1 by cluster: {metrics['profile-note']}")
     if central is None:
         lines.append("  (no central baseline: the server sees no pooled data outside simulation)")
     else:
@@ -188,16 +190,41 @@ def plot_convergence(path: Path, model: Model) -> None:
     plt.close(fig)
 
 
+#: Table 1's files (``table1.py``, ``profile_plots.py``), written when the run profiled
+#: its clusters.
+TABLE1_FILES = ("table1.csv", "table1.md", "table1.html", "table1-meta.json", "profile.png",
+                "sites.png")
+
+
 def write_outputs(directory: Path, model: Model) -> None:
-    """model.json, history.csv, convergence.png and report.html (``run_report.py``: the
-    page that shows them all) into ``directory``."""
+    """model.json, history.csv, convergence.png, Table 1 (``write_table1_files``) and
+    report.html (``run_report.py``: the page that shows them all) into ``directory``."""
     from fedcluster.server_app.run_report import write_report
 
     directory.mkdir(parents=True, exist_ok=True)
     model.save(directory / "model.json")
     write_history(directory / "history.csv", model.history)
     plot_convergence(directory / "convergence.png", model)
+    write_table1_files(directory, model.table1)
     write_report(directory)
+
+
+def write_table1_files(directory: Path, table1: dict | None) -> None:
+    """table1.csv/md/html, table1-meta.json (its floor, secure flag and notes),
+    profile.png and (not under secure aggregation) sites.png; none of them, and none left
+    from an earlier run of the same name, when ``table1`` is None."""
+    from fedcluster.server_app.profile_plots import plot_profile, plot_sites
+    from fedcluster.server_app.table1 import write_table1
+
+    for name in TABLE1_FILES:
+        (directory / name).unlink(missing_ok=True)
+    if table1 is None:
+        return
+    rows, meta = table1["rows"], {k: v for k, v in table1.items() if k != "rows"}
+    write_table1(rows, meta, directory)
+    (directory / "table1-meta.json").write_text(json.dumps(meta, indent=1))
+    plot_profile(rows, directory / "profile.png")
+    plot_sites(rows, directory / "sites.png")
 
 
 def plot_choose_k(path: Path, result: dict) -> None:

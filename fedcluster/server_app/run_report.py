@@ -76,7 +76,7 @@ def write_report(run_dir: str | Path) -> Path:
     model = Model.load(run_dir / "model.json")
     parts = [f"<h1>Federated clustering run: {esc(run_dir.name)}</h1>",
              _what_was_run(model), _metrics(model.metrics),
-             _profile(run_dir), _convergence(run_dir), _sites_section(model.metrics),
+             _profile(run_dir, model), _convergence(run_dir), _sites_section(model.metrics),
              _history(run_dir / "history.csv")]
     page = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>fedcluster run {esc(run_dir.name)}</title>\n<style>{STYLE}</style>\n"
@@ -115,16 +115,19 @@ def _metrics(metrics: dict) -> str:
            "centroid (in the scaled space when the run scaled); lower is tighter.</p>",
            _pairs(scalars)]
     if "cluster-sizes" in metrics:
-        out.append(f"<p>Cluster sizes: {esc(', '.join(_text(s) for s in metrics['cluster-sizes']))}</p>")
+        out.append("<p>Cluster sizes (clusters 0 to k-1): "
+                   f"{esc(', '.join(_text(s) for s in metrics['cluster-sizes']))}</p>")
     return "\n".join(out)
 
 
-def _profile(run_dir: Path) -> str:
+def _profile(run_dir: Path, model: Model) -> str:
     out = ["<h2>Who is in each cluster (Table 1)</h2>"]
     table = run_dir / "table1.csv"
     if not table.is_file():
+        why = model.metrics.get("profile-note")
         out.append("<p>This run left no cluster profile (no table1.csv in its directory), "
-                   "so there is no Table 1 here.</p>")
+                   "so there is no Table 1 here" + (f": {esc(str(why))}" if why else "")
+                   + ".</p>")
         return "\n".join(out)
     rows = read_table1(table)
     meta = _table1_meta(run_dir)
@@ -194,7 +197,7 @@ def _history(path: Path) -> str:
                '<th scope="col">what each answering site sent</th></tr></thead><tbody>')
     for row in rows:
         task = row.get("task", "")
-        sends = TASKS[task].sends if task in TASKS and TASKS[task].sends else "unknown task"
+        sends = _sends(task)
         out.append(f"<tr><td>{esc(row.get('round', ''))}</td><td>{esc(row.get('repetition', ''))}"
                    f'</td><td class="text">{esc(task)}</td><td>{esc(row.get("sites-answered", ""))}'
                    f'</td><td class="text">{esc(sends)}</td></tr>')
@@ -203,6 +206,16 @@ def _history(path: Path) -> str:
 
 
 # --- helpers ----------------------------------------------------------------------------
+
+def _sends(label: str) -> str:
+    """What a round's sites sent, from its history label: a task, or a describe that
+    carried the run's first task (``describe+stats``): both sentences."""
+    names = [part.split()[0] for part in label.split("+") if part.split()]
+    known = [TASKS[name].sends for name in names if name in TASKS and TASKS[name].sends]
+    if not known or len(known) != len(names):
+        return "unknown task"
+    return "; and in the same message: ".join(known)
+
 
 def _image(path: Path | None) -> str | None:
     """A PNG as a data URI (inlined: the page fetches nothing), None if absent."""

@@ -30,7 +30,9 @@ import html
 import math
 from pathlib import Path
 
-FIELDS = ["cluster", "variable", "level", "unit", "statistic", "value"]
+from fedcluster.common import profile
+
+FIELDS = list(profile.FIELDS)
 ALL = "all"
 SIZE = "size"
 SITE = "site"
@@ -253,7 +255,8 @@ def _notes(meta: dict) -> list[str]:
     floor = meta.get("floor")
     if floor:
         p = int(floor)
-        notes.append(f"Cells of 1 to {p - 1} rows show as <{p} and are left out of their totals.")
+        notes.append(f"A cell a site held fewer than {p} rows of is left out of its totals (the "
+                     f"floor, applied at each site); a count shown as <{p} is fewer than {p}.")
     notes.append("Numeric variables: mean (SD), then median [Q1, Q3]; categories: n (% of the "
                  "cluster's rows with the variable present); \"-\": not available.")
     if meta.get("secure"):

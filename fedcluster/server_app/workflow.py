@@ -36,7 +36,8 @@ from fedcluster.common.schema import run_schema
 from fedcluster.server_app.secure_fit import make_fit_workflow
 from fedcluster.server_app.outputs import progress_line, summary_table, write_outputs
 from fedcluster.server_app.polling import exchange
-from fedcluster.strategies import ClusteringStrategy, FederationError, make_strategy, private, reports
+from fedcluster.strategies import (ClusteringStrategy, FederationError, make_strategy, private,
+                                   profile, reports)
 from fedcluster.strategies.errors import SiteFailure
 
 # Keys of the ServerApp's Context state used by the in-process harness.
@@ -217,6 +218,8 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: dict |
                                                  schema[1] if schema else "")
     if central is not None:
         metrics.update(central)
+    if strategy.profile_note:  # why Table 1 is missing or partial
+        metrics["profile-note"] = strategy.profile_note
     if "site-centroids" in best:  # GTV: the sites' own models and how they fit the federation
         metrics.update({"site-scores": best["site-scores"], "consensus": config.consensus,
                         "consensus-site": best["consensus-site"],
@@ -233,6 +236,7 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: dict |
         scaling=strategy.transform,
         # The run's schema (public: every site holds it), for predict on a raw table.
         schema=None if schema is None else schema[0].model_dump(mode="json", by_alias=True),
+        table1=profile.table1_of(strategy),
     )
 
 

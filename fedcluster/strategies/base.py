@@ -21,6 +21,8 @@ its task (:attr:`ClusteringStrategy.PHASE_TASKS`):
    the evaluation's own distances (to the centroids) already are those: when the pooled
    means are the centroids (:func:`metrics.means_are_centroids`, a converged run), or
    under DP (Davies-Bouldin is not released; the sites would answer zeros).
+5. ``profile`` (one or two rounds, all sites): Table 1 by cluster (``profile.py``), unless
+   the run is private, a k-range or sets ``profile = false``.
 
 Subclasses provide the algorithm through public hooks, in the style of Flower's FedAvg:
 :meth:`init_task` / :meth:`reduce_init` / :meth:`init_rounds`, :meth:`train_task` /
@@ -51,7 +53,7 @@ from fedcluster.common import protocol, scaling
 from fedcluster.common import secure_codec as secure
 from fedcluster.common.config import RunConfig
 from fedcluster.common.kernels import frobenius
-from fedcluster.strategies import aggregate, metrics, preparation, private, reports, secure_sum, sites
+from fedcluster.strategies import aggregate, metrics, preparation, private, profile, reports, secure_sum, sites
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.sites import Site, site_order
 from fedcluster.strategies.task_plan import TaskPlan
@@ -99,6 +101,9 @@ class ClusteringStrategy(Strategy):
         self.box: tuple[np.ndarray, np.ndarray] | None = None
         self.bounds_from_data = False
         self.dp_rho_round = private.rho_per_round(config)
+        # Table 1 by cluster (profile.py): its rows, its "<p" floor, its bins' range, why not.
+        self.profile_rows, self.profile_floor, self.profile_range, self.profile_note = (
+            None, None, None, "")
         self.reset_repetition()
 
     # ----------------------------------------------------------------- hooks
@@ -144,10 +149,10 @@ class ClusteringStrategy(Strategy):
 
     def max_server_rounds(self) -> int:
         """The most server rounds a run can take (the loop's bound): describe, impute, stats, per
-        repetition init rounds + rounds + interims + evaluate (+ extras), Davies-Bouldin's."""
+        repetition init + rounds + interims + evaluate (+ extras), Davies-Bouldin's, profile's 2."""
         c = self.config
         interim = c.num_rounds // c.eval_every if c.eval_every else 0
-        return 4 + c.n_init * (c.num_rounds + interim + 1 + self.init_rounds()
+        return 6 + c.n_init * (c.num_rounds + interim + 1 + self.init_rounds()
                                + self.extra_rounds_per_repetition)
 
     def admit_sites(self, replies: list[Reply]) -> None:
@@ -295,6 +300,8 @@ class ClusteringStrategy(Strategy):
 
     def plan_round(self) -> TaskPlan:
         """This round's task, by the phase -> task table (GTV adds its scoring round)."""
+        if self.phase in profile.PHASES:
+            return profile.plan(self)
         if self.phase not in self.PHASE_TASKS:
             raise RuntimeError(f"no task in phase {self.phase}")
         return getattr(self, self.PHASE_TASKS[self.phase])()
@@ -315,6 +322,8 @@ class ClusteringStrategy(Strategy):
                         arrays=protocol.CentroidsAndMeans(best["centroids"], best["stats"].means))
 
     def reduce_round(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
+        if self.phase in profile.PHASES:
+            return profile.reduce(self, plan, replies)
         if plan.task == "describe" and self._resume_phase is not None:
             sites.readmit(self, replies)
             self.phase, self._resume_phase = self._resume_phase, None
@@ -431,8 +440,8 @@ class ClusteringStrategy(Strategy):
         """Davies-Bouldin's distances known: the final metrics of the best repetition."""
         best = self.best
         self.final_metrics = metrics.compute_metrics(best["stats"], distances)
-        self.phase = "done"
-        self.finished = True
+        self.phase = profile.first_phase(self) or "done"
+        self.finished = self.phase == "done"
         return {"score": self.final_metrics["score"]}
 
     @property

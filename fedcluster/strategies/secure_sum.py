@@ -21,10 +21,10 @@ from flwr.common.logger import log
 
 from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
-from fedcluster.strategies import private, sites
+from fedcluster.strategies import private, profile, sites
 from fedcluster.strategies.sites import site_order
 from fedcluster.strategies.errors import FederationError
-from fedcluster.strategies.validation import Reply, ReplyError
+from fedcluster.strategies.validation import Expect, Reply, ReplyError, cluster_profile
 
 
 def is_secure_round(strategy) -> bool:
@@ -66,8 +66,13 @@ def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
     # the centres a distance term is measured to: the pooled means, or (evaluate) the centroids
     means = {"evaluate_distances": getattr(plan.arrays, "means", None),
              "evaluate": getattr(plan.arrays, "centroids", None)}.get(plan.task)
-    scales = secure.term_bounds(names, np.asarray(plan.arrays.centroids), config.secagg_data_bound,
-                                n_max, means)
+    if plan.task == "profile":
+        inputs = plan.arrays
+        scales = secure.profile_term_bounds(names, *profile.value_box(strategy),
+                                            inputs.references, n_max)
+    else:
+        scales = secure.term_bounds(names, np.asarray(plan.arrays.centroids),
+                                    config.secagg_data_bound, n_max, means)
     return names, private.secure_scales(strategy, plan.task, names, scales, len(sites))
 
 
@@ -120,6 +125,11 @@ def sum_reply(strategy, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
             weights = np.where(has, weights, 0.0)
         kind = protocol.FuzzyCentres if plan.task == "fcm" else protocol.ClusterMeans
         arrays = kind(local, weights)
+    elif plan.task == "profile":
+        terms = {name: sums[protocol.PROFILE_TERM + name] for name in protocol.ClusterProfile._fields}
+        terms["squares"] = np.maximum(terms["squares"], 0.0)  # quantisation about an exact 0
+        expect = Expect("profile", strategy.n_features, k, plan.max_rows, config.min_cluster_size)
+        arrays = cluster_profile(protocol.ClusterProfile(**terms), expect, n_rows, n_sites)
     elif plan.task == "evaluate":
         arrays = protocol.Evaluation(sums["counts"].astype(np.int64), sums["sums"],
                                      sums["sqnorms"], sums["hidden"].astype(np.int64),

@@ -121,6 +121,8 @@ def validate(
         raise ReplyError(str(err)) from None
     if isinstance(reply, protocol.Evaluation):
         return _evaluation(reply, metrics, expect, n_rows)
+    if isinstance(reply, protocol.ClusterProfile):
+        return cluster_profile(reply, expect, n_rows)
     if isinstance(reply, (protocol.Moments, protocol.Range)):
         return _per_feature(reply, d)
     if isinstance(reply, protocol.MissingStats):
@@ -218,6 +220,39 @@ def _missing_stats(reply: protocol.MissingStats, expect: Expect, n_rows: int):
     if np.any(bins.sum(axis=1) > counts):
         raise ReplyError("a histogram holds more values than its feature's present cells")
     return protocol.MissingStats(reply.sums.astype(np.float64), counts, bins.astype(np.int64))
+
+
+def cluster_profile(reply: protocol.ClusterProfile, expect: Expect, n_rows: int,
+                    n_sites: int = 1) -> protocol.ClusterProfile:
+    """A cluster profile (``client_app/site_profile.py``), or the secure sum of
+    ``n_sites`` sites' profiles: shapes (k clusters, d features, ``max_rows`` bins),
+    finite values, whole non-negative counts within the rows (clusters, cells, bins: 0 or
+    at least the floor), non-negative squared deviations, at most one hidden flag per
+    site and cell."""
+    k, d, bins = expect.n_clusters, expect.n_features, expect.max_rows
+    shapes = {"counts": (k,), "rows": (k, d), "present": (k, d), "sums": (k, d),
+              "squares": (k, d), "histograms": (k, d, bins), "hidden": (k, d)}
+    values = {}
+    for name, shape in shapes.items():
+        a = np.asarray(getattr(reply, name))
+        _shape(f"profile {name}", a, shape)
+        _finite(f"profile {name}", a)
+        if name not in ("sums", "squares") and (np.any(a < 0) or np.any(a != np.round(a))):
+            raise ReplyError(f"profile {name} has a negative or non-whole count")
+        values[name] = a.astype(np.float64 if name in ("sums", "squares") else np.int64)
+    counts = _counts("profile cluster sizes", values["counts"], expect, n_rows)
+    rows, present, hist = values["rows"], values["present"], values["histograms"]
+    if np.any(rows > counts[:, None]) or np.any(present > rows) or np.any(hist.sum(axis=2) > present):
+        raise ReplyError("profile counts do not nest (cluster >= rows counted >= present "
+                         ">= histogram)")
+    small = lambda a: (a > 0) & (a < expect.floor)  # noqa: E731
+    if small(present).any() or small(rows - present).any() or small(hist).any():
+        raise ReplyError(f"profile has a cell or bin of fewer than the privacy floor "
+                         f"{expect.floor} rows")
+    if np.any(values["squares"] < 0) or np.any(values["hidden"] > n_sites):
+        raise ReplyError("profile has negative squared deviations or a hidden flag over "
+                         "one per site")
+    return protocol.ClusterProfile(**values)
 
 
 def _fuzzy_sums(metrics: dict, n_rows: int, k: int) -> None:

@@ -1,0 +1,230 @@
+"""The profile round: who is in each cluster (Table 1 by cluster, issue 36).
+
+After the final evaluation, one ``profile`` round (``protocol.TASKS["profile"]``) asks
+every usable site for its clusters' profile (``client_app/site_profile.py``): each group
+in the cluster of the final centroids its mean is nearest to (the evaluation's
+partition), and per cluster and encoded feature, in the encoded units (the schema's
+declared units; the run's scaling and fill undone), the rows, present cells, their sum,
+their squared deviations about the point sent and a histogram of the groups' means, each
+cell under the floor withheld at the site. The server pools them into the tidy rows of
+Table 1 (``common/profile.py``), which ``server_app/table1.py`` renders.
+
+The histograms span, per numeric feature, the schema's declared ``range``. Where a
+feature has none, a first ``profile`` pass without histograms gives each cluster's pooled
+mean and SD, and the range is the hull of mean +- :data:`SPREAD` SDs over the clusters
+(no site's extremes are asked for; at most 1/9 of a cluster's cells fall outside,
+into the end bins, so its quartiles are inside). Two rounds then, one with a schema
+that declares every range. Under secure aggregation, where every round is a SecAgg+ sum
+of four message round trips, a feature without a declared range spans the
+``secagg-data-bound`` box instead (in the encoded units), in one round: coarser bins
+where the bound is loose.
+
+Not computed: under differential privacy (its counts, sums and histograms would each
+spend budget: the run says so instead), in a k-range run (profile the k you keep), or
+with ``profile = false``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcluster.common import profile, protocol
+from fedcluster.common.schema import DEFAULT_MEDIAN_BINS, encoded_kinds, run_schema
+from fedcluster.strategies.task_plan import TaskPlan
+
+#: The phases of the profile: the range round (when needed), then the profile round.
+RANGE_PHASE, PROFILE_PHASE = "profile-range", "profile"
+PHASES = (RANGE_PHASE, PROFILE_PHASE)
+
+
+def not_profiled(config) -> str | None:
+    """Why a run with this config leaves no Table 1 (None: it profiles its clusters)."""
+    if not config.profile:
+        return "run config profile = false"
+    if config.private:
+        return ("not computed under differential privacy: its counts, sums and histograms "
+                "would each need noise and budget of their own")
+    if config.k_bounds is not None:
+        return "a k-range run profiles none of its k; run the k you keep to profile it"
+    return None
+
+
+def first_phase(strategy) -> str | None:
+    """The phase the profile starts with once the final metrics are known (None: none)."""
+    why = not_profiled(strategy.config)
+    strategy.profile_note = why or ""
+    if why is not None:
+        return None
+    unknown = np.isnan(declared_ranges(strategy)[0]).any()
+    return RANGE_PHASE if unknown and not strategy.config.secure_aggregation else PROFILE_PHASE
+
+
+def _schema(strategy):
+    run = run_schema(strategy.config.schema_file)
+    return None if run is None else run[0]
+
+
+def _bins(strategy) -> int:
+    schema = _schema(strategy)
+    return schema.median_bins if schema is not None else DEFAULT_MEDIAN_BINS
+
+
+def variables(strategy) -> list[profile.Variable]:
+    """Table 1's variables: the schema's feature columns, or every feature numeric."""
+    schema = _schema(strategy)
+    names = strategy.feature_names or [f"feature {j}" for j in range(strategy.n_features)]
+    return profile.variables_of(schema, None if schema is not None else names)
+
+
+def declared_ranges(strategy) -> tuple[np.ndarray, np.ndarray]:
+    """Per encoded feature, the histogram's range as the schema declares it: a numeric
+    column's ``range``, [0, weight] for a category level, [0, 1] for a missing
+    indicator; NaN where it declares none."""
+    d = strategy.n_features
+    lower, upper = np.full(d, np.nan), np.full(d, np.nan)
+    if (schema := _schema(strategy)) is not None:
+        for j, (column, kind) in enumerate(_columns_by_feature(schema)):
+            if kind == "numeric" and column.range is not None:
+                lower[j], upper[j] = column.range
+            elif kind == "level":
+                lower[j], upper[j] = 0.0, column.category_weight
+            elif kind == "indicator":
+                lower[j], upper[j] = 0.0, 1.0
+    return lower, upper
+
+
+def _columns_by_feature(schema):
+    """(column, kind) per encoded feature (``schema.encoded_kinds``' order)."""
+    columns = []
+    for column in schema.features:
+        width = len(column.categories) if column.type == "categorical" else 1
+        columns += [column] * (width + (1 if column.missing_indicator else 0))
+    return list(zip(columns, encoded_kinds(schema)))
+
+
+def value_box(strategy) -> tuple[np.ndarray, np.ndarray]:
+    """Under secure aggregation, per encoded feature the interval every cell lies in (the
+    scales of the profile's sums): its declared range, else the ``secagg-data-bound`` box
+    of the scaled rows in the encoded units."""
+    lower, upper = declared_ranges(strategy)
+    bound = strategy.config.secagg_data_bound
+    corners = np.vstack([np.full(len(lower), -bound), np.full(len(lower), bound)])
+    if strategy.transform is not None:
+        corners = strategy.transform.inverse(corners)
+    unknown = np.isnan(lower)
+    lower[unknown], upper[unknown] = corners.min(axis=0)[unknown], corners.max(axis=0)[unknown]
+    return lower, upper
+
+
+def plan(strategy) -> TaskPlan:
+    """The profile round: in the range phase without histograms (one bin over a
+    placeholder range), else over the ranges found."""
+    if strategy.phase == RANGE_PHASE:
+        lower, upper = declared_ranges(strategy)
+        unknown = np.isnan(lower)
+        lower[unknown], upper[unknown] = -1.0, 1.0
+        return profile_task(strategy, lower, upper, bins=1)
+    if strategy.profile_range is None:  # declared (secure: the box where not declared)
+        strategy.profile_range = (value_box(strategy) if strategy.config.secure_aggregation
+                                  else declared_ranges(strategy))
+    return profile_task(strategy, *strategy.profile_range, bins=_bins(strategy))
+
+
+def reduce(strategy, plan: TaskPlan, replies) -> dict:
+    """Reduce the round of the profile phase the strategy is in."""
+    if strategy.phase == RANGE_PHASE:
+        return reduce_range(strategy, plan, replies)
+    return reduce_profile(strategy, plan, replies)
+
+
+#: A range without a declared one spans each cluster's mean +- this many of its SDs: at
+#: most 1/9 of a cluster's cells fall outside (Chebyshev), into the end bins, so its
+#: quartiles stay inside.
+SPREAD = 3.0
+
+
+def reduce_range(strategy, plan: TaskPlan, replies) -> dict:
+    """The range of each feature without a declared one, from the first pass's pooled
+    moments: the hull over the clusters of mean +- :data:`SPREAD` SDs (no site's extremes
+    are asked for); a feature with no spread spans one unit about its mean."""
+    lower, upper = declared_ranges(strategy)
+    unknown = np.isnan(lower)
+    lo, hi = np.zeros(len(lower)), np.ones(len(lower))
+    if replies:
+        pooled = profile.pool([r.arrays for r in replies])
+        P = pooled.present.astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = pooled.sums / P
+            gap = mean - plan.arrays.references
+            sd = np.sqrt(np.maximum(pooled.squares - P * gap * gap, 0.0) / np.maximum(P - 1, 1))
+        shown = P > 0
+        if shown.any():
+            low = np.where(shown, mean - SPREAD * sd, np.inf).min(axis=0)
+            high = np.where(shown, mean + SPREAD * sd, -np.inf).max(axis=0)
+            found = np.isfinite(low)
+            lo[found], hi[found] = low[found], high[found]
+    lower[unknown], upper[unknown] = lo[unknown], hi[unknown]
+    flat = ~(upper > lower)
+    lower[flat], upper[flat] = lower[flat] - 0.5, lower[flat] + 0.5
+    strategy.profile_range = (lower, upper)
+    strategy.phase = PROFILE_PHASE
+    return {}
+
+
+def profile_task(strategy, lower: np.ndarray, upper: np.ndarray, bins: int) -> TaskPlan:
+    """A ``profile`` round: the final centroids, the references (the centroids in the
+    encoded units), the histogram's range and bins, each level column's weight."""
+    centroids = np.asarray(strategy.best["centroids"], dtype=np.float64)
+    references = (centroids if strategy.transform is None
+                  else strategy.transform.inverse(centroids))
+    weights = profile.level_weights(variables(strategy), strategy.n_features)
+    inputs = protocol.ProfileInputs(centroids, np.asarray(references, dtype=np.float64),
+                                    np.asarray(lower, dtype=np.float64),
+                                    np.asarray(upper, dtype=np.float64), weights)
+    return TaskPlan("profile", params={protocol.BINS: int(bins)}, arrays=inputs, max_rows=bins)
+
+
+def reduce_profile(strategy, plan: TaskPlan, replies) -> dict:
+    """Table 1's tidy rows from the sites' profiles (one reply: the secure sum)."""
+    strategy.phase = "done"
+    strategy.finished = True
+    if not replies:
+        strategy.profile_note = "no site answered the profile round"
+        return {}
+    inputs = plan.arrays
+    floor = max([strategy.config.min_cluster_size,
+                 *(s.group_size or 1 for s in strategy.sites.values())])
+    own = None if any(r.n_sites > 1 for r in replies) else {
+        r.site_key: r.arrays for r in replies}
+    pooled = profile.pool([r.arrays for r in replies])
+    strategy.profile_rows = profile.table1_rows(
+        pooled, variables(strategy), inputs.references, inputs.lower, inputs.upper, floor, own)
+    strategy.profile_floor = floor
+    answered = sum(r.n_sites for r in replies)
+    if answered < len(strategy.sites):
+        strategy.profile_note = (f"{answered} of {len(strategy.sites)} sites answered the "
+                                 "profile round: Table 1 counts their rows only")
+    return {}
+
+
+def table1_of(strategy) -> dict | None:
+    """Table 1 as the model keeps it (``Model.table1``): its rows, the floor its "<p"
+    cells name, whether it came from a secure sum, and its notes (None: no profile)."""
+    if strategy.profile_rows is None:
+        return None
+    notes = [f"Medians and quartiles come from a histogram of {_bins(strategy)} bins per "
+             "variable over its range (the schema's; else the hull of each cluster's mean "
+             f"+- {SPREAD:g} SDs), linear within a bin: exact to one bin where a site answers "
+             "from its rows."]
+    if any((s.group_size or 1) > 1 for s in strategy.sites.values()):
+        notes.append("Sites answer from groups of rows (each at least its min-cluster-size): "
+                     "a group is counted whole in the cluster its mean is nearest to, as the "
+                     "run's metrics count it, and enters the histograms at its mean, which "
+                     "draws the quartiles towards the median (on the clinical demo with "
+                     "groups of 2: a median 0.6 bins, 6% of the rows' IQR, from the rows' own "
+                     "quartiles, at worst 4.3 bins; BENCHMARKS.md, table1-quartiles); means, "
+                     "SDs and counts are those of the rows.")
+    if strategy.profile_note:
+        notes.append(strategy.profile_note[0].upper() + strategy.profile_note[1:] + ".")
+    return {"rows": strategy.profile_rows, "floor": strategy.profile_floor,
+            "secure": bool(strategy.config.secure_aggregation), "notes": notes}
