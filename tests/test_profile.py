@@ -121,3 +121,18 @@ def test_a_cell_under_the_floor_shows_as_under_p_and_leaves_the_totals():
     for r in rows:
         if r["statistic"] in ("n", "missing n") and isinstance(r["value"], int):
             assert not 0 < r["value"] < floor, r
+
+
+def test_a_constant_column_has_its_value_as_median_and_quartiles():
+    """A column whose present values are all one value (a blank pixel, a fixed dose): its
+    quartiles are that value, not a point spread over the value's bin."""
+    sites = _sites()
+    for X in sites:
+        X[:, 0] = 37.0
+    rows, frame = _run(sites, 2, floor=1)
+    for cluster in [*map(str, sorted(set(frame.cluster))), "all"]:
+        assert _value(rows, cluster, "age", "sd") == pytest.approx(0.0, abs=1e-9)
+        for stat in ("q1", "median", "q3"):
+            assert _value(rows, cluster, "age", stat) == pytest.approx(37.0, abs=1e-9)
+    # (the other columns keep their histogram quartiles)
+    assert _value(rows, "all", "crp", "q1") != _value(rows, "all", "crp", "q3")

@@ -137,7 +137,12 @@ def _numeric(add, cluster, v, pooled, members, references, lower, upper, suppres
     add(cluster, v.name, "", v.unit, "n", n)
     add(cluster, v.name, "", v.unit, "mean", mean)
     add(cluster, v.name, "", v.unit, "sd", float(np.sqrt(max(spread, 0.0) / (n - 1))) if n > 1 else "")
-    for stat, value in _quantiles(pooled.histograms[members, j].sum(axis=0), lower[j], upper[j]).items():
+    quantiles = _quantiles(pooled.histograms[members, j].sum(axis=0), lower[j], upper[j])
+    if quantiles and spread <= 1e-12 * (float(np.abs(Q).sum()) + n * mean * mean):
+        # every present value is the mean (to rounding): so are its quartiles, exactly,
+        # where the histogram would spread them over the mean's bin
+        quantiles = {stat: mean for stat in quantiles}
+    for stat, value in quantiles.items():
         add(cluster, v.name, "", v.unit, stat, value)
     add(cluster, v.name, "", v.unit, "missing n", counted - n)
     add(cluster, v.name, "", v.unit, "missing %", 100.0 * (counted - n) / counted)

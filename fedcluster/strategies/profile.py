@@ -212,10 +212,11 @@ def table1_of(strategy) -> dict | None:
     cells name, whether it came from a secure sum, and its notes (None: no profile)."""
     if strategy.profile_rows is None:
         return None
+    otherwise = ("the secagg-data-bound box" if strategy.config.secure_aggregation
+                 else f"the hull of each cluster's mean +- {SPREAD:g} SDs")
     notes = [f"Medians and quartiles come from a histogram of {_bins(strategy)} bins per "
-             "variable over its range (the schema's; else the hull of each cluster's mean "
-             f"+- {SPREAD:g} SDs), linear within a bin: exact to one bin where a site answers "
-             "from its rows."]
+             f"variable over its range (the schema's; else {otherwise}), linear within a "
+             "bin: exact to one bin where a site answers from its rows."]
     if any((s.group_size or 1) > 1 for s in strategy.sites.values()):
         notes.append("Sites answer from groups of rows (each at least its min-cluster-size): "
                      "a group is counted whole in the cluster its mean is nearest to, as the "
