@@ -136,3 +136,20 @@ def test_a_constant_column_has_its_value_as_median_and_quartiles():
             assert _value(rows, cluster, "age", stat) == pytest.approx(37.0, abs=1e-9)
     # (the other columns keep their histogram quartiles)
     assert _value(rows, "all", "crp", "q1") != _value(rows, "all", "crp", "q3")
+
+
+def test_the_profile_is_the_same_a_slab_of_groups_at_a_time(monkeypatch):
+    """The site's pass goes a slab of groups at a time (memory on large sites): slabs of
+    5 groups give the profile of one slab, counts exactly, sums to rounding."""
+    from fedcluster.client_app import site_profile as module
+
+    whole, _ = _run(_sites(), 2, floor=2)
+    monkeypatch.setattr(module, "SLAB_GROUPS", 5)
+    slabs, _ = _run(_sites(), 2, floor=2)
+    assert [(r["cluster"], r["variable"], r["level"], r["statistic"]) for r in whole] == \
+        [(r["cluster"], r["variable"], r["level"], r["statistic"]) for r in slabs]
+    for a, b in zip(whole, slabs):
+        if isinstance(a["value"], str):
+            assert a["value"] == b["value"]
+        else:
+            assert b["value"] == pytest.approx(a["value"], rel=1e-12, abs=1e-12), a

@@ -35,6 +35,14 @@ from fedcluster.common.protocol import ClusterProfile
 
 #: The most histogram bins a site computes per feature (k x d x bins counts).
 MAX_BINS = 10_000
+#: Groups per slab of the profile's pass (a few MB of temporaries per feature column).
+SLAB_GROUPS = 1 << 14
+
+
+def _per_cluster(labels: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+    """(k, d): per cluster, the sum of ``values``' rows (one bincount per column)."""
+    return np.stack([np.bincount(labels, weights=values[:, j], minlength=k)
+                     for j in range(values.shape[1])], axis=1)
 
 
 def profile_task(groups: SiteGroups, arrays: protocol.ProfileInputs, params: dict,
@@ -110,24 +118,37 @@ def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: n
     k, d = references.shape
     labels = np.asarray(cluster_of_group, dtype=np.int64)
     counts = np.bincount(labels, weights=groups.counts, minlength=k).astype(np.int64)
-    present_g = (np.broadcast_to(groups.counts[:, None], groups.sums.shape)
-                 if groups.present is None else groups.present).astype(np.int64)
-    present = np.zeros((k, d), dtype=np.int64)
-    np.add.at(present, labels, present_g)
-    sums = np.zeros((k, d))
-    np.add.at(sums, labels, np.where(present_g > 0, groups.sums, 0.0))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = np.where(present_g > 0, groups.sums / np.maximum(present_g, 1), 0.0)
-    m2 = 0.0 if groups.m2 is None else np.where(present_g > 0, groups.m2, 0.0)
-    gap = means - references[labels]
-    squares = np.zeros((k, d))
-    np.add.at(squares, labels, m2 + present_g * gap * gap)
     numeric = np.asarray(level_weights) == 0
-    width = (np.asarray(upper, float) - np.asarray(lower, float)) / bins
-    where = np.clip(np.floor((means - lower) / width), 0, bins - 1).astype(np.int64)
-    histograms = np.zeros((k, d, bins), dtype=np.int64)
-    np.add.at(histograms, (labels[:, None], np.arange(d)[None, :], where),
-              present_g * numeric[None, :])
+    lower = np.asarray(lower, dtype=np.float64)
+    width = (np.asarray(upper, dtype=np.float64) - lower) / bins
+    present = np.zeros((k, d))
+    sums = np.zeros((k, d))
+    squares = np.zeros((k, d))
+    histograms = np.zeros(k * d * bins)
+    cell = np.arange(d)[None, :] * bins
+    # A slab of groups at a time, so that the (groups x d) temporaries stay small on a
+    # site of millions of rows; per-cluster sums by bincount (sequential: the same bits
+    # for the same groups, whatever the machine's threads).
+    for start in range(0, groups.n_groups, SLAB_GROUPS):
+        part = slice(start, start + SLAB_GROUPS)
+        lab = labels[part]
+        here = (np.broadcast_to(groups.counts[part, None], groups.sums[part].shape)
+                if groups.present is None else groups.present[part]).astype(np.float64)
+        shown = here > 0
+        total = np.where(shown, groups.sums[part], 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(shown, total / np.maximum(here, 1.0), 0.0)
+        spread = 0.0 if groups.m2 is None else np.where(shown, groups.m2[part], 0.0)
+        gap = means - references[lab]
+        present += _per_cluster(lab, here, k)
+        sums += _per_cluster(lab, total, k)
+        squares += _per_cluster(lab, spread + here * gap * gap, k)
+        where = np.clip(np.floor((means - lower) / width), 0, bins - 1).astype(np.int64)
+        histograms += np.bincount(((lab[:, None] * d * bins) + cell + where).ravel(),
+                                  weights=(here * numeric[None, :]).ravel(),
+                                  minlength=k * d * bins)
+    present = np.rint(present).astype(np.int64)
+    histograms = np.rint(histograms).astype(np.int64).reshape(k, d, bins)
     rows = np.repeat(counts[:, None], d, axis=1)
     missing = rows - present
     levels = np.rint(np.where(numeric, 0.0, sums / np.where(numeric, 1.0, level_weights)))
