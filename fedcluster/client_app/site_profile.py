@@ -29,8 +29,9 @@ import numpy as np
 
 from fedcluster.client_app.private_tasks import site_bounds
 from fedcluster.client_app.site_groups import SiteGroups
-from fedcluster.client_app.task_io import TaskError, TaskReply, received_centroids, task_param
-from fedcluster.common import kernels, protocol, scaling
+from fedcluster.client_app.task_io import (TaskError, TaskReply, in_run_space, received_centroids,
+                                           task_param)
+from fedcluster.common import kernels, protocol
 from fedcluster.common.protocol import ClusterProfile
 
 #: The most histogram bins a site computes per feature (k x d x bins counts).
@@ -70,12 +71,7 @@ def profile_task(groups: SiteGroups, arrays: protocol.ProfileInputs, params: dic
     bins = task_param(params, protocol.BINS, int)
     if not 1 <= bins <= MAX_BINS:
         raise TaskError(f"task profile: {protocol.BINS} = {bins}, expected 1 to {MAX_BINS}")
-    run = groups
-    if "transform" in params:
-        try:
-            run = groups.in_run_space(scaling.FeatureTransform.decode(str(params["transform"])))
-        except ValueError as err:
-            raise TaskError(f"task parameter 'transform': {err}") from None
+    run = in_run_space(groups, params)
     if missing := run.missing_features():
         raise TaskError(f"{groups.source}: task profile: the run sent no value to fill the "
                         f"missing cells of features {missing}, so no cluster can be assigned")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedcluster.client_app.site_groups import SiteGroups
-from fedcluster.common import protocol
+from fedcluster.common import protocol, scaling
 
 Scalar = bool | int | float | str
 
@@ -52,6 +52,17 @@ def task_param(params: dict, key: str, kind: type, default=None):
         return kind(value)
     except (TypeError, ValueError):
         raise TaskError(f"task parameter '{key}' must be {kind.__name__}, got {value!r}") from None
+
+
+def in_run_space(groups: SiteGroups, params: dict) -> SiteGroups:
+    """The groups in the run's space, the task's ``transform`` (its pooled fill and
+    scaling) applied; as they are when the task carries none."""
+    if "transform" not in params:
+        return groups
+    try:
+        return groups.in_run_space(scaling.FeatureTransform.decode(str(params["transform"])))
+    except ValueError as err:
+        raise TaskError(f"task parameter 'transform': {err}") from None
 
 
 def received_centroids(centroids: np.ndarray | None, site: SiteGroups) -> np.ndarray:

@@ -9,9 +9,9 @@ import numpy as np
 
 from fedcluster.client_app import private_tasks
 from fedcluster.client_app.site_groups import SiteGroups
-from fedcluster.client_app.task_io import TaskError, TaskReply, task_param
+from fedcluster.client_app.task_io import TaskError, TaskReply, in_run_space, task_param
 from fedcluster.client_app.tasks import TASKS
-from fedcluster.common import protocol, scaling
+from fedcluster.common import protocol
 from fedcluster.common.kernels import small_work
 
 
@@ -34,12 +34,8 @@ def run_task(groups: SiteGroups, arrays: list[np.ndarray], params: dict, site_fl
     server_floor = task_param(params, "min-cluster-size", int, default=1)
     floor = max(server_floor, site_floor, 1)
     transform = str(params["transform"]) if "transform" in params else None
-    if transform is not None and name not in RAW_TABLE_TASKS:  # the run's fill and scaling
-        try:
-            groups = groups.in_run_space(scaling.FeatureTransform.decode(transform))
-        except ValueError as err:
-            raise TaskError(f"task parameter 'transform': {err}") from None
-    if name not in RAW_TABLE_TASKS:
+    if name not in RAW_TABLE_TASKS:  # the run's fill and scaling
+        groups = in_run_space(groups, params)
         missing = groups.missing_features() if transform is not None else (
             np.flatnonzero((groups.present < groups.counts[:, None]).any(axis=0)).tolist()
             if groups.has_missing else [])

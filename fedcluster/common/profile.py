@@ -39,6 +39,7 @@ class Variable:
     unit: str = ""
     levels: tuple[str, ...] = ()
     weight: float = 1.0
+    range: tuple[float, float] | None = None  # a numeric column's declared range
 
 
 def variables_of(schema=None, feature_names=None) -> list[Variable]:
@@ -49,7 +50,8 @@ def variables_of(schema=None, feature_names=None) -> list[Variable]:
     out, j = [], 0
     for column in schema.features:
         if column.type == "numeric":
-            out.append(Variable(column.name, "numeric", (j,), column.unit or ""))
+            out.append(Variable(column.name, "numeric", (j,), column.unit or "",
+                                range=column.range))
             j += 1
         else:
             n = len(column.categories)
@@ -73,6 +75,14 @@ def pool(replies: list[ClusterProfile]) -> ClusterProfile:
     """The sum of the sites' profiles (what secure aggregation would give)."""
     return ClusterProfile(*(np.sum([np.asarray(r[i]) for r in replies], axis=0)
                             for i in range(len(ClusterProfile._fields))))
+
+
+def cluster_moments(pooled: ClusterProfile, references: np.ndarray):
+    """(k, d) per cluster and feature: its present cells, their mean (0 where none) and
+    their squared deviations about that mean (from those about the reference point)."""
+    present = np.asarray(pooled.present, dtype=np.float64)
+    means = np.where(present > 0, pooled.sums / np.maximum(present, 1.0), 0.0)
+    return present, means, pooled.squares - present * (means - references) ** 2
 
 
 def _quantiles(hist: np.ndarray, lo: float, hi: float) -> dict[str, float]:
@@ -101,10 +111,11 @@ def table1_rows(pooled: ClusterProfile, variables: list[Variable], references: n
         n = int(pooled.counts[members].sum())
         add(name, "size", "", "", "n", n if n or not pooled.hidden[members].any() else suppressed)
         add(name, "size", "", "", "%", 100.0 * n / total if total else "")
+    moments = cluster_moments(pooled, references)
     for v in variables:
         for name, members in clusters:
             if v.kind == "numeric":
-                _numeric(add, name, v, pooled, members, references, lower, upper, suppressed)
+                _numeric(add, name, v, pooled, moments, members, lower, upper, suppressed)
             else:
                 _categorical(add, name, v, pooled, members, suppressed)
     if sites:
@@ -120,19 +131,16 @@ def table1_rows(pooled: ClusterProfile, variables: list[Variable], references: n
     return rows
 
 
-def _numeric(add, cluster, v, pooled, members, references, lower, upper, suppressed):
+def _numeric(add, cluster, v, pooled, moments, members, lower, upper, suppressed):
     j = v.columns[0]
-    P = pooled.present[members, j].astype(float)
-    S = pooled.sums[members, j]
+    P, means, within = (m[members, j] for m in moments)
     Q = pooled.squares[members, j]
     n, counted = int(P.sum()), int(pooled.rows[members, j].sum())
     if n == 0:
         add(cluster, v.name, "", v.unit, "n", suppressed if pooled.hidden[members, j].any() else 0)
         return
-    means = np.where(P > 0, S / np.maximum(P, 1), 0.0)
-    mean = S.sum() / n
+    mean = pooled.sums[members, j].sum() / n
     # within each cluster about its own mean, then between the clusters' means
-    within = Q - P * (means - references[members, j]) ** 2
     spread = within.sum() + (P * (means - mean) ** 2).sum()
     add(cluster, v.name, "", v.unit, "n", n)
     add(cluster, v.name, "", v.unit, "mean", mean)

@@ -101,9 +101,8 @@ class ClusteringStrategy(Strategy):
         self.box: tuple[np.ndarray, np.ndarray] | None = None
         self.bounds_from_data = False
         self.dp_rho_round = private.rho_per_round(config)
-        # Table 1 by cluster (profile.py): its rows, its "<p" floor, its bins' range, why not.
-        self.profile_rows, self.profile_floor, self.profile_range, self.profile_note = (
-            None, None, None, "")
+        # Table 1 by cluster (profile.py): its rows, its bins' range, why it is missing.
+        self.profile_rows, self.profile_range, self.profile_note = None, None, ""
         self.reset_repetition()
 
     # ----------------------------------------------------------------- hooks

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedcluster.common import profile, protocol
-from fedcluster.common.schema import DEFAULT_MEDIAN_BINS, encoded_kinds, run_schema
+from fedcluster.common.schema import DEFAULT_MEDIAN_BINS, run_schema
 from fedcluster.strategies.task_plan import TaskPlan
 
 #: The phases of the profile: the range round (when needed), then the profile round.
@@ -64,6 +64,13 @@ def _schema(strategy):
     return None if run is None else run[0]
 
 
+def floor(strategy) -> int:
+    """The floor a "<p" cell names: the highest any site applied (the run's, or a
+    site's own group size above it)."""
+    return max([strategy.config.min_cluster_size,
+                *(s.group_size or 1 for s in strategy.sites.values())])
+
+
 def _bins(strategy) -> int:
     schema = _schema(strategy)
     return schema.median_bins if schema is not None else DEFAULT_MEDIAN_BINS
@@ -77,29 +84,17 @@ def variables(strategy) -> list[profile.Variable]:
 
 
 def declared_ranges(strategy) -> tuple[np.ndarray, np.ndarray]:
-    """Per encoded feature, the histogram's range as the schema declares it: a numeric
-    column's ``range``, [0, weight] for a category level, [0, 1] for a missing
-    indicator; NaN where it declares none."""
-    d = strategy.n_features
-    lower, upper = np.full(d, np.nan), np.full(d, np.nan)
-    if (schema := _schema(strategy)) is not None:
-        for j, (column, kind) in enumerate(_columns_by_feature(schema)):
-            if kind == "numeric" and column.range is not None:
-                lower[j], upper[j] = column.range
-            elif kind == "level":
-                lower[j], upper[j] = 0.0, column.category_weight
-            elif kind == "indicator":
-                lower[j], upper[j] = 0.0, 1.0
+    """Per encoded feature, the histogram's range as far as the run knows it unasked: a
+    numeric column's declared ``range`` (NaN where the schema declares none, or the run
+    has no schema), [0, weight] for a category level, [0, 1] for any other column (a
+    missing indicator: not in Table 1)."""
+    lower, upper = np.zeros(strategy.n_features), np.ones(strategy.n_features)
+    for v in variables(strategy):
+        if v.kind == "categorical":
+            upper[list(v.columns)] = v.weight
+        else:
+            lower[v.columns[0]], upper[v.columns[0]] = v.range or (np.nan, np.nan)
     return lower, upper
-
-
-def _columns_by_feature(schema):
-    """(column, kind) per encoded feature (``schema.encoded_kinds``' order)."""
-    columns = []
-    for column in schema.features:
-        width = len(column.categories) if column.type == "categorical" else 1
-        columns += [column] * (width + (1 if column.missing_indicator else 0))
-    return list(zip(columns, encoded_kinds(schema)))
 
 
 def value_box(strategy) -> tuple[np.ndarray, np.ndarray]:
@@ -151,18 +146,14 @@ def reduce_range(strategy, plan: TaskPlan, replies) -> dict:
     unknown = np.isnan(lower)
     lo, hi = np.zeros(len(lower)), np.ones(len(lower))
     if replies:
-        pooled = profile.pool([r.arrays for r in replies])
-        P = pooled.present.astype(np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = pooled.sums / P
-            gap = mean - plan.arrays.references
-            sd = np.sqrt(np.maximum(pooled.squares - P * gap * gap, 0.0) / np.maximum(P - 1, 1))
-        shown = P > 0
-        if shown.any():
-            low = np.where(shown, mean - SPREAD * sd, np.inf).min(axis=0)
-            high = np.where(shown, mean + SPREAD * sd, -np.inf).max(axis=0)
-            found = np.isfinite(low)
-            lo[found], hi[found] = low[found], high[found]
+        present, mean, within = profile.cluster_moments(profile.pool([r.arrays for r in replies]),
+                                                        plan.arrays.references)
+        sd = np.sqrt(np.maximum(within, 0.0) / np.maximum(present - 1, 1))
+        shown = present > 0
+        low = np.where(shown, mean - SPREAD * sd, np.inf).min(axis=0)
+        high = np.where(shown, mean + SPREAD * sd, -np.inf).max(axis=0)
+        found = np.isfinite(low)
+        lo[found], hi[found] = low[found], high[found]
     lower[unknown], upper[unknown] = lo[unknown], hi[unknown]
     flat = ~(upper > lower)
     lower[flat], upper[flat] = lower[flat] - 0.5, lower[flat] + 0.5
@@ -192,14 +183,12 @@ def reduce_profile(strategy, plan: TaskPlan, replies) -> dict:
         strategy.profile_note = "no site answered the profile round"
         return {}
     inputs = plan.arrays
-    floor = max([strategy.config.min_cluster_size,
-                 *(s.group_size or 1 for s in strategy.sites.values())])
     own = None if any(r.n_sites > 1 for r in replies) else {
         r.site_key: r.arrays for r in replies}
     pooled = profile.pool([r.arrays for r in replies])
     strategy.profile_rows = profile.table1_rows(
-        pooled, variables(strategy), inputs.references, inputs.lower, inputs.upper, floor, own)
-    strategy.profile_floor = floor
+        pooled, variables(strategy), inputs.references, inputs.lower, inputs.upper,
+        floor(strategy), own)
     answered = sum(r.n_sites for r in replies)
     if answered < len(strategy.sites):
         strategy.profile_note = (f"{answered} of {len(strategy.sites)} sites answered the "
@@ -227,5 +216,5 @@ def table1_of(strategy) -> dict | None:
                      "SDs and counts are those of the rows.")
     if strategy.profile_note:
         notes.append(strategy.profile_note[0].upper() + strategy.profile_note[1:] + ".")
-    return {"rows": strategy.profile_rows, "floor": strategy.profile_floor,
+    return {"rows": strategy.profile_rows, "floor": floor(strategy),
             "secure": bool(strategy.config.secure_aggregation), "notes": notes}
