@@ -277,10 +277,10 @@ def _finish_chunk(X, perm, lo, hi, g, block, local, kernel, K, scale=None):
 
 
 # ------------------------------------------------------------------ the grouping's weights
-def _moments(X: np.ndarray) -> np.ndarray:
-    """Per feature, the squared deviations of ``X`` from its mean, summed: the arithmetic
-    of ``scaling.site_moments`` (same chunks, same bits), with a memory-mapped ``X``'s
-    pages dropped after every chunk (else a pass leaves the whole file resident)."""
+def _moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per feature, the mean of ``X`` and its squared deviations from it, summed: the
+    arithmetic of ``scaling.site_moments`` (same chunks, same bits), with a memory-mapped
+    ``X``'s pages dropped after every chunk (else a pass leaves the whole file resident)."""
     n, d = X.shape
     step = common_kernels.CHUNK_ROWS  # as scaling.site_moments (a test holds them equal)
     total = np.zeros(d)
@@ -293,7 +293,7 @@ def _moments(X: np.ndarray) -> np.ndarray:
         centred = X[start:start + step] - mean
         m2 += np.einsum("ij,ij->j", centred, centred)
         release_pages(X)
-    return m2
+    return mean, m2
 
 
 def grouping_scale(X: np.ndarray) -> np.ndarray | None:
@@ -305,8 +305,15 @@ def grouping_scale(X: np.ndarray) -> np.ndarray | None:
     grouping as the rows are cost a standardised run 7% of its score, grouping
     standardised cost an unscaled run 14%; this weighting, under 1% either way)."""
     n, d = X.shape
-    var = _moments(X) / n
-    total = float(var.sum())
+    mean, m2 = _moments(X)
+    var = m2 / n
+    # A column constant at this site has a variance of rounding noise, not 0 (its mean is
+    # a sum / n a few ulps off the value: var ~ 1e-33 mean^2 on z-scored digits), and
+    # 1 / (d var) would weight that noise by 1e15 and more: the grouping then follows
+    # noise (pooled k-means on digits' group means, label skew: 1.33 x central with
+    # closest pairs).  Spread under 1e-10 of a column's magnitude is such noise.
+    live = var > 1e-20 * mean * mean
+    total = float(var[live].sum())
     if not total > 0:
         return None
-    return np.sqrt(1.0 / total + np.where(var > 0, 1.0 / (d * np.where(var > 0, var, 1.0)), 0.0))
+    return np.sqrt(1.0 / total + np.where(live, 1.0 / (d * np.where(live, var, 1.0)), 0.0))
