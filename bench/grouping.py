@@ -25,24 +25,32 @@ k-means on the groups' means.
    Printed: seconds, the child's baseline (after its imports and the warm-up, before the
    data is opened) and peak RSS, over the data's size. Targets (issue 35): at most 60 s
    and at most 1.5 x the data.
-2. **Quality** (``--parts quality``, or ``--quality``): for g = 2 and 3, the 13 SIPU sets
-   and scikit-learn's iris, wine, breast cancer and digits, z-scored, each split IID over
-   5 sites (seed 0, as ``bench/quality.py``); each site's rows are grouped alone
-   (``group_rows``); scikit-learn's ``KMeans(k, n_init=10, random_state=0)`` is fitted on
+2. **Quality** (``--parts quality``, or ``--quality``): for g = 2 and 3 (``--min-size``),
+   the 13 SIPU sets and scikit-learn's iris, wine, breast cancer and digits, z-scored,
+   each split IID over 5 sites (seed 0, as ``bench/quality.py``; ``--splits iid skew``
+   and ``--split-seeds N`` for its label skew and more splits); each site's rows are
+   grouped alone as a site groups them (``group_rows`` with ``grouping_scale``);
+   scikit-learn's ``KMeans(k, n_init=10, random_state=0)`` is fitted on
    the pooled group means weighted by their counts and its inertia on the pooled rows is
    divided by that of the same KMeans fitted on the pooled rows (k = the set's number of
    labels). Printed per set, then median, 90th percentile and worst per g.  ``--seeds S``
    takes the best of ``random_state`` 0..S-1 on both sides, which separates the
    grouping's cost from KMeans landing in another local optimum on either side (on a set
    with many clusters one seed's ratio can move by several percent: seen once at 1.10 on
-   d31).
+   d31). ``--leave-out`` probes rules that keep some rows out of the groups (no site
+   applies one; BENCHMARKS.md says why): ``lone-by-label`` (the rows alone of their
+   class at their site, the labels as an oracle) and ``far:T`` (rows whose nearest
+   neighbour at the site is over T x the median nearest-neighbour distance).
 
-``--out BENCHMARKS.md`` writes the parts run as its section ``grouping``.
+``--out BENCHMARKS.md`` writes the parts run as its section ``grouping`` (``--section``
+names another).
 
 Usage::
 
     python bench/grouping.py [--rows 1000000] [--dim 64] [--min-size 2 3]
     python bench/grouping.py --quality [--seeds 1] [--sets a1 iris ...]
+    python bench/grouping.py --quality --splits iid skew --split-seeds 5 --min-size 2 \
+        --leave-out none lone-by-label far:8 --section grouping-lone-rows --out BENCHMARKS.md
     python bench/grouping.py --parts scale quality --out BENCHMARKS.md
 """
 
@@ -249,59 +257,104 @@ def time_and_memory(n: int, d: int, sizes: list[int]) -> list[str]:
     return out
 
 
-def quality(sets: list[str], sizes: tuple[int, ...], seeds: int = 1) -> list[str]:
+def _left_out(site: np.ndarray, labels: np.ndarray, rule: str) -> np.ndarray:
+    """Which rows of one site a ``--leave-out`` rule keeps out of the groups (a probe of
+    rules the sites do not apply): ``lone-by-label`` the rows alone of their class at the
+    site (the labels as an oracle, which a site does not have); ``far:T`` the rows whose
+    nearest neighbour at the site is over T x the site's median nearest-neighbour
+    distance (measured as the grouping measures)."""
+    if rule == "none":
+        return np.zeros(len(site), dtype=bool)
+    if rule == "lone-by-label":
+        return np.bincount(labels)[labels] == 1
+    from sklearn.neighbors import NearestNeighbors
+
+    from fedcluster.client_app.group_table import grouping_scale
+
+    scale = grouping_scale(site)
+    Z = site if scale is None else site * scale
+    nearest = NearestNeighbors(n_neighbors=2).fit(Z).kneighbors(Z)[0][:, 1]
+    return nearest > float(rule.partition(":")[2]) * np.median(nearest)
+
+
+def quality(sets: list[str], sizes: tuple[int, ...], seeds: int = 1,
+            splits: tuple[str, ...] = ("iid",), split_seeds: int = 1,
+            leave_out: tuple[str, ...] = ("none",)) -> list[str]:
     """Run the quality part; its lines for BENCHMARKS.md."""
     import warnings
 
     from sklearn.cluster import KMeans
 
     sys.path.insert(0, str(BENCH))
-    from quality import load, split_sites  # noqa: E402  (bench/quality.py)
+    from quality import SPLITS, load  # noqa: E402  (bench/quality.py)
 
+    from fedcluster.client_app.group_table import grouping_scale
     from fedcluster.client_app.grouping import group_rows
+    from fedcluster.common.datasets import partition
 
     warnings.filterwarnings("ignore")
     data = ROOT.parent / "shared" / "data"
-    ratios = {g: [] for g in sizes}
+    columns = [(g, rule) for rule in leave_out for g in sizes]
+    name_of = {c: f"g = {c[0]}" + ("" if c[1] == "none" else f", {c[1]} left out")
+               for c in columns}
     state = "random_state 0" if seeds == 1 else f"the best of random_state 0..{seeds - 1}"
+    many = len(splits) > 1 or split_seeds > 1
     out = [f"Pooled KMeans(k, n_init=10, {state}) on the count-weighted group means, its "
            "inertia on the pooled rows over that of the same KMeans on the rows; each set "
-           "z-scored, split IID over 5 sites, each site's rows grouped alone (`group_rows`).",
-           "", "| set | n | k | " + " | ".join(f"g = {g}" for g in sizes) + " |",
-           "|---|---|---|" + "---|" * len(sizes)]
-    print(f"{'set':12s} {'n':>6s} {'k':>3s} " + " ".join(f"{'g=' + str(g):>8s}" for g in sizes)
-          + "   (pooled KMeans on group means / KMeans on rows, inertia on the rows)")
+           f"z-scored, split over 5 sites ({', '.join(splits)}; "
+           + (f"split seeds 0-{split_seeds - 1}" if split_seeds > 1 else "split seed 0")
+           + "), each site's rows grouped alone as a site groups them (`group_rows` with "
+           "`grouping_scale`)."
+           + (" A rule 'left out' keeps some rows of each site out of every group (a probe: "
+              "no site does this; `lone-by-label`: the rows alone of their class at their "
+              "site, the labels as an oracle; `far:T`: the rows whose nearest neighbour at "
+              "the site is over T x the site's median nearest-neighbour distance)."
+              if any(r != "none" for r in leave_out) else ""),
+           "", "| set | split | n | k | " + " | ".join(name_of[c] for c in columns) + " |",
+           "|---|---|---|---|" + "---|" * len(columns)]
+    ratios = {(c, split): [] for c in columns for split in splits}
     for name in sets:
         X, y = load(name, data)
         k = len(np.unique(y))
-        sites = split_sites(X, y, "iid")
-        rows = np.concatenate(sites)
-        central = min(KMeans(k, n_init=10, random_state=seed).fit(rows).inertia_
-                      for seed in range(seeds))
-        line = f"{name:12s} {len(rows):6d} {k:3d} "
-        for g in sizes:
-            means, counts = [], []
-            for site in sites:
-                labels = group_rows(np.ascontiguousarray(site), g)
-                c = np.bincount(labels)
-                s = np.zeros((len(c), site.shape[1]))
-                np.add.at(s, labels, site)
-                means.append(s / c[:, None])
-                counts.append(c)
-            M, W = np.concatenate(means), np.concatenate(counts)
-            ratio = min(-KMeans(k, n_init=10, random_state=seed).fit(M, sample_weight=W)
-                        .score(rows) for seed in range(seeds)) / central
-            ratios[g].append(ratio)
-            line += f"{ratio:8.4f} "
-        print(line, flush=True)
-        out.append(f"| {name} | {len(rows)} | {k} | "
-                   + " | ".join(f"{ratios[g][-1]:.4f}" for g in sizes) + " |")
+        for split in splits:
+            for split_seed in range(split_seeds):
+                parts = partition(y, 5, SPLITS[split], seed=split_seed)
+                sites = [np.ascontiguousarray(X[p]) for p in parts]
+                rows = np.concatenate(sites)
+                central = min(KMeans(k, n_init=10, random_state=seed).fit(rows).inertia_
+                              for seed in range(seeds))
+                cells = []
+                for g, rule in columns:
+                    means, counts = [], []
+                    for site, part in zip(sites, parts):
+                        kept = ~_left_out(site, y[part], rule)
+                        grouped = np.ascontiguousarray(site[kept])
+                        labels = group_rows(grouped, g, grouping_scale(grouped))
+                        c = np.bincount(labels)
+                        s = np.zeros((len(c), site.shape[1]))
+                        np.add.at(s, labels, grouped)
+                        means.append(s / c[:, None])
+                        counts.append(c)
+                    M, W = np.concatenate(means), np.concatenate(counts)
+                    ratio = min(-KMeans(k, n_init=10, random_state=seed)
+                                .fit(M, sample_weight=W).score(rows)
+                                for seed in range(seeds)) / central
+                    ratios[((g, rule), split)].append((ratio, name, split_seed))
+                    cells.append(f"{ratio:.4f}")
+                label = split + (f" {split_seed}" if split_seeds > 1 else "")
+                print(f"{name:12s} {label:7s} " + " ".join(f"{c:>8s}" for c in cells), flush=True)
+                if not many:
+                    out.append(f"| {name} | {label} | {len(rows)} | {k} | " + " | ".join(cells) + " |")
+    if many:  # one line per set and split would be long: the summary only
+        out = out[:1]
     out.append("")
-    for g in sizes:
-        r = np.array(ratios[g])
-        summary = (f"g = {g}: median {np.median(r):.4f}, 90th percentile "
-                   f"{np.percentile(r, 90):.4f}, worst {r.max():.4f} ({sets[int(r.argmax())]}), "
-                   f"over {len(r)} sets")
+    for (column, split), values in ratios.items():
+        r = np.array([v[0] for v in values])
+        worst = values[int(r.argmax())]
+        summary = (f"{name_of[column]}, {split}: median {np.median(r):.4f}, 90th percentile "
+                   f"{np.percentile(r, 90):.4f}, worst {r.max():.4f} ({worst[1]}"
+                   + (f", split seed {worst[2]}" if split_seeds > 1 else "")
+                   + f"), over {len(r)} runs")
         print(summary)
         out.append(f"- {summary}.")
     return out
@@ -317,8 +370,16 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1,
                         help="quality: best of KMeans random_state 0..SEEDS-1 on both sides "
                              "(1, the default: random_state 0 only)")
+    parser.add_argument("--splits", nargs="+", default=["iid"], choices=["iid", "skew"],
+                        help="quality: the splits (bench/quality.py's)")
+    parser.add_argument("--split-seeds", type=int, default=1,
+                        help="quality: split seeds 0..N-1, each a run of its own")
+    parser.add_argument("--leave-out", nargs="+", default=["none"],
+                        help="quality: rows kept out of the groups, a probe (none, "
+                             "lone-by-label, far:T)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="write the parts run as section 'grouping' of this file")
+                        help="write the parts run as section SECTION of this file")
+    parser.add_argument("--section", default="grouping")
     parser.add_argument("--write", nargs=4, metavar=("PATH", "ROWS", "DIM", "SEED"),
                         help=argparse.SUPPRESS)  # internal: the bench's data writer
     parser.add_argument("--sets", nargs="+", default=[
@@ -336,14 +397,19 @@ def main() -> None:
                   *time_and_memory(args.rows, args.dim, args.min_size), ""]
     if "quality" in parts:
         lines += ["### Quality: k-means on the groups' means", "",
-                  *quality(args.sets, (2, 3), args.seeds), ""]
+                  *quality(args.sets, tuple(args.min_size), args.seeds, tuple(args.splits),
+                           args.split_seeds, tuple(args.leave_out)), ""]
     if args.out is not None:
         sys.path.insert(0, str(BENCH))
         import report  # noqa: E402
 
-        text = "\n".join([report.header("Site groups: grouping one large site, and the "
-                                        "quality of its groups"), "", *lines])
-        print(f"wrote section 'grouping' of {report.write_section('grouping', text, args.out)}")
+        title = {"grouping": "Site groups: grouping one large site, and the quality of its "
+                             "groups",
+                 "grouping-lone-rows": "Site groups: rows alone at their site, grouped or "
+                                       "left out"}.get(args.section, f"Site groups: {args.section}")
+        text = "\n".join([report.header(title), "", *lines])
+        print(f"wrote section '{args.section}' of "
+              f"{report.write_section(args.section, text, args.out)}")
 
 
 if __name__ == "__main__":

@@ -300,7 +300,9 @@ def main() -> None:
              "`dp10` (dp-epsilon 10, data-bounds = the pooled range, num-rounds 10, the "
              "`divisive` start), `dp10-box` (the same from k points uniform in the box, the "
              "start `divisive` replaced), `dp10-oracle` (the same from central k-means' own "
-             "centroids: what the noise costs whatever the start)."
+             "centroids: what the noise costs whatever the start). Rounds: all of a run's rounds, "
+             "from describe to Table 1's profile rounds (after the evaluation: two in a plain run, "
+             "one under secure aggregation, none under DP)."
              + (f" Every run also had {', '.join(args.config)}." if args.config else ""), "",
              "Against central k-means:", "", *table(rows, "central", groups)]
     if any("plain" in r for r in rows):

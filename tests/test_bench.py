@@ -4,6 +4,8 @@ section of BENCHMARKS.md (the figures themselves belong to bench/, not to tests)
 import sys
 from pathlib import Path
 
+import numpy as np
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -58,3 +60,27 @@ def test_quality_writes_its_tables_with_the_dp_runs_against_the_oracle(tmp_path,
     assert "against the `dp10-oracle` run" in text
     oracle = rows[2].split("|")
     assert oracle[6].strip() == oracle[8].strip().split()[0]  # one set: median = worst
+
+
+def test_grouping_quality_probes_rows_left_out(tmp_path, monkeypatch):
+    import grouping
+
+    site = np.array([[0.0, 0.0], [0.1, 0.0], [0.0, 0.1], [0.1, 0.1], [5.0, 5.0], [9.0, 0.0]])
+    labels = np.array([0, 0, 0, 0, 1, 2])
+    assert grouping._left_out(site, labels, "none").tolist() == [False] * 6
+    assert grouping._left_out(site, labels, "lone-by-label").tolist() == [False] * 4 + [True] * 2
+    # the two far rows: nearest neighbours 5-7 x the others' median 0.1 x scale
+    assert grouping._left_out(site, labels, "far:8").tolist() == [False] * 4 + [True] * 2
+
+    out = tmp_path / "BENCHMARKS.md"
+    monkeypatch.setattr(sys, "argv", ["bench/grouping.py", "--quality", "--sets", "iris",
+                                      "--splits", "iid", "skew", "--min-size", "2",
+                                      "--leave-out", "none", "lone-by-label",
+                                      "--section", "grouping-lone-rows", "--out", str(out)])
+    grouping.main()
+    text = out.read_text()
+    assert "## Site groups: rows alone at their site, grouped or left out" in text
+    summaries = [line for line in text.splitlines() if line.startswith("- g = 2")]
+    assert len(summaries) == 4  # 2 rules x 2 splits
+    assert all("over 1 runs" in line for line in summaries)
+    assert any(line.startswith("- g = 2, lone-by-label left out, skew:") for line in summaries)
