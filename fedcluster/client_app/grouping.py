@@ -311,8 +311,10 @@ def grouping_scale(X: np.ndarray) -> np.ndarray | None:
     # a sum / n a few ulps off the value: var ~ 1e-33 mean^2 on z-scored digits), and
     # 1 / (d var) would weight that noise by 1e15 and more: the grouping then follows
     # noise (pooled k-means on digits' group means, label skew: 1.33 x central with
-    # closest pairs).  Spread under 1e-10 of a column's magnitude is such noise.
-    live = var > 1e-20 * mean * mean
+    # closest pairs).  Spread under 1e-12 of a column's magnitude is such noise: the
+    # mean's error is a few ulps per chunk summed (_moments: 1e-14 relative at 10^6
+    # rows), and real data that vary less are constant to their last few bits.
+    live = var > 1e-24 * mean * mean
     total = float(var[live].sum())
     if not total > 0:
         return None
