@@ -69,7 +69,7 @@ def test_grouping_quality_probes_rows_left_out(tmp_path, monkeypatch):
     labels = np.array([0, 0, 0, 0, 1, 2])
     assert grouping._left_out(site, labels, "none").tolist() == [False] * 6
     assert grouping._left_out(site, labels, "lone-by-label").tolist() == [False] * 4 + [True] * 2
-    # the two far rows: nearest neighbours 5-7 x the others' median 0.1 x scale
+    # the two far rows: their nearest neighbours 6-7 away, 60-70 x the median 0.1
     assert grouping._left_out(site, labels, "far:8").tolist() == [False] * 4 + [True] * 2
 
     out = tmp_path / "BENCHMARKS.md"
