@@ -323,11 +323,12 @@ def quality(sets: list[str], sizes: tuple[int, ...], seeds: int = 1,
                 rows = np.concatenate(sites)
                 central = min(KMeans(k, n_init=10, random_state=seed).fit(rows).inertia_
                               for seed in range(seeds))
+                kept_rows = {rule: [~_left_out(site, y[part], rule)
+                                    for site, part in zip(sites, parts)] for rule in leave_out}
                 cells = []
                 for g, rule in columns:
                     means, counts = [], []
-                    for site, part in zip(sites, parts):
-                        kept = ~_left_out(site, y[part], rule)
+                    for site, kept in zip(sites, kept_rows[rule]):
                         grouped = np.ascontiguousarray(site[kept])
                         labels = group_rows(grouped, g, grouping_scale(grouped))
                         c = np.bincount(labels)

@@ -44,6 +44,7 @@ import numpy as np
 
 from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.common import kernels as common_kernels
+from fedcluster.common import scaling
 
 __all__ = ["group_rows", "grouping_scale"]
 
@@ -307,14 +308,11 @@ def grouping_scale(X: np.ndarray) -> np.ndarray | None:
     n, d = X.shape
     mean, m2 = _moments(X)
     var = m2 / n
-    # A column constant at this site has a variance of rounding noise, not 0 (its mean is
-    # a sum / n a few ulps off the value: var ~ 1e-33 mean^2 on z-scored digits), and
-    # 1 / (d var) would weight that noise by 1e15 and more: the grouping then follows
+    # A column constant at this site has a variance of rounding noise, not 0, and
+    # 1 / (d var) would weight that noise by 1e15 and more: the grouping then followed
     # noise (pooled k-means on digits' group means, label skew: 1.33 x central with
-    # closest pairs).  Spread under 1e-12 of a column's magnitude is such noise: the
-    # mean's error is a few ulps per chunk summed (_moments: 1e-14 relative at 10^6
-    # rows), and real data that vary less are constant to their last few bits.
-    live = var > 1e-24 * mean * mean
+    # closest pairs). Constant as the run's standard scaling judges it.
+    live = ~scaling.constant_features(n, mean, var)
     total = float(var[live].sum())
     if not total > 0:
         return None

@@ -234,14 +234,22 @@ def combine_moments(counts, means, deviations, m2s) -> tuple[int, np.ndarray, np
     return int(n), reference + linear / n, var
 
 
+def constant_features(n: int, mean: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """Which features of ``n`` rows (their ``mean`` and population ``var``) are constant up
+    to the rounding error of the two-pass variance: the test of
+    ``sklearn.preprocessing._data._is_constant_feature``. A constant column's computed
+    variance is rounding noise, not 0 (about 1e-33 mean^2 on a z-scored pixel)."""
+    eps = np.finfo(np.float64).eps
+    return var <= n * eps * var + (n * mean * eps) ** 2
+
+
 def standard_transform(counts, means, deviations, m2s) -> FeatureTransform:
     """``StandardScaler`` on the pooled data: shift = mean, factor = population std, 1 for a
-    feature whose variance is within the rounding error of the two-pass algorithm (the
-    test of ``sklearn.preprocessing._data._is_constant_feature``)."""
+    feature whose variance is within the rounding error of the two-pass algorithm
+    (:func:`constant_features`)."""
     n, mean, var = combine_moments(counts, means, deviations, m2s)
-    eps = np.finfo(np.float64).eps
-    constant = var <= n * eps * var + (n * mean * eps) ** 2
-    return FeatureTransform("standard", mean, np.where(constant, 1.0, np.sqrt(var)))
+    return FeatureTransform("standard", mean,
+                            np.where(constant_features(n, mean, var), 1.0, np.sqrt(var)))
 
 
 def minmax_transform(minima, maxima) -> FeatureTransform:
