@@ -72,7 +72,7 @@ def main(argv=None) -> None:
     parser.add_argument("--splits", default="iid,by-label")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--plot", type=Path, default=None, help="copy the default mode's choose-k.png here")
-    parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
+    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
     args = parser.parse_args(argv)
     from flwr.common.logger import FLOWER_LOGGER
 
@@ -116,8 +116,8 @@ def main(argv=None) -> None:
                         f"{100 * max(excess):.1f}% | {rounds} | {seconds:.1f} |")
         central_picks = "central KMeans inertia per k: " + ", ".join(f"{k}: {central[k]:.4g}" for k in ks)
     text += ["", central_picks, ""]
-    path = report.write_section("choose_k_s1", "\n".join(text), args.out)
-    print(f"wrote {path}")
+    if (path := report.write_section("choose_k_s1", "\n".join(text), args.out)) is not None:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

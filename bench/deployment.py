@@ -288,7 +288,7 @@ def main(argv=None) -> None:
     parser.add_argument("--before", default=BEFORE, help="the commit of the 'before' code")
     parser.add_argument("--no-tls", dest="tls", action="store_false",
                         help="insecure gRPC (default: TLS on every connection, as deployed)")
-    parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
+    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
     args = parser.parse_args(argv)
     t_start = time.perf_counter()
     load_before = os.getloadavg()[0]
@@ -381,8 +381,8 @@ def main(argv=None) -> None:
         f"the start on {os.cpu_count()} cores; total time {time.perf_counter() - t_start:.0f} s.")
     if compared:
         text += ["", *default_run_table(compared, floor, noop_run, args)]
-    path = report.write_section("deployment", "\n".join(text), args.out)
-    print(f"wrote {path}")
+    if (path := report.write_section("deployment", "\n".join(text), args.out)) is not None:
+        print(f"wrote {path}")
 
 
 def default_run_table(compared: dict, floor: float, noop_run: float, args) -> list[str]:

@@ -163,7 +163,6 @@ def main() -> None:
         "the means in proportion to their size.",
     ]
     text = "\n".join(lines)
-    print(text)
     report.write_section("dp_digits", text, args.out)
 
 

@@ -176,7 +176,7 @@ def main(argv=None) -> None:
     parser.add_argument("--no-fcm", action="store_true", help="skip the fuzzy c-means table")
     parser.add_argument("--gemm-size", type=int, default=3000,
                         help="matrix size of the GEMM that measures the practical peak")
-    parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
+    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
     args = parser.parse_args(argv)
     shapes = [parse_shape(s) for s in args.shapes.split(",")]
     dtypes = [np.dtype(s).type for s in args.dtypes.split(",")]
@@ -262,8 +262,8 @@ def main(argv=None) -> None:
                  "| dtype | N x d x k | threads | fedcluster ms | numpy ms | ratio |",
                  "|---|---|---|---|---|---|", *fcm_rows]
     text.append(f"\nTotal time {time.perf_counter() - t_start:.0f} s.")
-    path = report.write_section("kernels", "\n".join(text), args.out)
-    print(f"wrote {path}")
+    if (path := report.write_section("kernels", "\n".join(text), args.out)) is not None:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

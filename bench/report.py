@@ -48,10 +48,17 @@ def header(title: str) -> str:
     )
 
 
-def write_section(name: str, text: str, path: Path | None = None) -> Path:
-    """Put ``text`` into BENCHMARKS.md (or ``path``) as section ``name``, replacing the
-    previous version of that section and leaving the others alone."""
-    path = Path(path) if path is not None else ROOT / "BENCHMARKS.md"
+def write_section(name: str, text: str, path: Path | None = None) -> Path | None:
+    """Put ``text`` into ``path`` (a script's ``--out``, e.g. BENCHMARKS.md) as section
+    ``name``, replacing the previous version of that section and leaving the others alone.
+
+    None: print the section and write nothing. A run with a subset of a script's options
+    (one algorithm, one seed) would otherwise replace the section of record with its
+    partial table; writing it is asked for by name."""
+    if path is None:
+        print(f"{text.rstrip()}\n\n(section '{name}' not written: --out BENCHMARKS.md writes it)")
+        return None
+    path = Path(path)
     start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
     block = f"{start}\n{text.rstrip()}\n{end}\n"
     old = path.read_text() if path.exists() else "# Benchmarks\n\n"

@@ -131,7 +131,7 @@ def main(argv=None) -> None:
     parser.add_argument("--from-logs", type=Path, nargs="*", default=[],
                         help="build the table from the output of earlier invocations (e.g. "
                         "seeds split over processes) instead of running")
-    parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
+    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
     args = parser.parse_args(argv)
     report.quiet_flower()
     t0 = time.perf_counter()
@@ -203,8 +203,8 @@ def main(argv=None) -> None:
                     "their output (the logs named in the command) with `--from-logs`.")
     else:
         text.append(f"Total time {time.perf_counter() - t0:.0f} s.")
-    path = report.write_section("rounds", "\n".join(text), args.out)
-    print(f"wrote {path}")
+    if (path := report.write_section("rounds", "\n".join(text), args.out)) is not None:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

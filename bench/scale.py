@@ -260,7 +260,7 @@ def main(argv=None) -> None:
     parser.add_argument("--big-rounds", type=int, default=3, help="part 3 training rounds")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the large .npy and the engine's files go (default: a temp dir)")
-    parser.add_argument("--out", type=Path, default=None, help="BENCHMARKS.md to write into")
+    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
     args = parser.parse_args(argv)
     site_counts = [int(s) for s in args.sites.split(",") if s]
     row_counts = [int(s) for s in args.rows_per_site.split(",") if s]
@@ -341,8 +341,8 @@ def main(argv=None) -> None:
                  f"**{worst / data_bytes:.2f} x the data**.", ""]
     text.append(f"Load average (1 min) {load_before:.2f} at the start on {os.cpu_count()} "
                 f"cores; total time {time.perf_counter() - t_start:.0f} s.")
-    path = report.write_section("scale", "\n".join(text), args.out)
-    print(f"wrote {path}")
+    if (path := report.write_section("scale", "\n".join(text), args.out)) is not None:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,15 @@ def test_write_section_replaces_its_own_section_only(tmp_path):
     assert text.count("<!-- a -->") == 1 and text.index("<!-- a -->") < text.index("<!-- b -->")
 
 
+def test_a_section_is_written_only_when_a_file_is_named(tmp_path, monkeypatch, capsys):
+    # without --out a script prints its section: a partial run must not replace the
+    # table of record in the repository's BENCHMARKS.md
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    assert report.write_section("a", "the table", None) is None
+    assert "the table" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ffcm_paper_writes_its_table(tmp_path):
     out = tmp_path / "BENCHMARKS.md"
     ffcm_paper.main(["--seeds", "1", "--cases", "1", "--out", str(out)])
