@@ -238,3 +238,84 @@ def test_the_audit_catches_a_profile_that_breaks_the_floor(tmp_path):
     with pytest.raises(ReplyError, match="fewer than the privacy floor 5"):
         cluster_profile(broken._replace(present=present, histograms=histograms), expect,
                         n_rows=10_000)
+
+
+def _profile_replies(records) -> list[profile.ClusterProfile]:
+    return [profile.ClusterProfile(*arrays) for rec in records
+            for task, arrays, _ in record_parts(rec) if task == "profile" and arrays]
+
+
+def _small(values, floor: int) -> bool:
+    values = np.rint(np.asarray(values, dtype=np.float64))
+    return bool(np.any((values > 0) & (values < floor)))
+
+
+def test_a_missing_indicator_does_not_carry_a_missing_count_under_the_floor(tmp_path,
+                                                                           monkeypatch):
+    """The demo's smoking column has a missing indicator (0/1): its cluster sum is
+    smoking's missing cells there. Where those are 1 to p-1 the smoking cells are
+    withheld; a site that floored the indicator as a plain numeric column would still
+    send the count as the indicator's sum. Shown first with the indicators not marked
+    (the attack reads counts of 1..p-1), then at the real site (none)."""
+    from fedcluster.client_app import site_profile as site_module
+    from fedcluster.common.schema import encoded_kinds
+
+    def sent_missing_counts(records, schema_path):
+        kinds = encoded_kinds(load_schema(schema_path))
+        marks = np.array([kind == "indicator" for kind in kinds])
+        ones = [reply.sums[:, marks] for reply in _profile_replies(records)]
+        zeros = [np.asarray(reply.counts)[:, None] - reply.sums[:, marks]
+                 for reply in _profile_replies(records)]
+        assert marks.any() and ones
+        return ones, zeros
+
+    real = site_module.site_encoding
+    monkeypatch.setattr(site_module, "site_encoding",
+                        lambda groups, d: (real(groups, d)[0], np.zeros(d, dtype=bool)))
+    records: list[dict] = []
+    _, schema_path, _ = _run(tmp_path / "unmarked", p_site=2, floor=40, records=records)
+    ones, _ = sent_missing_counts(records, schema_path)
+    assert any(_small(o, 40) for o in ones)  # the attack works without the marks
+    monkeypatch.setattr(site_module, "site_encoding", real)
+    records = []
+    result, schema_path, _ = _run(tmp_path / "real", p_site=2, floor=40, records=records)
+    ones, zeros = sent_missing_counts(records, schema_path)
+    assert not any(_small(o, 40) for o in ones) and not any(_small(z, 40) for z in zeros)
+    assert result.model.table1 is not None
+
+
+def test_a_coordinator_that_sends_false_level_weights_is_refused(tmp_path, monkeypatch):
+    """A level's count is floored through its one-hot weight, which the server sends.
+    A coordinator that sends 0 for every level would have the counts pass as numeric
+    columns' sums: shown first against a site that took the weights from the server (it
+    sends level counts of 1..p-1), then against the real site, which checks them against
+    its own schema and refuses the round."""
+    import dataclasses
+
+    from fedcluster.client_app import site_profile as site_module
+    from fedcluster.strategies import profile as server_module
+
+    honest = server_module.profile_task
+
+    def lying(strategy, lower, upper, bins):
+        plan = honest(strategy, lower, upper, bins)
+        zeros = np.zeros_like(plan.arrays.level_weights)
+        return dataclasses.replace(plan, arrays=plan.arrays._replace(level_weights=zeros))
+
+    monkeypatch.setattr(server_module, "profile_task", lying)
+    real = site_module.site_encoding
+    monkeypatch.setattr(site_module, "site_encoding",  # a site that trusts the server
+                        lambda groups, d: (np.zeros(d), real(groups, d)[1]))
+    records: list[dict] = []
+    _, schema_path, _ = _run(tmp_path / "trusting", p_site=2, floor=40, records=records)
+    schema = load_schema(schema_path)
+    d = len(schema.feature_names())
+    weights = profile.level_weights(profile.variables_of(schema), d)
+    levels = weights > 0
+    counts = [reply.sums[:, levels] / weights[levels] for reply in _profile_replies(records)]
+    assert counts and any(_small(c, 40) for c in counts)  # the attack works
+    monkeypatch.setattr(site_module, "site_encoding", real)
+    records = []
+    result, _, _ = _run(tmp_path / "real", p_site=2, floor=40, records=records)
+    assert not _profile_replies(records)
+    assert result.metrics["profile-note"] == "no site answered the profile round"

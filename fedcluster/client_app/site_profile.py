@@ -13,10 +13,15 @@ level's ``category-weight``.
 
 The floor p, at the site, cell by cell: a cluster under p rows is withheld whole; a
 feature's cell whose present cells or missing cells number 1 to p-1 is withheld (every
-term 0, ``hidden`` 1); so is a level count of 1 to p-1 and a histogram bin of 1 to p-1
-cells. A withheld cell is left out of the pooled totals and shows as ``<p``. What this
-does not stop: a withheld level's count can be had by subtraction from its variable's
-other levels and the cluster's size (no secondary suppression).
+term 0, ``hidden`` 1); so is a level count of 1 to p-1, a missing-indicator cell whose
+count of 1s (its variable's missing cells) or of 0s is 1 to p-1, and a histogram bin of 1
+to p-1 cells. A withheld cell is left out of the pooled totals and shows as ``<p``. Which
+columns are levels (and their weights) and which are indicators, the site takes from its
+own schema: a server that sent other level weights (0, to have a level's count pass as a
+numeric column's sum) is refused. What this does not stop: a withheld count can be had by
+subtraction, from its variable's other levels and the cluster's size, or from the same
+column in the site's other clusters and the site's totals where ``stats`` sent them (no
+secondary suppression).
 
 The ``profile`` task (:func:`profile_task`, ``protocol.TASKS["profile"]``) is the round
 after the final evaluation; its maths are tested against pandas on the pooled rows
@@ -31,8 +36,9 @@ from fedcluster.client_app.private_tasks import site_bounds
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.task_io import (TaskError, TaskReply, in_run_space, received_centroids,
                                            task_param)
-from fedcluster.common import kernels, protocol
+from fedcluster.common import kernels, profile, protocol
 from fedcluster.common.protocol import ClusterProfile
+from fedcluster.common.schema import encoded_kinds
 
 #: The most histogram bins a site computes per feature (k x d x bins counts).
 MAX_BINS = 10_000
@@ -44,6 +50,21 @@ def _per_cluster(labels: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
     """(k, d): per cluster, the sum of ``values``' rows (one bincount per column)."""
     return np.stack([np.bincount(labels, weights=values[:, j], minlength=k)
                      for j in range(values.shape[1])], axis=1)
+
+
+def site_encoding(groups: SiteGroups, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """(level weights (d,), indicator mask (d,)) of the site's own schema: each category
+    level's one-hot weight (0: not a level), and which columns are missing indicators.
+    A table without a schema has neither."""
+    schema = None if groups.table is None else groups.table.schema
+    if schema is None:
+        return np.zeros(d), np.zeros(d, dtype=bool)
+    kinds = encoded_kinds(schema)
+    if len(kinds) != d:
+        raise TaskError(f"{groups.source}: task profile: the schema encodes {len(kinds)} "
+                        f"features, the table has {d}")
+    return (profile.level_weights(profile.variables_of(schema), d),
+            np.array([kind == "indicator" for kind in kinds], dtype=bool))
 
 
 def profile_task(groups: SiteGroups, arrays: protocol.ProfileInputs, params: dict,
@@ -68,6 +89,12 @@ def profile_task(groups: SiteGroups, arrays: protocol.ProfileInputs, params: dic
     if np.any(checked["lower"] >= checked["upper"]) or np.any(checked["level_weights"] < 0):
         raise TaskError("task profile: every lower bound must be below its upper bound and "
                         "every level weight at least 0")
+    weights, indicators = site_encoding(groups, d)
+    if not np.array_equal(checked["level_weights"], weights):
+        # the floor of a level's count rests on knowing its weight: with 0 sent for a
+        # level, its count would pass unfloored as a numeric column's sum
+        raise TaskError(f"{groups.source}: task profile: the level weights sent are not "
+                        "those of this site's schema")
     bins = task_param(params, protocol.BINS, int)
     if not 1 <= bins <= MAX_BINS:
         raise TaskError(f"task profile: {protocol.BINS} = {bins}, expected 1 to {MAX_BINS}")
@@ -80,12 +107,12 @@ def profile_task(groups: SiteGroups, arrays: protocol.ProfileInputs, params: dic
     cluster_of_group = kernels.assign(run.means, C)[0]
     return TaskReply(arrays=site_profile(groups, cluster_of_group, checked["references"],
                                          checked["lower"], checked["upper"], bins,
-                                         checked["level_weights"], floor))
+                                         weights, floor, indicators))
 
 
 def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: np.ndarray,
                  lower: np.ndarray, upper: np.ndarray, bins: int, level_weights: np.ndarray,
-                 floor: int) -> ClusterProfile:
+                 floor: int, indicators: np.ndarray | None = None) -> ClusterProfile:
     """The profile of one site's clusters.
 
     Parameters
@@ -106,6 +133,9 @@ def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: n
         feature.
     floor : int
         The privacy floor p.
+    indicators : (d,) bool, optional
+        The missing-indicator columns (0/1: its cluster sum is its variable's missing
+        cells there, floored like any count). None: none.
 
     Returns
     -------
@@ -151,9 +181,14 @@ def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: n
     small = lambda a: (a > 0) & (a < floor)  # noqa: E731
     # Every cluster under the floor is flagged whole, an empty one too (as the evaluation
     # flags it): flagging only those of 1..p-1 rows would say which the site holds a few
-    # rows of. A withheld cell of a cluster shown is flagged: the server learns that one of
-    # its counts is 1 to p-1 (Table 1's "<p"), never which or how many.
-    hide = (counts < floor)[:, None] | small(present) | small(missing) | small(levels)
+    # rows of. A withheld cell of a cluster shown is flagged: the flag says that one of
+    # its counts is 1 to p-1 (Table 1's "<p"), not which or how many (subtraction from
+    # other figures can: the module docstring).
+    marks = (np.zeros(d, dtype=bool) if indicators is None
+             else np.asarray(indicators, dtype=bool))[None, :]
+    ones = np.rint(np.where(marks, sums, 0.0))  # an indicator's 1s: its variable's missing cells
+    hide = ((counts < floor)[:, None] | small(present) | small(missing) | small(levels)
+            | (marks & (small(ones) | small(rows - ones))))
     hidden = hide.astype(np.int64)
     for term in (rows, present, sums, squares):
         term[hide] = 0
