@@ -72,7 +72,9 @@ def main(argv=None) -> None:
     parser.add_argument("--splits", default="iid,by-label")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--plot", type=Path, default=None, help="copy the default mode's choose-k.png here")
-    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the file to write the section into (e.g. BENCHMARKS.md; "
+                        "default: print it only)")
     args = parser.parse_args(argv)
     from flwr.common.logger import FLOWER_LOGGER
 

@@ -288,7 +288,9 @@ def main(argv=None) -> None:
     parser.add_argument("--before", default=BEFORE, help="the commit of the 'before' code")
     parser.add_argument("--no-tls", dest="tls", action="store_false",
                         help="insecure gRPC (default: TLS on every connection, as deployed)")
-    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the file to write the section into (e.g. BENCHMARKS.md; "
+                        "default: print it only)")
     args = parser.parse_args(argv)
     t_start = time.perf_counter()
     load_before = os.getloadavg()[0]

@@ -21,8 +21,9 @@ start from the same initialisation round (run once per split and seed, see
 Each run r redraws the split (seed r) and seeds every method with r. The score is the
 k-means objective SSE / N over all 60,000 images, each image to its nearest centroid,
 computed here from the run's centroids (the run's own ``score`` is that of its sites'
-groups, each group whole: at least this). The paper's "mean" is over the best 50 of 100 runs; the table gives the mean
-over all runs, the mean over the best half (the paper's protocol) and the minimum.
+groups, each group whole: at least this). The paper's "mean" is over the best 50 of 100
+runs; the table gives the mean over all runs, the mean over the best half (the paper's
+protocol) and the minimum.
 
 Usage::
 
@@ -200,7 +201,9 @@ def main(argv=None) -> None:
     parser.add_argument("--merge", type=Path, nargs="*", default=[],
                         help="results files of other invocations (e.g. one per split, run in "
                         "parallel) to add to --results before running what is missing")
-    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the file to write the section into (e.g. BENCHMARKS.md; "
+                        "default: print it only)")
     args = parser.parse_args(argv)
     from fedcluster.common.config import run_config_defaults
 

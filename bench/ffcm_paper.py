@@ -347,7 +347,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=10, help="runs per setting (paper: 10)")
     parser.add_argument("--data", type=Path, default=report.SHARED_DATA / "g2",
                         help="folder with the G2 sets g2-2-S.txt")
-    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the file to write the section into (e.g. BENCHMARKS.md; "
+                        "default: print it only)")
     parser.add_argument("--cases", default="1,2,3,3d,4",
                         help="which cases to run (3d: case 3 at fedcluster's defaults)")
     parser.add_argument("--local-iters", type=int, default=LOCAL_ITERS,

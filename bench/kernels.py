@@ -176,7 +176,9 @@ def main(argv=None) -> None:
     parser.add_argument("--no-fcm", action="store_true", help="skip the fuzzy c-means table")
     parser.add_argument("--gemm-size", type=int, default=3000,
                         help="matrix size of the GEMM that measures the practical peak")
-    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the file to write the section into (e.g. BENCHMARKS.md; "
+                        "default: print it only)")
     args = parser.parse_args(argv)
     shapes = [parse_shape(s) for s in args.shapes.split(",")]
     dtypes = [np.dtype(s).type for s in args.dtypes.split(",")]

@@ -131,7 +131,9 @@ def main(argv=None) -> None:
     parser.add_argument("--from-logs", type=Path, nargs="*", default=[],
                         help="build the table from the output of earlier invocations (e.g. "
                         "seeds split over processes) instead of running")
-    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the file to write the section into (e.g. BENCHMARKS.md; "
+                        "default: print it only)")
     args = parser.parse_args(argv)
     report.quiet_flower()
     t0 = time.perf_counter()

@@ -260,7 +260,9 @@ def main(argv=None) -> None:
     parser.add_argument("--big-rounds", type=int, default=3, help="part 3 training rounds")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the large .npy and the engine's files go (default: a temp dir)")
-    parser.add_argument("--out", type=Path, default=None, help="the file to write the section into (e.g. BENCHMARKS.md; default: print it only)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the file to write the section into (e.g. BENCHMARKS.md; "
+                        "default: print it only)")
     args = parser.parse_args(argv)
     site_counts = [int(s) for s in args.sites.split(",") if s]
     row_counts = [int(s) for s in args.rows_per_site.split(",") if s]
