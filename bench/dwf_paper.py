@@ -135,13 +135,10 @@ def pooled_score(sites: list[np.ndarray], centroids: np.ndarray) -> float:
     """SSE / N of ``centroids`` on the pooled rows, each row to its nearest centroid (what
     the paper scores). Not the run's own ``score``: the sites answer from groups, and
     that is the groups' partition's (each group whole, at least this)."""
+    from fedcluster.common.kernels import lloyd_stats
+
     C = np.asarray(centroids, dtype=np.float64)
-    total, n = 0.0, 0
-    for rows in sites:
-        d = (rows * rows).sum(1)[:, None] - 2.0 * rows @ C.T + (C * C).sum(1)[None, :]
-        total += float(np.maximum(d.min(axis=1), 0.0).sum())
-        n += len(rows)
-    return total / n
+    return sum(lloyd_stats(rows, C)[2] for rows in sites) / sum(len(rows) for rows in sites)
 
 
 def summary(values: list[float]) -> tuple[float, float, float]:

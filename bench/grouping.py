@@ -323,14 +323,19 @@ def quality(sets: list[str], sizes: tuple[int, ...], seeds: int = 1,
                 rows = np.concatenate(sites)
                 central = min(KMeans(k, n_init=10, random_state=seed).fit(rows).inertia_
                               for seed in range(seeds))
-                kept_rows = {rule: [~_left_out(site, y[part], rule)
-                                    for site, part in zip(sites, parts)] for rule in leave_out}
+                # per rule, each site's rows that are grouped and their grouping scale
+                # (the same for every g)
+                kept_rows = {}
+                for rule in leave_out:
+                    kept_rows[rule] = []
+                    for site, part in zip(sites, parts):
+                        grouped = np.ascontiguousarray(site[~_left_out(site, y[part], rule)])
+                        kept_rows[rule].append((grouped, grouping_scale(grouped)))
                 cells = []
                 for g, rule in columns:
                     means, counts = [], []
-                    for site, kept in zip(sites, kept_rows[rule]):
-                        grouped = np.ascontiguousarray(site[kept])
-                        labels = group_rows(grouped, g, grouping_scale(grouped))
+                    for site, (grouped, scale) in zip(sites, kept_rows[rule]):
+                        labels = group_rows(grouped, g, scale)
                         c = np.bincount(labels)
                         s = np.zeros((len(c), site.shape[1]))
                         np.add.at(s, labels, grouped)

@@ -86,9 +86,8 @@ def profile_task(groups: SiteGroups, arrays: protocol.ProfileInputs, params: dic
         if value is None or value.shape != shape or not np.all(np.isfinite(value)):
             raise TaskError(f"task profile: {name} must be {shape} finite values")
         checked[name] = value
-    if np.any(checked["lower"] >= checked["upper"]) or np.any(checked["level_weights"] < 0):
-        raise TaskError("task profile: every lower bound must be below its upper bound and "
-                        "every level weight at least 0")
+    if np.any(checked["lower"] >= checked["upper"]):
+        raise TaskError("task profile: every lower bound must be below its upper bound")
     weights, indicators = site_encoding(groups, d)
     if not np.array_equal(checked["level_weights"], weights):
         # the floor of a level's count rests on knowing its weight: with 0 sent for a
