@@ -693,6 +693,14 @@ class FlowerSandbox:
         )
 
 
+#: Run-config keys that leave a run without Table 1's profile rounds (one or two real
+#: rounds, ~4 s each here, and a fresh ClientApp process per site for each). The
+#: deployment tests that check something else add them; Table 1 itself crosses real gRPC
+#: in test_deployment's hospital-table run (against the in-process harness),
+#: test_site_policy and test_secure_aggregation.
+NO_TABLE1 = {"profile": False}
+
+
 # One FLWR_HOME for every sandbox of a test session (set by conftest's numba_cache
 # fixture, per xdist worker; a worker runs one test at a time, so its connections never
 # race). A ClientApp imports the app from FLWR_HOME/apps/<name>.<version>.<FAB hash>:
@@ -753,6 +761,13 @@ def sandbox(
                 for popen in list(_CLIENTS.values()):
                     if popen.poll() is None and _environ_tag(popen.pid) == tag:
                         stop_process_group(popen, grace=2.0)
+                # Then every SuperNode at once: each takes ~2 s to go with its SuperExec
+                # child, which one after another cost a test of five sites 10 s. The
+                # stack below then finds them going, and stops the SuperLink last.
+                for proc in bed.processes:
+                    if proc.argv[0] == "flower-supernode" and proc.popen.poll() is None:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.killpg(proc.popen.pid, signal.SIGTERM)
     finally:
         bed.leftovers = [p for proc in bed.processes for p in proc.leftovers]
         bed.leftovers += reap(tag=tag, patterns=bed.patterns)

@@ -29,7 +29,7 @@ import flower_processes as fp
 from fedcluster.common.datasets import load_builtin, partition
 
 APP_DIR = Path(__file__).resolve().parents[1]
-CONFIG = {"n-clusters": 8, "num-rounds": 2, "min-sites": 3, "seed": 1}
+CONFIG = {"n-clusters": 8, "num-rounds": 2, "min-sites": 3, "seed": 1, **fp.NO_TABLE1}
 RUN_TIMEOUT = 300.0
 
 
@@ -136,7 +136,8 @@ def test_broken_site_is_rejected_and_the_run_goes_on(sandbox, digits_sites, tmp_
     broken.write_text("\n".join(lines) + "\n")
     # init "random" (a min/max round, which the sites allow) and one training round keep
     # this run short
-    config = {"n-clusters": 8, "num-rounds": 1, "min-sites": 2, "seed": 1, "init": "random"}
+    config = {"n-clusters": 8, "num-rounds": 1, "min-sites": 2, "seed": 1, "init": "random",
+              **fp.NO_TABLE1}
     out = tmp_path / "outputs"
     with sandbox() as bed:
         start_federation(bed, "dep-broken", {"0": paths[0], "1": broken, "2": paths[2]},
@@ -285,3 +286,11 @@ def test_hospital_tables_through_the_schema_over_grpc(sandbox, tmp_path):
     np.testing.assert_allclose(model.scaling.fill, harness.model.scaling.fill, rtol=1e-15)
     assert model.metrics["table"] == harness.metrics["table"]
     assert model.metrics["table"]["cells-missing"]["glucose"]["total"] > 0
+    # Table 1 by cluster crossed the real gRPC: the harness's rows (this file's other runs
+    # leave it out, fp.NO_TABLE1)
+    assert [h["task"] for h in model.history][-1] == "profile"
+    ours, theirs = model.profile, harness.profile
+    assert len(ours) == len(theirs) > 0
+    assert ours[["cluster", "variable", "level", "statistic"]].equals(
+        theirs[["cluster", "variable", "level", "statistic"]])
+    np.testing.assert_allclose(ours.value.astype(float), theirs.value.astype(float), rtol=1e-12)

@@ -27,7 +27,7 @@ ALGORITHMS = {
 }
 # One training round: enough to show each algorithm's rounds through Flower equal the
 # harness's (every round costs each site a fresh ClientApp process, ~3 s of CPU).
-COMMON = {"n-clusters": 6, "num-rounds": 1, "seed": 2, "min-sites": 3}
+COMMON = {"n-clusters": 6, "num-rounds": 1, "seed": 2, "min-sites": 3, **fp.NO_TABLE1}
 
 
 def test_each_algorithm_over_grpc(tmp_path, numba_cache):

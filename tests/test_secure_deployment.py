@@ -32,7 +32,8 @@ from test_deployment import write_site_csv
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 SITES = ["site-0", "site-1", "site-2"]
-CONFIG = {"n-clusters": 6, "num-rounds": 2, "min-sites": 3, "seed": 5, "algorithm": "dwf"}
+CONFIG = {"n-clusters": 6, "num-rounds": 2, "min-sites": 3, "seed": 5, "algorithm": "dwf",
+          **fp.NO_TABLE1}
 REGISTERED = re.compile(r"SuperNode (\d+) registered successfully")
 
 pytestmark = pytest.mark.skipif(netns.unavailable() is not None,

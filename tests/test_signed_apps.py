@@ -53,7 +53,7 @@ KEY_ID = "fedcluster-reviewers"
 # own); ~10 s a round here,
 # for the fresh ClientApp process of every message.
 CONFIG = {"algorithm": "dwf", "n-clusters": 2, "num-rounds": 1, "min-sites": 1,
-          "init": "random", "data-bounds": "-5:10"}
+          "init": "random", "data-bounds": "-5:10", **fp.NO_TABLE1}
 # What the site's SuperNode logs when it refuses a FAB (flwr/supernode/start_client_internal.py)
 NO_VERIFICATIONS = "App verification is not supported by the connected SuperLink"
 BAD_SIGNATURE = "FAB verification failed: the provided trusted entities could not verify"
