@@ -724,8 +724,10 @@ def sandbox(
     19.6% at 0.2 s, CPU the ClientApps of the other xdist worker then lack), the
     SuperNodes pull every 0.25 s while idle instead of Flower's hard-coded 3 s
     (``flower_speedups/sitecustomize.py``: a deployed round no longer waits ~3 s for
-    nothing; ``FEDCLUSTER_TEST_SUPERNODE_IDLE=""`` in ``extra_env`` keeps Flower's), and
-    ``extra_env`` is added.
+    nothing; ``FEDCLUSTER_TEST_SUPERNODE_IDLE=""`` in ``extra_env`` keeps Flower's), they
+    register a heartbeat interval of 10 s instead of 30 s (the same file; a killed site
+    is declared gone ~25 s sooner; ``FEDCLUSTER_TEST_SUPERNODE_HEARTBEAT=""`` keeps
+    Flower's), and ``extra_env`` is added.
 
     On exit, even after a failure: every process started through the sandbox is stopped
     (last started first), then the safety net kills any process left that carries the
@@ -745,6 +747,9 @@ def sandbox(
         # The SuperNodes pull every 0.25 s while idle instead of Flower's hard-coded 3 s
         # (flower_speedups/sitecustomize.py; "" keeps Flower's, as the benchmarks do).
         FEDCLUSTER_TEST_SUPERNODE_IDLE="0.25",
+        # ... and send heartbeats for a 10 s interval instead of 30 s (Flower's minimum):
+        # a killed site is declared gone after ~20 s instead of ~45 s.
+        FEDCLUSTER_TEST_SUPERNODE_HEARTBEAT="10",
         PYTHONPATH=os.pathsep.join(filter(None, [str(SPEEDUPS_DIR),
                                                  os.environ.get("PYTHONPATH", "")])),
         **extra_env,
@@ -764,8 +769,9 @@ def sandbox(
                 # Then every SuperNode at once: each takes ~2 s to go with its SuperExec
                 # child, which one after another cost a test of five sites 10 s. The
                 # stack below then finds them going, and stops the SuperLink last.
+                # (A SuperNode: a process ready once it logs its ID, however started.)
                 for proc in bed.processes:
-                    if proc.argv[0] == "flower-supernode" and proc.popen.poll() is None:
+                    if SUPERNODE_ID in proc.ready_conditions and proc.popen.poll() is None:
                         with contextlib.suppress(ProcessLookupError, PermissionError):
                             os.killpg(proc.popen.pid, signal.SIGTERM)
     finally:
