@@ -13,13 +13,15 @@ catches a floor broken by hand.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from fedcluster.client_app import group_table
 from fedcluster.client_app.schema_table import load_schema_table
-from fedcluster.common import kernels, profile
+from fedcluster.common import kernels, profile, protocol
 from fedcluster.common.clinical_demo import write_clinical
 from fedcluster.common.schema import load_schema
 from fedcluster.simulation import record_parts, run_in_process
@@ -284,38 +286,49 @@ def test_a_missing_indicator_does_not_carry_a_missing_count_under_the_floor(tmp_
     assert result.model.table1 is not None
 
 
-def test_a_coordinator_that_sends_false_level_weights_is_refused(tmp_path, monkeypatch):
-    """A level's count is floored through its one-hot weight, which the server sends.
-    A coordinator that sends 0 for every level would have the counts pass as numeric
-    columns' sums: shown first against a site that took the weights from the server (it
-    sends level counts of 1..p-1), then against the real site, which checks them against
-    its own schema and refuses the round."""
-    import dataclasses
+def test_a_coordinator_cannot_choose_which_columns_are_floored_as_levels(tmp_path,
+                                                                         monkeypatch):
+    """A level's count is floored through its one-hot weight. A site that took the
+    weights from the coordinator, sent 0 for every level, would have the counts pass as
+    numeric columns' sums: shown first (it sends level counts of 1..p-1). The real task
+    carries no weights (the site reads them from its own schema): against a coordinator
+    that appends zero weights where they once went, the real site ignores them, sends no
+    level count under the floor, and Table 1 is made."""
+    from typing import NamedTuple
 
     from fedcluster.client_app import site_profile as site_module
     from fedcluster.strategies import profile as server_module
 
+    assert "level_weights" not in protocol.ProfileInputs._fields
+
+    def level_counts(records, schema_path):
+        schema = load_schema(schema_path)
+        weights = profile.level_weights(profile.variables_of(schema),
+                                        len(schema.feature_names()))
+        levels = weights > 0
+        counts = [reply.sums[:, levels] / weights[levels] for reply in _profile_replies(records)]
+        assert levels.any() and counts
+        return counts
+
+    real = site_module.site_encoding
+    monkeypatch.setattr(site_module, "site_encoding",  # a site told every level is numeric
+                        lambda groups, d: (np.zeros(d), real(groups, d)[1]))
+    records: list[dict] = []
+    _, schema_path, _ = _run(tmp_path / "told", p_site=2, floor=40, records=records)
+    assert any(_small(c, 40) for c in level_counts(records, schema_path))  # the attack works
+    monkeypatch.setattr(site_module, "site_encoding", real)
+
     honest = server_module.profile_task
+    Lying = NamedTuple("Lying", [(f, np.ndarray) for f in protocol.ProfileInputs._fields]
+                       + [("level_weights", np.ndarray)])
 
     def lying(strategy, lower, upper, bins):
         plan = honest(strategy, lower, upper, bins)
-        zeros = np.zeros_like(plan.arrays.level_weights)
-        return dataclasses.replace(plan, arrays=plan.arrays._replace(level_weights=zeros))
+        zeros = np.zeros(strategy.n_features)
+        return dataclasses.replace(plan, arrays=Lying(*plan.arrays, zeros))
 
     monkeypatch.setattr(server_module, "profile_task", lying)
-    real = site_module.site_encoding
-    monkeypatch.setattr(site_module, "site_encoding",  # a site that trusts the server
-                        lambda groups, d: (np.zeros(d), real(groups, d)[1]))
-    records: list[dict] = []
-    _, schema_path, _ = _run(tmp_path / "trusting", p_site=2, floor=40, records=records)
-    schema = load_schema(schema_path)
-    d = len(schema.feature_names())
-    weights = profile.level_weights(profile.variables_of(schema), d)
-    levels = weights > 0
-    counts = [reply.sums[:, levels] / weights[levels] for reply in _profile_replies(records)]
-    assert counts and any(_small(c, 40) for c in counts)  # the attack works
-    monkeypatch.setattr(site_module, "site_encoding", real)
     records = []
-    result, _, _ = _run(tmp_path / "real", p_site=2, floor=40, records=records)
-    assert not _profile_replies(records)
-    assert result.metrics["profile-note"] == "no site answered the profile round"
+    result, schema_path, _ = _run(tmp_path / "real", p_site=2, floor=40, records=records)
+    assert not any(_small(c, 40) for c in level_counts(records, schema_path))
+    assert result.model.table1 is not None

@@ -17,8 +17,8 @@ term 0, ``hidden`` 1); so is a level count of 1 to p-1, a missing-indicator cell
 count of 1s (its variable's missing cells) or of 0s is 1 to p-1, and a histogram bin of 1
 to p-1 cells. A withheld cell is left out of the pooled totals and shows as ``<p``. Which
 columns are levels (and their weights) and which are indicators, the site takes from its
-own schema: a server that sent other level weights (0, to have a level's count pass as a
-numeric column's sum) is refused. What this does not stop: a withheld count can be had by
+own schema: the task carries none, so no coordinator can have a level's count pass as a
+numeric column's sum (by calling the level numeric). What this does not stop: a withheld count can be had by
 subtraction, from its variable's other levels and the cluster's size, or from the same
 column in the site's other clusters and the site's totals where ``stats`` sent them (no
 secondary suppression).
@@ -78,7 +78,7 @@ def profile_task(groups: SiteGroups, arrays: protocol.ProfileInputs, params: dic
     hands this task the table as it is)."""
     C = received_centroids(arrays.centroids, groups)
     k, d = C.shape
-    inputs = {"references": (k, d), "lower": (d,), "upper": (d,), "level_weights": (d,)}
+    inputs = {"references": (k, d), "lower": (d,), "upper": (d,)}
     checked = {}
     for name, shape in inputs.items():
         value = getattr(arrays, name)
@@ -88,12 +88,9 @@ def profile_task(groups: SiteGroups, arrays: protocol.ProfileInputs, params: dic
         checked[name] = value
     if np.any(checked["lower"] >= checked["upper"]):
         raise TaskError("task profile: every lower bound must be below its upper bound")
+    # The floor of a level's count rests on knowing its weight (with 0 for a level, its
+    # count would pass unfloored as a numeric column's sum): the site's own schema's.
     weights, indicators = site_encoding(groups, d)
-    if not np.array_equal(checked["level_weights"], weights):
-        # the floor of a level's count rests on knowing its weight: with 0 sent for a
-        # level, its count would pass unfloored as a numeric column's sum
-        raise TaskError(f"{groups.source}: task profile: the level weights sent are not "
-                        "those of this site's schema")
     bins = task_param(params, protocol.BINS, int)
     if not 1 <= bins <= MAX_BINS:
         raise TaskError(f"task profile: {protocol.BINS} = {bins}, expected 1 to {MAX_BINS}")

@@ -74,15 +74,16 @@ class SiteGraphState(NamedTuple):
 class ProfileInputs(NamedTuple):
     """``profile``: the final centroids (k, d) in the run's space (each group joins the
     cluster its mean is nearest to there), and per encoded feature, in the encoded units:
-    the reference point of each cluster's squared deviations (k, d), the histogram's range
-    (d,) and (d,) and each level column's one-hot weight (d,; 0 for a numeric feature).
-    The bins per feature are the task parameter :data:`BINS`."""
+    the reference point of each cluster's squared deviations (k, d) and the histogram's
+    range (d,) and (d,). The bins per feature are the task parameter :data:`BINS`. Which
+    columns are category levels or missing indicators, and the levels' one-hot weights,
+    the site takes from its own schema (the one whose hash the describe round checked):
+    its floor of a level's count rests on them, so no coordinator chooses them."""
 
     centroids: np.ndarray
     references: np.ndarray
     lower: np.ndarray
     upper: np.ndarray
-    level_weights: np.ndarray
 
 
 class CentroidSets(NamedTuple):

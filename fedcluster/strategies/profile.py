@@ -164,14 +164,13 @@ def reduce_range(strategy, plan: TaskPlan, replies) -> dict:
 
 def profile_task(strategy, lower: np.ndarray, upper: np.ndarray, bins: int) -> TaskPlan:
     """A ``profile`` round: the final centroids, the references (the centroids in the
-    encoded units), the histogram's range and bins, each level column's weight."""
+    encoded units), the histogram's range and bins (the sites know their levels)."""
     centroids = np.asarray(strategy.best["centroids"], dtype=np.float64)
     references = (centroids if strategy.transform is None
                   else strategy.transform.inverse(centroids))
-    weights = profile.level_weights(variables(strategy), strategy.n_features)
     inputs = protocol.ProfileInputs(centroids, np.asarray(references, dtype=np.float64),
                                     np.asarray(lower, dtype=np.float64),
-                                    np.asarray(upper, dtype=np.float64), weights)
+                                    np.asarray(upper, dtype=np.float64))
     return TaskPlan("profile", params={protocol.BINS: int(bins)}, arrays=inputs, max_rows=bins)
 
 
