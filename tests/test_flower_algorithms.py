@@ -42,10 +42,8 @@ def test_each_algorithm_over_grpc(tmp_path, numba_cache):
             bed.run(APP_DIR, "dep",
                     {**COMMON, **extra, "algorithm": algorithm, "output-dir": str(out),
                      "run-name": algorithm}, timeout=300, log_name=f"flwr-run-{algorithm}")
-    # The harness runs the same sequence on the same files: a deployed site's differencing
-    # guard checks each run against the row sets of every earlier run on its data file
-    # (FFCM's k-FED start meets k-FED's earlier sets), so a fresh harness per run would
-    # not be the same computation.
+    # The harness runs the same runs on the same files, its sites' groups made once and
+    # cached like the deployed sites' (one cache directory for all five runs).
     nodes = [{"data-path": str(path), "site-id": key, "cache-dir": str(tmp_path / "harness")}
              for key, path in paths.items()]
     for algorithm, extra in ALGORITHMS.items():
