@@ -124,7 +124,6 @@ def deployment(paths: list[Path], config: dict, workdir: Path,
                     FEDCLUSTER_CACHE_DIR=workdir / "site-cache") as bed:
         bed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.2"
         bed.env["FEDCLUSTER_TEST_SUPERNODE_IDLE"] = ""  # Flower's own 3 s idle pull: its floor
-        bed.env["FEDCLUSTER_TEST_SUPERNODE_HEARTBEAT"] = ""  # and its own heartbeats
         link = bed.superlink(simulation=False, tls=tls)
         bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i)}
                               for i, p in enumerate(paths)})
@@ -180,7 +179,6 @@ def default_runs(app_dir: Path, paths: list[Path], k: int, workdir: Path, name: 
                     FEDCLUSTER_CACHE_DIR=workdir / f"site-cache-{name}") as bed:
         bed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.2"
         bed.env["FEDCLUSTER_TEST_SUPERNODE_IDLE"] = ""  # Flower's own 3 s idle pull
-        bed.env["FEDCLUSTER_TEST_SUPERNODE_HEARTBEAT"] = ""  # and its own heartbeats
         link = bed.superlink(simulation=False, tls=tls)
         bed.supernodes(link, {f"supernode-{i}": {"data-path": str(p), "site-id": str(i)}
                               for i, p in enumerate(paths)})

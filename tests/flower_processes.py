@@ -724,10 +724,9 @@ def sandbox(
     19.6% at 0.2 s, CPU the ClientApps of the other xdist worker then lack), the
     SuperNodes pull every 0.25 s while idle instead of Flower's hard-coded 3 s
     (``flower_speedups/sitecustomize.py``: a deployed round no longer waits ~3 s for
-    nothing; ``FEDCLUSTER_TEST_SUPERNODE_IDLE=""`` in ``extra_env`` keeps Flower's), they
-    register a heartbeat interval of 10 s instead of 30 s (the same file; a killed site
-    is declared gone ~25 s sooner; ``FEDCLUSTER_TEST_SUPERNODE_HEARTBEAT=""`` keeps
-    Flower's), and ``extra_env`` is added.
+    nothing; ``FEDCLUSTER_TEST_SUPERNODE_IDLE=""`` in ``extra_env`` keeps Flower's), and
+    ``extra_env`` is added (``FEDCLUSTER_TEST_SUPERNODE_HEARTBEAT="10"``, in the same file,
+    is for a test that kills a site: see there).
 
     On exit, even after a failure: every process started through the sandbox is stopped
     (last started first), then the safety net kills any process left that carries the
@@ -747,9 +746,6 @@ def sandbox(
         # The SuperNodes pull every 0.25 s while idle instead of Flower's hard-coded 3 s
         # (flower_speedups/sitecustomize.py; "" keeps Flower's, as the benchmarks do).
         FEDCLUSTER_TEST_SUPERNODE_IDLE="0.25",
-        # ... and send heartbeats for a 10 s interval instead of 30 s (Flower's minimum):
-        # a killed site is declared gone after ~20 s instead of ~45 s.
-        FEDCLUSTER_TEST_SUPERNODE_HEARTBEAT="10",
         PYTHONPATH=os.pathsep.join(filter(None, [str(SPEEDUPS_DIR),
                                                  os.environ.get("PYTHONPATH", "")])),
         **extra_env,

@@ -75,6 +75,11 @@ def site_files(tmp_path: Path, n_sites: int, seed: int) -> tuple[list[np.ndarray
 
 def test_site_killed_mid_run(bed, tmp_path):
     arrays, paths = site_files(tmp_path, 4, seed=6)
+    # The SuperNodes register a 10 s heartbeat interval (Flower's minimum) instead of its
+    # 30 s: the SuperLink calls the killed site gone after ~17 s instead of ~47 s. Only
+    # here: a SuperNode reconnecting to a restarted SuperLink can take longer than 20 s
+    # (test_secure_deployment), and under load a busy one might.
+    bed.env["FEDCLUSTER_TEST_SUPERNODE_HEARTBEAT"] = "10"
     start_federation(bed, "faults", paths, )  # init random
     victim = next(p for p in bed.processes if p.name == "supernode-3")
     config = {"algorithm": "dwf", "n-clusters": 5, "num-rounds": 3, "tol": 0.0, "seed": 6,

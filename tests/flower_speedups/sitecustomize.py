@@ -11,9 +11,11 @@ value, 0.5 s to a fifth of a second). With ``FEDCLUSTER_TEST_SUPERNODE_HEARTBEAT
 it also sets the heartbeat interval the SuperNode registers (Flower's hard-coded 30 s,
 ``flwr.common.constant.HEARTBEAT_DEFAULT_INTERVAL``) to that many seconds: the SuperLink
 declares a silent site gone after twice its interval, so a test that kills a site waits
-~20 s at Flower's own minimum of 10 s instead of ~45 s. Everything else of Flower runs
-unchanged: the same processes, gRPC, messages and code paths, only sooner. The
-benchmarks unset both (``bench/deployment.py`` measures Flower's real floor).
+~20 s at Flower's own minimum of 10 s instead of ~45 s (that test alone sets it: a
+SuperNode reconnecting to a restarted SuperLink can stay silent for longer than 20 s).
+Everything else of Flower runs unchanged: the same processes, gRPC, messages and code
+paths, only sooner. The benchmarks run with neither (``bench/deployment.py`` measures
+Flower's real floor).
 """
 
 import os
