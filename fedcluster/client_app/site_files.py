@@ -1,6 +1,6 @@
-"""The files a deployed site keeps about itself across runs (the differencing guard's row
-sets, the privacy budget, the disclosure ledger): where they live, and how they are
-written so that two messages never interleave and a crash never leaves half a file.
+"""The files a deployed site keeps about itself across runs (its group tables, the
+privacy budget, the disclosure ledger): where they live, and how they are written so
+that two messages never interleave and a crash never leaves half a file.
 
 Flower starts a fresh ClientApp process per message, and a SuperNode can run several
 runs at once: every read-modify-write holds an exclusive ``flock`` on a lock file beside
