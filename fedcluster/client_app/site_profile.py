@@ -18,10 +18,10 @@ count of 1s (its variable's missing cells) or of 0s is 1 to p-1, and a histogram
 to p-1 cells. A withheld cell is left out of the pooled totals and shows as ``<p``. Which
 columns are levels (and their weights) and which are indicators, the site takes from its
 own schema: the task carries none, so no coordinator can have a level's count pass as a
-numeric column's sum (by calling the level numeric). What this does not stop: a withheld count can be had by
-subtraction, from its variable's other levels and the cluster's size, or from the same
-column in the site's other clusters and the site's totals where ``stats`` sent them (no
-secondary suppression).
+numeric column's sum (by calling the level numeric). What this does not stop: a withheld
+count can be had by subtraction, from its variable's other levels and the cluster's
+size, or from the same column in the site's other clusters and the site's totals where
+``stats`` sent them (no secondary suppression).
 
 The ``profile`` task (:func:`profile_task`, ``protocol.TASKS["profile"]``) is the round
 after the final evaluation; its maths are tested against pandas on the pooled rows

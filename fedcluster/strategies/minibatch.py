@@ -13,7 +13,8 @@ Dead clusters: a cluster with no reported member at any site (or, with
 cluster counts towards that, every round also asks each site for the mean of its groups
 farthest from the centroids it received, the fewest that hold p rows
 (``protocol.FAR_ROWS``; a cluster of whole groups like any other, under the floor), and
-a dead cluster moves to the site mean farthest from every live centroid (:func:`aggregate.reseed_at_far_rows`).
+a dead cluster moves to the site mean farthest from every live centroid
+(:func:`aggregate.reseed_at_far_rows`).
 Where no site reported one (or under secure aggregation, whose sums cannot hold it), it
 is re-seeded next to the largest cluster (:func:`aggregate.reseed_small_clusters`). By
 default only empty clusters are dead: a real small cluster (a rare subgroup, a few
