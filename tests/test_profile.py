@@ -13,6 +13,7 @@ from fedcluster.client_app.site_data import SiteData
 from fedcluster.client_app.site_groups import TableFacts
 from fedcluster.client_app.site_profile import site_profile
 from fedcluster.common import profile
+from test_site_groups import as_the_groups_keep_them
 
 LEVELS = ("a", "b", "c")
 VARIABLES = [profile.Variable("age", "numeric", (0,), "years"),
@@ -47,6 +48,7 @@ def _run(sites, p_site, floor):
             groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(X))
         else:
             groups, group_of_row = group_table.build(data, p_site)
+            X = as_the_groups_keep_them(X, group_of_row, p_site)  # what the groups keep
         means = np.nan_to_num(groups.means[:, :2], nan=5.0)
         cluster = ((means[:, None] - centroids[None]) ** 2).sum(-1).argmin(1)
         replies[f"site {s}"] = site_profile(groups, cluster, references, LOWER, UPPER, BINS,

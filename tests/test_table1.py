@@ -26,6 +26,7 @@ from fedcluster.common.clinical_demo import write_clinical
 from fedcluster.common.schema import load_schema
 from fedcluster.simulation import record_parts, run_in_process
 from fedcluster.strategies.validation import Expect, ReplyError, cluster_profile
+from test_site_groups import as_the_groups_keep_them
 
 K = 4
 
@@ -47,19 +48,23 @@ def _run(tmp_path, p_site: int, floor: int, records=None, **extra):
 
 
 def _pooled_rows(result, schema_path, files, p_site, tmp_path):
-    """The pooled encoded rows (NaN where missing), each with its site and the cluster
-    the run gives it: its group's, the group's run-space mean nearest to the centroids."""
+    """The pooled encoded rows (NaN where missing, and where the groups count a present
+    cell as missing: fewer than p_site of its feature in its group), each with its site
+    and the cluster the run gives it: its group's, the group's run-space mean nearest to
+    the centroids."""
     schema = load_schema(schema_path)
     parts = []
     for i, path in enumerate(files):
         data = load_schema_table(path, schema, cache_dir=tmp_path / "reread")
+        X = data.X
         if p_site == 1:
-            groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(data.X))
+            groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(X))
         else:
             groups, group_of_row = group_table.build(data, p_site)
+            X = as_the_groups_keep_them(X, group_of_row, p_site)
         means = groups.in_run_space(result.model.scaling).means
         cluster = kernels.assign(means, result.centroids)[0][group_of_row]
-        parts.append((f"H{i + 1}", data.X, cluster))
+        parts.append((f"H{i + 1}", X, cluster))
     return schema, parts
 
 

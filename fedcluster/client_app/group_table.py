@@ -47,7 +47,7 @@ from fedcluster.client_app import group_stats, site_files
 from fedcluster.client_app.group_stats import group_statistics, mix
 from fedcluster.client_app.grouping import group_rows, grouping_scale
 from fedcluster.client_app.site_data import SiteData, cache_sibling, release_pages, write_atomic
-from fedcluster.client_app.site_groups import GroupLabels, SiteGroups
+from fedcluster.client_app.site_groups import GroupLabels, SiteGroups, withhold_lone_cells
 
 __all__ = ["build", "group_statistics", "grouping_scale", "match_rows",
            "row_hashes", "rows_as_groups", "site_groups", "table_digest"]
@@ -106,9 +106,14 @@ def table_digest(counts, sums, m2, present, labels: GroupLabels | None, min_size
 
 def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, waiting: int,
             digest: str | None = None):
+    """The SiteGroups of a group table as made or kept: a feature's present cells fewer
+    than p_site in a group count as missing (``site_groups.withhold_lone_cells``; applied
+    here, on every table handed to tasks, kept ones made before the rule included)."""
     digest = digest or table_digest(counts, sums, m2, present, labels, min_size)
+    sums, m2, present, withheld = withhold_lone_cells(sums, m2, present, min_size)
     return SiteGroups(counts, sums, m2, present, site.source, min_size, digest,
-                      site.feature_names, labels, site.table, waiting, site.fingerprint)
+                      site.feature_names, labels, site.table, waiting, site.fingerprint,
+                      withheld)
 
 
 def rows_as_groups(site: SiteData) -> SiteGroups:

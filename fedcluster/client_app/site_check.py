@@ -82,6 +82,10 @@ def format_groups(groups) -> list[str]:
     if groups.waiting:
         lines.append(f"{groups.waiting} new row(s) wait, in no group, until there are "
                      f"{groups.min_size} (no task uses them before)")
+    if groups.cells_withheld:
+        lines.append(f"{groups.cells_withheld} present cell(s) count as missing: fewer than "
+                     f"{groups.min_size} of their column in their group, their sum would rest "
+                     "on fewer rows than that")
     return lines + [""]
 
 

@@ -18,6 +18,13 @@ What a group keeps (per feature, over its present cells):
 - ``present``: its present cells (None: no cell of the table is missing);
 - its label counts (:class:`GroupLabels`), for the evaluation's contingency table.
 
+A feature's present cells in a group number 0 or at least p_site: where a group holds 1
+to p_site - 1 present cells of a feature, those cells count as missing
+(:func:`withhold_lone_cells`, the statistical-disclosure-control literature's local
+suppression). Their sum would be a function of fewer than p_site rows (of one row's
+value, at one present cell), and a coordinator that sends two fills reads it from any
+group's mean (``tests/test_attacks.py``).
+
 In the run's space (:meth:`SiteGroups.in_run_space`: the run's pooled fill of a missing
 cell, then its per-feature affine scaling) every per-feature sum and sum of squares is
 exact, so a cluster of whole groups has exact sums, counts and SSE:
@@ -38,7 +45,7 @@ import numpy as np
 
 from fedcluster.common.scaling import FeatureTransform
 
-__all__ = ["GroupLabels", "SiteGroups", "TableFacts"]
+__all__ = ["GroupLabels", "SiteGroups", "TableFacts", "withhold_lone_cells"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,9 @@ class SiteGroups:
         Rows of the site in no group (new rows fewer than p_site: ``group_table.py``).
     data_fingerprint : str, optional
         sha256 of the site's rows: the key of its DP budget (which answers from rows).
+    cells_withheld : int
+        Present cells counted as missing, fewer than p_site of their feature in their
+        group (:func:`withhold_lone_cells`).
     """
 
     counts: np.ndarray
@@ -117,6 +127,7 @@ class SiteGroups:
     table: TableFacts | None = None
     waiting: int = 0
     data_fingerprint: str | None = None
+    cells_withheld: int = 0
 
     @property
     def n_groups(self) -> int:
@@ -235,6 +246,24 @@ class SiteGroups:
         mask = np.zeros(self.n_groups, dtype=bool)
         mask[order[:taken]] = True
         return mask
+
+
+def withhold_lone_cells(sums: np.ndarray, m2: np.ndarray | None, present: np.ndarray | None,
+                        min_size: int):
+    """The group statistics with each feature's present cells in a group counted as
+    missing where they number 1 to ``min_size`` - 1: (sums, m2, present, cells withheld).
+
+    A group keeps its rows (its count); of such a feature it then keeps no value, and
+    the run's pooled fill stands for the cells, as for any missing cell. The arrays are
+    returned as given where nothing is withheld (a kept table maps them from disk)."""
+    if present is None or min_size <= 1:
+        return sums, m2, present, 0
+    lone = (present > 0) & (present < min_size)
+    withheld = int(present[lone].sum())
+    if not withheld:
+        return sums, m2, present, 0
+    return (np.where(lone, 0.0, sums), None if m2 is None else np.where(lone, 0.0, m2),
+            np.where(lone, 0, present), withheld)
 
 
 # In-run-space views kept per process (in-process harness: a few per simulated site).
