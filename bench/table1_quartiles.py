@@ -10,7 +10,8 @@ default) and 3: every numeric variable's q1, median and q3 in every cluster and 
 rows, against pandas' quantiles of the rows in the same cells (each row in its group's
 cluster, as the run counts it), in bins (of the variable's range / median-bins) and as a
 share of the rows' own IQR. The run's floor is 1, so no cell is withheld and the
-difference is the histogram's and the groups' alone.
+difference is the histogram's and the groups' alone (the groups' part includes the values
+alone in their group, fewer than p_site of their column, which count as missing there).
 
 Usage::
 
@@ -95,7 +96,9 @@ def main(argv=None) -> None:
              "run floor 1): every numeric variable's q1, median and q3 in each cluster and in "
              "all rows (14 variables x 5 columns x 3 = 210 figures), against pandas' "
              "quantiles of the rows in the same cells, each row in its group's cluster. "
-             "A bin is the variable's schema range / median-bins (200).", "",
+             "A bin is the variable's schema range / median-bins (200). Groups count a value "
+             "alone in its group (fewer than p_site of its column) as missing; the rows' "
+             "quantiles keep it.", "",
              "| sites answer from | median gap (bins) | 90th pct (bins) | worst (bins) | "
              "median gap / IQR | worst gap / IQR |", "|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as scratch:

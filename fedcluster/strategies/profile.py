@@ -210,9 +210,10 @@ def table1_of(strategy) -> dict | None:
                      "a group is counted whole in the cluster its mean is nearest to, as the "
                      "run's metrics count it, and enters the histograms at its mean, which "
                      "draws the quartiles towards the median (on the clinical demo with "
-                     "groups of 2: a median 0.6 bins, 6% of the rows' IQR, from the rows' own "
-                     "quartiles, at worst 4.3 bins; BENCHMARKS.md, table1-quartiles); means, "
-                     "SDs and counts are those of the rows.")
+                     "groups of 2: a median 0.8 bins, 7% of the rows' IQR, from the rows' own "
+                     "quartiles, at worst 4.1 bins; BENCHMARKS.md, table1-quartiles); means, "
+                     "SDs and counts are those of the rows, but for a value alone in its group "
+                     "(fewer than min-cluster-size of its column), which counts as missing.")
     if strategy.profile_note:
         notes.append(strategy.profile_note[0].upper() + strategy.profile_note[1:] + ".")
     return {"rows": strategy.profile_rows, "floor": floor(strategy),
