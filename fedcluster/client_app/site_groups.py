@@ -23,7 +23,7 @@ to p_site - 1 present cells of a feature, those cells count as missing
 (:func:`withhold_lone_cells`, the statistical-disclosure-control literature's local
 suppression). Their sum would be a function of fewer than p_site rows (of one row's
 value, at one present cell), and a coordinator that sends two fills reads it from any
-group's mean (``tests/test_attacks.py``).
+group's mean (``tests/test_lone_cells.py``).
 
 In the run's space (:meth:`SiteGroups.in_run_space`: the run's pooled fill of a missing
 cell, then its per-feature affine scaling) every per-feature sum and sum of squares is
