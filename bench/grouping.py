@@ -141,7 +141,7 @@ for module, name, label in [
         (group_stats, "stats_keys", "stats_keys (hash of each group's statistics)"),
         (group_stats, "canonical_order", "canonical_order"),
         (group_table, "_labels_of_groups", "labels"),
-        (group_table, "_write_entry", "_write_entry (.npy files, json)"),
+        (group_table.group_entries, "write_entry", "write_entry (.npy files, json)"),
         (group_table, "_read_entry", "_read_entry (first a miss; then the entry, mapped)")]:
     timed(module, name, label)
 t0 = time.perf_counter()

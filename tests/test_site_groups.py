@@ -165,22 +165,33 @@ def test_a_file_that_grows_keeps_its_earlier_groups_bit_for_bit(tmp_path, blobs,
     _, grown, _ = _load(path, cache)
     assert grown.waiting == 0 and grown.n_groups == after.n_groups + 1
     np.testing.assert_array_equal(np.asarray(grown.sums)[-1], X[420:422].sum(0))
-    # rows removed: the file is grouped afresh, and the site says so
+    # a row removed: its group is withdrawn whole (its other rows wait: no new row to
+    # join), every other group kept bit for bit (tests/test_versions.py: the audit)
     _write_csv(path, X[1:422])
     os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 4 * 10**9))
-    with caplog.at_level(logging.WARNING):
-        _, fresh, _ = _load(path, cache)
-    assert "grouped afresh" in caplog.text and fresh.n_rows == 421
+    with caplog.at_level(logging.INFO):
+        _, shrunk, _ = _load(path, cache)
+    assert "1 withdrawn" in caplog.text
+    assert shrunk.n_groups == grown.n_groups - 1 and shrunk.n_rows + shrunk.waiting == 421
+    kept = {tuple(row) for row in np.asarray(grown.sums)}
+    assert sum(tuple(row) in kept for row in np.asarray(shrunk.sums)) == shrunk.n_groups
 
 
-def test_rows_are_matched_by_content_wherever_they_sit():
+def test_rows_are_matched_by_content_wherever_they_sit(tmp_path):
+    """A row of a new version is the instance of an earlier one with the same content
+    (the k-th alike row in file order the k-th such instance), wherever it sits."""
+    from fedcluster.client_app.versions import Store
+
+    store = Store.open(tmp_path)
     earlier = np.array([[1, 10], [2, 20], [1, 10], [3, 30]], dtype=np.uint64)
-    now = np.array([[3, 30], [1, 10], [9, 90], [1, 10], [2, 20]], dtype=np.uint64)
-    matched = group_table.match_rows(earlier, now)
-    np.testing.assert_array_equal(now[matched], earlier)
-    assert len(set(matched.tolist())) == 4
-    assert group_table.match_rows(np.vstack([earlier, [[1, 10]]]), now) is None  # one too many
-    assert group_table.match_rows(np.array([[2, 21]], dtype=np.uint64), now) is None  # changed
+    first, new = store.match(earlier, None)
+    assert first.tolist() == [0, 1, 2, 3] and new.all()
+    now = np.array([[3, 30], [1, 10], [9, 90], [1, 10], [2, 20], [1, 10]], dtype=np.uint64)
+    matched, new = store.match(now, None)
+    assert matched.tolist() == [3, 0, 4, 2, 1, 5] and new.tolist() == [0, 0, 1, 0, 0, 1]
+    np.testing.assert_array_equal(store.keys[matched], now)
+    changed, new = store.match(np.array([[2, 21]], dtype=np.uint64), None)  # one bit of a key
+    assert new.tolist() == [1] and changed.tolist() == [6]
 
 
 # ------------------------------------------------------------------ the boundary

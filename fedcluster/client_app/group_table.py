@@ -20,14 +20,12 @@ spilled to a temporary file beside the table), and every array is written in can
 order chunk by chunk, never reordered in memory (``bench/grouping.py``: 1,000,000 x 64
 at g = 2, the whole build in about 7 s and 1.2 x the data).
 
-Data that grow keep their groups. Each deployed entry keeps a 128-bit hash of every row
-(its cells and its label) and the row's group; the file's lineage (its path and the
-columns read, not its version) names its latest entry. When a new version of the file
-holds every row of that entry (as a multiset of row contents), the rows of the entry's
-groups keep those groups, their statistics copied bit for bit, and the other rows (new
-ones, and rows that waited) are grouped among themselves; fewer than p_site of them wait,
-in no group, until there are enough. A version that lost or changed a row is grouped
-afresh (the privacy model says what comparing runs on the two versions can give away).
+A new version of the file is grouped by the versions rule (``versions/``): the last
+answered table's groups whose rows are all still there stay, their statistics copied bit
+for bit; a group that lost or changed a row is withdrawn whole; the waiting rows are
+grouped among themselves; the span audit holds back what would let all the tables ever
+answered from isolate fewer than p_site rows. Each entry records its place in the
+site's answered history (``versions/lineage.py``).
 """
 
 from __future__ import annotations
@@ -43,19 +41,18 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app import group_stats, site_files
-from fedcluster.client_app.group_stats import group_statistics, mix
+from fedcluster.client_app import group_entries, group_stats, site_files, versions
+from fedcluster.client_app.group_stats import group_statistics
 from fedcluster.client_app.grouping import group_rows, grouping_scale
-from fedcluster.client_app.site_data import SiteData, cache_sibling, release_pages, write_atomic
+from fedcluster.client_app.site_data import SiteData, SiteDataError, release_pages
 from fedcluster.client_app.site_groups import GroupLabels, SiteGroups, withhold_lone_cells
+from fedcluster.client_app.versions import row_keys
+from fedcluster.common import kernels
 
-__all__ = ["build", "group_statistics", "grouping_scale", "match_rows",
-           "row_hashes", "rows_as_groups", "site_groups", "table_digest"]
+__all__ = ["build", "group_statistics", "grouping_scale", "row_hashes", "rows_as_groups",
+           "site_groups"]
 
 logger = logging.getLogger(__name__)
-# v2: groups ordered by a hash of their statistics (v1: by their means), each sum taken
-# in row order (group_stats.py): a v1 entry is grouped again.
-GROUPS_FORMAT = "fedcluster-site-groups-v2"
 #: Rows per chunk of a pass over the rows (row hashes, fill means): bounds the
 #: temporaries to a few CHUNK_ROWS x d values.
 CHUNK_ROWS = 1 << 14
@@ -82,38 +79,16 @@ def _labels_of_groups(site: SiteData, group_of_row: np.ndarray) -> GroupLabels |
     return GroupLabels(pairs // len(names), pairs % len(names), count.astype(np.int64), names)
 
 
-def _digest_start(min_size: int):
-    return hashlib.sha256(f"{GROUPS_FORMAT}\0{min_size}\0".encode())
-
-
-def _digest_labels(digest, labels: GroupLabels | None) -> str:
-    if labels is not None:
-        for part in (labels.group, labels.code, labels.count):
-            digest.update(np.ascontiguousarray(part))
-        digest.update(json.dumps(labels.names).encode())
-    return digest.hexdigest()
-
-
-def table_digest(counts, sums, m2, present, labels: GroupLabels | None, min_size: int) -> str:
-    """sha256 of a group table: what the disclosure ledger names each reply by (each
-    array's bytes, hashed in place: no copy of a large table)."""
-    digest = _digest_start(min_size)
-    for part in (counts, sums, m2, present):
-        if part is not None:
-            digest.update(np.ascontiguousarray(part))
-    return _digest_labels(digest, labels)
-
-
 def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, waiting: int,
-            digest: str | None = None):
+            digest: str | None = None, table_ref=None):
     """The SiteGroups of a group table as made or kept: a feature's present cells fewer
     than p_site in a group count as missing (``site_groups.withhold_lone_cells``; applied
     here, on every table handed to tasks, kept ones made before the rule included)."""
-    digest = digest or table_digest(counts, sums, m2, present, labels, min_size)
+    digest = digest or group_entries.table_digest(counts, sums, m2, present, labels, min_size)
     sums, m2, present, withheld = withhold_lone_cells(sums, m2, present, min_size)
     return SiteGroups(counts, sums, m2, present, site.source, min_size, digest,
                       site.feature_names, labels, site.table, waiting, site.fingerprint,
-                      withheld)
+                      withheld, table_ref)
 
 
 def rows_as_groups(site: SiteData) -> SiteGroups:
@@ -129,7 +104,7 @@ def rows_as_groups(site: SiteData) -> SiteGroups:
     if (coded := _label_codes(site)) is not None:
         labels = GroupLabels(np.arange(n), coded[0], np.ones(n, dtype=np.int64), coded[1])
     # The table is the rows themselves: its digest is theirs.
-    digest = hashlib.sha256(f"{GROUPS_FORMAT}\0rows\0{site.rows_fingerprint()}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{group_entries.GROUPS_FORMAT}\0rows\0{site.rows_fingerprint()}".encode()).hexdigest()
     return SiteGroups(np.ones(n, dtype=np.int64), X, None, present, site.source, 1, digest,
                       site.feature_names, labels, site.table, 0, site.fingerprint)
 
@@ -208,27 +183,40 @@ def build(site: SiteData, min_size: int) -> tuple[SiteGroups, np.ndarray]:
 def site_groups(site: SiteData, min_size: int,
                 cache_dir: str | os.PathLike | None = None) -> tuple[SiteGroups, np.ndarray | None]:
     """The groups of ``site`` at p_site = ``min_size``, and which of its rows are in a
-    group (None: every row). A file's table is kept in ``cache_dir`` (module docstring);
-    data held in memory keep theirs in this process, per array object."""
+    group (None: every row). A file's table is kept in ``cache_dir``, made by the versions
+    rule (module docstring); data held in memory keep theirs in this process, per array.
+
+    Raises
+    ------
+    SiteDataError
+        The site's answered history cannot be kept in ``cache_dir`` (the site then answers
+        nothing: a version it cannot record could be combined with earlier ones).
+    """
     if min_size <= 1:
         return rows_as_groups(site), None
-    if site.version is None or cache_dir is None:
+    if site.version is None or site.reading is None or cache_dir is None:
         return _in_memory(site, min_size)
     directory = Path(cache_dir) / "groups"
     try:
         return _kept(site, min_size, directory)
     except OSError as error:
-        logger.warning("%s: cannot keep the group table in %s (%s); grouping in memory",
-                       site.source, directory, error)
-        return _in_memory(site, min_size)
+        raise SiteDataError(f"{site.source}: cannot keep the site's group tables and their "
+                            f"history in {directory} ({error}); the site answers no task until "
+                            "its cache-dir is writable") from None
 
 
 _MEMORY: dict[tuple[int, int], tuple[weakref.ref, SiteGroups, np.ndarray | None]] = {}
 
 
+def _forget(key: tuple[int, int]) -> None:
+    hit = _MEMORY.get(key)
+    if hit is not None and hit[0]() is None:
+        del _MEMORY[key]
+
+
 def _in_memory(site: SiteData, min_size: int) -> tuple[SiteGroups, np.ndarray | None]:
-    for stale in [key for key, (ref, *_) in _MEMORY.items() if ref() is None]:
-        del _MEMORY[stale]
+    """The groups of data held in memory, made once per array object in this process
+    (O(1) per call: an entry goes when its array does)."""
     key = (id(site.X), min_size)
     hit = _MEMORY.get(key)
     if hit is not None and hit[0]() is site.X and hit[1].source == site.source:
@@ -236,192 +224,182 @@ def _in_memory(site: SiteData, min_size: int) -> tuple[SiteGroups, np.ndarray | 
     groups, group_of_row = build(site, min_size)
     grouped = None if groups.waiting == 0 else group_of_row >= 0
     _MEMORY[key] = (weakref.ref(site.X), groups, grouped)
+    weakref.finalize(site.X, _forget, key)
     return groups, grouped
 
 
-# Arrays of an entry: name -> whether every entry has it.
-_PARTS = {"counts": True, "sums": True, "m2": True, "present": False, "labels": False,
-          "row-groups": True, "row-hashes": True}
-
-
-def _entry_key(site: SiteData, min_size: int) -> str:
-    return hashlib.sha256(f"{GROUPS_FORMAT}\0{site.version}\0{min_size}".encode()).hexdigest()
-
-
-def _lineage_path(directory: Path, site: SiteData, min_size: int) -> Path:
-    key = hashlib.sha256(f"{GROUPS_FORMAT}\0{site.lineage}\0{min_size}".encode()).hexdigest()
-    return directory / f"lineage-{key[:40]}.json"
-
-
 def _kept(site: SiteData, min_size: int, directory: Path):
-    key = _entry_key(site, min_size)
+    key = group_entries.entry_key(site, min_size)
     base = directory / key
-    with site_files.locked(directory, key):  # one process groups, the others then read
-        found = _read_entry(base, site)
+    store_dir = versions.Store.path_for(directory.parent, site.reading)
+    found = _read_entry(base, site, store_dir)  # complete once its sidecar is there
+    if found is not None:
+        return found
+    with site_files.locked(store_dir, "store.json"):  # one process builds, the others read
+        found = _read_entry(base, site, store_dir)
         if found is None:
-            table, group_of_row, hashes = _grow_or_group(site, min_size, directory)
-            _write_entry(base, table, min_size, group_of_row, hashes)
-            del table  # its columns went as they were written
-            site_files.replace_atomically(_lineage_path(directory, site, min_size),
-                                          lambda out: out.write(json.dumps({"entry": key}).encode()))
-            found = _read_entry(base, site)
+            _new_version(site, min_size, directory, versions.Store.open(store_dir), key)
+            found = _read_entry(base, site, store_dir)
     if found is None:
         raise OSError(f"the group table written to {base} cannot be read back")
     return found
 
 
-def _write_entry(base: Path, table: group_stats.Table, min_size: int, group_of_row: np.ndarray,
-                 hashes: np.ndarray) -> None:
-    """The entry's arrays, then its sidecar (last: with it, the entry is complete). A
-    column is dropped from ``table`` once written, so its memory goes with it."""
-    digest, has = _digest_start(min_size), []
-    for name in ("counts", "sums", "m2", "present"):
-        pieces = table.columns.pop(name)
-        if pieces is not None:
-            write_atomic(cache_sibling(base, f".{name}.npy"), lambda f: group_stats.write_column(
-                f, name, pieces, table.width, digest))
-            has.append(name)
-        del pieces
-    labels = table.labels
-    parts = {"row-groups": group_of_row, "row-hashes": hashes,
-             "labels": None if labels is None else np.stack([labels.group, labels.code, labels.count], 1)}
-    for name, array in parts.items():
-        if array is not None:
-            write_atomic(cache_sibling(base, f".{name}.npy"),
-                         lambda f, a=np.ascontiguousarray(array): np.save(f, a))
-            has.append(name)
-    meta = {"format": GROUPS_FORMAT, "min-size": min_size, "digest": _digest_labels(digest, labels),
-            "waiting": table.waiting, "has": has,
-            "label-names": None if labels is None else list(labels.names)}
-    write_atomic(cache_sibling(base, ".json"), lambda f: f.write(json.dumps(meta).encode()))
-
-
-def _read_arrays(base: Path) -> tuple[dict, dict] | None:
-    """An entry's sidecar and its arrays, memory-mapped (None: missing or damaged)."""
-    try:  # the sidecar is written last: with it, the entry is complete
-        meta = json.loads(cache_sibling(base, ".json").read_text())
-        if meta.get("format") != GROUPS_FORMAT:
-            return None
-        parts = {name: np.load(cache_sibling(base, f".{name}.npy"), mmap_mode="r")
-                 for name in meta["has"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if any(needed and name not in parts for name, needed in _PARTS.items()):
-        return None
-    return meta, parts
-
-
-def _read_entry(base: Path, site: SiteData) -> tuple[SiteGroups, np.ndarray | None] | None:
-    read = _read_arrays(base)
+def _read_entry(base: Path, site: SiteData, store_dir: Path):
+    """The kept table of this version, with its place in the store (None: not made yet, or
+    made by an earlier release, whose table the store must first import)."""
+    read = group_entries.read_arrays(base)
     if read is None:
         return None
     meta, parts = read
     if parts["row-groups"].shape != (site.n_rows,) or parts["sums"].shape[1:] != (site.n_features,):
         return None
+    tables = versions.Store.read_tables(store_dir)
+    number = meta.get("table")
+    if not isinstance(number, int) or number >= len(tables) or tables[number]["entry"] != base.name:
+        return None
     labels = None
     if "labels" in parts:
         coo = np.asarray(parts["labels"])
         labels = GroupLabels(coo[:, 0], coo[:, 1], coo[:, 2], tuple(meta["label-names"]))
+    ref = versions.TableRef(str(store_dir), number, str(meta["lineage"]))
     groups = _groups(site, int(meta["min-size"]), parts["counts"], parts["sums"], parts["m2"],
-                     parts.get("present"), labels, int(meta["waiting"]), str(meta["digest"]))
+                     parts.get("present"), labels, int(meta["waiting"]), str(meta["digest"]), ref)
     grouped = None if groups.waiting == 0 else np.asarray(parts["row-groups"]) >= 0
     return groups, grouped
 
 
-# ------------------------------------------------------------------ growth
+# ------------------------------------------------------------------ a new version
 def row_hashes(site: SiteData) -> np.ndarray:
-    """(n, 2) uint64: two independent 64-bit hashes of each row's cells (their bits) and
-    label (its text): a row's content, wherever it sits in the file."""
-    X = np.ascontiguousarray(site.X, dtype=np.float64)
-    n, d = X.shape
-    out = np.empty((n, 2), dtype=np.uint64)
-    label_bits = None
-    if (coded := _label_codes(site)) is not None:
-        text = [int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
-                for name in coded[1]]
-        label_bits = np.asarray(text, dtype=np.uint64)[coded[0]]
-    for start in range(0, n, CHUNK_ROWS):
-        # features as contiguous columns: each step below reads one feature of the chunk
-        bits = np.ascontiguousarray(X[start:start + CHUNK_ROWS].T).view(np.uint64)
-        release_pages(site.X)
-        a = np.full(bits.shape[1], 0x9E3779B97F4A7C15, dtype=np.uint64)
-        b = np.full(bits.shape[1], 0xD1B54A32D192ED03, dtype=np.uint64)
-        for j in range(d):
-            a = mix(a ^ bits[j])
-            b = mix(b + mix(bits[j] ^ np.uint64(j + 1)))
-        if label_bits is not None:
-            a = mix(a ^ label_bits[start:start + CHUNK_ROWS])
-            b = mix(b + label_bits[start:start + CHUNK_ROWS])
-        out[start:start + bits.shape[1], 0], out[start:start + bits.shape[1], 1] = a, b
-    return out
+    """(n, 2) uint64: each row's content, wherever it sits in the file (its cells' bits
+    and its label's text: ``versions.row_keys.content_keys``)."""
+    return row_keys.content_keys(site.X, *(_label_codes(site) or (None, None)))
 
 
-def match_rows(earlier: np.ndarray, now: np.ndarray) -> np.ndarray | None:
-    """For every row of an earlier version (its hashes), a distinct row of the current
-    one with the same content (the first ones in file order when several are alike);
-    None when some earlier row has none (a row was removed or changed)."""
-    if earlier.shape[0] > now.shape[0]:
+def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str) -> None:
+    """Make and keep the group table of a new version of the site's data
+    (``versions.next_version``), and record it in the store."""
+    content = row_hashes(site)
+    keys = row_keys.instance_keys(content, site.row_ids)
+    has_missing = site.table is not None and site.table.has_missing
+    if not store.tables and (earlier := _earlier_release(directory, site, min_size)) is not None:
+        (meta, parts), entry = earlier
+        versions.import_release_table(store, site.X, keys, content, site.row_ids,
+                                      np.asarray(parts["row-hashes"]), np.asarray(parts["row-groups"]),
+                                      int(meta["min-size"]), entry, has_missing)
+    plan, _ = versions.plan_for(store, site.X, keys, site.row_ids, min_size,
+                                lambda rows: _grouped(site, min_size, rows, directory),
+                                lambda rows, unit, fresh, labels: _join_units(
+                                    site, rows, unit, fresh, labels, min_size),
+                                has_missing, versions.lineage_name(key))
+    table, group_of_row, order = _version_table(site, plan, directory)
+    lineage = plan.lineage
+    number = len(store.tables)
+    group_entries.write_entry(directory / key, table, min_size, group_of_row, content,
+                 {"table": number, "lineage": lineage})
+    new = store.add_groups([plan.new_members[i] for i in order.tolist()], min_size)
+    kept = store.table_groups(plan.base["n"])[plan.kept] if plan.base is not None else new[:0]
+    store.add_table(np.concatenate([kept, new]), {"entry": key, "lineage": lineage, "p": min_size,
+                                                  **plan.record, "findings": plan.findings[:8]})
+    store.save()
+    record = plan.record
+    if plan.base is not None:
+        logger.info("%s: a new version of the data: %d groups kept, %d withdrawn, %d new; %d "
+                    "rows waiting", site.source, record["kept-groups"], record["withdrawn-groups"],
+                    record["new-groups"], record["waiting"])
+    if record["held-back"]:
+        logger.warning("%s: the versions audit held back %d row(s) (%s); they wait for a later "
+                       "version", site.source, record["held-back"], plan.findings[0])
+
+
+def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, fresh: np.ndarray,
+                labels: np.ndarray, min_size: int) -> np.ndarray:
+    """For each of ``rows``, the group its unit (rows of one ``unit`` label, together)
+    joins (``versions.next_version``): the group of the ``fresh`` rows (``labels``) nearest
+    to the unit's mean with room for it (a group takes at most 2 ``min_size`` such rows,
+    the nearest units first); else a group of at least ``min_size`` units made among the
+    units left (``group_rows`` on their means), numbered after the fresh groups; else -1.
+    Distances are measured as the grouping measures (``grouping_scale``)."""
+    together = np.concatenate([rows, fresh])
+    order = np.argsort(together, kind="stable")
+    with _grouping_rows(site, together[order]) as X:
+        scale = grouping_scale(X)
+        Z = np.empty((together.size, X.shape[1]))
+        Z[order] = np.asarray(X) * (1.0 if scale is None else scale)
+
+    def means(labels_, values):
+        n = int(labels_.max()) + 1 if labels_.size else 0
+        total = np.zeros((n, values.shape[1]))
+        np.add.at(total, labels_, values)
+        return total / np.maximum(np.bincount(labels_, minlength=n), 1)[:, None]
+
+    units, unit_of_row = np.unique(unit, return_inverse=True)
+    unit_means, unit_rows = means(unit_of_row, Z[:rows.size]), np.bincount(unit_of_row)
+    group_means = means(labels, Z[rows.size:])
+    joined = np.full(units.size, -1, dtype=np.int64)
+    room = np.full(group_means.shape[0], 2 * min_size)
+    for _ in range(8):  # each round: the units still out, to the nearest group with room
+        out, open_groups = np.flatnonzero(joined < 0), np.flatnonzero(room > 0)
+        if out.size == 0 or open_groups.size == 0:
+            break
+        nearest, distance = kernels.assign(np.ascontiguousarray(unit_means[out]),
+                                           np.ascontiguousarray(group_means[open_groups]))
+        for position in np.argsort(distance, kind="stable").tolist():
+            g = open_groups[nearest[position]]
+            if unit_rows[out[position]] <= room[g]:
+                joined[out[position]] = g
+                room[g] -= unit_rows[out[position]]
+    left = np.flatnonzero(joined < 0)
+    if left.size >= min_size:  # groups of at least min_size units, each unit whole
+        of_unit = group_rows(np.ascontiguousarray(unit_means[left]), min_size)
+        joined[left] = np.where(of_unit >= 0, of_unit + group_means.shape[0], -1)
+    return joined[unit_of_row]
+
+
+def _earlier_release(directory: Path, site: SiteData, min_size: int):
+    """The latest table an earlier release kept for this file (((meta, arrays), its
+    entry key) or None)."""
+    pointer = group_entries.lineage_path(directory, site, min_size)
+    try:
+        entry = json.loads(pointer.read_text())["entry"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    order_then = np.argsort(earlier[:, 0], kind="stable")
-    order_now = np.argsort(now[:, 0], kind="stable")
-    then, later = earlier[order_then, 0], now[order_now, 0]
-
-    def occurrence(keys: np.ndarray) -> np.ndarray:  # 0, 1, ... within a run of equal keys
-        index = np.arange(keys.size)
-        first = np.r_[True, keys[1:] != keys[:-1]] if keys.size else np.zeros(0, dtype=bool)
-        return index - np.maximum.accumulate(np.where(first, index, 0))
-
-    position = np.searchsorted(later, then, side="left") + occurrence(then)
-    if np.any(position >= later.size) or np.any(later[np.minimum(position, later.size - 1)] != then):
-        return None
-    matched = np.empty(earlier.shape[0], dtype=np.int64)
-    matched[order_then] = order_now[position]
-    if np.any(now[matched, 1] != earlier[:, 1]):
-        return None  # two contents with one first hash: take the safe way, regroup
-    return matched
+    read = group_entries.read_arrays(directory / entry)
+    return None if read is None else (read, entry)
 
 
-def _grow_or_group(site: SiteData, min_size: int, directory: Path):
-    """(table, each row's group, row hashes) of a new version of the file: the earlier
-    version's groups kept when every one of its rows is still there, else afresh."""
-    hashes = row_hashes(site)
-    earlier = None
-    lineage = _lineage_path(directory, site, min_size)
-    if site.lineage is not None and lineage.exists():
-        try:
-            earlier = _read_arrays(directory / json.loads(lineage.read_text())["entry"])
-        except (OSError, ValueError, KeyError, TypeError):
-            earlier = None
-    matched = None if earlier is None else match_rows(np.asarray(earlier[1]["row-hashes"]), hashes)
-    if matched is None:
-        if earlier is not None:
-            logger.warning("%s: rows were removed or changed since the site's last group "
-                           "table: its rows are grouped afresh", site.source)
-        table, group_of_row = _fresh(site, min_size, directory)
-        return table, group_of_row, hashes
-    meta, kept = earlier
-    n_kept = int(kept["counts"].shape[0])
-    group_of_row = np.full(site.n_rows, -1, dtype=np.int64)
-    group_of_row[matched] = kept["row-groups"]
-    others = np.flatnonzero(group_of_row < 0)  # new rows, and rows that waited
-    if others.size >= min_size:
-        new = _grouped(site, min_size, others, directory)
-        group_of_row[others] = np.where(new >= 0, new + n_kept, -1)
-    n_new = max(int(group_of_row.max()) + 1 - n_kept if group_of_row.size else 0, 0)
+def _version_table(site: SiteData, plan, directory: Path):
+    """The version's table (the kept groups first, their statistics copied bit for bit
+    from the base table's entry, then the new groups in canonical order), each row's
+    group in it, and the new groups' canonical order."""
+    group_of_row, n_kept = plan.group_of_row, int(plan.kept.size)
     new_of_row = np.where(group_of_row >= n_kept, group_of_row - n_kept, -1)
-    columns, order = group_stats.ordered(site.X, new_of_row, n_new, directory)
-    group_of_row = np.where(group_of_row >= n_kept,
-                            group_stats.relabel(new_of_row, order) + n_kept, group_of_row)
-    # the earlier groups first, bit for bit, then the new ones in canonical order
-    width = site.n_features
-    if columns["present"] is not None or "present" in kept:
-        columns["present"] = [group_stats.piece(kept["present"]) if "present" in kept else
-                              group_stats.spread(group_stats.piece(kept["counts"]), width)] + \
-            (columns["present"] or [group_stats.spread(columns["counts"][0], width)])
-    for name in ("counts", "sums", "m2"):
-        columns[name] = [group_stats.piece(kept[name])] + columns[name]
-    table = group_stats.Table(columns, width, _labels_of_groups(site, group_of_row),
+    columns, order = group_stats.ordered(site.X, new_of_row, len(plan.new_members), directory)
+    group_of_row = np.where(group_of_row >= n_kept, group_stats.relabel(new_of_row, order) + n_kept,
+                            group_of_row)
+    if n_kept:
+        kept = _kept_columns(site, plan, directory, np.where(group_of_row < n_kept, group_of_row, -1))
+        width = site.n_features
+        if columns["present"] is not None or kept["present"] is not None:
+            columns["present"] = (kept["present"] or [group_stats.spread(kept["counts"][0], width)]) + \
+                (columns["present"] or [group_stats.spread(columns["counts"][0], width)])
+        for name in ("counts", "sums", "m2"):
+            columns[name] = kept[name] + columns[name]
+    table = group_stats.Table(columns, site.n_features, _labels_of_groups(site, group_of_row),
                               int(np.count_nonzero(group_of_row < 0)))
-    logger.info("%s: the file grew; its %d earlier groups kept, %d new, %d rows waiting",
-                site.source, n_kept, n_new, table.waiting)
-    return table, group_of_row, hashes
+    return table, group_of_row, order
+
+
+def _kept_columns(site: SiteData, plan, directory: Path, kept_of_row: np.ndarray) -> dict:
+    """The kept groups' columns, from the base table's entry (bit for bit); recomputed
+    from their rows, with a warning, where that entry is gone."""
+    read = group_entries.read_arrays(directory / plan.base["entry"])
+    if read is not None:
+        parts = read[1]
+        return {name: None if name not in parts else [group_stats.piece(parts[name], plan.kept)]
+                for name in ("counts", "sums", "m2", "present")}
+    logger.warning("%s: the base table's entry %s is gone: the kept groups' statistics are "
+                   "computed again from their rows", site.source, plan.base["entry"])
+    counts, sums, m2, present = group_stats.group_statistics(site.X, kept_of_row, int(plan.kept.size))
+    return {"counts": [group_stats.piece(counts)], "sums": [group_stats.piece(sums)],
+            "m2": [group_stats.piece(m2)], "present": None if present is None else [group_stats.piece(present)]}

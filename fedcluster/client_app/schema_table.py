@@ -32,6 +32,7 @@ from fedcluster.client_app.site_data import SiteData, SiteDataError
 from fedcluster.client_app.site_groups import TableFacts
 from fedcluster.client_app.table_files import read_table
 from fedcluster.client_app.tables import encode_labels
+from fedcluster.client_app.versions.row_keys import id_keys
 from fedcluster.common import kernels
 from fedcluster.common.schema import Schema, schema_hash
 from fedcluster.common.table_encoding import encode_table
@@ -72,7 +73,8 @@ def encode_site_columns(header: list[str], columns: list, schema: Schema, source
         labels, label_names = encode_labels(list(code_of), codes)
     facts = TableFacts(schema, digest, table.rows_dropped, dict(table.cells_missing))
     data = SiteData(X=table.X, feature_names=tuple(table.names), labels=labels,
-                    source=source, label_names=label_names, table=facts)
+                    source=source, label_names=label_names, table=facts,
+                    row_ids=None if table.ids is None else id_keys(table.ids))
     return data, {"rows-dropped": table.rows_dropped, "cells-missing": table.cells_missing}
 
 
@@ -96,10 +98,12 @@ def load_schema_table(path: str | os.PathLike, schema: Schema, *,
         raise SiteDataError(f"data-path '{path}' is a directory, not a data file")
     digest = schema_hash(schema)
     key = table_cache_key(path, digest, units)
-    known = {"version": key, "lineage": site_data.lineage_key(path, TABLE_CACHE_FORMAT, digest,
-                                                              json.dumps(units or {}, sort_keys=True))}
+    units_text = json.dumps(units or {}, sort_keys=True)
+    known = {"version": key, "lineage": site_data.lineage_key(path, TABLE_CACHE_FORMAT, digest, units_text),
+             "reading": site_data.reading_key(TABLE_CACHE_FORMAT, digest, units_text)}
     base = Path(cache_dir if cache_dir is not None else site_data.default_cache_dir()) / key
-    entry = site_data.read_cache(base, str(path))
+    has_ids = any(column.type == "id" for column in schema.columns)
+    entry = site_data.read_cache(base, str(path), ids=has_ids)
     if entry is not None:
         cached, meta = entry
         try:

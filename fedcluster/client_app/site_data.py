@@ -24,7 +24,8 @@ import numpy as np
 
 from fedcluster.client_app.mapped_pages import read_only_mapping, release_pages  # noqa: F401 (re-exported)
 from fedcluster.client_app.site_groups import TableFacts
-from fedcluster.client_app.tables import parse_csv
+from fedcluster.client_app.tables import parse_csv, read_column
+from fedcluster.client_app.versions.row_keys import id_keys
 from fedcluster.common import kernels
 from fedcluster.common.datasets import SiteDataError, load_builtin, partition
 
@@ -61,8 +62,15 @@ class SiteData:
         The key of this version of a file (its cache key: path, size, mtime and the
         columns read), under which its group table is kept; None: data held in memory.
     lineage : str or None
-        The file and the columns read, whatever its version: which earlier group table
-        a grown file keeps its groups from (``group_table.py``).
+        The file and the columns read, whatever its version (the key under which an
+        earlier release kept a file's latest group table; ``group_table.py`` imports it).
+    reading : str or None
+        The way the data are read (columns, label, id, schema, units), whatever the file
+        or its version: the key of the site's answered history
+        (``versions/lineage.py``); None: data held in memory.
+    row_ids : np.ndarray or None
+        (n, 2) uint64: each row's id (a hash of its id column's text), where the data
+        name an id column: what makes a corrected row the same row (``versions/row_keys.py``).
     """
 
     X: np.ndarray
@@ -74,6 +82,8 @@ class SiteData:
     fingerprint: str | None = None
     version: str | None = None
     lineage: str | None = None
+    reading: str | None = None
+    row_ids: np.ndarray | None = None
 
     @property
     def n_rows(self) -> int:
@@ -170,6 +180,13 @@ def lineage_key(path: str | os.PathLike, *choices) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def reading_key(*choices) -> str:
+    """The key of a way of reading a site's data (``choices``: columns, label, id, schema,
+    units), whatever the file: the site's answered history is kept per reading, so a
+    file exported anew under another name continues it."""
+    return hashlib.sha256("\0".join([CACHE_FORMAT, *map(repr, choices)]).encode()).hexdigest()
+
+
 def cache_key(path: str | os.PathLike, label_column: str | None = None,
               columns: tuple[str, ...] | None = None, id_column: str | None = None) -> str:
     """Cache key of a data file: sha256 of its real path, size and mtime (ns), and of the
@@ -208,24 +225,28 @@ def cache_sibling(base: Path, suffix: str) -> Path:
     return base.parent / (base.name + suffix)
 
 
-def read_cache(base: Path, source: str) -> tuple[SiteData, dict] | None:
+def read_cache(base: Path, source: str, ids: bool = False) -> tuple[SiteData, dict] | None:
     """The cached entry at ``base``, memory-mapped, and its sidecar (what the writer's
-    ``columns`` said); None: missing, incomplete, damaged."""
+    ``columns`` said); None: missing, incomplete, damaged, or without the rows' ids when
+    ``ids`` (an entry written before ids were kept: parsed again)."""
     try:  # the sidecar is written last, so its presence means the entry is complete
         meta = json.loads(cache_sibling(base, ".json").read_text())
         X = np.load(cache_sibling(base, ".npy"), mmap_mode="r")
         labels = np.load(cache_sibling(base, ".labels.npy")) if meta["has_labels"] else None
+        row_ids = np.load(cache_sibling(base, ".ids.npy")) if meta.get("has_ids") else None
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or damaged: parse again and overwrite
     if meta.get("format") != CACHE_FORMAT or list(X.shape) != meta.get("shape") or X.dtype != np.float64 \
-            or (labels is not None and labels.shape != X.shape[:1]):
+            or (labels is not None and labels.shape != X.shape[:1]) \
+            or (ids and (row_ids is None or row_ids.shape != (X.shape[0], 2))):
         return None
     names = meta.get("feature_names")
     label_names = meta.get("label_names")
     fingerprint = meta.get("rows-sha256")
     return SiteData(X=X, feature_names=tuple(names) if names else None, labels=labels, source=source,
                     label_names=tuple(label_names) if label_names else None,
-                    fingerprint=fingerprint if isinstance(fingerprint, str) else None), meta
+                    fingerprint=fingerprint if isinstance(fingerprint, str) else None,
+                    row_ids=row_ids), meta
 
 
 def write_cache(base: Path, data: SiteData, real_path: str, columns: dict) -> None:
@@ -234,12 +255,15 @@ def write_cache(base: Path, data: SiteData, real_path: str, columns: dict) -> No
     base.parent.mkdir(parents=True, exist_ok=True)
     if data.labels is not None:
         write_atomic(cache_sibling(base, ".labels.npy"), lambda f: np.save(f, data.labels))
+    if data.row_ids is not None:
+        write_atomic(cache_sibling(base, ".ids.npy"), lambda f: np.save(f, data.row_ids))
     X = np.ascontiguousarray(data.X, dtype=np.float64)
     write_atomic(cache_sibling(base, ".npy"), lambda f: np.save(f, X))
     meta = {"format": CACHE_FORMAT, "source": real_path, **columns,
             "rows-sha256": data_fingerprint(X),
             "shape": list(data.X.shape), "feature_names": data.feature_names,
-            "has_labels": data.labels is not None, "label_names": data.label_names}
+            "has_labels": data.labels is not None, "label_names": data.label_names,
+            "has_ids": data.row_ids is not None}
     write_atomic(cache_sibling(base, ".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
 
 
@@ -294,24 +318,28 @@ def load_site_file(path: str | os.PathLike, *, cache_dir: str | os.PathLike | No
     if not os.access(path, os.R_OK):
         raise SiteDataError(f"{source}: the file is not readable by this process")
     key = cache_key(path, label_column, columns, id_column)
-    known = {"version": key, "lineage": lineage_key(path, label_column, columns, id_column)}
+    known = {"version": key, "lineage": lineage_key(path, label_column, columns, id_column),
+             "reading": reading_key("plain", label_column, columns, id_column)}
     if suffix == ".npy":
         mapped = _open_npy(path)
         if mapped.dtype == np.float64 and mapped.flags.c_contiguous:
             return SiteData(X=check_site_array(mapped, source, min_rows), feature_names=None,
                             labels=None, source=source, **known)
     base = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
-    entry = read_cache(base, source)
+    entry = read_cache(base, source, ids=id_column is not None)
     if entry is not None:
         kernels.check_rows(entry[0].X, source, min_rows, error=SiteDataError)  # values checked before caching
         return dataclasses.replace(entry[0], **known)
+    row_ids = None
     if suffix == ".npy":
         X, names, labels, label_names = mapped, None, None, None
     else:
         X, names, labels, label_names = parse_csv(path, label_column, columns, id_column)
+        if id_column is not None:
+            row_ids = id_keys(read_column(path, id_column))
     X = check_site_array(X, source, min_rows)
     data = SiteData(X=X, feature_names=names, labels=labels, source=source, label_names=label_names,
-                    **known)
+                    row_ids=row_ids, **known)
     try:
         write_cache(base, data, os.path.realpath(path),
                      {"label_column": label_column, "columns": columns, "id_column": id_column})

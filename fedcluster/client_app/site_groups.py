@@ -113,6 +113,9 @@ class SiteGroups:
     cells_withheld : int
         Present cells counted as missing, fewer than p_site of their feature in their
         group (:func:`withhold_lone_cells`).
+    table_ref : versions.TableRef, optional
+        The table's place in the site's answered history (a deployed site's file; None:
+        data held in memory).
     """
 
     counts: np.ndarray
@@ -128,6 +131,7 @@ class SiteGroups:
     waiting: int = 0
     data_fingerprint: str | None = None
     cells_withheld: int = 0
+    table_ref: object = None
 
     @property
     def n_groups(self) -> int:

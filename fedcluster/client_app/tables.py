@@ -198,6 +198,18 @@ def encode_labels(first_seen: list[str], codes: np.ndarray) -> tuple[np.ndarray,
     return final[codes], tuple(first_seen[i] for i in order)
 
 
+def read_column(path: Path, name: str) -> list[str]:
+    """The cells of column ``name`` of a delimited text file, as text (e.g. its ids, which
+    are never parsed as numbers), one per data row in file order (blank lines skipped,
+    as :func:`parse_csv` skips them)."""
+    delimiter = DELIMITERS[Path(path).suffix.lower()]
+    j = read_header(Path(path), delimiter).index(name)
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        next(reader)
+        return [record[j] for record in reader if record]
+
+
 def parse_csv(path: Path, label_column: str | None = None, columns: tuple[str, ...] | None = None,
               id_column: str | None = None):
     """Parse a delimited text file -> (X, feature_names, labels, label_names)."""

@@ -39,7 +39,8 @@ class EncodedTable:
     feature column of the schema, the slice of ``X`` it fills; ``labels``: the label
     column's cells (or None); ``kept``: per row of the table, whether ``drop-row`` kept
     it (``X`` holds the kept rows); ``cells_missing``: per feature column, the missing
-    cells among the kept rows.
+    cells among the kept rows; ``ids``: per kept row, the text of its id column(s) (None:
+    the schema lists no id column).
     """
 
     X: np.ndarray
@@ -48,6 +49,7 @@ class EncodedTable:
     labels: np.ndarray | None = None
     kept: np.ndarray | None = None
     cells_missing: dict[str, int] = field(default_factory=dict)
+    ids: list[str] | None = None
 
     @property
     def rows_dropped(self) -> int:
@@ -191,9 +193,12 @@ def encode_table(header: list[str], columns: list, schema: Schema, source: str,
     missing_rows = np.zeros(n, dtype=bool)
     drop = np.zeros(n, dtype=bool)
     labels = None
+    id_cells = []
     for column in schema.columns:
         if column.type == "label":
             labels = np.asarray([cell_text(c) for c in columns[where[column.name][0]]])
+        if column.type == "id":
+            id_cells.append([cell_text(c) for c in columns[where[column.name][0]]])
         if not column.is_feature:
             continue
         j, unit = where[column.name]
@@ -225,8 +230,11 @@ def encode_table(header: list[str], columns: list, schema: Schema, source: str,
                             "column whose policy is drop-row: no row is left")
     cells_missing = {c.name: int(np.isnan(X[keep][:, blocks[c.name]]).any(axis=1).sum())
                      for c in schema.features}
+    ids = None
+    if id_cells:  # several id columns: one id of their texts together
+        ids = ["\0".join(parts) for parts, kept in zip(zip(*id_cells), keep) if kept]
     return EncodedTable(np.ascontiguousarray(X[keep]), names, blocks,
-                        None if labels is None else labels[keep], keep, cells_missing)
+                        None if labels is None else labels[keep], keep, cells_missing, ids)
 
 
 def impute(table: EncodedTable, schema: Schema, fill: dict[str, np.ndarray]) -> np.ndarray:

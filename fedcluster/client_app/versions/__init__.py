@@ -1,0 +1,94 @@
+"""Versions of a site's data that only ever disclose groups (the no-back-door issue).
+
+A deployed site's file changes: rows are appended, corrected, deleted. Each version is
+cut into groups again, and a coordinator that compares runs on two versions can combine
+the groups of both. This package makes every version's group table safe together with
+every table the site has answered from before:
+
+- ``row_keys.py``: what makes a row the same row in two versions (its content, or its id);
+- ``lineage.py``: the site's answered history, kept beside its data cache (every row
+  instance, every group, every table);
+- ``next_version.py``: the rule: groups of the last version whose rows are all there stay
+  bit for bit, a group that lost or changed a row is withdrawn whole, waiting rows are
+  grouped among themselves, and the audit decides;
+- ``span_audit.py``: the exact audit that no combination of all those groups isolates
+  fewer than p rows, or one row's change.
+
+The group table itself (its statistics, kept as files) is ``group_table.py``'s; this
+package decides who is grouped with whom.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcluster.client_app.versions import next_version, row_keys
+from fedcluster.client_app.versions.lineage import Store, TableRef
+from fedcluster.client_app.versions.next_version import Plan, lineage_name
+
+__all__ = ["Plan", "Store", "TableRef", "import_release_table", "lineage_name", "plan_for"]
+
+
+def _present_rows(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """(len(rows), d) bool: the rows' present cells, read a chunk at a time."""
+    out = np.empty((rows.size, X.shape[1]), dtype=bool)
+    for start in range(0, rows.size, row_keys.CHUNK_ROWS):
+        out[start:start + row_keys.CHUNK_ROWS] = ~np.isnan(
+            np.asarray(X[rows[start:start + row_keys.CHUNK_ROWS]]))
+    return out
+
+
+def instance_keys(X: np.ndarray, labels, row_ids) -> np.ndarray:
+    """Each row's instance key (``labels``: (codes, names) or None)."""
+    content = row_keys.content_keys(X, *(labels or (None, None)))
+    return row_keys.instance_keys(content, row_ids)
+
+
+def plan_for(store: Store, X: np.ndarray, keys: np.ndarray, row_ids, min_size: int,
+             group_waiting, attach, has_missing: bool, new_lineage: str) -> tuple[Plan, np.ndarray]:
+    """Match a version's rows to the store's instances and plan its groups
+    (``next_version.plan_version``); (the plan, each row's instance)."""
+    instance_of_row, new = store.match(keys, row_ids)
+    present = None
+    if has_missing or store.present is not None:
+        rows = np.flatnonzero(new)
+        store.add_present(instance_of_row[rows], _present_rows(X, rows))
+        width = X.shape[1]
+        present = lambda instances: store.present_cells(instances, width)  # noqa: E731
+    plan = next_version.plan_version(store, instance_of_row, min_size, group_waiting, attach,
+                                     present, new_lineage)
+    return plan, instance_of_row
+
+
+def import_release_table(store: Store, X: np.ndarray, keys: np.ndarray, content: np.ndarray,
+                         row_ids, earlier_hashes: np.ndarray, earlier_groups: np.ndarray,
+                         min_size: int, entry: str, has_missing: bool) -> int:
+    """Record a table an earlier release kept (without a store): its rows (their
+    content hashes ``earlier_hashes``, each's group ``earlier_groups``) become instances,
+    keyed as the current rows with the same content are (their ids too), so the audit sees
+    what it disclosed. Returns its table number."""
+    now_index = {}
+    for i, key in enumerate(map(tuple, np.asarray(content).tolist())):
+        now_index.setdefault(key, []).append(i)
+    mapped = np.array(earlier_hashes, dtype=np.uint64, copy=True)
+    mapped_ids = None if row_ids is None else np.zeros_like(mapped)
+    now_row = np.full(mapped.shape[0], -1, dtype=np.int64)
+    for r, key in enumerate(map(tuple, np.asarray(earlier_hashes).tolist())):
+        rows = now_index.get(key)
+        if rows:
+            now_row[r] = rows.pop(0)
+            mapped[r] = keys[now_row[r]]
+            if mapped_ids is not None:
+                mapped_ids[r] = row_ids[now_row[r]]
+    instances, new = store.match(mapped, mapped_ids)
+    if has_missing:
+        # the rows still there: their cells; the others: taken as present (not known here)
+        cells = np.ones((instances.size, X.shape[1]), dtype=bool)
+        there = np.flatnonzero(now_row >= 0)
+        cells[there] = _present_rows(X, now_row[there])
+        store.add_present(instances[new], cells[new])
+    groups = next_version._split(np.asarray(earlier_groups), instances)
+    numbers = store.add_groups(groups, min_size)
+    store.see(instances, len(store.tables), store.lineage_code(lineage_name(entry)), None)
+    return store.add_table(numbers, {"entry": entry, "lineage": lineage_name(entry), "p": min_size,
+                                     "rows": int(instances.size), "imported": True})

@@ -1,0 +1,245 @@
+"""A new version of a site's data becomes a group table that only ever discloses groups.
+
+The rule (docs/explanation/privacy-model.md, "Versions"):
+
+1. **Base.** The version continues the lineage whose newest table holds most of its rows (``lineage.Store.heads``); a version that shares no row with any starts a new
+   lineage.
+2. **Kept.** A group of the base whose rows are all still there (the same instances:
+   ``row_keys.py``) stays, its statistics bit for bit. A group that lost or changed a
+   row is WITHDRAWN whole (as is one under a raised p): its other rows wait.
+3. **New.** The waiting rows that were never in a group (new rows) are grouped among
+   themselves (``grouping.group_rows``); the other waiting rows (of a withdrawn group,
+   or held back before) join them a former group at a time, each to the new group
+   nearest to it that has room (at most 2p such rows a group); the others make groups
+   of at least p former groups' rows; fewer wait.
+4. **Audit.** Before the version answers anything, the exact span audit
+   (``span_audit.audit``) checks every table ever made (each counts as answered from),
+   with the new groups: no combination isolates fewer than p rows, and no one-row
+   change. In a component that fails, the new groups' rows that were in a group before
+   wait (they are HELD BACK: a later version, with more new rows around them, tries
+   again), and their fresh rows stay a group if they are at least p.
+
+What this costs is counted per version (the table's record in the store, shown by
+``fedcluster site check``): rows kept, withdrawn, waiting, held back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedcluster.client_app.versions import span_audit
+from fedcluster.client_app.versions.lineage import Store
+
+__all__ = ["Plan", "plan_version"]
+
+
+@dataclass
+class Plan:
+    """How the rows of a version are grouped.
+
+    Attributes
+    ----------
+    group_of_row : (n,) int64
+        Each row's group: 0..K-1 the kept groups (in the base table's order), K.. the new
+        groups (numbered as ``new_members``), -1 waiting.
+    kept : (K,) int64
+        The kept groups' positions in the base table.
+    new_members : list of int64 arrays
+        Each new group's instances.
+    base : dict or None
+        The base table's record.
+    lineage : str
+        The lineage the version continues (or begins).
+    record : dict
+        What the version kept, withdrew and held back (for the store's table record).
+    findings : list of str
+        Why the audit merged or held back groups.
+    """
+
+    group_of_row: np.ndarray
+    kept: np.ndarray
+    new_members: list
+    base: dict | None
+    lineage: str | None
+    record: dict = field(default_factory=dict)
+    findings: list = field(default_factory=list)
+
+
+def _base(store: Store, live: np.ndarray) -> dict | None:
+    """The lineage head holding most of the live instances (None: none holds any)."""
+    best, best_overlap = None, 0
+    for record in store.heads().values():
+        groups = store.table_groups(record["n"])
+        overlap = int(np.count_nonzero(live[_csr(store, groups)[1]]))
+        if overlap > best_overlap or (overlap == best_overlap and best is not None
+                                      and overlap and record["n"] > best["n"]):
+            best, best_overlap = record, overlap
+    return best
+
+
+def _all_live(store: Store, groups: np.ndarray, live: np.ndarray) -> np.ndarray:
+    """Per group, whether every one of its instances is live."""
+    if groups.size == 0:
+        return np.zeros(0, dtype=bool)
+    offsets, members = _csr(store, groups)
+    dead = (~live[members]).astype(np.int64)
+    return np.add.reduceat(dead, offsets[:-1]) == 0  # (every group has a member)
+
+
+def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waiting, attach,
+                 present=None, new_lineage: str = "") -> Plan:
+    """Group a version's rows by the rule of the module docstring.
+
+    Parameters
+    ----------
+    store : Store
+        The site's store, its instances already matched (``Store.match``).
+    instance_of_row : (n,) int64
+        Each row's instance.
+    p : int
+        The site's ``min-cluster-size``.
+    group_waiting : callable (rows or None) -> (m,) int64
+        The grouping of those rows (ascending; None: every row), -1 for a row that waits.
+    attach : callable (rows, their units, fresh rows, their groups) -> (m,) int64
+        For each of ``rows``, the group its unit (the rows of one earlier group) joins: a
+        group of the fresh rows (the nearest with room, 2p rows each), else a group of
+        units (numbered after the fresh rows' groups), else -1.
+    present : callable (instances) -> (m, d) bool, optional
+        The instances' present cells (None: no cell is missing).
+    new_lineage : str
+        The name of the lineage the version begins if it continues none.
+    """
+    n = instance_of_row.size
+    live = np.zeros(store.n_instances, dtype=bool)
+    live[instance_of_row] = True
+    row_of = np.full(store.n_instances, -1, dtype=np.int64)
+    row_of[instance_of_row] = np.arange(n)
+    base = _base(store, live)
+    lineage = new_lineage if base is None else base["lineage"]
+    store.see(instance_of_row, len(store.tables), store.lineage_code(lineage),
+              None if base is None else base["n"])
+    group_of_row = np.full(n, -1, dtype=np.int64)
+    kept = np.zeros(0, dtype=np.int64)
+    record = {"rows": n, "base": None if base is None else base["n"]}
+    if base is not None:
+        base_groups = store.table_groups(base["n"])
+        sizes = store.offsets[base_groups + 1] - store.offsets[base_groups]
+        whole = _all_live(store, base_groups, live)
+        kept = np.flatnonzero(whole & (sizes >= p))
+        for position, g in enumerate(base_groups[kept].tolist()):
+            group_of_row[row_of[store.members[store.offsets[g]:store.offsets[g + 1]]]] = position
+        base_members = _csr(store, base_groups)[1]
+        withdrawn = np.flatnonzero(~np.isin(np.arange(base_groups.size), kept))
+        record.update({"kept-groups": int(kept.size), "kept-rows": int(np.count_nonzero(group_of_row >= 0)),
+                       "withdrawn-groups": int(withdrawn.size),
+                       "withdrawn-rows": int(sizes[withdrawn].sum()),
+                       "gone-rows": int(np.count_nonzero(~live[base_members]))})
+    new_members = _new_groups(store, instance_of_row, group_of_row, group_waiting, attach)
+    findings: list[str] = []
+    new_members, held = _audited(store, new_members, p, present, findings)
+    for j, members in enumerate(new_members):
+        group_of_row[row_of[members]] = kept.size + j
+    record.update({"new-groups": len(new_members), "held-back": held,
+                   "waiting": int(np.count_nonzero(group_of_row < 0))})
+    return Plan(group_of_row, kept, new_members, base, lineage, record, findings)
+
+
+def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndarray,
+                group_waiting, attach) -> list[np.ndarray]:
+    """The waiting rows' groups, as instance lists: the FRESH rows (never in a group) are
+    grouped among themselves; the other waiting rows (of withdrawn groups, or held back)
+    go in UNITS, the rows of one earlier group together, each unit to the fresh group
+    nearest to it that has room (at most 2p such rows a group). A unit's sum, subtracted
+    from its earlier group's, then leaves that group's rows that went together with fresh
+    rows; and each earlier group reaches one new group only, which keeps the audit's
+    components small. The units that find no room make groups of at least p units among
+    themselves (each unit whole: a combination then leaves at least one row a unit);
+    fewer than p units wait."""
+    waiting = np.flatnonzero(group_of_row < 0)
+    disclosed = store.disclosed_groups()
+    last_group = np.full(store.n_instances, -1, dtype=np.int64)
+    if disclosed.size:
+        offsets, members = _csr(store, disclosed)
+        np.maximum.at(last_group, members, np.repeat(disclosed, np.diff(offsets)))
+    unit = last_group[instance_of_row[waiting]]
+    old = unit >= 0
+    if not old.any():
+        labels = group_waiting(None if waiting.size == group_of_row.size else waiting)
+        return _split(labels, instance_of_row[waiting])
+    fresh, earlier, unit = waiting[~old], waiting[old], unit[old]
+    labels = group_waiting(fresh) if fresh.size else np.zeros(0, dtype=np.int64)
+    grouped = labels >= 0
+    attached = attach(earlier, unit, fresh[grouped], labels[grouped])
+    return _split(np.concatenate([labels, attached]), instance_of_row[np.concatenate([fresh, earlier])])
+
+
+def _split(labels: np.ndarray, instances: np.ndarray) -> list[np.ndarray]:
+    """The instances of each label 0..max (a label's instances ascending)."""
+    if labels.size == 0 or labels.max() < 0:
+        return []
+    order = np.argsort(labels, kind="stable")
+    ordered = labels[order]
+    bounds = np.searchsorted(ordered, np.arange(int(ordered.max()) + 2))
+    return [np.sort(instances[order[bounds[g]:bounds[g + 1]]]) for g in range(int(ordered.max()) + 1)]
+
+
+def _audited(store: Store, candidates: list[np.ndarray], p: int, present, findings: list):
+    """The new groups that pass the audit, and how many rows it held back: in a failing
+    component, each new group's rows that were in a group before are held back, and its
+    fresh rows stay a group if they are at least p. One audit is enough: components are
+    disjoint, so what is held back in one changes no other, and a group of fresh rows
+    alone (in no other group) is a component of its own, its own sum."""
+    grouped_before = np.zeros(store.n_instances, dtype=bool)
+    if store.n_groups:
+        grouped_before[store.members] = True
+    touching = [j for j, m in enumerate(candidates) if grouped_before[m].any()]
+    if not touching:
+        return candidates, 0
+    failing = _failures(store, [candidates[j] for j in touching], p, present)
+    findings.extend(reason for _, reason in failing)
+    held, replaced = 0, {}
+    for local, _ in failing:
+        for j in (touching[i] for i in local.tolist()):
+            members = candidates[j]
+            fresh = members[~grouped_before[members]]
+            replaced[j] = [fresh] if fresh.size >= p else []
+            held += int(members.size - (fresh.size if fresh.size >= p else 0))
+    return [m for j, old in enumerate(candidates) for m in replaced.get(j, [old])], held
+
+
+def _csr(store: Store, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, members) of ``groups`` alone, in their order."""
+    groups = np.asarray(groups, dtype=np.int64)
+    sizes = store.offsets[groups + 1] - store.offsets[groups]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    index = np.repeat(store.offsets[groups] - offsets[:-1], sizes) + np.arange(int(offsets[-1]))
+    return offsets, store.members[index]
+
+
+def _failures(store: Store, new: list[np.ndarray], p: int, present):
+    """(indices into ``new``, reason) of the audit's failing components (every group the
+    store holds, and the ``new`` ones)."""
+    answered = store.disclosed_groups()
+    old_offsets, old_members = _csr(store, answered)
+    sizes = np.array([m.size for m in new], dtype=np.int64)
+    offsets = np.concatenate([old_offsets, old_offsets[-1] + np.cumsum(sizes)])
+    members = np.concatenate([old_members, *new]).astype(np.int64)
+    min_size = np.concatenate([store.group_p[answered], np.full(len(new), p)]).astype(np.int64)
+    n_old = answered.size
+    reports = None
+    if present is not None:
+        def reports(groups):
+            return np.array([present(members[offsets[g]:offsets[g + 1]]).sum(axis=0) >= min_size[g]
+                             for g in np.asarray(groups).tolist()])
+    findings = span_audit.audit(offsets, members, store.n_instances,
+                                np.arange(n_old, n_old + len(new)), min_size, p,
+                                store.same_row(), present, reports)
+    return [(f.groups - n_old, f.reason) for f in findings]
+
+
+def lineage_name(digest: str) -> str:
+    """The name of a lineage begun by a table of this digest."""
+    return hashlib.sha256(f"lineage\0{digest}".encode()).hexdigest()[:32]
