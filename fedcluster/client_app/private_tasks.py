@@ -74,14 +74,34 @@ def task_privacy(params: dict, n_features: int) -> SitePrivacy | None:
     """
     if "dp-rho" not in params:
         return None
-    rho = task_param(params, "dp-rho", float)
-    share = task_param(params, "dp-noise-share", float, default=1.0)
-    if not rho > 0 or not 0 < share <= 1:
-        raise TaskError(f"bad DP parameters: dp-rho {rho}, dp-noise-share {share}")
+    rho, share = task_rho(params)
     box = site_bounds(params, n_features)
     if box is None:
         raise TaskError("task parameter 'data-bounds' is missing: a DP task needs the clipping box")
     return SitePrivacy(rho, box[0], box[1], share)
+
+
+def task_rho(params: dict) -> tuple[float, float]:
+    """A DP task's ``dp-rho`` and ``dp-noise-share`` (1 when not sent), checked.
+
+    Raises
+    ------
+    TaskError
+        When ``dp-rho`` is not > 0 or the share not in (0, 1].
+    """
+    rho = task_param(params, "dp-rho", float)
+    if not rho > 0:
+        raise TaskError(f"bad DP parameter: dp-rho {rho}")
+    return rho, task_noise_share(params)
+
+
+def task_noise_share(params: dict) -> float:
+    """A task's ``dp-noise-share`` (1 when not sent: local DP), checked (TaskError when
+    not in (0, 1])."""
+    share = task_param(params, "dp-noise-share", float, default=1.0)
+    if not 0 < share <= 1:
+        raise TaskError(f"bad DP parameter: dp-noise-share {share}")
+    return share
 
 
 def site_bounds(params: dict, n_features: int) -> tuple[np.ndarray, np.ndarray] | None:
