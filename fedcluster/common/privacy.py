@@ -1,7 +1,7 @@
 """Differential privacy: clipping bounds, the Gaussian mechanism and its accounting.
 
 Pure functions only (no Flower, no I/O); the site tasks that use them are in
-``common/private_tasks.py``, the server's bookkeeping in ``strategies/base.py``.
+``client_app/private_tasks.py``, the server's bookkeeping in ``strategies/base.py``.
 
 Unit of privacy and neighbouring relation
 -----------------------------------------
