@@ -164,6 +164,29 @@ def test_a_site_budget_refuses_the_run_that_does_not_fit(tmp_path):
     assert spent == pytest.approx(privacy.rho_from_epsilon(1.0, 1e-5))
 
 
+def test_a_distributed_dp_run_costs_each_site_what_its_own_share_of_the_noise_gives(tmp_path):
+    """Under SecAgg+ each site adds 1/sqrt(t) of the noise and charges its budget t x the
+    run's rho (its own noise alone): recorded so in its budget file (3 sites, t = 2); a
+    run whose t x rho exceeds a default site's budget (5 sites, t = 4, epsilon 5: 4 x
+    rho(5) is epsilon 10.9 > 10) is refused at its describe handshake, naming the share."""
+    secure_run = {**DP_RUN, "dp-epsilon": 2.0, "secure-aggregation": True,
+                  "secagg-data-bound": 10.0, "min-sites": 3}
+    nodes = _file_nodes(tmp_path, _sites(3))
+    result = run_in_process([dict(n) for n in nodes], secure_run)
+    assert result.metrics["dp-mode"] == "distributed" and result.metrics["site-failures"] == {}
+    for i in range(3):
+        (budget_file,) = (tmp_path / f"cache-{i}" / "privacy-budget").glob("budget-*.json")
+        (run,) = json.loads(budget_file.read_text())["runs"].values()
+        assert run["spent-rho"] == pytest.approx(2 * privacy.rho_from_epsilon(2.0, 1e-5))
+    wide = {key.replace("-", "_"): value for key, value in {
+        **secure_run, "dp-epsilon": 5.0, "min-sites": 5, "secagg-num-shares": 0.8,
+        "secagg-reconstruction-threshold": 0.7}.items() if key != "output-dir"}
+    with pytest.raises(FederationError, match=r"site policy dp-budget=10,1e-05: this run plans "
+                                              r"epsilon 10\.9 \(at delta 1e-05\) for its own "
+                                              r"share 0\.5 of the noise alone"):
+        fedcluster.simulate(_sites(5), **wide)
+
+
 def test_require_dp_refuses_a_plain_run_and_answers_a_private_one(tmp_path):
     sites = _sites()
     plain = {k: v for k, v in DP_RUN.items() if k not in ("dp-epsilon",)}
