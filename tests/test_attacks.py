@@ -79,6 +79,8 @@ class Coordinator:
         msg = Message(content=compat.fitins_to_recorddict(fitins, True), dst_node_id=self.node_id,
                       message_type=MessageType.TRAIN, group_id=str(self.messages))
         (reply,) = self.grid.pull_messages(self.grid.push_messages([msg]))
+        if reply.has_error():  # under SecAgg+ a site's refusal fails the message
+            raise AssertionError(f"the site refused: {reply.error.reason}")
         fitres = compat.recorddict_to_fitres(reply.content, keep_input=True)
         if "error" in fitres.metrics:
             raise AssertionError(f"the site refused: {fitres.metrics['error']}")

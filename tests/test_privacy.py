@@ -206,6 +206,10 @@ def _blobs():
 
 #: Site policy for the runs without data-bounds (their box comes from a bounds round).
 ROWS = {"min-cluster-size": 1}  # sites answering from their rows
+#: Sites whose own dp-budget holds the runs at huge epsilon below (1e6 for a run, which
+#: under distributed DP costs a site t times that): these tests show what DP converges
+#: to, and a site's default budget (epsilon 10) refuses such a run, as it must.
+LARGE_BUDGET = {"dp-budget": "1e8"}
 
 
 def _run(sites, **config):
@@ -219,8 +223,8 @@ def test_dp_run_approaches_the_non_private_run_as_epsilon_grows():
     # DP replies come from the rows (clipped, noised): the plain run they approach is
     # exact Lloyd on the rows (the sites answering from their rows).
     plain = _run(sites, site_config=ROWS).centroids
-    gaps = {eps: np.linalg.norm(_run(sites, dp_epsilon=eps).centroids - plain)
-            for eps in (0.5, 20.0, 1e6)}
+    gaps = {eps: np.linalg.norm(_run(sites, dp_epsilon=eps, site_config=LARGE_BUDGET).centroids
+                                - plain) for eps in (0.5, 20.0, 1e6)}
     assert gaps[1e6] < 1e-2
     assert gaps[1e6] < gaps[20.0] < gaps[0.5]
 
@@ -256,7 +260,7 @@ def test_dp_run_is_reproducible_accounted_and_sends_no_sse():
 
 def test_early_stop_spends_less_than_the_budget():
     sites, _ = _blobs()
-    result = _run(sites, dp_epsilon=1e6, tol=0.5, num_rounds=30)
+    result = _run(sites, dp_epsilon=1e6, tol=0.5, num_rounds=30, site_config=LARGE_BUDGET)
     assert result.metrics["dp-rounds"] < 31
     assert result.metrics["dp-epsilon-spent"] < 1e6
 
@@ -382,7 +386,7 @@ def test_the_noise_share_follows_flowers_reconstruction_threshold(monkeypatch):
     replies = []
     _run(np.array_split(X, 5), dp_epsilon=5.0, secure_aggregation=True, secagg_data_bound=5.0,
          min_sites=5, num_rounds=2, secagg_num_shares=0.8, secagg_reconstruction_threshold=0.7,
-         record_replies=replies)
+         record_replies=replies, site_config=LARGE_BUDGET)  # t = 4: a site's own cost 4 rho
     shares = {r["params"]["dp-noise-share"] for r in replies if "dp-noise-share" in r["params"]}
     assert set(thresholds) == {4} and shares == {0.5}  # s = round(4.0) -> odd 5, t = round(3.5)
     assert secure.reconstruction_threshold(5, 0.8, 0.7) == 4
@@ -412,7 +416,7 @@ def test_distributed_dp_run_is_accounted_and_matches_the_plain_run_at_huge_epsil
     assert all(r["arrays"] == [] and r["params"]["dp-noise-share"] == 1 / math.sqrt(2)
                for r in dp_rounds)
     assert _run(sites, dp_epsilon=5.0).metrics["dp-mode"] == "local"
-    huge = _run(sites, dp_epsilon=1e6, **secure_dp)
+    huge = _run(sites, dp_epsilon=1e6, site_config=LARGE_BUDGET, **secure_dp)
     assert np.linalg.norm(huge.centroids - plain.centroids) < 1e-2
     assert huge.metrics["score"] == pytest.approx(plain.metrics["score"], rel=1e-2)
     assert sum(huge.metrics["cluster-sizes"]) == 900

@@ -43,11 +43,17 @@ def _file_nodes(tmp_path, sites, **policy) -> list[dict]:
 # ------------------------------------------------------------------ the budget maths
 
 
-def test_budget_parses_and_bad_values_name_the_key():
+def test_budget_parses_is_finite_by_default_and_bad_values_name_the_key():
     assert parse_node_config({"dp-budget": "3"}).dp_budget == (3.0, 1e-5)
     assert parse_node_config({"dp-budget": "2.5,1e-6"}).dp_budget == (2.5, 1e-6)
-    for bad in ("", ):
-        assert parse_node_config({"dp-budget": bad}).dp_budget is None
+    # no key: the default, epsilon 10 at delta 1e-5 (rho-zCDP about 1.55)
+    assert parse_node_config({}).dp_budget == (10.0, 1e-5)
+    assert privacy_budget.Budget(*parse_node_config({}).dp_budget).rho == pytest.approx(
+        1.5503552, rel=1e-6)
+    # there is no unlimited value: an empty or infinite budget is an error
+    for bad in ("", "inf", "1e400", "nan"):
+        with pytest.raises(ConfigError, match="dp-budget"):
+            parse_node_config({"dp-budget": bad})
     for bad in ("x", "0", "1,2", "1,1e-5,3"):
         with pytest.raises(ConfigError, match="dp-budget"):
             parse_node_config({"dp-budget": bad})
@@ -85,6 +91,37 @@ def test_charge_adds_rho_per_run_and_refuses_what_does_not_fit():
         for _ in range(100):
             privacy_budget.charge(budget, ledger2, 9, run / 4, planned=run / 4)
     assert privacy_budget.spent_rho(ledger2) <= budget.rho
+
+
+def test_a_site_charges_what_its_own_share_of_the_noise_costs():
+    """Distributed DP: a site adds share x sigma of the noise a task's dp-rho calibrates;
+    alone, that noise is rho / share^2-zCDP (here against the Gaussian mechanism's cost
+    computed from the noise itself), and that is what the site charges, for the task
+    and for the run's planned spend: a tiny share is refused as over budget."""
+    import math
+
+    sensitivity, rho, share = 3.0, 0.2, 0.5
+    own_sigma = share * sensitivity / math.sqrt(2 * rho)
+    assert privacy.own_noise_rho(rho, share) == pytest.approx(
+        privacy.gaussian_rho(sensitivity, own_sigma), rel=1e-12)
+    assert privacy.own_noise_rho(rho, 1.0) == rho  # local DP: the task's rho
+    assert privacy.own_noise_rho(1.0, 1e-200) == math.inf  # refused, not an overflow
+    for bad in ((0.0, 0.5), (1.0, 0.0), (1.0, 1.5), (float("nan"), 1.0)):
+        with pytest.raises(ValueError):
+            privacy.own_noise_rho(*bad)
+    budget = privacy_budget.Budget(10.0, 1e-5)
+    ledger: dict = {}
+    assert privacy_budget.charge(budget, ledger, 1, rho, None, share) == pytest.approx(4 * rho)
+    assert privacy_budget.spent_rho(ledger) == pytest.approx(4 * rho)
+    with pytest.raises(privacy_budget.BudgetExhausted,
+                       match=r"site policy dp-budget=10,1e-05: this task would spend epsilon .* "
+                             r"for its own share 1e-06 of the noise alone .* remaining"):
+        privacy_budget.charge(budget, ledger, 1, 1e-3, None, 1e-6)
+    assert privacy_budget.spent_rho(ledger) == pytest.approx(4 * rho)  # nothing charged
+    # a run's planned spend, scaled the same way: rho / 4 at share 1/2 fits exactly, more not
+    privacy_budget.check_fits(budget, {}, 2, budget.rho / 4, noise_share=0.5)
+    with pytest.raises(privacy_budget.BudgetExhausted, match="this run plans epsilon"):
+        privacy_budget.check_fits(budget, {}, 2, budget.rho / 3, noise_share=0.5)
 
 
 def test_budget_file_survives_and_a_foreign_file_is_never_overwritten(tmp_path):
@@ -125,6 +162,29 @@ def test_a_site_budget_refuses_the_run_that_does_not_fit(tmp_path):
     assert len(runs) == 1
     (spent,) = [r["spent-rho"] for r in runs.values()]
     assert spent == pytest.approx(privacy.rho_from_epsilon(1.0, 1e-5))
+
+
+def test_a_distributed_dp_run_costs_each_site_what_its_own_share_of_the_noise_gives(tmp_path):
+    """Under SecAgg+ each site adds 1/sqrt(t) of the noise and charges its budget t x the
+    run's rho (its own noise alone): recorded so in its budget file (3 sites, t = 2); a
+    run whose t x rho exceeds a default site's budget (5 sites, t = 4, epsilon 5: 4 x
+    rho(5) is epsilon 10.9 > 10) is refused at its describe handshake, naming the share."""
+    secure_run = {**DP_RUN, "dp-epsilon": 2.0, "secure-aggregation": True,
+                  "secagg-data-bound": 10.0, "min-sites": 3}
+    nodes = _file_nodes(tmp_path, _sites(3))
+    result = run_in_process([dict(n) for n in nodes], secure_run)
+    assert result.metrics["dp-mode"] == "distributed" and result.metrics["site-failures"] == {}
+    for i in range(3):
+        (budget_file,) = (tmp_path / f"cache-{i}" / "privacy-budget").glob("budget-*.json")
+        (run,) = json.loads(budget_file.read_text())["runs"].values()
+        assert run["spent-rho"] == pytest.approx(2 * privacy.rho_from_epsilon(2.0, 1e-5))
+    wide = {key.replace("-", "_"): value for key, value in {
+        **secure_run, "dp-epsilon": 5.0, "min-sites": 5, "secagg-num-shares": 0.8,
+        "secagg-reconstruction-threshold": 0.7}.items() if key != "output-dir"}
+    with pytest.raises(FederationError, match=r"site policy dp-budget=10,1e-05: this run plans "
+                                              r"epsilon 10\.9 \(at delta 1e-05\) for its own "
+                                              r"share 0\.5 of the noise alone"):
+        fedcluster.simulate(_sites(5), **wide)
 
 
 def test_require_dp_refuses_a_plain_run_and_answers_a_private_one(tmp_path):

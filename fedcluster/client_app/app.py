@@ -48,7 +48,7 @@ from fedcluster.client_app.site_data import (
 )
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.schema_table import load_plain_table, load_schema_table
-from fedcluster.client_app.task_io import TaskError
+from fedcluster.client_app.task_io import TaskError, task_param
 from fedcluster.common.schema import SchemaError, load_schema
 from fedcluster.client_app.task_runner import run_task
 
@@ -198,37 +198,55 @@ class SiteClient(NumPyClient):
             return None
         return Path(self.node.cache_dir or default_cache_dir())
 
-    def _budget_ledger(self):
+    def _budget_key(self) -> str:
+        """The key of this site's dp-budget: what its DP spend is counted against, across
+        runs. Every use of the key goes through here. Today the fingerprint of the rows
+        (DP answers from rows), so a changed file starts a fresh budget; it becomes the
+        site's data-lineage id, which follows the data across versions."""
+        return self._site.rows_fingerprint()
+
+    def _budget_ledger(self, config):
         """The site's dp-budget ledger (a file beside the data cache; Context.state in
-        simulation), keyed by its rows (DP answers from rows). Yields None when the site
-        set no budget."""
-        if self.node.dp_budget is None:
+        simulation, one per run), under :meth:`_budget_key`, for a task that carries DP
+        parameters (None for a plain task: it spends nothing). Always on: a site that
+        set no ``dp-budget`` has the default."""
+        if protocol.DP_RHO not in config and protocol.DP_RHO_PLANNED not in config:
             return contextlib.nullcontext(None)
-        fingerprint = self._site.rows_fingerprint()
+        key = self._budget_key()
         directory = self._site_dir()
         if directory is not None:
             return _refuse_on_os_error(privacy_budget.ledger_in_file(
-                directory / "privacy-budget", fingerprint), "the privacy budget",
+                directory / "privacy-budget", key), "the privacy budget",
                 directory / "privacy-budget")
-        return privacy_budget.ledger_in_state(self.state, fingerprint)
+        return privacy_budget.ledger_in_state(self.state, key)
 
     def _charge(self, ledger: dict | None, task: str, config) -> tuple[float | None, dict | None]:
-        """Spend this task's ``dp-rho`` from the site's budget (before its reply leaves);
-        return the rho spent and the budget's state after it. A DP run's ``describe`` is
-        refused if the run's planned spend does not fit."""
-        if ledger is not None and task == "describe" and protocol.DP_RHO_PLANNED in config:
-            privacy_budget.check_fits(privacy_budget.Budget(*self.node.dp_budget), ledger,
-                                      self.run_id, float(config[protocol.DP_RHO_PLANNED]))
+        """Charge this task's noise to the site's budget (before its reply leaves): the
+        zCDP of the site's OWN noise, ``dp-rho`` / ``dp-noise-share``^2
+        (``privacy.own_noise_rho``), so that neither the coordinator's ``dp-rho`` nor its
+        share sets the noise below what the remaining budget allows. Return the rho
+        charged and the budget's state after it (None, None: nothing to charge). A DP
+        run's ``describe`` is refused if the run's planned spend does not fit.
+
+        Raises
+        ------
+        BudgetExhausted
+            Naming ``dp-budget`` and what is left.
+        TaskError
+            A DP parameter out of range.
+        """
+        if ledger is None:  # a plain task
+            return None, None
+        budget = privacy_budget.Budget(*self.node.dp_budget)
+        planned = _planned_rho(config)
+        if task == "describe" and planned is not None:
+            share = private_tasks.task_noise_share(config)
+            privacy_budget.check_fits(budget, ledger, self.run_id, planned, share)
         if protocol.DP_RHO not in config or task not in private_tasks.SPENDING_TASKS:
             return None, None
-        rho = float(config[protocol.DP_RHO])
-        if ledger is None:
-            return rho, None
-        budget = privacy_budget.Budget(*self.node.dp_budget)
-        planned = config.get(protocol.DP_RHO_PLANNED)
-        privacy_budget.charge(budget, ledger, self.run_id, rho,
-                              None if planned is None else float(planned))
-        return rho, privacy_budget.status(budget, ledger)
+        rho, share = private_tasks.task_rho(config)
+        charged = privacy_budget.charge(budget, ledger, self.run_id, rho, planned, share)
+        return charged, privacy_budget.status(budget, ledger)
 
     def _ledger_path(self) -> Path | None:
         """The disclosure ledger's file (None: this site keeps none)."""
@@ -297,7 +315,7 @@ class SiteClient(NumPyClient):
             groups_digest = groups.digest[:16]
             site_policy.check_site_rows(self.node, groups.n_rows, groups.waiting)
             rows = PrivateRows(self._site.X, self._grouped, groups.source)
-            with self._budget_ledger() as budget_ledger:
+            with self._budget_ledger(config) as budget_ledger:
                 rho, budget = self._charge(budget_ledger, task, config)
                 reply = run_task(groups, [np.asarray(a) for a in parameters], dict(config),
                                  self.node.min_cluster_size, noise_seed=self._noise_seed(config),
@@ -355,6 +373,16 @@ class SiteClient(NumPyClient):
             # opted out and answers from its rows, which the run's outputs say.
             metrics[protocol.GROUP_SIZE] = site.min_size
         return arrays, site.n_rows, metrics
+
+
+def _planned_rho(config) -> float | None:
+    """The run's planned rho (``dp-rho-planned``; None when not sent), checked."""
+    if protocol.DP_RHO_PLANNED not in config:
+        return None
+    planned = task_param(config, protocol.DP_RHO_PLANNED, float)
+    if not planned > 0:
+        raise TaskError(f"bad DP parameter: {protocol.DP_RHO_PLANNED} {planned}")
+    return planned
 
 
 @contextlib.contextmanager

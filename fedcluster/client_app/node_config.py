@@ -4,15 +4,22 @@ the key (the run config: ``config.py``)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_serializer, field_validator
 
 from fedcluster.common.algorithms import ALGORITHMS
 from fedcluster.common.config import ConfigError, _format, _kebab, _Strict
 from fedcluster.common.schema import parse_units
 
 __all__ = ["ConfigError", "NodeConfig", "parse_node_config"]
+
+
+#: A site's ``dp-budget`` when it sets none: epsilon 10 at delta 1e-5 (rho-zCDP about
+#: 1.55). What no sequence of DP tasks within it can learn of a row, and so why this
+#: value: docs/reference/node-config.md. There is no unlimited budget.
+DEFAULT_DP_BUDGET = (10.0, 1e-5)
 
 
 class NodeConfig(_Strict):
@@ -47,8 +54,9 @@ class NodeConfig(_Strict):
     # are close to its rows); checked before every task, describe included.
     min_site_rows: int = Field(10, ge=1, description="the site's own minimum size")
     # The site's DP budget for its data across ALL runs ("epsilon" or "epsilon,delta";
-    # client_app/privacy_budget.py), and whether it answers only DP tasks.
-    dp_budget: tuple[float, float] | None = None
+    # client_app/privacy_budget.py): always finite, DEFAULT_DP_BUDGET when not set. And
+    # whether the site answers only DP tasks.
+    dp_budget: tuple[float, float] = Field(DEFAULT_DP_BUDGET)
     require_dp: bool = False
     # The disclosure ledger (client_app/disclosure_ledger.py): a JSONL file, "off" for none.
     ledger_path: str | None = None
@@ -88,9 +96,13 @@ class NodeConfig(_Strict):
 
     @field_validator("dp_budget", mode="before")
     @classmethod
-    def _budget(cls, value: Any) -> tuple[float, float] | None:
-        if value is None or value == "":
-            return None
+    def _budget(cls, value: Any) -> tuple[float, float]:
+        if value is None or str(value).strip() == "":
+            # An unset budget once meant "no limit": a coordinator's dp-rho then set the
+            # noise on the site's rows. There is no such value any more.
+            raise ValueError("is empty: there is no unlimited budget; leave the key out for "
+                             f"the default {_budget_text(DEFAULT_DP_BUDGET)}, or write a "
+                             "larger 'epsilon' or 'epsilon,delta'")
         parts = [p.strip() for p in str(value).split(",")] if not isinstance(value, (int, float)) \
             else [str(value)]
         try:
@@ -98,10 +110,15 @@ class NodeConfig(_Strict):
             delta = float(parts[1]) if len(parts) == 2 else 1e-5
         except ValueError:
             parts = []
-        if len(parts) not in (1, 2) or not epsilon > 0 or not 0 < delta < 1:
-            raise ValueError(f"{value!r} is not 'epsilon' or 'epsilon,delta' with epsilon > 0 "
-                             "and 0 < delta < 1 (delta defaults to 1e-5)")
+        if len(parts) not in (1, 2) or not 0 < epsilon < math.inf or not 0 < delta < 1:
+            raise ValueError(f"{value!r} is not 'epsilon' or 'epsilon,delta' with a finite "
+                             "epsilon > 0 and 0 < delta < 1 (delta defaults to 1e-5)")
         return epsilon, delta
+
+    @field_serializer("dp_budget")
+    def _budget_as_text(self, value: tuple[float, float]) -> str:
+        # As the key is written (and as a refusal names it): "10,1e-05".
+        return _budget_text(value)
 
     @field_validator("max_rounds", mode="before")
     @classmethod
@@ -142,6 +159,10 @@ REMOVED_KEYS = {
                     "mean of at least min-cluster-size rows like every other reply, so "
                     "there is nothing left to refuse (docs/explanation/privacy-model.md)",
 }
+
+
+def _budget_text(budget: tuple[float, float]) -> str:
+    return f"{budget[0]:g},{budget[1]:g}"
 
 
 def parse_node_config(values: dict[str, Any]) -> NodeConfig:

@@ -1,29 +1,40 @@
 """A site's differential-privacy budget across runs (node config ``dp-budget``).
 
-A run's ``dp-epsilon`` bounds what THAT run discloses; a hospital answering run after run
-on the same table needs a bound on all of them together. ``dp-budget = "epsilon,delta"``
-(delta defaults to 1e-5) is that bound for the site's data (its rows, by
-:func:`~fedcluster.client_app.site_data.data_fingerprint`), spent across ALL runs:
+A run's ``dp-epsilon`` bounds what THAT run discloses, and the coordinator chooses it; a
+hospital answering run after run on the same table needs a bound on all of them
+together that no coordinator chooses. ``dp-budget = "epsilon,delta"`` (delta defaults to
+1e-5) is that bound for the site's data, spent across ALL runs. It is always on: a site
+that sets none has ``node_config.DEFAULT_DP_BUDGET`` (epsilon 10 at delta 1e-5, rho-zCDP
+about 1.55; why that value: docs/reference/node-config.md), and there is no unlimited
+value. So no ``dp-rho`` a coordinator sends can lower the noise on a site's rows below
+what its remaining budget allows.
 
 - The spend is kept as rho-zCDP, which adds up over releases (Bun & Steinke 2016,
-  Lemma 2.3): every noised task (``private_tasks.SPENDING_TASKS``) adds the task's
-  ``dp-rho`` to its run's entry BEFORE its reply leaves the site; a task that would take
-  the total past the budget's rho (``privacy.rho_from_epsilon(epsilon, delta)``) is refused.
+  Lemma 2.3): every noised task (``private_tasks.SPENDING_TASKS``) adds what the SITE'S
+  OWN noise costs, ``privacy.own_noise_rho(dp-rho, dp-noise-share)`` (``dp-rho`` under
+  local DP; ``dp-rho`` / share^2 under distributed DP, where the server's share would
+  otherwise set the site's noise), to its run's entry BEFORE its reply leaves the site;
+  a task that would take the total past the budget's rho
+  (``privacy.rho_from_epsilon(epsilon, delta)``) is refused, naming ``dp-budget`` and
+  what is left.
 - A DP run's ``describe`` handshake and every DP task carry the run's planned total
-  (``dp-rho-planned``, the run's whole ``dp-epsilon``/``dp-delta`` as rho): a run that
-  would not fit in what is left is refused at its first task (the server then rejects
-  the site at once), with the spent and remaining budget in the message, so it does not
-  spend half of what is left on rounds it cannot finish.
+  (``dp-rho-planned``, the run's whole ``dp-epsilon``/``dp-delta`` as rho; scaled by the
+  task's share the same way): a run that would not fit in what is left is refused at
+  its first task (the server then rejects the site at once), with the spent and
+  remaining budget in the message, so it does not spend half of what is left on rounds
+  it cannot finish.
 - The ledger is a JSON file beside the data cache (``<cache-dir>/privacy-budget/
-  budget-<fingerprint>.json``), written under a lock and replaced atomically, so it
-  survives SuperNode restarts and is shared by the runs of every SuperNode using that
-  cache. In simulation (no data file) it lives in the run's ``Context.state``.
+  budget-<key>.json``), written under a lock and replaced atomically, so it survives
+  SuperNode restarts and is shared by the runs of every SuperNode using that cache. In
+  simulation (no data file) it lives in the run's ``Context.state``: one budget per run.
+  The key is ``SiteClient._budget_key`` (today the rows' fingerprint).
 
 Epsilons are reported at the budget's delta: "remaining" is the largest epsilon (at
 that delta) a further run may still have, epsilon_from_rho(budget rho - spent rho).
-What this does not stop: a copy of the data under another cache directory, or the same
-patients in a changed file (another fingerprint), starts a fresh budget; a site that
-does not set ``require-dp`` still answers non-DP runs, which the budget does not count.
+What this does not stop: a copy of the data under another cache directory starts a
+fresh budget, and so does a changed file while the key is the rows' fingerprint; a
+site that does not set ``require-dp`` still answers non-DP runs (from its groups), which
+the budget does not count.
 """
 
 from __future__ import annotations
@@ -81,9 +92,12 @@ def status(budget: Budget, ledger: dict) -> dict:
             "runs": len(ledger.get("runs", {}))}
 
 
-def check_fits(budget: Budget, ledger: dict, run_id: int, planned: float) -> None:
+def check_fits(budget: Budget, ledger: dict, run_id: int, planned: float,
+               noise_share: float = 1.0) -> None:
     """Refuse a run whose planned spend does not fit in what is left (a run already in
     the ledger was admitted before and passes; its tasks are still checked one by one).
+    ``planned`` is the run's rho; the site's own cost of it is
+    ``privacy.own_noise_rho(planned, noise_share)``.
 
     Raises
     ------
@@ -92,19 +106,28 @@ def check_fits(budget: Budget, ledger: dict, run_id: int, planned: float) -> Non
     """
     if str(run_id) in ledger.get("runs", {}):
         return
-    if spent_rho(ledger) + planned > budget.rho * (1.0 + _SLACK):
+    own = privacy.own_noise_rho(planned, noise_share)
+    if not spent_rho(ledger) + own <= budget.rho * (1.0 + _SLACK):
         raise BudgetExhausted(_refusal(budget, ledger, f"this run plans epsilon "
-                                       f"{budget.epsilon_of(planned):.4g}"))
+                                       f"{budget.epsilon_of(own):.4g}", _share(noise_share)))
 
 
-def charge(budget: Budget, ledger: dict, run_id: int, rho: float, planned: float | None) -> None:
-    """Add one task's ``rho`` to run ``run_id`` in ``ledger`` (in place), or refuse it.
+def charge(budget: Budget, ledger: dict, run_id: int, rho: float, planned: float | None,
+           noise_share: float = 1.0) -> float:
+    """Add what one task's noise costs the site to run ``run_id`` in ``ledger`` (in
+    place), or refuse it; return the rho charged.
 
     Parameters
     ----------
+    rho
+        The task's ``dp-rho`` (the zCDP of the whole noise it asks for).
     planned
         The run's whole planned spend, checked at the run's first charged task (None:
         the server sent none; each task is still checked).
+    noise_share
+        The share of that noise the site adds (``dp-noise-share``; 1 under local DP):
+        the site charges ``privacy.own_noise_rho(rho, noise_share)``, the zCDP of its
+        own noise alone, and the planned spend scaled the same way.
 
     Raises
     ------
@@ -115,28 +138,42 @@ def charge(budget: Budget, ledger: dict, run_id: int, rho: float, planned: float
     runs = ledger.setdefault("runs", {})
     key = str(run_id)
     if planned is not None:
-        check_fits(budget, ledger, run_id, planned)
-    if spent_rho(ledger) + rho > budget.rho * (1.0 + _SLACK):
+        check_fits(budget, ledger, run_id, planned, noise_share)
+    own = privacy.own_noise_rho(rho, noise_share)
+    if not spent_rho(ledger) + own <= budget.rho * (1.0 + _SLACK):  # (an inf or NaN too)
         raise BudgetExhausted(_refusal(budget, ledger, f"this task would spend epsilon "
-                                       f"{budget.epsilon_of(rho):.4g} more"))
-    run = runs.setdefault(key, {"planned-rho": planned, "spent-rho": 0.0, "tasks": 0})
-    run["spent-rho"] = float(run["spent-rho"]) + rho
+                                       f"{budget.epsilon_of(own):.4g} more",
+                                       _share(noise_share)))
+    run = runs.setdefault(key, {"planned-rho": None if planned is None else
+                                privacy.own_noise_rho(planned, noise_share),
+                                "spent-rho": 0.0, "tasks": 0})
+    run["spent-rho"] = float(run["spent-rho"]) + own
     run["tasks"] = int(run["tasks"]) + 1
+    return own
 
 
-def _refusal(budget: Budget, ledger: dict, why: str) -> str:
+def _share(noise_share: float) -> str:
+    """How a distributed-DP task's cost came about, for a refusal (nothing under local DP)."""
+    if noise_share == 1.0:
+        return ""
+    return (f" for its own share {noise_share:.4g} of the noise alone (dp-rho / share^2: "
+            f"the rest comes from sites it cannot check)")
+
+
+def _refusal(budget: Budget, ledger: dict, why: str, how: str = "") -> str:
     now = status(budget, ledger)
     return (f"site policy dp-budget={budget.epsilon:g},{budget.delta:g}: {why} (at delta "
-            f"{budget.delta:g}), but this data set's budget has epsilon "
+            f"{budget.delta:g}){how}, but this data set's budget has epsilon "
             f"{now['spent-epsilon']:.4g} spent over {now['runs']} run(s) and "
             f"{now['remaining-epsilon']:.4g} remaining; the site answers none of this run's "
             f"DP tasks")
 
 
 @contextlib.contextmanager
-def ledger_in_file(directory: str | os.PathLike, fingerprint: str):
-    """The budget ledger of a data set in ``directory`` (a deployed site's cache), held
-    under its lock; what the block changes is written back atomically.
+def ledger_in_file(directory: str | os.PathLike, key: str):
+    """The budget ledger of a data set in ``directory`` (a deployed site's cache), by its
+    budget ``key``, held under its lock; what the block changes is written back
+    atomically.
 
     Raises
     ------
@@ -145,8 +182,8 @@ def ledger_in_file(directory: str | os.PathLike, fingerprint: str):
     ValueError
         The file is not a ledger (it is never overwritten then).
     """
-    with site_files.locked(directory, f"budget-{fingerprint[:40]}.json") as target:
-        ledger = {"data": fingerprint, "runs": {}}
+    with site_files.locked(directory, f"budget-{key[:40]}.json") as target:
+        ledger = {"data": key, "runs": {}}
         if target.exists():
             try:
                 ledger = json.loads(target.read_text(encoding="utf-8"))
@@ -162,12 +199,12 @@ def ledger_in_file(directory: str | os.PathLike, fingerprint: str):
 
 
 @contextlib.contextmanager
-def ledger_in_state(state: RecordDict, fingerprint: str):
-    """The budget ledger in ``Context.state`` (simulation: one series of runs)."""
+def ledger_in_state(state: RecordDict, key: str):
+    """The budget ledger of ``key`` in ``Context.state`` (simulation: one run)."""
     record = state.config_records.get(STATE_RECORD)
-    ledger = {"data": fingerprint, "runs": {}}
-    if record is not None and record.get("data") == fingerprint:
+    ledger = {"data": key, "runs": {}}
+    if record is not None and record.get("data") == key:
         ledger = json.loads(str(record["ledger"]))
     yield ledger
     state.config_records[STATE_RECORD] = ConfigRecord(
-        {"data": fingerprint, "ledger": json.dumps(ledger)})
+        {"data": key, "ledger": json.dumps(ledger)})

@@ -1,12 +1,21 @@
 """The one way a site task reaches rows: differential privacy's clipped rows.
 
 Every other task answers from the site's groups (``site_groups.py``). Differential
-privacy answers from rows, clipped to the run's box and noised before anything leaves
-(``private_tasks.py``): its guarantee is per row, and a group's statistics have no
-bounded sensitivity (a changed row may regroup many rows), so DP could not be computed
-from them. The rows here are the site's rows in groups (a row waiting for a group is
-used by no task), under the run's fill and clipped to ``data-bounds``; what a DP task
-takes from them are sums of per-row terms whose sensitivity the box bounds.
+privacy answers from rows, clipped to the task's box and noised before anything leaves
+(``private_tasks.py``), within the site's own ``dp-budget`` (``privacy_budget.py``).
+
+Why rows and not groups: DP calibrates its noise to the sensitivity of a release, how
+far it can move when ONE row is replaced by any other. A sum of per-row terms over rows
+clipped to a box moves by at most the box's diameter. A statistic of the site's groups
+has no such bound: the grouping (``grouping.py``) is a deterministic function of ALL the
+site's rows, so two neighbouring data sets can be grouped completely differently, and a
+cluster of whole groups can then gain or lose many rows at once (up to every row of the
+site). A data-independent grouping, fixed before the rows are seen, would have a bound;
+the site's groups are not one. So no sound noise could be calibrated on the groups.
+
+The rows here are the site's rows in groups (a row waiting for a group is used by no
+task), under the run's fill and clipped to ``data-bounds``; what a DP task takes from
+them are sums of per-row terms whose sensitivity the box bounds.
 """
 
 from __future__ import annotations

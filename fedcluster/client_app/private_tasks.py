@@ -1,13 +1,17 @@
-"""The site tasks under differential privacy (``dp-epsilon`` > 0; docs/how-to/differential-privacy.md
-privacy", the maths in ``common/privacy.py``).
+"""The site tasks under differential privacy (``dp-epsilon`` > 0;
+docs/how-to/differential-privacy.md; the maths in ``common/privacy.py``).
 
 The server sends, with every task of a DP run, ``data-bounds`` (the clipping box),
 ``dp-rho`` (this round's zCDP share of the run's budget) and ``dp-noise-share`` (1 for
 local DP). These tasks answer from the site's ROWS, clipped to the box
-(``private_rows.py``: the one way a task reaches rows; every other task answers from
-the site's groups, whose statistics have no bounded sensitivity), compute sigma ITSELF
-from the box and ``dp-rho`` and add the noise before anything leaves the site. Only
-these tasks run under DP:
+(``private_rows.py``: the one way a task reaches rows, and why: every other task
+answers from the site's groups, and a grouping made from all the rows has no bounded
+sensitivity to one of them), compute sigma ITSELF from the box and ``dp-rho`` and add
+the noise before anything leaves the site. The ClientApp charges each noised task to
+the site's own ``dp-budget`` first (``privacy_budget.py``: the zCDP of the site's own
+noise, ``privacy.own_noise_rho``) and refuses what does not fit, so neither ``dp-rho``
+nor ``dp-noise-share`` sets the noise below what the site's remaining budget allows.
+Only these tasks run under DP:
 
 ``lloyd`` (DWF/EWF, ``local-iters`` 1)
     Per-cluster sums and counts against the received centroids, noised jointly (L2
@@ -29,8 +33,8 @@ these tasks run under DP:
 
 Distributed DP (the task also carries ``secure``: the round is a SecAgg+ sum). The site
 adds only its share of the noise, ``dp-noise-share`` x sigma with the share 1/sqrt(t) (t
-the sites that must contribute for the sum to be formed), and sends its noisy statistics
-RAW: the centred per-cluster sums and counts of ``lloyd`` as the terms ``wc`` and
+the sites that must contribute for the sum to be formed; its budget is charged
+``dp-rho`` / share^2, what that share alone gives), and sends its noisy statistics RAW: the centred per-cluster sums and counts of ``lloyd`` as the terms ``wc`` and
 ``w-int``, the per-cluster counts and SSE of ``evaluate``. No rounding, clamping, floor or
 mean at the site: each of those is a nonlinear step on a value that carries only this
 site's share of the noise, and the sum of such steps is not the sum plus the full noise,
@@ -74,14 +78,34 @@ def task_privacy(params: dict, n_features: int) -> SitePrivacy | None:
     """
     if "dp-rho" not in params:
         return None
-    rho = task_param(params, "dp-rho", float)
-    share = task_param(params, "dp-noise-share", float, default=1.0)
-    if not rho > 0 or not 0 < share <= 1:
-        raise TaskError(f"bad DP parameters: dp-rho {rho}, dp-noise-share {share}")
+    rho, share = task_rho(params)
     box = site_bounds(params, n_features)
     if box is None:
         raise TaskError("task parameter 'data-bounds' is missing: a DP task needs the clipping box")
     return SitePrivacy(rho, box[0], box[1], share)
+
+
+def task_rho(params: dict) -> tuple[float, float]:
+    """A DP task's ``dp-rho`` and ``dp-noise-share`` (1 when not sent), checked.
+
+    Raises
+    ------
+    TaskError
+        When ``dp-rho`` is not > 0 or the share not in (0, 1].
+    """
+    rho = task_param(params, "dp-rho", float)
+    if not rho > 0:
+        raise TaskError(f"bad DP parameter: dp-rho {rho}")
+    return rho, task_noise_share(params)
+
+
+def task_noise_share(params: dict) -> float:
+    """A task's ``dp-noise-share`` (1 when not sent: local DP), checked (TaskError when
+    not in (0, 1])."""
+    share = task_param(params, "dp-noise-share", float, default=1.0)
+    if not 0 < share <= 1:
+        raise TaskError(f"bad DP parameter: dp-noise-share {share}")
+    return share
 
 
 def site_bounds(params: dict, n_features: int) -> tuple[np.ndarray, np.ndarray] | None:

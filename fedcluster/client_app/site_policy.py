@@ -25,7 +25,9 @@
     size-and-width ``describe`` handshake is answered too): every other task of a run
     is refused, naming the run settings that make it private.
 ``dp-budget``
-    The site's DP budget across all runs on its data (``client_app/privacy_budget.py``).
+    The site's DP budget across all runs on its data (``client_app/privacy_budget.py``):
+    always on (epsilon 10 at delta 1e-5 when not set), every DP task charged before its
+    reply leaves.
 
 The ``min-cluster-size`` floor is another site policy: the size of the groups the site
 answers from (``client_app/group_table.py``) and the fewest rows of a cluster it

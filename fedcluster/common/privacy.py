@@ -1,7 +1,7 @@
 """Differential privacy: clipping bounds, the Gaussian mechanism and its accounting.
 
 Pure functions only (no Flower, no I/O); the site tasks that use them are in
-``common/private_tasks.py``, the server's bookkeeping in ``strategies/base.py``.
+``client_app/private_tasks.py``, the server's bookkeeping in ``strategies/base.py``.
 
 Unit of privacy and neighbouring relation
 -----------------------------------------
@@ -159,6 +159,28 @@ def gaussian_sigma(sensitivity: float, rho: float) -> float:
 def gaussian_rho(sensitivity: float, sigma: float) -> float:
     """The zCDP cost rho = Delta^2 / (2 sigma^2) of one Gaussian release."""
     return sensitivity**2 / (2.0 * sigma**2)
+
+
+def own_noise_rho(rho: float, noise_share: float) -> float:
+    """The zCDP a site's OWN noise gives when it adds ``noise_share`` of the noise that
+    ``rho`` calibrates (distributed DP; 1 for local DP): share x sigma with
+    sigma = Delta / sqrt(2 rho) is, on its own, rho / share^2-zCDP (``gaussian_rho``).
+
+    It is what a site charges to its ``dp-budget``. Under distributed DP the rest of the
+    noise comes from the other summed sites, which the site cannot check: the server
+    sends the share, and a coordinator that colludes with the other sites (or runs
+    them) learns the site's terms with its share of the noise alone. Charging rho /
+    share^2 makes the site's own noise follow its own budget: a tiny share costs so
+    much that it is refused.
+
+    Raises
+    ------
+    ValueError
+        When ``rho`` is not > 0 or ``noise_share`` not in (0, 1].
+    """
+    if not rho > 0 or not 0 < noise_share <= 1:
+        raise ValueError(f"need rho > 0 and a noise share in (0, 1], got {rho}, {noise_share}")
+    return rho / noise_share / noise_share  # (inf, not an error, for a share ~1e-200)
 
 
 def data_rounds(num_rounds: int, eval_every: int, n_init: int, start_rounds: int = 0) -> int:

@@ -147,11 +147,15 @@ def task_params(strategy, task: str, server_round: int, n_sites: int) -> dict:
     """The parameters a round of ``n_sites`` sites adds to the task: ``data-bounds``
     (every task but ``describe`` and ``stats``, when the box is known) and, under DP,
     ``dp-rho``, ``dp-rho-planned`` (the whole run's budget, for a site's ``dp-budget``),
-    ``dp-noise-share`` (``noise_share``) and ``dp-round`` (names the round; the noise seed
-    in simulation)."""
+    ``dp-noise-share`` (``noise_share``; a site charges its budget rho / share^2, the
+    zCDP of its own noise, ``privacy.own_noise_rho``) and ``dp-round`` (names the round;
+    the noise seed in simulation). ``describe`` carries the planned rho and the share."""
     if task == "describe" and strategy.config.private:  # a site's dp-budget checks it
+        # and the share the site would add if every site asked took part (a site charges
+        # its own noise, planned rho / share^2; fewer sites give a larger share)
         return {protocol.DP_RHO_PLANNED: privacy.rho_from_epsilon(strategy.config.dp_epsilon,
-                                                                  strategy.config.dp_delta)}
+                                                                  strategy.config.dp_delta),
+                "dp-noise-share": noise_share(strategy.config, n_sites)}
     if task in ("describe", "stats", "bounds") or strategy.box is None:
         if strategy.config.private and task in DP_PARAM_TASKS:
             raise RuntimeError(f"a DP {task} round without a clipping box")
