@@ -332,3 +332,35 @@ def test_the_exact_audit_agrees_with_an_svd_on_random_components(p):
     assert verdicts[None] > 10 and verdicts["small"] > 10  # both verdicts were exercised
     if p == 2:
         assert verdicts["change"] > 3
+
+
+# ------------------------------------------------------------------ the DP budget follows
+def test_the_dp_budget_follows_the_data_across_versions_and_keeps_what_was_spent(tmp_path):
+    """The budget is kept per data lineage: a corrected row (a new version) does not
+    start a fresh one; and a ledger an earlier release kept under the rows' fingerprint
+    is carried into it."""
+    import json as json_
+
+    from fedcluster.common import privacy
+
+    cache = tmp_path / "cache"
+    (cache / "privacy-budget").mkdir(parents=True)
+    rho = privacy.rho_from_epsilon(2.0, 1e-5)
+    legacy = {"data": "f" * 64, "runs": {"7": {"planned-rho": None, "spent-rho": 0.1 * rho, "tasks": 2}}}
+    (cache / "privacy-budget" / f"budget-{'f' * 40}.json").write_text(json_.dumps(legacy))
+    table = Table(blobs(300), with_id=False)
+    path = tmp_path / "site.csv"
+    site = FileSite(path, cache, {"dp-budget": "2"}, False)
+    dp = {"dp-rho": 0.4 * rho, "data-bounds": "-20:20"}
+    C = np.array([[-1.0, 0, 0], [1.0, 0, 0]])
+    table.write(path)
+    site.lloyd(C, **dp)
+    table.correct(5, 0, 1.0)
+    table.write(path)
+    site.lloyd(C, **dp)  # the same lineage: 0.1 + 0.8 of its rho spent, too little left
+    refusal = site.refusal(C, **dp)
+    assert "dp-budget=2" in refusal
+    ledgers = [json_.loads(p.read_text()) for p in (cache / "privacy-budget").glob("budget-*.json")]
+    (lineage,) = [lg for lg in ledgers if str(lg["data"]).startswith("lineage-")]
+    assert lineage["runs"]["carried"]["spent-rho"] == pytest.approx(0.1 * rho)
+    assert sum(r["spent-rho"] for r in lineage["runs"].values()) == pytest.approx(0.9 * rho)

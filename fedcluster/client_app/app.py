@@ -200,9 +200,16 @@ class SiteClient(NumPyClient):
 
     def _budget_key(self) -> str:
         """The key of this site's dp-budget: what its DP spend is counted against, across
-        runs. Every use of the key goes through here. Today the fingerprint of the rows
-        (DP answers from rows), so a changed file starts a fresh budget; it becomes the
-        site's data-lineage id, which follows the data across versions."""
+        runs. Every use of the key goes through here. A deployed site's data lineage
+        (``versions/lineage.py``: its versions, whatever they gained, lost or changed,
+        and a file exported anew under another name); a site that opted out of groups
+        (no history kept) its file and the way it is read; data held in memory (the
+        ledger is then the run's own) the rows' fingerprint."""
+        ref = self._groups.table_ref if self._groups is not None else None
+        if ref is not None:
+            return f"lineage-{ref.lineage}"
+        if self._site.lineage is not None:
+            return f"lineage-file-{self._site.lineage}"
         return self._site.rows_fingerprint()
 
     def _budget_ledger(self, config):

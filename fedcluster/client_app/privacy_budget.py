@@ -27,14 +27,18 @@ what its remaining budget allows.
   budget-<key>.json``), written under a lock and replaced atomically, so it survives
   SuperNode restarts and is shared by the runs of every SuperNode using that cache. In
   simulation (no data file) it lives in the run's ``Context.state``: one budget per run.
-  The key is ``SiteClient._budget_key`` (today the rows' fingerprint).
+  The key is ``SiteClient._budget_key``: the site's data lineage, which follows its data
+  across versions (rows appended, deleted, corrected; a file exported anew under another
+  name that shares rows with the last). A ledger kept by an earlier release under the
+  rows' fingerprint is carried into the first lineage ledger made beside it
+  (:func:`ledger_in_file`): what was spent stays spent.
 
 Epsilons are reported at the budget's delta: "remaining" is the largest epsilon (at
 that delta) a further run may still have, epsilon_from_rho(budget rho - spent rho).
-What this does not stop: a copy of the data under another cache directory starts a
-fresh budget, and so does a changed file while the key is the rows' fingerprint; a
-site that does not set ``require-dp`` still answers non-DP runs (from its groups), which
-the budget does not count.
+What this does not stop: a copy of the data under another cache directory, or read
+another way (another schema, other columns), starts a fresh budget; a site that does not
+set ``require-dp`` still answers non-DP runs (from its groups), which the budget does not
+count.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from pathlib import Path
 from dataclasses import dataclass
 
 from flwr.app import ConfigRecord, RecordDict
@@ -184,6 +189,8 @@ def ledger_in_file(directory: str | os.PathLike, key: str):
     """
     with site_files.locked(directory, f"budget-{key[:40]}.json") as target:
         ledger = {"data": key, "runs": {}}
+        if not target.exists() and key.startswith("lineage-"):
+            ledger["runs"].update(_carried(Path(directory)))
         if target.exists():
             try:
                 ledger = json.loads(target.read_text(encoding="utf-8"))
@@ -196,6 +203,28 @@ def ledger_in_file(directory: str | os.PathLike, key: str):
         if json.dumps(ledger, sort_keys=True) != before:
             text = json.dumps(ledger, indent=1, sort_keys=True).encode()
             site_files.replace_atomically(target, lambda out: out.write(text))
+
+
+def _carried(directory: Path) -> dict:
+    """What the ledgers an earlier release kept in ``directory`` (keyed by the rows'
+    fingerprint, not by a lineage) spent, as one entry: carried into a site's first
+    lineage ledger so that nothing spent is forgotten (all of them: which data each was
+    for is not known here, so the count can only be larger than the truth)."""
+    spent, tasks, names = 0.0, 0, []
+    for path in sorted(directory.glob("budget-*.json")):
+        try:
+            earlier = json.loads(path.read_text(encoding="utf-8"))
+            if str(earlier.get("data", "")).startswith("lineage-"):
+                continue
+            spent += spent_rho(earlier)
+            tasks += sum(int(run.get("tasks", 0)) for run in earlier["runs"].values())
+            names.append(path.name)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    if not names:
+        return {}
+    return {"carried": {"planned-rho": None, "spent-rho": spent, "tasks": tasks,
+                        "carried-from": names}}
 
 
 @contextlib.contextmanager
