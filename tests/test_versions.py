@@ -364,3 +364,81 @@ def test_the_dp_budget_follows_the_data_across_versions_and_keeps_what_was_spent
     (lineage,) = [lg for lg in ledgers if str(lg["data"]).startswith("lineage-")]
     assert lineage["runs"]["carried"]["spent-rho"] == pytest.approx(0.1 * rho)
     assert sum(r["spent-rho"] for r in lineage["runs"].values()) == pytest.approx(0.9 * rho)
+
+
+# ------------------------------------------------------------------ describe's figures
+SCHEMA = """
+[[columns]]
+name = "a"
+missing = "impute-mean"
+
+[[columns]]
+name = "b"
+missing = "drop-row"
+
+[[columns]]
+name = "c"
+"""
+
+
+def test_describes_counts_move_only_by_whole_groups(tmp_path):
+    """``describe``'s rows dropped and missing cells come from the groups: one dropped row
+    deleted, or one missing cell filled in, does not move them by one."""
+    import json as json_
+
+    rng = np.random.default_rng(4)
+    X = blobs(300)
+    X[rng.choice(300, 30, replace=False), 0] = np.nan  # a: 30 cells missing (imputed)
+    dropped = rng.choice(300, 7, replace=False)
+    X[dropped, 1] = np.nan  # b: 7 rows dropped
+    path, schema = tmp_path / "site.csv", tmp_path / "schema.toml"
+    schema.write_text(SCHEMA)
+    node = {"data-path": str(path), "cache-dir": str(tmp_path / "cache"), "site-id": "s",
+            "schema-path": str(schema), "ledger-path": "off"}
+    site = FileSite.__new__(FileSite)
+    site.grid = InProcessGrid(client_module.app, [node], run_config_defaults())
+    site.node_id, site.messages, site.server_floor = next(iter(site.grid.contexts)), 0, 2
+
+    def describe(rows: np.ndarray, version: int):
+        text = "\n".join(",".join("" if np.isnan(v) else repr(float(v)) for v in r) for r in rows)
+        path.write_text("a,b,c\n" + text + "\n")
+        os.utime(path, ns=(version * 10**9, version * 10**9))
+        metrics = site.ask("describe", [])[1]
+        return json_.loads(metrics["rows-dropped"]), json_.loads(metrics["cells-missing"])["a"]
+
+    dropped_1, missing_1 = describe(X, 1)
+    assert dropped_1 == 7  # the file's own at the first version (groups of 2 and 3)
+    dropped_2, _ = describe(np.delete(X, dropped[0], axis=0), 2)
+    assert dropped_1 - dropped_2 >= 2  # a whole group went, not one row
+    Y = np.delete(X, dropped[0], axis=0)
+    Y[np.flatnonzero(np.isnan(Y[:, 0]) & ~np.isnan(Y[:, 1]))[0], 0] = 1.5  # a cell filled in
+    _, missing_3 = describe(Y, 3)
+    # the groups' own count: their rows less their present cells (whole groups only;
+    # rows waiting, and cells counted missing by the lone-cell rule, as the groups keep them)
+    from fedcluster.client_app.schema_table import load_schema_table
+    from fedcluster.common.schema import load_schema
+
+    table = load_schema_table(path, load_schema(schema), cache_dir=tmp_path / "cache")
+    groups = group_table.site_groups(table, 2, tmp_path / "cache")[0]
+    assert missing_3 == int(np.asarray(groups.counts).sum() - np.asarray(groups.present)[:, 0].sum())
+    assert groups.waiting > 0  # the corrected row's group was withdrawn: its rows wait
+
+
+def test_site_check_shows_the_versions_and_what_the_audit_held_back(tmp_path):
+    from fedcluster.client_app.site_check import check
+    from fedcluster.common.schema import load_schema
+
+    schema = tmp_path / "schema.toml"
+    schema.write_text(SCHEMA.replace('missing = "impute-mean"', "").replace('missing = "drop-row"', ""))
+    table, path, cache = Table(blobs(200), with_id=False), tmp_path / "site.csv", tmp_path / "cache"
+    table.write(path)
+    check(path, load_schema(schema), cache_dir=cache)
+    table.delete([3, 4, 5])
+    table.write(path)
+    report = check(path, load_schema(schema), cache_dir=cache)
+    lines = report.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Versions of this data"))
+    first, second = lines[at + 2].split(" | "), lines[at + 3].split(" | ")
+    assert first[0] == "1" and second[0] == "2 (this one)" and second[2] == "197"
+    withdrawn = int(second[4].split()[0])
+    assert 1 <= withdrawn <= 3 and int(second[3]) < 197  # kept: the rows of untouched groups

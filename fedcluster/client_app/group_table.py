@@ -80,14 +80,19 @@ def _labels_of_groups(site: SiteData, group_of_row: np.ndarray) -> GroupLabels |
 
 
 def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, waiting: int,
-            digest: str | None = None, table_ref=None):
+            digest: str | None = None, table_ref=None, rows_dropped: int | None = None):
     """The SiteGroups of a group table as made or kept: a feature's present cells fewer
     than p_site in a group count as missing (``site_groups.withhold_lone_cells``; applied
-    here, on every table handed to tasks, kept ones made before the rule included)."""
+    here, on every table handed to tasks, kept ones made before the rule included); the
+    table's facts (missing cells, rows dropped) as the groups keep them."""
     digest = digest or group_entries.table_digest(counts, sums, m2, present, labels, min_size)
     sums, m2, present, withheld = withhold_lone_cells(sums, m2, present, min_size)
+    facts = site.table
+    if facts is not None:
+        facts = facts.of_groups(counts, present, facts.rows_dropped if rows_dropped is None
+                                else rows_dropped)
     return SiteGroups(counts, sums, m2, present, site.source, min_size, digest,
-                      site.feature_names, labels, site.table, waiting, site.fingerprint,
+                      site.feature_names, labels, facts, waiting, site.fingerprint,
                       withheld, table_ref)
 
 
@@ -264,7 +269,8 @@ def _read_entry(base: Path, site: SiteData, store_dir: Path):
         labels = GroupLabels(coo[:, 0], coo[:, 1], coo[:, 2], tuple(meta["label-names"]))
     ref = versions.TableRef(str(store_dir), number, str(meta["lineage"]))
     groups = _groups(site, int(meta["min-size"]), parts["counts"], parts["sums"], parts["m2"],
-                     parts.get("present"), labels, int(meta["waiting"]), str(meta["digest"]), ref)
+                     parts.get("present"), labels, int(meta["waiting"]), str(meta["digest"]), ref,
+                     int(meta.get("rows-dropped", 0)))
     grouped = None if groups.waiting == 0 else np.asarray(parts["row-groups"]) >= 0
     return groups, grouped
 
@@ -295,12 +301,16 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
     table, group_of_row, order = _version_table(site, plan, directory)
     lineage = plan.lineage
     number = len(store.tables)
+    dropped = versions.dropped_groups(site.dropped_keys, None if plan.base is None else
+                                      store.table_dropped(plan.base["n"]), min_size)
+    rows_dropped = int(dropped.shape[0])
     group_entries.write_entry(directory / key, table, min_size, group_of_row, content,
-                 {"table": number, "lineage": lineage})
+                              {"table": number, "lineage": lineage, "rows-dropped": rows_dropped})
     new = store.add_groups([plan.new_members[i] for i in order.tolist()], min_size)
     kept = store.table_groups(plan.base["n"])[plan.kept] if plan.base is not None else new[:0]
     store.add_table(np.concatenate([kept, new]), {"entry": key, "lineage": lineage, "p": min_size,
-                                                  **plan.record, "findings": plan.findings[:8]})
+                                                  **plan.record, "rows-dropped": rows_dropped,
+                                                  "findings": plan.findings[:8]}, dropped)
     store.save()
     record = plan.record
     if plan.base is not None:

@@ -74,7 +74,8 @@ def encode_site_columns(header: list[str], columns: list, schema: Schema, source
     facts = TableFacts(schema, digest, table.rows_dropped, dict(table.cells_missing))
     data = SiteData(X=table.X, feature_names=tuple(table.names), labels=labels,
                     source=source, label_names=label_names, table=facts,
-                    row_ids=None if table.ids is None else id_keys(table.ids))
+                    row_ids=None if table.ids is None else id_keys(table.ids),
+                    dropped_keys=id_keys(table.dropped) if table.dropped else None)
     return data, {"rows-dropped": table.rows_dropped, "cells-missing": table.cells_missing}
 
 
@@ -109,8 +110,10 @@ def load_schema_table(path: str | os.PathLike, schema: Schema, *,
         try:
             facts = TableFacts(schema, digest, int(meta["rows-dropped"]),
                                {str(k): int(v) for k, v in meta["cells-missing"].items()})
+            if facts.rows_dropped and cached.dropped_keys is None:
+                raise ValueError("written before dropped rows were kept")
         except (ValueError, KeyError, TypeError, AttributeError):
-            pass  # a damaged sidecar: encode again
+            pass  # a damaged or older sidecar: encode again
         else:
             kernels.check_rows(cached.X, str(path), min_rows, error=SiteDataError)
             return dataclasses.replace(cached, table=facts, **known)

@@ -4,8 +4,9 @@ joins, without contacting anyone (for the site's own eyes: its data officer's).
 It reads the file as text, encodes it as a site would (``common/table_encoding.py``)
 and reports rows, usable rows, per column the missing share, cells outside the range and
 the unit read, per category the count of each level and of unlisted values, the groups
-the site would answer from (how many, their sizes, rows waiting), and what a run would
-send from the file, task by task. When the
+the site would answer from (how many, their sizes, rows waiting), with a cache
+directory the versions of the data it has answered from (what each kept, withdrew and
+held back), and what a run would send from the file, task by task. When the
 table does not fit the schema, the check fails with the same message the encoding gives
 (file, row, column, value).
 """
@@ -86,6 +87,33 @@ def format_groups(groups) -> list[str]:
         lines.append(f"{groups.cells_withheld} present cell(s) count as missing: fewer than "
                      f"{groups.min_size} of their column in their group, their sum would rest "
                      "on fewer rows than that")
+    return lines + [""] + format_lineage(groups)
+
+
+def format_lineage(groups) -> list[str]:
+    """The versions of the site's data it has answered from (its lineage: every table
+    it made, oldest first), what each kept, withdrew and held back (``versions/``)."""
+    from fedcluster.client_app.versions import Store
+
+    ref = groups.table_ref
+    if ref is None:
+        return []
+    tables = [t for t in Store.read_tables(ref.store) if t["lineage"] == ref.lineage]
+    lines = [f"Versions of this data (lineage {ref.lineage[:12]}; every table counts as answered "
+             "from): a new version keeps the groups whose rows are all there, withdraws whole a "
+             "group that lost or changed a row (its other rows join new groups when they can), "
+             "groups new rows, and holds back what the audit finds would isolate fewer rows "
+             "than the groups' size",
+             "version | made | rows | kept rows | withdrawn groups (their rows) | new groups | "
+             "rows in no group | held back by the audit"]
+    for i, t in enumerate(tables):
+        mark = " (this one)" if t["n"] == ref.number else ""
+        lines.append(f"{i + 1}{mark} | {t.get('made', '-')} | {t.get('rows', '-')} | "
+                     f"{t.get('kept-rows', '-')} | {t.get('withdrawn-groups', 0)} "
+                     f"({t.get('withdrawn-rows', 0)}) | {t.get('new-groups', '-')} | "
+                     f"{t.get('waiting', 0)} | {t.get('held-back', 0)}")
+        for finding in sorted(set(t.get("findings", [])))[:3]:
+            lines.append(f"    held back because {finding}")
     return lines + [""]
 
 
@@ -124,9 +152,9 @@ def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
     lines = [f"What a run sends from this file (privacy floor p = {floor}: the larger of the "
              "run's min-cluster-size and this site's; a figure over fewer than p rows is "
              "withheld or sent as \"<p\"):",
-             f"- describe: {table.X.shape[0]} rows, {table.X.shape[1]} features and their "
+             f"- describe: the rows in its groups, {table.X.shape[1]} features and their "
              "names, the schema's hash, the rows dropped and the missing cells per column "
-             "(counts)"]
+             "(counts, as its groups keep them: they move between versions by whole groups)"]
     if plan.needed:
         lines.append("- impute_stats (once): per imputed column the sum and count of its "
                      "present cells" + (f"; for {', '.join(medians)} a histogram over the "
@@ -137,7 +165,8 @@ def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
               "- training rounds: per cluster (of whole groups) the mean (or sum) and the count "
               "of its members",
               "- evaluation: per cluster its size, coordinate sums, squared norms and SSE",
-              "(a differentially private run answers from the rows, clipped and noised)"]
+              "(a differentially private run answers from the rows, clipped and noised, "
+              "within this site's dp-budget)"]
     return lines
 
 

@@ -71,6 +71,9 @@ class SiteData:
     row_ids : np.ndarray or None
         (n, 2) uint64: each row's id (a hash of its id column's text), where the data
         name an id column: what makes a corrected row the same row (``versions/row_keys.py``).
+    dropped_keys : np.ndarray or None
+        (m, 2) uint64: a hash of each row the schema's ``drop-row`` dropped (its cells'
+        text): the rows dropped are counted by groups of them too (``group_table.py``).
     """
 
     X: np.ndarray
@@ -84,6 +87,7 @@ class SiteData:
     lineage: str | None = None
     reading: str | None = None
     row_ids: np.ndarray | None = None
+    dropped_keys: np.ndarray | None = None
 
     @property
     def n_rows(self) -> int:
@@ -234,6 +238,7 @@ def read_cache(base: Path, source: str, ids: bool = False) -> tuple[SiteData, di
         X = np.load(cache_sibling(base, ".npy"), mmap_mode="r")
         labels = np.load(cache_sibling(base, ".labels.npy")) if meta["has_labels"] else None
         row_ids = np.load(cache_sibling(base, ".ids.npy")) if meta.get("has_ids") else None
+        dropped = np.load(cache_sibling(base, ".dropped.npy")) if meta.get("has_dropped") else None
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or damaged: parse again and overwrite
     if meta.get("format") != CACHE_FORMAT or list(X.shape) != meta.get("shape") or X.dtype != np.float64 \
@@ -246,7 +251,7 @@ def read_cache(base: Path, source: str, ids: bool = False) -> tuple[SiteData, di
     return SiteData(X=X, feature_names=tuple(names) if names else None, labels=labels, source=source,
                     label_names=tuple(label_names) if label_names else None,
                     fingerprint=fingerprint if isinstance(fingerprint, str) else None,
-                    row_ids=row_ids), meta
+                    row_ids=row_ids, dropped_keys=dropped), meta
 
 
 def write_cache(base: Path, data: SiteData, real_path: str, columns: dict) -> None:
@@ -257,13 +262,15 @@ def write_cache(base: Path, data: SiteData, real_path: str, columns: dict) -> No
         write_atomic(cache_sibling(base, ".labels.npy"), lambda f: np.save(f, data.labels))
     if data.row_ids is not None:
         write_atomic(cache_sibling(base, ".ids.npy"), lambda f: np.save(f, data.row_ids))
+    if data.dropped_keys is not None:
+        write_atomic(cache_sibling(base, ".dropped.npy"), lambda f: np.save(f, data.dropped_keys))
     X = np.ascontiguousarray(data.X, dtype=np.float64)
     write_atomic(cache_sibling(base, ".npy"), lambda f: np.save(f, X))
     meta = {"format": CACHE_FORMAT, "source": real_path, **columns,
             "rows-sha256": data_fingerprint(X),
             "shape": list(data.X.shape), "feature_names": data.feature_names,
             "has_labels": data.labels is not None, "label_names": data.label_names,
-            "has_ids": data.row_ids is not None}
+            "has_ids": data.row_ids is not None, "has_dropped": data.dropped_keys is not None}
     write_atomic(cache_sibling(base, ".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
 
 

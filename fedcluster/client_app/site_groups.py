@@ -63,6 +63,23 @@ class TableFacts:
     def has_missing(self) -> bool:
         return any(self.cells_missing.values())
 
+    def of_groups(self, counts: np.ndarray, present: np.ndarray | None,
+                  rows_dropped: int) -> "TableFacts":
+        """These facts as a group table keeps them, for ``describe``: the missing cells
+        per column among the rows in groups (a cell counted missing by the lone-cell rule
+        included), and ``rows_dropped`` as counted by groups (``versions/dropped_rows.py``),
+        so that both move only by whole groups between versions."""
+        if self.schema is None:  # (facts made by hand, without a schema: as they are)
+            return TableFacts(self.schema, self.schema_hash, int(rows_dropped), self.cells_missing)
+        rows = int(np.asarray(counts).sum())
+        missing, start = {}, 0
+        for column in self.schema.features:
+            width = 1 if column.type == "numeric" else len(column.categories)
+            missing[column.name] = 0 if present is None else \
+                rows - int(np.asarray(present)[:, start].sum())
+            start += width + (1 if column.missing_indicator else 0)
+        return TableFacts(self.schema, self.schema_hash, int(rows_dropped), missing)
+
 
 @dataclass(frozen=True)
 class GroupLabels:

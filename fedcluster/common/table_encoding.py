@@ -40,7 +40,8 @@ class EncodedTable:
     column's cells (or None); ``kept``: per row of the table, whether ``drop-row`` kept
     it (``X`` holds the kept rows); ``cells_missing``: per feature column, the missing
     cells among the kept rows; ``ids``: per kept row, the text of its id column(s) (None:
-    the schema lists no id column).
+    the schema lists no id column); ``dropped``: per row ``drop-row`` dropped, the text of
+    its cells (what makes it the same dropped row in the next version of the file).
     """
 
     X: np.ndarray
@@ -50,6 +51,7 @@ class EncodedTable:
     kept: np.ndarray | None = None
     cells_missing: dict[str, int] = field(default_factory=dict)
     ids: list[str] | None = None
+    dropped: list[str] = field(default_factory=list)
 
     @property
     def rows_dropped(self) -> int:
@@ -233,8 +235,11 @@ def encode_table(header: list[str], columns: list, schema: Schema, source: str,
     ids = None
     if id_cells:  # several id columns: one id of their texts together
         ids = ["\0".join(parts) for parts, kept in zip(zip(*id_cells), keep) if kept]
+    dropped = ["\0".join(cell_text(columns[j][i]) for j in range(len(columns)))
+               for i in np.flatnonzero(drop).tolist()]
     return EncodedTable(np.ascontiguousarray(X[keep]), names, blocks,
-                        None if labels is None else labels[keep], keep, cells_missing, ids)
+                        None if labels is None else labels[keep], keep, cells_missing, ids,
+                        dropped)
 
 
 def impute(table: EncodedTable, schema: Schema, fill: dict[str, np.ndarray]) -> np.ndarray:

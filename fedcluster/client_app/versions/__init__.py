@@ -12,7 +12,8 @@ every table the site has answered from before:
   bit for bit, a group that lost or changed a row is withdrawn whole, waiting rows are
   grouped among themselves, and the audit decides;
 - ``span_audit.py``: the exact audit that no combination of all those groups isolates
-  fewer than p rows, or one row's change.
+  fewer than p rows, or one row's change;
+- ``dropped_rows.py``: the rows a schema drops, counted by groups too.
 
 The group table itself (its statistics, kept as files) is ``group_table.py``'s; this
 package decides who is grouped with whom.
@@ -23,10 +24,12 @@ from __future__ import annotations
 import numpy as np
 
 from fedcluster.client_app.versions import next_version, row_keys
+from fedcluster.client_app.versions.dropped_rows import dropped_groups
 from fedcluster.client_app.versions.lineage import Store, TableRef
 from fedcluster.client_app.versions.next_version import Plan, lineage_name
 
-__all__ = ["Plan", "Store", "TableRef", "import_release_table", "lineage_name", "plan_for"]
+__all__ = ["Plan", "Store", "TableRef", "dropped_groups", "import_release_table",
+           "lineage_name", "plan_for"]
 
 
 def _present_rows(X: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -20,7 +20,8 @@ The store holds:
 - ``table-<n>.npy``: the groups of table n, in the table's order; ``store.json``: the
   tables' records (the group table entry each is kept as, its lineage, what the version
   kept, withdrew and held back) and the arrays' lengths (written last: arrays only grow,
-  so a reader takes the first lengths).
+  so a reader takes the first lengths); ``table-<n>-dropped.npy``: the groups of the rows
+  the schema's ``drop-row`` dropped (``dropped_rows.py``).
 
 Every table counts as answered from the moment it is made (``fedcluster site check``
 makes the version it shows, too): the site then never has to record, message by
@@ -100,6 +101,7 @@ class Store:
         self.group_p = np.array(_load(directory / "group-p.npy", n_g, (), np.int64))
         self.seen = np.array(_load(directory / "seen.npy", n_i, (4,), np.int64))
         self._tables: dict[int, np.ndarray] = {}
+        self._dropped: dict[int, np.ndarray] = {}
 
     # ---------------------------------------------------------------- opening
     @classmethod
@@ -154,6 +156,14 @@ class Store:
         if number not in self._tables:
             self._tables[number] = np.array(np.load(self.directory / f"table-{number}.npy"))
         return self._tables[number]
+
+    def table_dropped(self, number: int) -> np.ndarray | None:
+        """The groups of the rows ``drop-row`` dropped in table ``number``
+        (``dropped_rows.py``), None when it dropped none."""
+        if number not in self._dropped:
+            path = self.directory / f"table-{number}-dropped.npy"
+            self._dropped[number] = np.array(np.load(path)) if path.exists() else None
+        return self._dropped[number]
 
     def members_of(self, groups: np.ndarray) -> list[np.ndarray]:
         return [self.members[self.offsets[g]:self.offsets[g + 1]] for g in np.asarray(groups).tolist()]
@@ -263,10 +273,12 @@ class Store:
         self.group_p = np.concatenate([self.group_p, np.full(sizes.size, min_size, dtype=np.int64)])
         return np.arange(first, self.n_groups, dtype=np.int64)
 
-    def add_table(self, groups: np.ndarray, record: dict) -> int:
-        """Append a table (its groups in order) and its record; its number."""
+    def add_table(self, groups: np.ndarray, record: dict, dropped: np.ndarray | None = None) -> int:
+        """Append a table (its groups in order, its dropped rows' groups) and its record;
+        its number."""
         number = len(self.tables)
         self._tables[number] = np.asarray(groups, dtype=np.int64)
+        self._dropped[number] = dropped if dropped is not None and len(dropped) else None
         self.tables.append({**record, "n": number, "made": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         return number
 
@@ -283,6 +295,8 @@ class Store:
         for number, groups in self._tables.items():
             if not (self.directory / f"table-{number}.npy").exists():
                 files[f"table-{number}.npy"] = groups
+                if self._dropped.get(number) is not None:
+                    files[f"table-{number}-dropped.npy"] = self._dropped[number]
         for name, array in files.items():
             site_files.replace_atomically(self.directory / name,
                                           lambda out, a=np.ascontiguousarray(array): np.save(out, a))

@@ -159,6 +159,8 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
     themselves (each unit whole: a combination then leaves at least one row a unit);
     fewer than p units wait."""
     waiting = np.flatnonzero(group_of_row < 0)
+    if waiting.size == 0:
+        return []
     disclosed = store.disclosed_groups()
     last_group = np.full(store.n_instances, -1, dtype=np.int64)
     if disclosed.size:
