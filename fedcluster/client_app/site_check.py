@@ -99,16 +99,15 @@ def format_lineage(groups) -> list[str]:
     if ref is None:
         return []
     tables = [t for t in Store.read_tables(ref.store) if t["lineage"] == ref.lineage]
-    lines = [f"Versions of this data (lineage {ref.lineage[:12]}; every table counts as answered "
-             "from): a new version keeps the groups whose rows are all there, withdraws whole a "
-             "group that lost or changed a row (its other rows join new groups when they can), "
-             "groups new rows, and holds back what the audit finds would isolate fewer rows "
-             "than the groups' size",
-             "version | made | rows | kept rows | withdrawn groups (their rows) | new groups | "
+    lines = ["Versions of this data (every table counts as answered from): a new version keeps "
+             "the groups whose rows are all there, withdraws whole a group that lost or changed "
+             "a row (its other rows join new groups when they can), groups new rows, and holds "
+             "back what the audit finds would isolate fewer rows than the groups' size",
+             "version | rows | kept rows | withdrawn groups (their rows) | new groups | "
              "rows in no group | held back by the audit"]
     for i, t in enumerate(tables):
         mark = " (this one)" if t["n"] == ref.number else ""
-        lines.append(f"{i + 1}{mark} | {t.get('made', '-')} | {t.get('rows', '-')} | "
+        lines.append(f"{i + 1}{mark} | {t.get('rows', '-')} | "
                      f"{t.get('kept-rows', '-')} | {t.get('withdrawn-groups', 0)} "
                      f"({t.get('withdrawn-rows', 0)}) | {t.get('new-groups', '-')} | "
                      f"{t.get('waiting', 0)} | {t.get('held-back', 0)}")
