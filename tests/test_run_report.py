@@ -73,7 +73,7 @@ def test_table1_layout_orders_by_size_and_formats_cells():
     assert [c.strip() for c in former.split("|")[2:5]] == ["0 (0.0)", "<2", "1 (0.5)"]
     site_b = next(line for line in md.splitlines() if line.startswith("| \u2003B"))
     assert [c.strip() for c in site_b.split("|")[2:4]] == ["-", "<2"]
-    assert ("Small cells (p = 2): a count of 1 to 1 rows reads <2; \"suppressed\": a count "
+    assert ("Small cells (p = 2): a count of 1 row reads <2; \"suppressed\": a count "
             "withheld so that no <2 cell can be worked out from the counts shown and the "
             "published margins") in md
     assert "Synthetic test profile." in md

@@ -285,7 +285,8 @@ def _notes(meta: dict, rows: list[dict] = ()) -> list[str]:
     floor = meta.get("floor")
     if floor:
         p = int(floor)
-        notes.append(f"Small cells (p = {p}): a count of 1 to {p - 1} rows reads <{p}; "
+        small = f"1 to {p - 1} rows" if p > 2 else "1 row"
+        notes.append(f"Small cells (p = {p}): a count of {small} reads <{p}; "
                      f"\"suppressed\": a count withheld so that no <{p} cell can be worked out "
                      "from the counts shown and the published margins (cluster sizes, all "
                      "rows, each site's rows); every other count is exact. Where a count is "
