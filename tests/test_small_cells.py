@@ -83,16 +83,22 @@ def test_the_rule_leaves_no_cell_the_audit_can_narrow():
 
 
 def test_a_cell_the_margins_alone_give_is_named():
-    """Two sites, two clusters; site A withheld its cluster 1 (under its floor, 5), site
-    B shows both. A's row count and the cluster sizes fix what A withheld whatever else
-    is withheld: the rule says so, in a note, rather than hide it and pretend."""
-    counts = {"A": np.array([40, 0]), "B": np.array([60, 0])}
-    flagged = {"A": np.array([False, True]), "B": np.array([False, True])}
+    """One site with 42 rows shows cluster 0 (40 rows) and withholds cluster 1 (2 rows,
+    under its floor 5). Its row count less the cluster's size gives the 2, whatever is
+    withheld: the rule says so, in a note, rather than hide it and pretend."""
+    counts = {"A": np.array([40, 0])}
+    flagged = {"A": np.array([False, True])}
+    values, notes = profile.protected_composition(counts, flagged, {"A": 42}, {"A": 5}, 5)
+    assert values["A"][1] == "<5"
+    assert any("site A in cluster 1" in note for note in notes), notes
+    # a second site that also withheld cluster 1 (empty there, which only it knows):
+    # withholding both sites' cluster 0 leaves A's anything from 0 to 2
+    counts["B"], flagged["B"] = np.array([60, 0]), np.array([False, True])
     values, notes = profile.protected_composition(counts, flagged, {"A": 42, "B": 60},
                                                   {"A": 5, "B": 5}, 5)
-    assert values["A"][1] == "<5" and values["A"][2] == 42
-    assert any("site A in cluster 1" in note for note in notes), notes
-    # without the 2 rows A withheld, nothing is exposed: both withheld cells are 0
-    values, notes = profile.protected_composition(counts, flagged, {"A": 40, "B": 60},
-                                                  {"A": 5, "B": 5}, 5)
-    assert values == {"A": [40, 0, 40], "B": [60, 0, 60]} and notes == []
+    assert values == {"A": ["suppressed", "<5", 42], "B": ["suppressed", "<5", 60]}
+    assert notes == []
+    # (a site that withheld nothing but empty clusters: they read 0, the figures say so)
+    values, _ = profile.protected_composition({"A": np.array([40, 0])}, {"A": flagged["A"]},
+                                              {"A": 40}, {"A": 5}, 5)
+    assert values == {"A": [40, 0, 40]}

@@ -42,16 +42,20 @@ three other cells (one in its row, one in its column, and the one where those tw
 cross), its cost the counts it withholds (an "all" cell counts four times, a numeric
 variable's present cells, which carry its mean, three times); the cheapest rectangles
 around which the cell can move to 0 and to p-1 are tried first, and the first that makes
-the cell pass the LP audit is taken. The whole table is audited again until no cell fails. Where withholding
-every cell still leaves one that fails, the published margins alone give it away (as
-``n-rows`` less the cluster sizes gives the rows sites withheld): it is named in
+the cell pass the LP audit is taken. Withholding a cell only widens the others'
+intervals, so each withheld cell is audited once, and again after cells are withheld for
+it. An empty cluster's cells, 0 whatever is withheld, are never withheld. Where
+withholding every cell still leaves one that fails, the published margins alone give it
+away (as ``n-rows`` less the cluster sizes gives the rows sites withheld): it is named in
 ``Protected.exposed``.
 
-Why this module and not a package: sdcTable (R) and tau-ARGUS (Java with commercial or
-bundled solvers; on PyPI as ``pytauargus`` 0.6, a beta of a month, EUPL, a native engine
-that reads microdata or batch files and rejects the hypercube method) solve far larger
-hierarchical tables; Table 1's are at most (k + 1) x (levels + 1), where a few dozen
-small LPs give the exact audit. scipy comes with scikit-learn.
+Why this module and not a package: sdcTable (R) and tau-ARGUS (Java; on PyPI as
+``pytauargus`` 0.6, a beta of a month, EUPL, a native engine of its own that reads
+microdata or batch files and rejects the hypercube method) solve large hierarchical
+tables, and ACRO (PyPI) checks research outputs made from microdata, with primary
+suppression only. The server has no microdata, only pooled counts, and Table 1's tables
+are at most (k + 1) x (levels + 1): a few dozen small LPs give the exact audit, with
+scipy, which scikit-learn brings.
 """
 
 from __future__ import annotations
