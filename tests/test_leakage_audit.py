@@ -61,9 +61,13 @@ CENTRES = 8.0 * np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], dtype=np.
 COUNT_ARRAYS = {
     "local_kmeans": (1,), "lloyd": (1,), "minibatch": (1, 3), "kmeanspp": (1,),
     "prune_lloyd": (1,), "gtv": (1,), "evaluate": (0, 5),
-    # Table 1's profile: cluster sizes, rows counted, present cells, histogram bins
-    "profile": (0, 1, 2, 5),
+    # Table 1's profile: cluster sizes and rows counted (a cluster it shows, the site
+    # sends whole: its present cells and bins are sums of its groups', however few)
+    "profile": (0, 1),
 }
+# Integer arrays that are not floored: functions of the site's groups (Table 1's present
+# cells and histogram bins; the table's own rule applies to the pooled counts).
+GROUP_COUNT_ARRAYS = {"profile": (2, 5)}
 # which clusters (evaluate) or cells (profile) were withheld
 FLAG_ARRAYS = {"evaluate": (3,), "profile": (6,)}
 MAX_METRIC_TEXT = 200  # characters; feature and label names are short
@@ -113,7 +117,7 @@ def _array_problems(task: str, arrays: list[np.ndarray], n_rows: int, views, flo
     for i, a in enumerate(np.asarray(a) for a in arrays):
         if n_rows in a.shape:
             yield f"array {i} {a.shape} has a dimension equal to the site's {n_rows} rows"
-        if a.dtype.kind in "iub" and i not in counts and i not in flags:
+        if a.dtype.kind in "iub" and i not in counts + flags + GROUP_COUNT_ARRAYS.get(task, ()):
             yield f"array {i} is integer but neither a known count nor a flag array"
         if i in counts and np.any((a >= 1) & (a < floor)):
             yield f"count array {i} has entries under the floor {floor}: {a.ravel().tolist()}"
@@ -130,10 +134,6 @@ def _array_problems(task: str, arrays: list[np.ndarray], n_rows: int, views, flo
             yield f"flag array {i} sets a withheld cluster apart from an empty one"
         if a.dtype.kind == "f" and a.ndim >= 1 and a.shape[-1] == D and _holds_a_row(a, views):
             yield f"array {i} {a.shape} contains one of the site's data rows"
-    if task == "profile" and len(arrays) > 2:  # missing: rows counted less present cells
-        missing = np.asarray(arrays[1]) - np.asarray(arrays[2])
-        if np.any((missing >= 1) & (missing < floor)):
-            yield f"profile: missing counts under the floor {floor}: {missing.ravel().tolist()}"
 
 
 def _metric_problems(metrics: dict, views):

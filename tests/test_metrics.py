@@ -145,13 +145,16 @@ def test_report_never_shows_a_count_under_the_floor():
     shown = r.metrics["per-site"]["0"]["cluster-sizes"]
     assert shown[1] == "<3"
     for report in r.metrics["per-site"].values():
-        assert all(c == "<3" or c == 0 or c >= 3 for c in report["cluster-sizes"])
+        # (Table 1's rule: "suppressed", so that site 0's <3 cannot be had from its rows)
+        assert all(c in ("<3", "suppressed") or c == 0 or c >= 3
+                   for c in report["cluster-sizes"])
+    assert r.metrics["per-site"]["0"]["cluster-sizes"][0] == "suppressed"
     assert all(c == 0 or c >= 3 for c in r.metrics["cluster-sizes"])
     from fedcluster.server_app.outputs import summary_table
 
     report = summary_table(r.metrics)
     site0 = next(line for line in report.splitlines() if "site 0:" in line)
-    assert site0.endswith(", <3]") and "sizes [40" in site0
+    assert site0.endswith("sizes [suppressed, <3]")
 
 
 def test_to_sklearn_predicts_like_the_model_and_the_kernel():

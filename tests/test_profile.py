@@ -1,6 +1,7 @@
-"""Table 1 by cluster, its maths (issue 36): a site's cluster profile from its groups
+"""Table 1 by cluster, its maths (issues 36, 44): a site's cluster profile from its groups
 (``client_app/site_profile.py``) pooled into tidy rows (``common/profile.py``), checked
-against pandas on the pooled rows, each row given its group's cluster."""
+against pandas on the pooled rows, each row given its group's cluster; the small-cell
+rule on the pooled counts; a cluster a site withheld shown as intervals."""
 
 from __future__ import annotations
 
@@ -35,12 +36,15 @@ def _sites(seed=0):
     return sites
 
 
+CENTROIDS = np.array([[30.0, 4.0], [50.0, 8.0], [70.0, 6.0]])
+
+
 def _run(sites, p_site, floor):
-    """Every site's profile at p_site, the rows with their group's cluster."""
-    centroids = np.array([[30.0, 4.0], [50.0, 8.0], [70.0, 6.0]])
-    k, d = len(centroids), sites[0].shape[1]
-    references = np.column_stack([centroids, np.zeros((k, 3))])
-    replies, labelled = {}, []
+    """Every site's profile at p_site (each site's floor ``floor``), the rows with their
+    group's cluster."""
+    k, d = len(CENTROIDS), sites[0].shape[1]
+    references = np.column_stack([CENTROIDS, np.zeros((k, 3))])
+    replies, labelled, site_rows = {}, [], {}
     for s, X in enumerate(sites):
         facts = TableFacts(None, "", 0, {"crp": int(np.isnan(X[:, 1]).sum())})
         data = SiteData(X, None, None, f"site {s}", table=facts)
@@ -50,16 +54,19 @@ def _run(sites, p_site, floor):
             groups, group_of_row = group_table.build(data, p_site)
             X = as_the_groups_keep_them(X, group_of_row, p_site)  # what the groups keep
         means = np.nan_to_num(groups.means[:, :2], nan=5.0)
-        cluster = ((means[:, None] - centroids[None]) ** 2).sum(-1).argmin(1)
+        cluster = ((means[:, None] - CENTROIDS[None]) ** 2).sum(-1).argmin(1)
         replies[f"site {s}"] = site_profile(groups, cluster, references, LOWER, UPPER, BINS,
                                             profile.level_weights(VARIABLES, d), floor)
+        site_rows[f"site {s}"] = groups.n_rows
         labels = cluster[group_of_row]  # each row in its group's cluster
         frame = pd.DataFrame({"age": X[:, 0], "crp": X[:, 1],
                               "ward": np.array(LEVELS)[X[:, 2:].argmax(1)],
                               "cluster": labels, "site": f"site {s}"})
         labelled.append(frame)
     pooled = profile.pool(list(replies.values()))
-    rows = profile.table1_rows(pooled, VARIABLES, references, LOWER, UPPER, floor, replies)
+    answered = profile.Answered(sum(site_rows.values()), floor, replies, site_rows,
+                                dict.fromkeys(replies, floor))
+    rows = profile.table1_rows(pooled, VARIABLES, references, LOWER, UPPER, floor, answered)
     return rows, pd.concat(labelled, ignore_index=True)
 
 
@@ -99,30 +106,72 @@ def test_medians_and_quartiles_within_one_bin_on_rows():
                 assert abs(_value(rows, cluster, name, stat) - part[name].quantile(q)) <= width[j]
 
 
-def test_a_cell_under_the_floor_shows_as_under_p_and_leaves_the_totals():
+def test_the_rule_works_on_the_pooled_counts():
+    """Groups of 5 at floor 5: sites 1 and 2 hold 3 rows of ward c each, one site in
+    cluster 0, the other in cluster 2, which they send whole (in the past each withheld
+    them). A pooled count of 1 to 4 reads <5, one of 5
+    or more is exact, both sites' rows in it; a suppressed count is not 1 to 4."""
+    sites = _sites()
+    for X in sites:  # ward c only at sites 1 and 2, 3 rows each
+        X[:, 2:] = np.eye(3)[(X[:, 3] > 0).astype(int)] * 1.5
+    for X, age in ((sites[1], 25.0), (sites[2], 75.0)):  # (clusters 0 and 2)
+        X[:3, 2:] = np.eye(3)[[2, 2, 2]] * 1.5
+        X[:3, 0] = age
+    floor = 5
+    rows, frame = _run(sites, 5, floor)
+    marks = {"<5": 0, "suppressed": 0}
+    for cluster, part in [*[(str(c), frame[frame.cluster == c]) for c in range(3)],
+                          ("all", frame)]:
+        assert _value(rows, cluster, "size", "n") == len(part)
+        for level in LEVELS:
+            truth, value = int((part.ward == level).sum()), _value(rows, cluster, "ward", "n", level)
+            if value == "<5":
+                assert 1 <= truth < 5
+            elif value == "suppressed":
+                assert not 1 <= truth < 5
+            else:
+                assert value == truth and not 1 <= truth < 5
+                assert _value(rows, cluster, "ward", "%", level) == pytest.approx(
+                    100 * truth / len(part), abs=1e-9)
+            marks[value] = marks.get(value, 0) + 1
+    assert marks["<5"] and marks["suppressed"]
+    assert int((frame.ward == "c").sum()) == 6  # (so all rows' count may be shown)
+    # (here it is withheld too: with the other clusters' 0 and <5 shown, 6 would tell
+    # that cluster 0's <5 is at least 2)
+    assert _value(rows, "all", "ward", "n", "c") == "suppressed"
+
+
+def test_a_cluster_a_site_withheld_reads_as_intervals_that_hold():
+    """Groups of 2 at floor 5: site 2 holds 3 rows of cluster 2, under its floor, and
+    withholds that cluster (as every task does). The table cannot know those rows: the
+    cluster's size and counts (and all rows') read lo-hi and hold the rows' own, its
+    means are of the rows shown, and site 2's composition there reads <5."""
     sites = _sites()
     X = sites[2]
-    X[:, 2:] = np.eye(3)[np.zeros(len(X), dtype=int)] * 1.5  # site 2: every row in ward a
-    X[:3, 2:] = np.eye(3)[[2, 2, 2]] * 1.5                     # ... but 3 in ward c
-    floor = 5
-    rows, frame = _run(sites, 1, floor)
-    # every site's cell of 1..p-1 rows (site 2's 3 rows of ward c among them) is left out
-    # of its total; a cluster of fewer than p rows at a site is left out whole
-    for cluster in range(3):
-        expected, hidden = 0, False
-        for _, here in frame[frame.cluster == cluster].groupby("site"):
-            count = int((here.ward == "c").sum())
-            if len(here) >= floor and count >= floor:
-                expected += count
-            hidden |= len(here) < floor or 0 < count < floor
-        value = _value(rows, str(cluster), "ward", "n", "c")
-        assert value == (expected if expected or not hidden else f"<{floor}")
-    site2 = frame[(frame.site == "site 2") & (frame.ward == "c")]
-    assert len(site2) == 3  # the cell the floor must hide
-    # no value the sites sent holds a count of 1..p-1
-    for r in rows:
-        if r["statistic"] in ("n", "missing n") and isinstance(r["value"], int):
-            assert not 0 < r["value"] < floor, r
+    X[:, 0] = 30.0 + np.arange(len(X)) % 7  # site 2: young, so cluster 0 ...
+    X[:3, :2] = [[75.0, 6.0], [76.0, 6.0], [77.0, 6.0]]  # ... but for 3 rows of cluster 2
+    rows, frame = _run(sites, 2, floor=5)
+    here = frame[(frame.site == "site 2") & (frame.cluster == 2)]
+    assert len(here) == 3
+    shown_rows = frame.drop(here.index)
+    for cluster in ("2", "all"):
+        part = frame if cluster == "all" else frame[frame.cluster == 2]
+        shown = shown_rows if cluster == "all" else shown_rows[shown_rows.cluster == 2]
+        assert _value(rows, cluster, "size", "rows shown") == len(shown)
+        for name, level, truth in [("size", "", len(part)), ("crp", "", part.crp.count()),
+                                   ("ward", "a", int((part.ward == "a").sum()))]:
+            value = _value(rows, "all" if cluster == "all" and name == "size" else cluster,
+                           name, "n", level)
+            if name == "size" and cluster == "all":
+                assert value == len(frame)  # all rows: each site's row count, exact
+                continue
+            if value != "suppressed":  # (withheld so that no <5 can be worked out)
+                low, high = map(int, value.split("-"))
+                assert low <= truth <= high, (cluster, name, value, truth)
+        assert _value(rows, cluster, "age", "mean") == pytest.approx(shown.age.mean(), abs=1e-9)
+    assert _value(rows, "2", "site", "n", "site 2") == "<5"
+    assert _value(rows, "2", "site", "n", "site 0") == int(
+        ((frame.site == "site 0") & (frame.cluster == 2)).sum())
 
 
 def test_a_constant_column_has_its_value_as_median_and_quartiles():

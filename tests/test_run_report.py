@@ -1,5 +1,5 @@
-"""Table 1 by cluster, its pictures and the run report (issue 36): rendering only, from
-tidy profile rows built by hand."""
+"""Table 1 by cluster, its pictures and the run report (issues 36, 44): rendering only,
+from tidy profile rows built by hand."""
 
 from __future__ import annotations
 
@@ -73,13 +73,47 @@ def test_table1_layout_orders_by_size_and_formats_cells():
     assert [c.strip() for c in former.split("|")[2:5]] == ["0 (0.0)", "<2", "1 (0.5)"]
     site_b = next(line for line in md.splitlines() if line.startswith("| \u2003B"))
     assert [c.strip() for c in site_b.split("|")[2:4]] == ["-", "<2"]
-    assert ("A cell a site held fewer than 2 rows of is left out of its totals (the floor, "
-            "applied at each site); a count shown as <2 is fewer than 2.") in md
+    assert ("Small cells (p = 2): a count of 1 row reads <2; \"suppressed\": a count "
+            "withheld so that no <2 cell can be worked out from the counts shown and the "
+            "published margins") in md
     assert "Synthetic test profile." in md
     # smoking has no missing cells: no missing row under it
     lines = md.splitlines()
     after = lines[lines.index(former) + 1]
     assert "missing" not in after
+
+
+def test_table1_shows_the_small_cell_markers_and_intervals():
+    """The rule's markers as the reader sees them: ``<p`` and ``suppressed`` counts
+    without a %, a withheld n's mean cell saying why, a % known only as a range, and a
+    cluster a site withheld rows of: its size and counts as intervals, "shown" in its
+    heading and a note saying what that means."""
+    rows = profile_rows()
+    for r in rows:
+        if r["variable"] == "glucose" and r["cluster"] == "0" and r["statistic"] in (
+                "mean", "sd", "median", "q1", "q3"):
+            r["statistic"] = "dropped"
+        if (r["cluster"], r["variable"], r["level"], r["statistic"]) == ("1", "smoking", "current", "n"):
+            r["value"] = "suppressed"
+        if (r["cluster"], r["variable"], r["level"], r["statistic"]) == ("1", "smoking", "never", "%"):
+            r["value"] = "31.2-35.0"
+    rows = [r for r in rows if r["statistic"] != "dropped"]
+    rows += [row("0", "glucose", "n", "<2"), row("1", "size", "rows shown", 118.0)]
+    for r in rows:
+        if (r["cluster"], r["variable"], r["statistic"]) == ("1", "size", "n"):
+            r["value"] = "118-121"
+    md = table1.table1_markdown(rows, {**META, "floor": 10})
+    lines = md.splitlines()
+    assert lines[0].split("|")[2].strip() == "Cluster 1 (n = 118-121; 118 shown)"
+    glucose = next(line for line in lines if line.startswith("| glucose (mmol/L), mean (SD)"))
+    assert [c.strip() for c in glucose.split("|")[2:4]] == ["5.10 (0.900)", "n <2"]
+    current = next(line for line in lines if "current" in line)
+    assert current.split("|")[2].strip() == "suppressed"
+    never = next(line for line in lines if "never" in line)
+    assert never.split("|")[2].strip() == "40 (31.2-35.0)"
+    assert 'a count of 1 to 9 rows reads <10; "suppressed"' in md
+    assert 'A cluster with "shown" in its heading: a site withheld its rows of it' in md
+    assert table1.cluster_order(rows) == ["1", "0"]  # (an interval by its lower end)
 
 
 def test_table1_html_is_an_escaped_fragment():

@@ -1,4 +1,4 @@
-"""A site's cluster profile: what Table 1 by cluster needs from one site (issue 36).
+"""A site's cluster profile: what Table 1 by cluster needs from one site (issues 36, 44).
 
 Per cluster of whole groups (each group in the cluster its mean is nearest to in the
 run's space, as the final evaluation assigns it) and per encoded feature, in the encoded
@@ -11,17 +11,22 @@ cells, over the bins the server sends (medians and quartiles: exact to one bin w
 site answers from rows). A category level's count is its one-hot column's sum over the
 level's ``category-weight``.
 
-The floor p, at the site, cell by cell: a cluster under p rows is withheld whole; a
-feature's cell whose present cells or missing cells number 1 to p-1 is withheld (every
-term 0, ``hidden`` 1); so is a level count of 1 to p-1, a missing-indicator cell whose
-count of 1s (its variable's missing cells) or of 0s is 1 to p-1, and a histogram bin of 1
-to p-1 cells. A withheld cell is left out of the pooled totals and shows as ``<p``. Which
-columns are levels (and their weights) and which are indicators, the site takes from its
-own schema: the task carries none, so no coordinator can have a level's count pass as a
-numeric column's sum (by calling the level numeric). What this does not stop: a withheld
-count can be had by subtraction, from its variable's other levels and the cluster's
-size, or from the same column in the site's other clusters and the site's totals where
-``stats`` sent them (no secondary suppression).
+The floor p at the site is the one every task applies: a cluster under p rows is withheld
+whole (every term 0, ``hidden`` 1), an empty one too, so the flags do not say which
+clusters the site holds a few rows of. A cluster the site shows is sent whole: its level
+counts, missing cells, a missing indicator's 1s and its histogram bins, however small.
+Each is a sum over the cluster's groups of its groups' own statistics (a level's count:
+the groups' sums of its one-hot column; the missing cells: the groups' rows less their
+present cells; a bin: the present cells of the groups whose mean falls in it), so each is
+a function of the group table, as the promise allows and as a coordinator can read from
+other tasks anyway (``local_kmeans`` with a local cluster per group gives every group's
+mean and count, and two fills its present cells). Withholding them at the site protected
+nothing from the coordinator, and it made Table 1 false: a pooled count of far more than
+p read ``<p`` and percentages were of partial sums (issue 44). The table's small-cell rule
+is applied by the server to the POOLED cells, with complementary suppression
+(``common/small_cells.py``). Which columns are levels (no histogram) and which are
+missing indicators (not in Table 1, no histogram), the site takes from its own schema:
+the task carries neither.
 
 The ``profile`` task (:func:`profile_task`, ``protocol.TASKS["profile"]``) is the round
 after the final evaluation; its maths are tested against pandas on the pooled rows
@@ -88,8 +93,7 @@ def profile_task(groups: SiteGroups, arrays: protocol.ProfileInputs, params: dic
         checked[name] = value
     if np.any(checked["lower"] >= checked["upper"]):
         raise TaskError("task profile: every lower bound must be below its upper bound")
-    # The floor of a level's count rests on knowing its weight (with 0 for a level, its
-    # count would pass unfloored as a numeric column's sum): the site's own schema's.
+    # Levels and indicators get no histogram: the site's own schema says which they are.
     weights, indicators = site_encoding(groups, d)
     bins = task_param(params, protocol.BINS, int)
     if not 1 <= bins <= MAX_BINS:
@@ -128,10 +132,9 @@ def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: n
         A category level's ``category-weight`` (its one-hot column's 1); 0 for a numeric
         feature.
     floor : int
-        The privacy floor p.
+        The privacy floor p: a cluster of fewer rows is withheld whole.
     indicators : (d,) bool, optional
-        The missing-indicator columns (0/1: its cluster sum is its variable's missing
-        cells there, floored like any count). None: none.
+        The missing-indicator columns (not in Table 1: no histogram). None: none.
 
     Returns
     -------
@@ -140,7 +143,9 @@ def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: n
     k, d = references.shape
     labels = np.asarray(cluster_of_group, dtype=np.int64)
     counts = np.bincount(labels, weights=groups.counts, minlength=k).astype(np.int64)
-    numeric = np.asarray(level_weights) == 0
+    binned = np.asarray(level_weights) == 0
+    if indicators is not None:
+        binned &= ~np.asarray(indicators, dtype=bool)
     lower = np.asarray(lower, dtype=np.float64)
     width = (np.asarray(upper, dtype=np.float64) - lower) / bins
     present = np.zeros((k, d))
@@ -167,28 +172,18 @@ def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: n
         squares += _per_cluster(lab, spread + here * gap * gap, k)
         where = np.clip(np.floor((means - lower) / width), 0, bins - 1).astype(np.int64)
         histograms += np.bincount(((lab[:, None] * d * bins) + cell + where).ravel(),
-                                  weights=(here * numeric[None, :]).ravel(),
+                                  weights=(here * binned[None, :]).ravel(),
                                   minlength=k * d * bins)
     present = np.rint(present).astype(np.int64)
     histograms = np.rint(histograms).astype(np.int64).reshape(k, d, bins)
     rows = np.repeat(counts[:, None], d, axis=1)
-    missing = rows - present
-    levels = np.rint(np.where(numeric, 0.0, sums / np.where(numeric, 1.0, level_weights)))
-    small = lambda a: (a > 0) & (a < floor)  # noqa: E731
-    # Every cluster under the floor is flagged whole, an empty one too (as the evaluation
-    # flags it): flagging only those of 1..p-1 rows would say which the site holds a few
-    # rows of. A withheld cell of a cluster shown is flagged: the flag says that one of
-    # its counts is 1 to p-1 (Table 1's "<p"), not which or how many (subtraction from
-    # other figures can: the module docstring).
-    marks = (np.zeros(d, dtype=bool) if indicators is None
-             else np.asarray(indicators, dtype=bool))[None, :]
-    ones = np.rint(np.where(marks, sums, 0.0))  # an indicator's 1s: its variable's missing cells
-    hide = ((counts < floor)[:, None] | small(present) | small(missing) | small(levels)
-            | (marks & (small(ones) | small(rows - ones))))
-    hidden = hide.astype(np.int64)
+    # Every cluster under the floor is withheld and flagged whole, an empty one too (as
+    # the evaluation flags it): flagging only those of 1..p-1 rows would say which the
+    # site holds a few rows of. Nothing else is withheld here (the module docstring).
+    hide = np.repeat((counts < floor)[:, None], d, axis=1)
     for term in (rows, present, sums, squares):
         term[hide] = 0
     histograms[hide] = 0
-    histograms[small(histograms)] = 0
     counts[counts < floor] = 0
-    return ClusterProfile(counts, rows, present, sums, squares, histograms, hidden)
+    return ClusterProfile(counts, rows, present, sums, squares, histograms,
+                          hide.astype(np.int64))

@@ -102,8 +102,10 @@ class Model:
     @property
     def profile(self):
         """Table 1 by cluster as a pandas DataFrame: the rows of ``table1.csv`` (cluster,
-        variable, level, unit, statistic, value; "<p" where a cell is under the floor);
-        None when the run left no profile.
+        variable, level, unit, statistic, value; a count of 1 to p-1 reads "<p", one
+        withheld to protect those "suppressed", a figure known to lie between a and b
+        "a-b": the table's small-cell rule, ``common/small_cells.py``); None when the run
+        left no profile.
 
         Raises
         ------

@@ -1,26 +1,40 @@
-"""Table 1 by cluster from the sites' cluster profiles (issue 36): pooled sums, then
-the tidy rows ``server_app/table1.py`` renders (``cluster``, ``variable``, ``level``,
-``unit``, ``statistic``, ``value``).
+"""Table 1 by cluster from the sites' cluster profiles (issues 36, 44): pooled sums, the
+table's small-cell rule on the POOLED counts, then the tidy rows ``server_app/table1.py``
+renders (``cluster``, ``variable``, ``level``, ``unit``, ``statistic``, ``value``).
 
 Every figure comes from sums over the sites (``protocol.ClusterProfile``, made by
-``client_app/site_profile.py``), so secure aggregation could carry them: per numeric
-variable n, mean and SD (exact: SD from the squared deviations about the reference
-points, corrected to the mean; for all rows, within plus between clusters), median and
-quartiles from the pooled histogram (linear within a bin), missing n (%); per category
-level n (%) of the rows with the variable present, and missing n (%); the cluster sizes;
-per site (when the replies are seen one by one) the rows of each cluster. A cell that a
-site withheld is left out of the totals; one that no site shows but one withheld shows
-as ``<p``.
+``client_app/site_profile.py``, which sends a cluster it shows whole), so secure
+aggregation could carry them: per numeric variable n, mean and SD (exact: SD from the
+squared deviations about the reference points, corrected to the mean; for all rows,
+within plus between clusters), median and quartiles from the pooled histogram (linear
+within a bin), missing n (%); per category level n (% of the cluster's rows with the
+variable present), and missing n (% of the cluster's rows); the cluster sizes; per site
+(when the replies are seen one by one) the rows of each cluster.
+
+The small-cell rule (``common/small_cells.py``) then works on the pooled counts, variable
+by variable (clusters x levels and missing; clusters x present and missing) and on the
+per-site composition (clusters x sites, with each site's rows): a count of 1 to p-1 reads
+``<p``, and the cells withheld to protect those read ``suppressed``; a mean, SD or
+quartile is shown only where its n is, and a % only where its count is (a level's % whose
+denominator, the rows with the variable present, is withheld is shown as the interval the
+published figures allow). Where a site withheld a cluster (fewer rows there than its
+floor: only where the run's ``min-cluster-size`` is above the site's own, as a site's
+clusters are whole groups), that cluster's true counts are not known: its size and counts
+are shown as intervals, ``lo-hi`` (the rows shown to the rows shown plus all the site
+could have withheld), and its other figures are of the rows the sites showed (the
+``rows shown`` statistic says how many).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedcluster.common.imputation import histogram_quantile
 from fedcluster.common.protocol import ClusterProfile
+from fedcluster.common.small_cells import (AT_SITE, PRIMARY, SECONDARY, SHOWN, CountTable,
+                                           protect)
 
 #: The columns of a tidy Table 1 row (``table1.csv``, ``Model.profile``).
 FIELDS = ("cluster", "variable", "level", "unit", "statistic", "value")
@@ -91,83 +105,249 @@ def _quantiles(hist: np.ndarray, lo: float, hi: float) -> dict[str, float]:
     return {name: histogram_quantile(hist, lo, hi, q) for name, q in QUANTILES}
 
 
-def table1_rows(pooled: ClusterProfile, variables: list[Variable], references: np.ndarray,
-                lower: np.ndarray, upper: np.ndarray, floor: int,
-                sites: dict[str, ClusterProfile] | None = None) -> list[dict]:
-    """The tidy Table 1 rows (module docstring) of a pooled profile; ``sites``: each
-    site's own profile, for the per-site composition (None: not known, as under secure
-    aggregation)."""
-    k = len(pooled.counts)
+#: A count withheld so that no ``<p`` cell can be worked out from the others.
+SUPPRESSED = "suppressed"
+
+
+@dataclass(frozen=True)
+class Answered:
+    """Who a pooled profile is of: the answering sites' rows (in their groups) and the
+    highest floor any of them applied; in a plain round also each site's rows, floor and
+    own profile (``sites`` None under secure aggregation)."""
+
+    rows: int
+    site_floor: int
+    sites: dict[str, ClusterProfile] | None = None
+    site_rows: dict[str, int] = field(default_factory=dict)
+    site_floors: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Table1:
+    """Table 1's tidy rows and the notes its figures need."""
+
+    rows: list[dict]
+    notes: list[str]
+
+
+def table1(pooled: ClusterProfile, variables: list[Variable], references: np.ndarray,
+           lower: np.ndarray, upper: np.ndarray, floor: int,
+           answered: Answered | None = None) -> Table1:
+    """Table 1 (module docstring) of a pooled profile at the table's floor p =
+    ``floor``; ``answered`` None: every cluster shown whole, no per-site composition."""
+    counts = np.asarray(pooled.counts, dtype=np.int64)
+    k = len(counts)
+    if answered is None:
+        answered = Answered(int(counts.sum()), floor)
+    slack, withheld = _withheld_at_sites(pooled, answered)
+    total = int(counts.sum()) + withheld
+    clusters = [(str(j), [j]) for j in range(k)] + [("all", list(range(k)))]
+    slack = np.append(slack, withheld)  # per row of a table: the clusters, then "all"
+    shown = np.append(counts, counts.sum())
     rows: list[dict] = []
-    suppressed = f"<{floor}"
+    notes: list[str] = []
 
     def add(cluster, variable, level, unit, statistic, value):
         rows.append({"cluster": cluster, "variable": variable, "level": level, "unit": unit,
                      "statistic": statistic, "value": value})
 
-    total = int(pooled.counts.sum())
-    clusters = [(str(j), [j]) for j in range(k)] + [("all", list(range(k)))]
-    for name, members in clusters:
-        n = int(pooled.counts[members].sum())
-        add(name, "size", "", "", "n", n if n or not pooled.hidden[members].any() else suppressed)
-        add(name, "size", "", "", "%", 100.0 * n / total if total else "")
+    others = slack[:k].sum()
+    for i, (name, _) in enumerate(clusters):
+        if i == k:
+            add(name, "size", "", "", "n", total)
+            add(name, "size", "", "", "%", 100.0 if total else "")
+            if withheld:
+                add(name, "size", "", "", "rows shown", int(shown[i]))
+            continue
+        lo = int(shown[i] + max(0, withheld - (others - slack[i])))
+        hi = int(shown[i] + min(slack[i], withheld))
+        if lo == hi:
+            small = 0 < lo < floor
+            if small and slack[i]:
+                notes.append(f"All rows less the other clusters' sizes give cluster {name}'s: "
+                             "the rows the sites withheld of it, fewer than their floors.")
+            add(name, "size", "", "", "n", f"<{floor}" if small else lo)
+            add(name, "size", "", "", "%", "" if small or not total else 100.0 * lo / total)
+        else:
+            add(name, "size", "", "", "n", f"<{floor}" if hi < floor else f"{lo}-{hi}")
+            add(name, "size", "", "", "%", "" if hi < floor else _span(100 * lo / total,
+                                                                      100 * hi / total))
+        if slack[i]:
+            add(name, "size", "", "", "rows shown", int(shown[i]))
     moments = cluster_moments(pooled, references)
     for v in variables:
-        for name, members in clusters:
+        table = _variable_table(v, pooled, shown)
+        protected = protect(table, floor)
+        notes += _exposed(protected, clusters, v.name,
+                          ["n", "missing"] if v.kind == "numeric" else [*v.levels, "missing"])
+        for i, (name, members) in enumerate(clusters):
             if v.kind == "numeric":
-                _numeric(add, name, v, pooled, moments, members, lower, upper, suppressed)
+                _numeric(add, name, v, pooled, moments, members, lower, upper, protected, i,
+                         table, slack[i], floor)
             else:
-                _categorical(add, name, v, pooled, members, suppressed)
-    if sites:
-        for name, members in clusters:
-            n = int(pooled.counts[members].sum())
-            for site, profile in sites.items():
-                rows_here = int(np.asarray(profile.counts)[members].sum())
-                withheld = bool(np.asarray(profile.hidden)[members].any())
-                # a cluster the site withheld (or held none of): fewer than p, not 0
-                shown = not (withheld and not rows_here)
-                add(name, "site", site, "", "n", rows_here if shown else suppressed)
-                add(name, "site", site, "", "%", 100.0 * rows_here / n if n and shown else "")
-    return rows
+                _categorical(add, name, v, protected, i, table, slack[i], floor)
+    if answered.sites:
+        _composition(add, clusters, answered, shown, floor, notes)
+    return Table1(rows, notes)
 
 
-def _numeric(add, cluster, v, pooled, moments, members, lower, upper, suppressed):
+def table1_rows(pooled, variables, references, lower, upper, floor, answered=None) -> list[dict]:
+    """The tidy rows of :func:`table1`."""
+    return table1(pooled, variables, references, lower, upper, floor, answered).rows
+
+
+def _withheld_at_sites(pooled: ClusterProfile, answered: Answered) -> tuple[np.ndarray, int]:
+    """(k,) the most rows each cluster can hold beyond those shown (sites that withheld
+    it, each up to its floor - 1, and no more than all rows withheld), and the rows
+    withheld in all (the answering sites' rows less those shown)."""
+    counts = np.asarray(pooled.counts, dtype=np.int64)
+    slack = np.zeros(len(counts), dtype=np.int64)
+    if answered.sites:
+        for key, reply in answered.sites.items():
+            flagged = np.asarray(reply.hidden)[:, 0] > 0
+            gone = answered.site_rows[key] - int(np.asarray(reply.counts).sum())
+            slack[flagged] += min(answered.site_floors[key] - 1, max(gone, 0))
+        withheld = sum(answered.site_rows.values()) - int(counts.sum())
+    else:
+        withheld = answered.rows - int(counts.sum())
+        flagged = np.rint(np.asarray(pooled.hidden)[:, 0]).astype(np.int64)
+        slack = flagged * (answered.site_floor - 1)
+    withheld = max(withheld, 0)
+    return np.minimum(slack, withheld), withheld
+
+
+def _variable_table(v: Variable, pooled: ClusterProfile, shown: np.ndarray) -> CountTable:
+    """A variable's counts against the clusters: a category's levels and missing cells,
+    or a numeric variable's present and missing cells (its present cells carry its mean,
+    SD and quartiles: dearer to withhold)."""
+    k = len(pooled.counts)
+    present = np.asarray(pooled.present, dtype=np.int64)[:, v.columns[0]]
+    if v.kind == "numeric":
+        cells, cost = np.column_stack([present, pooled.counts - present]), [3.0, 1.0]
+    else:
+        levels = np.rint(np.asarray(pooled.sums)[:, list(v.columns)] / v.weight)
+        cells = np.column_stack([levels, pooled.counts - present])
+        cost = [1.0] * len(v.columns) + [1.0]
+    cells = np.vstack([cells, cells.sum(axis=0)]).astype(np.int64)
+    assert cells.shape[0] == k + 1
+    return CountTable(cells, shown, column_cost=np.array(cost))
+
+
+def _count(status: int, value: int, slack: int, floor: int):
+    """A count as Table 1 shows it: exact, ``<p``, ``suppressed``, or where a site
+    withheld rows of the cluster the interval it lies in."""
+    if status == SECONDARY:
+        return SUPPRESSED
+    if status == PRIMARY:
+        return f"<{floor}" if not slack else f"0-{floor - 1 + slack}"
+    return int(value) if not slack else f"{int(value)}-{int(value) + int(slack)}"
+
+
+def _span(lo: float, hi: float) -> str:
+    return f"{lo:.1f}-{hi:.1f}"
+
+
+def _numeric(add, cluster, v, pooled, moments, members, lower, upper, protected, i, table,
+             slack, floor):
     j = v.columns[0]
-    P, means, within = (m[members, j] for m in moments)
-    Q = pooled.squares[members, j]
-    n, counted = int(P.sum()), int(pooled.rows[members, j].sum())
-    if n == 0:
-        add(cluster, v.name, "", v.unit, "n", suppressed if pooled.hidden[members, j].any() else 0)
-        return
-    mean = pooled.sums[members, j].sum() / n
-    # within each cluster about its own mean, then between the clusters' means
-    spread = within.sum() + (P * (means - mean) ** 2).sum()
-    add(cluster, v.name, "", v.unit, "n", n)
-    add(cluster, v.name, "", v.unit, "mean", mean)
-    add(cluster, v.name, "", v.unit, "sd", float(np.sqrt(max(spread, 0.0) / (n - 1))) if n > 1 else "")
-    quantiles = _quantiles(pooled.histograms[members, j].sum(axis=0), lower[j], upper[j])
-    if quantiles and spread <= 1e-12 * (float(np.abs(Q).sum()) + n * mean * mean):
-        # every present value is the mean (to rounding): so are its quartiles, exactly,
-        # where the histogram would spread them over the mean's bin
-        quantiles = {stat: mean for stat in quantiles}
-    for stat, value in quantiles.items():
-        add(cluster, v.name, "", v.unit, stat, value)
-    add(cluster, v.name, "", v.unit, "missing n", counted - n)
-    add(cluster, v.name, "", v.unit, "missing %", 100.0 * (counted - n) / counted)
+    n, missing = (int(x) for x in table.values[i])
+    status = protected.status[i]
+    add(cluster, v.name, "", v.unit, "n", _count(status[0], n, slack, floor))
+    if status[0] == SHOWN and n > 0:
+        P, means, within = (m[members, j] for m in moments)
+        Q = pooled.squares[members, j]
+        mean = pooled.sums[members, j].sum() / n
+        # within each cluster about its own mean, then between the clusters' means
+        spread = within.sum() + (P * (means - mean) ** 2).sum()
+        add(cluster, v.name, "", v.unit, "mean", mean)
+        add(cluster, v.name, "", v.unit, "sd",
+            float(np.sqrt(max(spread, 0.0) / (n - 1))) if n > 1 else "")
+        quantiles = _quantiles(pooled.histograms[members, j].sum(axis=0), lower[j], upper[j])
+        if quantiles and spread <= 1e-12 * (float(np.abs(Q).sum()) + n * mean * mean):
+            # every present value is the mean (to rounding): so are its quartiles, exactly,
+            # where the histogram would spread them over the mean's bin
+            quantiles = {stat: mean for stat in quantiles}
+        for stat, value in quantiles.items():
+            add(cluster, v.name, "", v.unit, stat, value)
+    _missing(add, cluster, v, status[1], missing, table.row_totals[i], slack, floor)
 
 
-def _categorical(add, cluster, v, pooled, members, suppressed):
-    for level, j in zip(v.levels, v.columns):
-        n = int(round(pooled.sums[members, j].sum() / v.weight))
-        if n == 0 and pooled.hidden[members, j].any():
-            add(cluster, v.name, level, "", "n", suppressed)
+def _missing(add, cluster, v, status, missing, rows, slack, floor):
+    add(cluster, v.name, "", v.unit, "missing n", _count(status, missing, slack, floor))
+    if status == SHOWN and rows:
+        add(cluster, v.name, "", v.unit, "missing %", 100.0 * missing / rows)
+
+
+def _categorical(add, cluster, v, protected, i, table, slack, floor):
+    rows = int(table.row_totals[i])
+    missing = int(table.values[i, -1])
+    status = protected.status[i]
+    present = rows - missing
+    if status[-1] == SHOWN:
+        denominators = (present, present)
+    else:  # the rows with the variable present, as far as the published figures say
+        low, high = protected.bounds([(i, len(status) - 1)])
+        denominators = (rows - high[i, -1], rows - low[i, -1])
+    for c, level in enumerate(v.levels):
+        n = int(table.values[i, c])
+        add(cluster, v.name, level, "", "n", _count(status[c], n, slack, floor))
+        if status[c] != SHOWN or denominators[1] <= 0:
             continue
-        present = int(pooled.present[members, j].sum())  # over the sites that show the level
-        add(cluster, v.name, level, "", "n", n)
-        add(cluster, v.name, level, "", "%", 100.0 * n / present if present else "")
-    # the missing cells over the level column that the most rows were counted for
-    best = max(v.columns, key=lambda j: int(pooled.rows[members, j].sum()))
-    present = int(pooled.present[members, best].sum())
-    counted = int(pooled.rows[members, best].sum())
-    add(cluster, v.name, "", "", "missing n", counted - present)
-    add(cluster, v.name, "", "", "missing %", 100.0 * (counted - present) / counted if counted else "")
+        if denominators[0] == denominators[1]:
+            add(cluster, v.name, level, "", "%", 100.0 * n / present)
+        else:
+            low = 100.0 * n / denominators[1]
+            add(cluster, v.name, level, "", "%",
+                _span(low, 100.0 * n / denominators[0] if denominators[0] > 0 else 100.0))
+    _missing(add, cluster, v, status[-1], missing, rows, slack, floor)
+
+
+def _composition(add, clusters, answered: Answered, shown: np.ndarray, floor: int,
+                 notes: list[str]) -> None:
+    """Each site's rows per cluster (:func:`protected_composition`)."""
+    keys = list(answered.sites)
+    counts = {key: np.asarray(answered.sites[key].counts) for key in keys}
+    flagged = {key: np.asarray(answered.sites[key].hidden)[:, 0] > 0 for key in keys}
+    values, note = protected_composition(counts, flagged, answered.site_rows,
+                                         answered.site_floors, floor)
+    notes += note
+    totals = np.append(shown[:-1], sum(answered.site_rows.values()))
+    for i, (name, _) in enumerate(clusters):
+        for key in keys:
+            value = values[key][i]
+            add(name, "site", key, "", "n", value)
+            if not isinstance(value, str) and totals[i]:
+                add(name, "site", key, "", "%", 100.0 * value / totals[i])
+
+
+def protected_composition(counts: dict, flagged: dict, site_rows: dict, site_floors: dict,
+                          floor: int) -> tuple[dict, list[str]]:
+    """Each site's rows per cluster under the table's rule, the sites' row counts as the
+    "all" row (published: the per-site report's ``n-rows``): per site, its k clusters' and
+    its own row count as Table 1 shows them (``<p`` for a cluster the site withheld under
+    its floor p, unless the published figures fix it at 0), and the notes. The run
+    summary's per-site sizes and Table 1's ``site`` rows are both this."""
+    keys = list(counts)
+    k = len(next(iter(counts.values()))) if keys else 0
+    values = np.zeros((k + 1, len(keys)), dtype=np.int64)
+    at_site = np.zeros((k + 1, len(keys)), dtype=bool)
+    upper = np.zeros((k + 1, len(keys)), dtype=np.int64)
+    for s, key in enumerate(keys):
+        values[:k, s] = np.where(flagged[key], 0, np.asarray(counts[key], dtype=np.int64))
+        at_site[:k, s] = flagged[key]
+        upper[:k, s] = site_floors[key] - 1
+        values[k, s] = site_rows[key]
+    totals = np.append(values[:k].sum(axis=1), values[k].sum())
+    protected = protect(CountTable(values, totals, at_site, upper, fixed_all_row=True), floor)
+    out = {key: [f"<{site_floors[key]}" if protected.status[i, s] == AT_SITE
+                 else _count(protected.status[i, s], values[i, s], 0, floor)
+                 for i in range(k + 1)] for s, key in enumerate(keys)}
+    clusters = [(str(j), None) for j in range(k)] + [("all", None)]
+    return out, _exposed(protected, clusters, "site", keys)
+
+
+def _exposed(protected, clusters, variable: str, columns: list[str]) -> list[str]:
+    """A note per withheld cell that the published margins alone give away."""
+    return [f"The published margins (cluster sizes, the sites' rows) alone give {variable} "
+            f"{columns[c]} in {'all rows' if clusters[r][0] == 'all' else 'cluster ' + clusters[r][0]}, "
+            "withheld as it is." for r, c in protected.exposed]

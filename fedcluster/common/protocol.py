@@ -167,9 +167,10 @@ class Evaluation(NamedTuple):
 class ClusterProfile(NamedTuple):
     """A site's cluster profile (Table 1 by cluster; ``client_app/site_profile.py``), per
     cluster: its rows; per cluster and encoded feature, in the encoded units (not scaled):
-    the rows counted (the cluster's rows, 0 where the cell is withheld), the present cells,
-    their sum, their squared deviations about the reference point sent, their histogram
-    over the bins sent (numeric features only), and whether the cell was withheld."""
+    the rows counted (the cluster's rows, 0 where the cluster is withheld), the present
+    cells, their sum, their squared deviations about the reference point sent, their
+    histogram over the bins sent (numeric features only), and whether the cell was
+    withheld (every cell of a cluster under the floor, an empty one too)."""
 
     counts: np.ndarray
     rows: np.ndarray
@@ -244,9 +245,10 @@ TASKS: dict[str, Task] = {task.name: task for task in (
     Task("evaluate_distances", CentroidsAndMeans, Distances, rows="per-cluster", secure=True,
          private=True, sends="per cluster: Davies-Bouldin's sums of distances to the pooled means"),
     Task("profile", ProfileInputs, ClusterProfile, rows="per-cluster", secure=True,
-         sends="per cluster (of at least p rows): its rows; per cluster and encoded feature: "
-               "present cells, their sum, squared deviations about the point sent and a "
-               "histogram of its groups' means; a cell or bin of 1 to p-1 rows withheld"),
+         sends="per cluster (of at least p rows, else withheld whole): its rows; per "
+               "cluster and encoded feature: present cells, their sum, squared deviations "
+               "about the point sent and a histogram of its groups' means, whole (the "
+               "table's small-cell rule is the server's, on the pooled cells)"),
 )}
 
 #: The tasks a secure round may carry, and those a site runs under DP.

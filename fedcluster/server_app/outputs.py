@@ -92,7 +92,8 @@ def summary_table(metrics: dict) -> str:
                          "their minima and maxima were disclosed outside the DP guarantee")
     per_site = metrics.get("per-site", {})
     if per_site:
-        lines.append("  per site (sizes under the privacy floor show as <p):")
+        lines.append("  per site (sizes as in Table 1: <p fewer than p rows; suppressed: withheld so "
+                     "that no <p can be worked out):")
         for key, report in list(per_site.items())[:MAX_SITE_LINES]:
             sizes = ", ".join(str(c) for c in report["cluster-sizes"])
             lines.append(f"    site {key}: {report['n-rows']} rows, score {report['score']:.6g}, sizes [{sizes}]")

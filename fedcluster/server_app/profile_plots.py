@@ -31,7 +31,8 @@ def _index(rows: list[dict]) -> dict:
 
 
 def _num(value) -> float:
-    """A float, or NaN for a suppressed ("<p") or unavailable ("") cell."""
+    """A float, or NaN for a withheld ("<p", "suppressed"), interval ("a-b") or
+    unavailable ("") cell."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     return math.nan
@@ -48,7 +49,8 @@ def profile_matrix(rows: list[dict]) -> tuple[list[str], list[str], np.ndarray, 
         One per heatmap row: a numeric variable (with its unit) or ``"variable: level"``.
     Z : np.ndarray
         (rows, clusters) standardised differences from all rows, NaN where a cell is
-        suppressed or unavailable. A numeric variable: (cluster mean - all mean) / all SD;
+        withheld (the small-cell rule: a mean whose n is withheld, a level's share whose
+        count is) or unavailable. A numeric variable: (cluster mean - all mean) / all SD;
         a categorical level: the same for its 0/1 indicator, (cluster share - all share)
         / sqrt(share (1 - share)) of all rows, so both read on one scale.
     text : list of str
@@ -84,7 +86,8 @@ def profile_matrix(rows: list[dict]) -> tuple[list[str], list[str], np.ndarray, 
 def plot_profile(rows: list[dict], path: str | Path) -> Path:
     """Heatmap of how each cluster differs from all rows: one column per cluster, largest
     first, its size on top; one row per numeric variable and per categorical level.
-    Suppressed and unavailable cells are blank (grey).
+    Withheld (``<p``, ``suppressed``: Table 1's small-cell rule), interval and unavailable
+    cells are blank (grey).
 
     Returns
     -------
@@ -115,8 +118,9 @@ def plot_profile(rows: list[dict], path: str | Path) -> Path:
     bar.set_label("standardised difference from all rows, in SD\n(numeric: (cluster mean - all "
                   "mean) / all SD;\nlevel: the same for its 0/1 indicator)", fontsize=8)
     ax.set_title("How each cluster differs from all rows\n(cells: SD for a numeric variable, "
-                 "percentage points for a level;\ngrey n/a: suppressed under the privacy floor "
-                 "or not available)", fontsize=9, pad=34)
+                 "percentage points for a level;\ngrey n/a: withheld as in Table 1 (<p, "
+                 "suppressed, or a % known only as a range) or not available)", fontsize=9,
+                 pad=34)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -136,9 +140,10 @@ def site_matrix(rows: list[dict]) -> tuple[list[str], list[str], np.ndarray, lis
     sites, clusters : list of str
         Site names (first seen first) and cluster ids (largest first).
     counts : np.ndarray
-        (sites, clusters); 0 where a cell is suppressed (left out of the bar) or missing.
+        (sites, clusters); 0 where a cell is withheld (``<p``, ``suppressed``: left out of
+        the bar) or missing.
     partial : list of str
-        The sites with a suppressed cell left out.
+        The sites with a withheld cell left out.
     """
     clusters = cluster_order(rows)
     site_rows = [r for r in rows if r["variable"] == SITE and r["statistic"] == "n"
@@ -159,8 +164,8 @@ def site_matrix(rows: list[dict]) -> tuple[list[str], list[str], np.ndarray, lis
 
 def plot_sites(rows: list[dict], path: str | Path) -> Path | None:
     """Each site's cluster composition as stacked horizontal bars (rows per cluster at that
-    site, clusters largest first); suppressed cells are left out, and the title says which
-    sites have cells left out.
+    site, clusters largest first); withheld cells (Table 1's ``<p`` and ``suppressed``)
+    are left out, and the title says which sites have cells left out.
 
     Returns
     -------
@@ -185,8 +190,8 @@ def plot_sites(rows: list[dict], path: str | Path) -> Path | None:
     ax.set_xlabel("rows")
     title = "Rows per cluster at each site"
     if partial:
-        title += (f"\n* {len(partial)} site(s) have cells under the privacy floor, left out "
-                  "of their bars")
+        title += (f"\n* {len(partial)} site(s) have cells withheld as in Table 1 (<p, "
+                  "suppressed), left out of their bars")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()

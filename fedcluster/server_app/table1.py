@@ -19,8 +19,13 @@ level
 unit
     The numeric variable's unit, or ``""``.
 value
-    A float; ``"<p"`` (a cell of 1..p-1 rows, suppressed under the privacy floor); ``""``
-    (not available, e.g. per-site figures under secure aggregation).
+    A float; ``"<p"`` (a count of 1 to p-1 rows, withheld by the small-cell rule, or a
+    cluster a site withheld, under its own floor); ``"suppressed"`` (a count withheld so
+    that no ``<p`` cell can be worked out from the others, ``common/small_cells.py``);
+    ``"a-b"`` (a count, or a %, known to lie between a and b: where a site withheld rows
+    of the cluster, or a % whose denominator is withheld); ``""`` (not available, e.g.
+    per-site figures under secure aggregation). A cluster some site withheld rows of has
+    a ``size`` row ``rows shown``: its means, SDs, quartiles and % are of those rows.
 """
 
 from __future__ import annotations
@@ -94,15 +99,16 @@ def read_table1(path: str | Path) -> list[dict]:
 
 
 def cluster_order(rows: list[dict]) -> list[str]:
-    """The cluster ids, largest first (by the ``size``/``n`` rows; a suppressed or unknown
-    size after every known one; ties by id), without ``"all"``."""
-    sizes = {r["cluster"]: r["value"] for r in rows
+    """The cluster ids, largest first (by the ``size``/``n`` rows, an interval by its
+    lower end; a suppressed or unknown size after every known one; ties by id), without
+    ``"all"``."""
+    sizes = {r["cluster"]: _lower_end(r["value"]) for r in rows
              if r["variable"] == SIZE and r["statistic"] == "n" and r["cluster"] != ALL}
     ids = list(dict.fromkeys(r["cluster"] for r in rows if r["cluster"] != ALL))
 
     def key(cid: str):
         size = sizes.get(cid)
-        known = isinstance(size, (int, float)) and not math.isnan(size)
+        known = size is not None
         # A suppressed size is 1..p-1 rows: smaller than any size shown, so it goes last.
         return (0 if known else 1, -(size if known else 0), _id_key(cid))
 
@@ -133,9 +139,12 @@ def table1_layout(rows: list[dict], meta: dict) -> tuple[list[str], list[tuple[s
         return [_n_pct(get(c, variable, level, n_stat), get(c, variable, level, pct_stat))
                 for c in columns]
 
-    header = ["Characteristic"] + [
-        f"{'All' if c == ALL else f'Cluster {c}'} ({_n_equals(get(c, SIZE, '', 'n'))})"
-        for c in columns]
+    def head(c):
+        shown = get(c, SIZE, "", "rows shown")
+        of = "" if shown == "" else f"; {format_count(shown)} shown"
+        return f"{'All' if c == ALL else f'Cluster {c}'} ({_n_equals(get(c, SIZE, '', 'n'))}{of})"
+
+    header = ["Characteristic"] + [head(c) for c in columns]
     body: list[tuple[str, list[str], str]] = [("rows, n (% of all rows)", n_pct(SIZE, ""), "row")]
     for variable in dict.fromkeys(r["variable"] for r in rows if r["variable"] != SIZE):
         of_variable = [r for r in rows if r["variable"] == variable]
@@ -148,16 +157,17 @@ def table1_layout(rows: list[dict], meta: dict) -> tuple[list[str], list[tuple[s
         else:
             body.append((f"{label}, mean (SD)",
                          [_pair(get(c, variable, "", "mean"), get(c, variable, "", "sd"), "({})")
+                          if get(c, variable, "", "mean") != "" else _why_not(get(c, variable, "", "n"))
                           for c in columns], "row"))
             body.append((INDENT + "median [Q1, Q3]",
                          [_median(get(c, variable, "", "median"), get(c, variable, "", "q1"),
                                   get(c, variable, "", "q3")) for c in columns], "level"))
         missing = [get(c, variable, "", "missing n") for c in columns]
-        # Shown when any cell has missing rows; a suppressed count ("<p") is 1..p-1 rows.
-        if any(isinstance(m, str) and m.startswith("<") or _number(m) and m > 0 for m in missing):
+        # Shown when any cell has missing rows, or may have (a withheld count, an interval).
+        if any(isinstance(m, str) and m != "" or _number(m) and m > 0 for m in missing):
             body.append((INDENT + "missing, n (%)", n_pct(variable, "", "missing n", "missing %"),
                          "level"))
-    return header, body, _notes(meta)
+    return header, body, _notes(meta, rows)
 
 
 def table1_markdown(rows: list[dict], meta: dict) -> str:
@@ -223,8 +233,8 @@ def format_percent(value) -> str:
 
 def _n_pct(n, pct) -> str:
     count = format_count(n)
-    # A suppressed or unavailable count has no meaningful share: show the count's text only.
-    if count == UNAVAILABLE or count.startswith("<"):
+    # A withheld or unavailable count has no share: show the count's text only.
+    if count == UNAVAILABLE or not (_number(n) or _lower_end(n) is not None):
         return count
     share = format_percent(pct)
     return count if share == UNAVAILABLE else f"{count} ({share})"
@@ -244,21 +254,52 @@ def _median(median, q1, q3) -> str:
     return f"{head} [{format_number(q1)}, {format_number(q3)}]"
 
 
+def _why_not(n) -> str:
+    """A mean's cell where the mean is not shown: its n's marker (``n <10``, ``n
+    suppressed``), or "-"."""
+    return f"n {n}" if isinstance(n, str) and n and _lower_end(n) is None else UNAVAILABLE
+
+
+def _lower_end(value) -> float | None:
+    """A count's value, or an interval's (``"a-b"``) lower end; None for a marker."""
+    if _number(value):
+        return float(value)
+    if isinstance(value, str) and value.count("-") == 1:
+        low, _, high = value.partition("-")
+        try:
+            float(high)
+            return float(low)
+        except ValueError:
+            return None
+    return None
+
+
 def _n_equals(size) -> str:
     text = format_count(size)
     # "n < 2" reads as a sentence where "n = <2" does not.
     return f"n {text[0]} {text[1:]}" if text.startswith("<") else f"n = {text}"
 
 
-def _notes(meta: dict) -> list[str]:
+def _notes(meta: dict, rows: list[dict] = ()) -> list[str]:
     notes = []
     floor = meta.get("floor")
     if floor:
         p = int(floor)
-        notes.append(f"A cell a site held fewer than {p} rows of is left out of its totals (the "
-                     f"floor, applied at each site); a count shown as <{p} is fewer than {p}.")
+        small = f"1 to {p - 1} rows" if p > 2 else "1 row"
+        notes.append(f"Small cells (p = {p}): a count of {small} reads <{p}; "
+                     f"\"suppressed\": a count withheld so that no <{p} cell can be worked out "
+                     "from the counts shown and the published margins (cluster sizes, all "
+                     "rows, each site's rows); every other count is exact. Where a count is "
+                     "withheld, so are its mean (SD), quartiles and %.")
     notes.append("Numeric variables: mean (SD), then median [Q1, Q3]; categories: n (% of the "
-                 "cluster's rows with the variable present); \"-\": not available.")
+                 "cluster's rows with the variable present; where that number is withheld, "
+                 "the range of % the figures allow); missing: n (% of the cluster's rows); "
+                 "\"-\": not available.")
+    if any(r["statistic"] == "rows shown" for r in rows):
+        notes.append("A cluster with \"shown\" in its heading: a site withheld its rows of it "
+                     "(fewer than that site's floor), so its counts read a-b (from those shown "
+                     "to the most that site could hold), and its means, SDs, quartiles and % are "
+                     "of the rows shown.")
     if meta.get("secure"):
         notes.append("Secure aggregation: the server saw only sums over all sites, so "
                      "per-site figures are not available.")

@@ -202,7 +202,9 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: dict |
         "rounds": best["rounds"],
         "seed": best["seed"],
         "cluster-sizes": [int(c) for c in best["stats"].counts],
-        "per-site": best["per-site"],
+        # each site's sizes under Table 1's small-cell rule (DP: noisy counts, DP's own)
+        "per-site": (best["per-site"] if config.private
+                     else reports.protected_per_site(best["per-site"], profile.floor(strategy))),
         "rejected-sites": dict(strategy.rejected),
         "site-failures": {key: list(v) for key, v in strategy.site_failures.items()},
         # Sites that answered as many task rounds as their own policy allows.

@@ -102,7 +102,7 @@ class ClusteringStrategy(Strategy):
         self.bounds_from_data = False
         self.dp_rho_round = private.rho_per_round(config)
         # Table 1 by cluster (profile.py): its rows, its bins' range, why it is missing.
-        self.profile_rows, self.profile_range, self.profile_note = None, None, ""
+        self.profile_table, self.profile_range, self.profile_note = None, None, ""
         self.reset_repetition()
 
     # ----------------------------------------------------------------- hooks

@@ -5,9 +5,11 @@ every usable site for its clusters' profile (``client_app/site_profile.py``): ea
 in the cluster of the final centroids its mean is nearest to (the evaluation's
 partition), and per cluster and encoded feature, in the encoded units (the schema's
 declared units; the run's scaling and fill undone), the rows, present cells, their sum,
-their squared deviations about the point sent and a histogram of the groups' means, each
-cell under the floor withheld at the site. The server pools them into the tidy rows of
-Table 1 (``common/profile.py``), which ``server_app/table1.py`` renders.
+their squared deviations about the point sent and a histogram of the groups' means (a
+cluster under the site's floor withheld whole, nothing else). The server pools them,
+applies the table's small-cell rule to the pooled counts (``common/small_cells.py``) and
+makes the tidy rows of Table 1 (``common/profile.py``), which ``server_app/table1.py``
+renders.
 
 The histograms span, per numeric feature, the schema's declared ``range``. Where a
 feature has none, a first ``profile`` pass without histograms gives each cluster's pooled
@@ -65,8 +67,9 @@ def _schema(strategy):
 
 
 def floor(strategy) -> int:
-    """The floor a "<p" cell names: the highest any site applied (the run's, or a
-    site's own group size above it)."""
+    """Table 1's floor p, its small-cell rule's (a pooled count of 1 to p-1 reads "<p"):
+    the highest any site applies (the run's ``min-cluster-size``, or a site's own above
+    it), so the table keeps the strictest rule of the hospitals whose rows it counts."""
     return max([strategy.config.min_cluster_size,
                 *(s.group_size or 1 for s in strategy.sites.values())])
 
@@ -182,12 +185,11 @@ def reduce_profile(strategy, plan: TaskPlan, replies) -> dict:
         strategy.profile_note = "no site answered the profile round"
         return {}
     inputs = plan.arrays
-    own = None if any(r.n_sites > 1 for r in replies) else {
-        r.site_key: r.arrays for r in replies}
     pooled = profile.pool([r.arrays for r in replies])
-    strategy.profile_rows = profile.table1_rows(
-        pooled, variables(strategy), inputs.references, inputs.lower, inputs.upper,
-        floor(strategy), own)
+    table = profile.table1(pooled, variables(strategy), inputs.references, inputs.lower,
+                           inputs.upper, floor(strategy), answered_by(strategy, replies))
+    # (as data: the strategy's state is checkpointed)
+    strategy.profile_table = {"rows": table.rows, "notes": table.notes}
     answered = sum(r.n_sites for r in replies)
     if answered < len(strategy.sites):
         strategy.profile_note = (f"{answered} of {len(strategy.sites)} sites answered the "
@@ -195,10 +197,25 @@ def reduce_profile(strategy, plan: TaskPlan, replies) -> dict:
     return {}
 
 
+def answered_by(strategy, replies) -> profile.Answered:
+    """Who answered the profile round: their rows and floors (a site's floor: the run's
+    ``min-cluster-size`` or its own group size, the larger), and in a plain round each
+    site's own profile."""
+    run = strategy.config.min_cluster_size
+    floors = {key: max(run, site.group_size or 1) for key, site in strategy.sites.items()}
+    if any(r.n_sites > 1 for r in replies):  # the secure sum: no site's own figures
+        return profile.Answered(sum(r.n_rows for r in replies), max(floors.values()))
+    return profile.Answered(sum(r.n_rows for r in replies),
+                            max(floors[r.site_key] for r in replies),
+                            {r.site_key: r.arrays for r in replies},
+                            {r.site_key: r.n_rows for r in replies},
+                            {r.site_key: floors[r.site_key] for r in replies})
+
+
 def table1_of(strategy) -> dict | None:
     """Table 1 as the model keeps it (``Model.table1``): its rows, the floor its "<p"
     cells name, whether it came from a secure sum, and its notes (None: no profile)."""
-    if strategy.profile_rows is None:
+    if strategy.profile_table is None:
         return None
     otherwise = ("the secagg-data-bound box" if strategy.config.secure_aggregation
                  else f"the hull of each cluster's mean +- {SPREAD:g} SDs")
@@ -214,7 +231,8 @@ def table1_of(strategy) -> dict | None:
                      "quartiles, at worst 4.1 bins; BENCHMARKS.md, table1-quartiles); means, "
                      "SDs and counts are those of the rows, but for a value alone in its group "
                      "(fewer than min-cluster-size of its column), which counts as missing.")
+    notes += strategy.profile_table["notes"]
     if strategy.profile_note:
         notes.append(strategy.profile_note[0].upper() + strategy.profile_note[1:] + ".")
-    return {"rows": strategy.profile_rows, "floor": floor(strategy),
+    return {"rows": strategy.profile_table["rows"], "floor": floor(strategy),
             "secure": bool(strategy.config.secure_aggregation), "notes": notes}

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
+from fedcluster.common.profile import protected_composition
 from fedcluster.strategies.validation import Reply
 
 
@@ -40,6 +43,28 @@ def site_report(reply: Reply, floor: int) -> dict:
         "score": reply.metrics["sse"] / reply.n_rows,
         "cluster-sizes": [f"<{floor}" if h else int(c) for c, h in zip(counts, hidden)],
     }
+
+
+def protected_per_site(per_site: dict, floor: int) -> dict:
+    """The per-site reports with each site's cluster sizes under Table 1's small-cell rule
+    at floor p (``profile.protected_composition``: a size of 1 to p-1 reads "<p", others
+    withheld so that none can be worked out from the sites' rows and the cluster sizes
+    read "suppressed"; a cluster a site withheld keeps its "<p", unless every figure
+    fixes it at 0)."""
+    if not per_site:
+        return per_site
+
+    def flagged(size) -> bool:
+        return isinstance(size, str)
+
+    counts = {key: [0 if flagged(c) else int(c) for c in r["cluster-sizes"]]
+              for key, r in per_site.items()}
+    flags = {key: np.array([flagged(c) for c in r["cluster-sizes"]]) for key, r in per_site.items()}
+    floors = {key: max([int(c[1:]) for c in r["cluster-sizes"] if flagged(c)], default=1)
+              for key, r in per_site.items()}
+    rows = {key: int(r["n-rows"]) for key, r in per_site.items()}
+    values, _ = protected_composition(counts, flags, rows, floors, floor)
+    return {key: {**r, "cluster-sizes": values[key][:-1]} for key, r in per_site.items()}
 
 
 def table_summary(sites, schema_hash: str | None) -> dict:

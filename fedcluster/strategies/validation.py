@@ -226,9 +226,10 @@ def cluster_profile(reply: protocol.ClusterProfile, expect: Expect, n_rows: int,
                     n_sites: int = 1) -> protocol.ClusterProfile:
     """A cluster profile (``client_app/site_profile.py``), or the secure sum of
     ``n_sites`` sites' profiles: shapes (k clusters, d features, ``max_rows`` bins),
-    finite values, whole non-negative counts within the rows (clusters, cells, bins: 0 or
-    at least the floor), non-negative squared deviations, at most one hidden flag per
-    site and cell."""
+    finite values, whole non-negative counts within the rows (a cluster 0 or at least the
+    floor, its rows counted 0 or all of them; a level, missing or bin count may be small:
+    each is a function of the site's groups), non-negative squared deviations, at most one
+    hidden flag per site and cell."""
     k, d, bins = expect.n_clusters, expect.n_features, expect.max_rows
     shapes = {"counts": (k,), "rows": (k, d), "present": (k, d), "sums": (k, d),
               "squares": (k, d), "histograms": (k, d, bins), "hidden": (k, d)}
@@ -245,10 +246,8 @@ def cluster_profile(reply: protocol.ClusterProfile, expect: Expect, n_rows: int,
     if np.any(rows > counts[:, None]) or np.any(present > rows) or np.any(hist.sum(axis=2) > present):
         raise ReplyError("profile counts do not nest (cluster >= rows counted >= present "
                          ">= histogram)")
-    small = lambda a: (a > 0) & (a < expect.floor)  # noqa: E731
-    if small(present).any() or small(rows - present).any() or small(hist).any():
-        raise ReplyError(f"profile has a cell or bin of fewer than the privacy floor "
-                         f"{expect.floor} rows")
+    if n_sites == 1 and np.any((rows != 0) & (rows != counts[:, None])):
+        raise ReplyError("profile rows counted are neither 0 nor the cluster's rows")
     if np.any(values["squares"] < 0) or np.any(values["hidden"] > n_sites):
         raise ReplyError("profile has negative squared deviations or a hidden flag over "
                          "one per site")
