@@ -78,7 +78,7 @@ def tables(demo):
         for k in KS:
             for secure in (False, True):
                 nodes = [{"data-path": str(f), "schema-path": str(demo["paths"][0]),
-                          "site-id": f"H{i + 1}", "cache-dir": str(demo["tmp"] / "cache"),
+                          "site-id": f"H{i + 1}", "cache-dir": str(demo["tmp"] / f"cache-{p}"),
                           "min-cluster-size": p} for i, f in enumerate(demo["paths"][1:])]
                 config = {"algorithm": "dwf", "n-clusters": k, "scale": "standard",
                           "num-rounds": 2, "central-baseline": False, "seed": 1,

@@ -132,7 +132,7 @@ class Answered:
         """Ask this version every task; record its groups (from the site's kept table),
         checked against what the site sent."""
         groups = site.table_now()
-        row_groups = np.asarray(np.load(f"{_entry_of(site, groups)}.row-groups.npy"))
+        row_groups = np.asarray(np.load(f"{_entry_of_groups(site.cache, groups)}.row-groups.npy"))
         instances = table.instances()
         order = np.argsort(row_groups, kind="stable")
         members = np.split(order, np.searchsorted(row_groups[order], np.arange(1, groups.n_groups)))
@@ -177,11 +177,6 @@ class Answered:
                    for w in js[k + 1:] if label[len(order) + u] == label[len(order) + w]
                    and np.linalg.norm(null_rows[u] - null_rows[w]) < 1e-9]
         return single, changes
-
-
-def _entry_of(site: FileSite, groups) -> Path:
-    tables = Store.read_tables(Path(groups.table_ref.store))
-    return site.cache / "groups" / tables[groups.table_ref.number]["entry"]
 
 
 def blobs(n: int, seed: int = 0) -> np.ndarray:
@@ -442,3 +437,27 @@ def test_site_check_shows_the_versions_and_what_the_audit_held_back(tmp_path):
     assert first[0] == "1" and second[0] == "2 (this one)" and second[1] == "197"
     withdrawn = int(second[3].split()[0])
     assert 1 <= withdrawn <= 3 and int(second[2]) < 197  # kept: the rows of untouched groups
+
+
+def test_a_raised_min_cluster_size_merges_earlier_groups_whole(tmp_path):
+    """The same data at a larger p_site (the same cache): the groups under the new size are
+    withdrawn, and the new groups are unions of them (each answered from already, so the
+    union discloses nothing new), not a fresh partition of the rows."""
+    table, path, cache = Table(blobs(300), with_id=False), tmp_path / "site.csv", tmp_path / "cache"
+    table.write(path)
+    site = load_site_file(path, cache_dir=cache)
+    before = group_table.site_groups(site, 2, cache)[0]
+    before_rows = np.asarray(np.load(f"{_entry_of_groups(cache, before)}.row-groups.npy"))
+    after = group_table.site_groups(site, 4, cache)[0]
+    after_rows = np.asarray(np.load(f"{_entry_of_groups(cache, after)}.row-groups.npy"))
+    assert after.min_size == 4 and np.asarray(after.counts).min() >= 4
+    for g in range(after.n_groups):  # each new group: whole earlier groups
+        earlier = np.unique(before_rows[after_rows == g])
+        assert np.isin(before_rows, earlier).sum() == (after_rows == g).sum()
+    assert after.waiting <= 3  # at most one earlier group left alone
+
+
+def _entry_of_groups(cache: Path, groups) -> Path:
+    """The kept entry of a site's group table (its files' common prefix)."""
+    tables = Store.read_tables(Path(groups.table_ref.store))
+    return cache / "groups" / tables[groups.table_ref.number]["entry"]

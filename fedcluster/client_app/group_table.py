@@ -327,8 +327,9 @@ def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, fresh: np.nd
     """For each of ``rows``, the group its unit (rows of one ``unit`` label, together)
     joins (``versions.next_version``): the group of the ``fresh`` rows (``labels``) nearest
     to the unit's mean with room for it (a group takes at most 2 ``min_size`` such rows,
-    the nearest units first); else a group of at least ``min_size`` units made among the
-    units left (``group_rows`` on their means), numbered after the fresh groups; else -1.
+    the nearest units first); else a group of whole units made among the units left
+    (``group_rows`` on their means: at least two units, and enough of them for
+    ``min_size`` rows), numbered after the fresh groups; else -1.
     Distances are measured as the grouping measures (``grouping_scale``)."""
     together = np.concatenate([rows, fresh])
     order = np.argsort(together, kind="stable")
@@ -360,8 +361,10 @@ def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, fresh: np.nd
                 joined[out[position]] = g
                 room[g] -= unit_rows[out[position]]
     left = np.flatnonzero(joined < 0)
-    if left.size >= min_size:  # groups of at least min_size units, each unit whole
-        of_unit = group_rows(np.ascontiguousarray(unit_means[left]), min_size)
+    # groups of whole units, at least 2 and enough for min_size rows (the audit judges them)
+    per_group = max(2, -(-min_size // int(unit_rows[left].min()))) if left.size else 2
+    if left.size >= per_group:
+        of_unit = group_rows(np.ascontiguousarray(unit_means[left]), per_group)
         joined[left] = np.where(of_unit >= 0, of_unit + group_means.shape[0], -1)
     return joined[unit_of_row]
 

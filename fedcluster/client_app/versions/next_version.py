@@ -11,7 +11,7 @@ The rule (docs/explanation/privacy-model.md, "Versions"):
    themselves (``grouping.group_rows``); the other waiting rows (of a withdrawn group,
    or held back before) join them a former group at a time, each to the new group
    nearest to it that has room (at most 2p such rows a group); the others make groups
-   of at least p former groups' rows; fewer wait.
+   of whole former groups (at least two, and p rows); a unit alone waits.
 4. **Audit.** Before the version answers anything, the exact span audit
    (``span_audit.audit``) checks every table ever made (each counts as answered from),
    with the new groups: no combination isolates fewer than p rows, and no one-row
@@ -155,9 +155,10 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
     nearest to it that has room (at most 2p such rows a group). A unit's sum, subtracted
     from its earlier group's, then leaves that group's rows that went together with fresh
     rows; and each earlier group reaches one new group only, which keeps the audit's
-    components small. The units that find no room make groups of at least p units among
-    themselves (each unit whole: a combination then leaves at least one row a unit);
-    fewer than p units wait."""
+    components small. The units that find no room make groups of whole units among
+    themselves (at least two, and enough for p rows: a group withdrawn only for a raised
+    p is then a union of earlier groups, which discloses nothing new), which the audit
+    judges; a unit alone waits."""
     waiting = np.flatnonzero(group_of_row < 0)
     if waiting.size == 0:
         return []
