@@ -295,8 +295,8 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
                                       int(meta["min-size"]), entry, has_missing)
     plan, _ = versions.plan_for(store, site.X, keys, site.row_ids, min_size,
                                 lambda rows: _grouped(site, min_size, rows, directory),
-                                lambda rows, unit, fresh, labels: _join_units(
-                                    site, rows, unit, fresh, labels, min_size),
+                                lambda rows, unit, lost, fresh, labels: _join_units(
+                                    site, rows, unit, lost, fresh, labels, min_size),
                                 has_missing, versions.lineage_name(key))
     table, group_of_row, order = _version_table(site, plan, directory)
     lineage = plan.lineage
@@ -322,14 +322,16 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
                        "version", site.source, record["held-back"], plan.findings[0])
 
 
-def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, fresh: np.ndarray,
-                labels: np.ndarray, min_size: int) -> np.ndarray:
+def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, lost: np.ndarray,
+                fresh: np.ndarray, labels: np.ndarray, min_size: int) -> np.ndarray:
     """For each of ``rows``, the group its unit (rows of one ``unit`` label, together)
     joins (``versions.next_version``): the group of the ``fresh`` rows (``labels``) nearest
-    to the unit's mean with room for it (a group takes at most 2 ``min_size`` such rows,
-    the nearest units first); else a group of whole units made among the units left
-    (``group_rows`` on their means: at least two units, and enough of them for
-    ``min_size`` rows), numbered after the fresh groups; else -1.
+    to the unit's mean with room for it (a group takes at most 2 ``min_size`` such rows, the
+    nearest units first, or one unit larger than that alone); else a group of whole units
+    of at most 2 ``min_size`` rows each, made among those left (``group_rows`` on their
+    means: ``min_size`` units where they ``lost`` rows, else at least two and enough for
+    ``min_size`` rows), numbered after the fresh groups; else -1 (a larger unit waits for
+    a fresh group: among other units it would make ever larger groups).
     Distances are measured as the grouping measures (``grouping_scale``)."""
     together = np.concatenate([rows, fresh])
     order = np.argsort(together, kind="stable")
@@ -344,8 +346,9 @@ def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, fresh: np.nd
         np.add.at(total, labels_, values)
         return total / np.maximum(np.bincount(labels_, minlength=n), 1)[:, None]
 
-    units, unit_of_row = np.unique(unit, return_inverse=True)
+    units, first, unit_of_row = np.unique(unit, return_index=True, return_inverse=True)
     unit_means, unit_rows = means(unit_of_row, Z[:rows.size]), np.bincount(unit_of_row)
+    unit_lost = lost[first]
     group_means = means(labels, Z[rows.size:])
     joined = np.full(units.size, -1, dtype=np.int64)
     room = np.full(group_means.shape[0], 2 * min_size)
@@ -357,15 +360,19 @@ def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, fresh: np.nd
                                            np.ascontiguousarray(group_means[open_groups]))
         for position in np.argsort(distance, kind="stable").tolist():
             g = open_groups[nearest[position]]
-            if unit_rows[out[position]] <= room[g]:
+            # a unit fits the room left; one larger than the room takes a group alone
+            if unit_rows[out[position]] <= room[g] or room[g] == 2 * min_size:
                 joined[out[position]] = g
-                room[g] -= unit_rows[out[position]]
-    left = np.flatnonzero(joined < 0)
-    # groups of whole units, at least 2 and enough for min_size rows (the audit judges them)
-    per_group = max(2, -(-min_size // int(unit_rows[left].min()))) if left.size else 2
-    if left.size >= per_group:
-        of_unit = group_rows(np.ascontiguousarray(unit_means[left]), per_group)
-        joined[left] = np.where(of_unit >= 0, of_unit + group_means.shape[0], -1)
+                room[g] = max(room[g] - unit_rows[out[position]], 0)
+    made = group_means.shape[0]
+    for wounded in (True, False):  # groups of whole units among those left (none large)
+        left = np.flatnonzero((joined < 0) & (unit_lost == wounded) & (unit_rows <= 2 * min_size))
+        per_group = min_size if wounded else \
+            max(2, -(-min_size // int(unit_rows[left].min()))) if left.size else 2
+        if left.size >= max(per_group, 2):
+            of_unit = group_rows(np.ascontiguousarray(unit_means[left]), per_group)
+            joined[left] = np.where(of_unit >= 0, of_unit + made, -1)
+            made += int(of_unit.max()) + 1 if (of_unit >= 0).any() else 0
     return joined[unit_of_row]
 
 

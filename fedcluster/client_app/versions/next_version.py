@@ -10,8 +10,11 @@ The rule (docs/explanation/privacy-model.md, "Versions"):
 3. **New.** The waiting rows that were never in a group (new rows) are grouped among
    themselves (``grouping.group_rows``); the other waiting rows (of a withdrawn group,
    or held back before) join them a former group at a time, each to the new group
-   nearest to it that has room (at most 2p such rows a group); the others make groups
-   of whole former groups (at least two, and p rows); a unit alone waits.
+   nearest to it that has room (at most 2p such rows a group, or one larger former
+   group alone); the others make groups of whole former groups of at most 2p rows each
+   (p of them where those lost rows; else at least two, and p rows); a unit that makes
+   no group waits. A former group's rows always move together, so an instance's groups
+   form a chain, which the audit checks by a minimum cut.
 4. **Audit.** Before the version answers anything, the exact span audit
    (``span_audit.audit``) checks every table ever made (each counts as answered from),
    with the new groups: no combination isolates fewer than p rows, and no one-row
@@ -103,7 +106,8 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
         The site's ``min-cluster-size``.
     group_waiting : callable (rows or None) -> (m,) int64
         The grouping of those rows (ascending; None: every row), -1 for a row that waits.
-    attach : callable (rows, their units, fresh rows, their groups) -> (m,) int64
+    attach : callable (rows, their units, whether each one's unit lost a row, fresh rows,
+            their groups) -> (m,) int64
         For each of ``rows``, the group its unit (the rows of one earlier group) joins: a
         group of the fresh rows (the nearest with room, 2p rows each), else a group of
         units (numbered after the fresh rows' groups), else -1.
@@ -156,9 +160,11 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
     from its earlier group's, then leaves that group's rows that went together with fresh
     rows; and each earlier group reaches one new group only, which keeps the audit's
     components small. The units that find no room make groups of whole units among
-    themselves (at least two, and enough for p rows: a group withdrawn only for a raised
-    p is then a union of earlier groups, which discloses nothing new), which the audit
-    judges; a unit alone waits."""
+    themselves, which the audit judges: units whose earlier group lost or changed a row
+    at least p of them (a combination of such a group and the earlier ones leaves at
+    least one gone row per unit); units of groups withdrawn only for a raised p at least
+    two, and enough for p rows (a union of earlier groups discloses nothing new). Units
+    that make no group wait."""
     waiting = np.flatnonzero(group_of_row < 0)
     if waiting.size == 0:
         return []
@@ -175,7 +181,12 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
     fresh, earlier, unit = waiting[~old], waiting[old], unit[old]
     labels = group_waiting(fresh) if fresh.size else np.zeros(0, dtype=np.int64)
     grouped = labels >= 0
-    attached = attach(earlier, unit, fresh[grouped], labels[grouped])
+    units = np.unique(unit)
+    live = np.zeros(store.n_instances, dtype=bool)
+    live[instance_of_row] = True
+    lost = ~_all_live(store, units, live)  # the unit's earlier group lost or changed a row
+    attached = attach(earlier, unit, lost[np.searchsorted(units, unit)], fresh[grouped],
+                      labels[grouped])
     return _split(np.concatenate([labels, attached]), instance_of_row[np.concatenate([fresh, earlier])])
 
 

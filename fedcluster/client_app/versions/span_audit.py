@@ -56,8 +56,8 @@ import numpy as np
 
 __all__ = ["Finding", "MAX_SUBSETS", "audit", "component_finding"]
 
-#: The most sets of three or more atoms one component's check tries before it fails the
-#: component (only at p >= 4, where the light atoms' columns are dependent).
+#: The most sets of atoms (or hyperplanes) one component's check tries before it fails
+#: the component (only at p >= 4, where the light atoms' columns are dependent).
 MAX_SUBSETS = 20_000
 
 
@@ -159,16 +159,87 @@ def _direction(column: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(-v for v in ints) if first < 0 else tuple(ints)
 
 
-def component_finding(member_lists: list[np.ndarray], p: int, same_row) -> str | None:
+def _smallest_cut(member_lists: list[np.ndarray], reports=None, present=None) -> int | None:
+    """The smallest number of instances a nonzero combination of the groups isolates,
+    when the groups form CHAINS (None when they do not).
+
+    The versions rule builds groups so that an instance's groups, in the order they were
+    made, are each the CHILD of the one before (the group its withdrawn group's other
+    rows joined, whole), and a group has at most one child. Then, with phi(g) the sum of
+    a combination's coefficients from g along the children to the last group (phi 0
+    beyond), an instance first in group a and last in group b has the coefficient
+    phi(a) - phi(child of b): every instance is an edge between two nodes (the groups and
+    "beyond"), and the smallest support is the smallest positive cut of those edges (phi
+    one value on one side and another on the other; a combination with more values has
+    such a cut within its support). Exact, by integer maximum flows. For one feature's values,
+    a group that does not report it has a zero coefficient (its node joins its child's)
+    and an instance without a present cell is no edge."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components, maximum_flow
+
+    m = len(member_lists)
+    groups_of: dict[int, list[int]] = {}
+    for g, members in enumerate(member_lists):  # groups in the order they were made
+        for instance in members.tolist():
+            groups_of.setdefault(instance, []).append(g)
+    child = [-1] * m
+    for chain in groups_of.values():
+        for earlier, later in zip(chain, chain[1:]):
+            if child[earlier] not in (-1, later):
+                return None  # a group with two children: not chains
+            child[earlier] = later
+    for chain in groups_of.values():
+        if any(child[g] != later for g, later in zip(chain, chain[1:])):
+            return None
+    beyond = m
+    node = list(range(m + 1))  # a group not reporting joins its child's node (zero coefficient)
+
+    def root(g: int) -> int:
+        while node[g] != g:
+            g = node[g]
+        return g
+
+    if reports is not None:
+        for g in range(m):
+            if not reports[g]:
+                node[root(g)] = root(beyond if child[g] < 0 else child[g])
+    kept = None if present is None else set(np.asarray(present).tolist())
+    edges: dict[tuple[int, int], int] = {}
+    for instance, chain in groups_of.items():
+        if kept is not None and instance not in kept:
+            continue
+        a, c = root(chain[0]), root(beyond if child[chain[-1]] < 0 else child[chain[-1]])
+        if a != c:
+            edges[min(a, c), max(a, c)] = edges.get((min(a, c), max(a, c)), 0) + 1
+    if not edges:
+        return 2**31  # nothing to isolate: every combination is zero
+    ends = np.array(list(edges), dtype=np.int64)
+    capacity = np.array(list(edges.values()), dtype=np.int32)
+    graph = csr_matrix((np.r_[capacity, capacity], (np.r_[ends[:, 0], ends[:, 1]],
+                                                     np.r_[ends[:, 1], ends[:, 0]])),
+                       shape=(m + 1, m + 1))
+    # phi is free but for "beyond" (0), and a shift of phi changes nothing that matters
+    # here: the smallest support is the smallest positive cut, the global minimum cut
+    # of each connected part of the edges (a fixed node against every other one)
+    _, part = connected_components(graph, directed=False)
+    smallest = 2**31
+    for label in np.unique(part[np.unique(ends)]):
+        nodes = np.flatnonzero(part == label)
+        smallest = min([smallest] + [int(maximum_flow(graph, int(nodes[0]), int(t)).flow_value)
+                                     for t in nodes[1:]])
+    return smallest
+
+
+def component_finding(member_lists: list[np.ndarray], p: int, same_row, reports=None,
+                      present=None) -> str | None:
     """Why a component's row space breaks the promise (module docstring), or None.
 
     A vector c over the atoms lies in the row space exactly when it is a linear
     dependency among the columns of Z, the left null space of the atoms-by-groups matrix
     (Z c = 0). So a combination isolating fewer than p instances is a DEPENDENT set of
     light atoms' Z-columns of weight under p: one zero column (one atom), two parallel
-    ones, or a few more (checked by exact rank, lightest first, at most
-    :data:`MAX_SUBSETS` sets; past that the component fails). A one-row change (p = 2)
-    is two one-instance atoms with EQUAL columns.
+    ones, or a few more (:func:`_small_dependency`). A one-row change (p = 2) is two
+    one-instance atoms with EQUAL columns.
 
     Parameters
     ----------
@@ -178,7 +249,18 @@ def component_finding(member_lists: list[np.ndarray], p: int, same_row) -> str |
         The fewest instances a nonzero combination may isolate.
     same_row : callable (u, w) -> bool
         Whether two instances may be two versions of one row.
+    reports, present : optional
+        For one feature's values: which groups report it (a bool per list), and the
+        instances with a present cell (an array); the others count as known.
     """
+    if p >= 3:
+        cut = _smallest_cut(member_lists, reports, present)
+        if cut is not None:  # the groups form chains (module docstring): exact by a cut
+            return None if cut >= p else \
+                f"a combination of the groups isolates {cut} row(s), fewer than {p}"
+    if reports is not None:
+        member_lists = [np.intersect1d(m, present, assume_unique=True)
+                        for m, report in zip(member_lists, reports) if report]
     member_lists = [m for m in member_lists if m.size]
     if len(member_lists) < 2:
         return None  # one group: its own sum, of at least p rows
@@ -199,26 +281,55 @@ def component_finding(member_lists: list[np.ndarray], p: int, same_row) -> str |
             if any(same_row(u, w) for u, w in itertools.combinations(instances, 2)):
                 return "a combination of the groups gives the difference of two versions of a row"
         return None
-    if _rank([column[a] for a in light]) == len(light):
+    return _small_dependency(column, weights, light, p)
+
+
+def _small_dependency(column: list[tuple], weights: list[int], light: list[int], p: int) -> str | None:
+    """Whether some light atoms whose weights add up to less than p have dependent
+    Z-columns (p >= 3; none is zero). The dependencies among the light columns are a
+    space V (the row space's vectors on light atoms alone); only the atoms some vector of
+    V touches can be in one. Its smallest support is found either over the sets of fewer
+    than p of those atoms (exact rank) or over V's hyperplanes (rank(V) - 1 of its rows at
+    a time), whichever is fewer; past :data:`MAX_SUBSETS` the component fails."""
+    dependencies = _null_space(_transpose([list(column[a]) for a in light]) or [[0] * len(light)],
+                               len(light)) if light else []
+    if not dependencies:
         return None  # the light atoms' columns are independent: no small dependency
+    touched = [i for i in range(len(light)) if any(x[i] for x in dependencies)]
+    weight = {i: weights[light[i]] for i in touched}
+    if sum(weight.values()) < p:
+        return (f"a combination of the groups isolates at most {sum(weight.values())} "
+                f"row(s), fewer than {p}")
     parallel: dict[tuple, int] = {}
-    for a in light:
-        direction = _direction(column[a])
-        if direction in parallel and weights[parallel[direction]] + weights[a] < p:
+    for i in touched:
+        direction = _direction(column[light[i]])
+        if direction in parallel and weight[parallel[direction]] + weight[i] < p:
             return (f"a combination of the groups isolates "
-                    f"{weights[parallel[direction]] + weights[a]} row(s), fewer than {p}")
-        parallel.setdefault(direction, a)
-    checked = 0
+                    f"{weight[parallel[direction]] + weight[i]} row(s), fewer than {p}")
+        parallel.setdefault(direction, i)
+    rank = len(dependencies)
+    by_sets = sum(math.comb(len(touched), size) for size in range(3, p))
+    by_hyperplanes = math.comb(len(touched), rank - 1)
+    if min(by_sets, by_hyperplanes) > MAX_SUBSETS:
+        return f"too many combinations to audit ({MAX_SUBSETS}+)"
+    if by_hyperplanes < by_sets:
+        basis = _transpose(_echelon([[x[i] for i in touched] for x in dependencies])[0])
+        for chosen in itertools.combinations(range(len(touched)), rank - 1):
+            directions = _null_space([basis[r] for r in chosen], rank)
+            if len(directions) != 1:
+                continue  # dependent rows: not a hyperplane's basis
+            mu = directions[0]
+            support = sum(weight[touched[r]] for r, row in enumerate(basis)
+                          if sum(a * b for a, b in zip(row, mu)))
+            if support < p:
+                return f"a combination of the groups isolates {support} row(s), fewer than {p}"
+        return None
     for size in range(3, p):
-        for chosen in itertools.combinations(light, size):
-            if sum(weights[a] for a in chosen) >= p:
-                continue
-            checked += 1
-            if checked > MAX_SUBSETS:
-                return f"too many combinations to audit ({MAX_SUBSETS}+)"
-            if _rank([column[a] for a in chosen]) < size:
-                return (f"a combination of the groups isolates at most "
-                        f"{sum(weights[a] for a in chosen)} row(s), fewer than {p}")
+        for chosen in itertools.combinations(touched, size):
+            total = sum(weight[i] for i in chosen)
+            if total < p and _rank([column[light[i]] for i in chosen]) < size:
+                return (f"a combination of the groups isolates at most {total} row(s), "
+                        f"fewer than {p}")
     return None
 
 
@@ -303,10 +414,7 @@ def _feature_findings(groups: np.ndarray, lists: list[np.ndarray], floor: int, s
         if key in seen:
             continue
         seen.add(key)
-        kept = instances[cells[:, j]]
-        feature_lists = [np.intersect1d(members, kept, assume_unique=True)
-                         for members, report in zip(lists, reports[:, j]) if report]
-        reason = component_finding(feature_lists, floor, same_row)
+        reason = component_finding(lists, floor, same_row, reports[:, j], instances[cells[:, j]])
         if reason is not None:
             return f"feature {j}: {reason}"
     return None
