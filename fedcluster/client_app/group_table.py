@@ -358,7 +358,8 @@ def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, lost: np.nda
             break
         nearest, distance = kernels.assign(np.ascontiguousarray(unit_means[out]),
                                            np.ascontiguousarray(group_means[open_groups]))
-        for position in np.argsort(distance, kind="stable").tolist():
+        # the large units first (each takes a fresh group alone), then the nearest first
+        for position in np.lexsort((distance, unit_rows[out] <= 2 * min_size)).tolist():
             g = open_groups[nearest[position]]
             # a unit fits the room left; one larger than the room takes a group alone
             if unit_rows[out[position]] <= room[g] or room[g] == 2 * min_size:
