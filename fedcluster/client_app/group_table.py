@@ -46,8 +46,7 @@ from fedcluster.client_app.group_stats import group_statistics
 from fedcluster.client_app.grouping import group_rows, grouping_scale
 from fedcluster.client_app.site_data import SiteData, SiteDataError, release_pages
 from fedcluster.client_app.site_groups import GroupLabels, SiteGroups, withhold_lone_cells
-from fedcluster.client_app.versions import row_keys
-from fedcluster.common import kernels
+from fedcluster.client_app.versions import joining, row_keys
 
 __all__ = ["build", "group_statistics", "grouping_scale", "row_hashes", "rows_as_groups",
            "site_groups"]
@@ -324,57 +323,15 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
 
 def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, lost: np.ndarray,
                 fresh: np.ndarray, labels: np.ndarray, min_size: int) -> np.ndarray:
-    """For each of ``rows``, the group its unit (rows of one ``unit`` label, together)
-    joins (``versions.next_version``): the group of the ``fresh`` rows (``labels``) nearest
-    to the unit's mean with room for it (a group takes at most 2 ``min_size`` such rows, the
-    nearest units first, or one unit larger than that alone); else a group of whole units
-    of at most 2 ``min_size`` rows each, made among those left (``group_rows`` on their
-    means: ``min_size`` units where they ``lost`` rows, else at least two and enough for
-    ``min_size`` rows), numbered after the fresh groups; else -1 (a larger unit waits for
-    a fresh group: among other units it would make ever larger groups).
-    Distances are measured as the grouping measures (``grouping_scale``)."""
+    """``versions.joining.join_units`` on the rows as the grouping measures them (a
+    missing cell at its feature's site mean; ``grouping_scale``)."""
     together = np.concatenate([rows, fresh])
     order = np.argsort(together, kind="stable")
     with _grouping_rows(site, together[order]) as X:
         scale = grouping_scale(X)
         Z = np.empty((together.size, X.shape[1]))
         Z[order] = np.asarray(X) * (1.0 if scale is None else scale)
-
-    def means(labels_, values):
-        n = int(labels_.max()) + 1 if labels_.size else 0
-        total = np.zeros((n, values.shape[1]))
-        np.add.at(total, labels_, values)
-        return total / np.maximum(np.bincount(labels_, minlength=n), 1)[:, None]
-
-    units, first, unit_of_row = np.unique(unit, return_index=True, return_inverse=True)
-    unit_means, unit_rows = means(unit_of_row, Z[:rows.size]), np.bincount(unit_of_row)
-    unit_lost = lost[first]
-    group_means = means(labels, Z[rows.size:])
-    joined = np.full(units.size, -1, dtype=np.int64)
-    room = np.full(group_means.shape[0], 2 * min_size)
-    for _ in range(8):  # each round: the units still out, to the nearest group with room
-        out, open_groups = np.flatnonzero(joined < 0), np.flatnonzero(room > 0)
-        if out.size == 0 or open_groups.size == 0:
-            break
-        nearest, distance = kernels.assign(np.ascontiguousarray(unit_means[out]),
-                                           np.ascontiguousarray(group_means[open_groups]))
-        # the large units first (each takes a fresh group alone), then the nearest first
-        for position in np.lexsort((distance, unit_rows[out] <= 2 * min_size)).tolist():
-            g = open_groups[nearest[position]]
-            # a unit fits the room left; one larger than the room takes a group alone
-            if unit_rows[out[position]] <= room[g] or room[g] == 2 * min_size:
-                joined[out[position]] = g
-                room[g] = max(room[g] - unit_rows[out[position]], 0)
-    made = group_means.shape[0]
-    for wounded in (True, False):  # groups of whole units among those left (none large)
-        left = np.flatnonzero((joined < 0) & (unit_lost == wounded) & (unit_rows <= 2 * min_size))
-        per_group = min_size if wounded else \
-            max(2, -(-min_size // int(unit_rows[left].min()))) if left.size else 2
-        if left.size >= max(per_group, 2):
-            of_unit = group_rows(np.ascontiguousarray(unit_means[left]), per_group)
-            joined[left] = np.where(of_unit >= 0, of_unit + made, -1)
-            made += int(of_unit.max()) + 1 if (of_unit >= 0).any() else 0
-    return joined[unit_of_row]
+    return joining.join_units(Z[:rows.size], unit, lost, Z[rows.size:], labels, min_size)
 
 
 def _earlier_release(directory: Path, site: SiteData, min_size: int):

@@ -9,8 +9,9 @@ every table the site has answered from before:
 - ``lineage.py``: the site's answered history, kept beside its data cache (every row
   instance, every group, every table);
 - ``next_version.py``: the rule: groups of the last version whose rows are all there stay
-  bit for bit, a group that lost or changed a row is withdrawn whole, waiting rows are
-  grouped among themselves, and the audit decides;
+  bit for bit, a group that lost or changed a row is withdrawn whole, new rows are
+  grouped among themselves and the withdrawn groups' other rows join them
+  (``joining.py``), and the audit decides;
 - ``span_audit.py``: the exact audit that no combination of all those groups isolates
   fewer than p rows, or one row's change;
 - ``dropped_rows.py``: the rows a schema drops, counted by groups too.

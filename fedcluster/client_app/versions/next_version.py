@@ -2,7 +2,8 @@
 
 The rule (docs/explanation/privacy-model.md, "Versions"):
 
-1. **Base.** The version continues the lineage whose newest table holds most of its rows (``lineage.Store.heads``); a version that shares no row with any starts a new
+1. **Base.** The version continues the lineage whose newest table holds most of its
+   rows (``lineage.Store.heads``); a version that shares no row with any starts a new
    lineage.
 2. **Kept.** A group of the base whose rows are all still there (the same instances:
    ``row_keys.py``) stays, its statistics bit for bit. A group that lost or changed a
