@@ -22,6 +22,7 @@ compares versions.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -505,3 +506,29 @@ def test_the_audits_cut_on_chains_agrees_with_a_brute_force_check(p):
         assert (mine is None) == (theirs is None), (lists, mine, theirs)
         verdicts[theirs] += 1
     assert verdicts[None] >= 5 and verdicts["small"] >= 2, verdicts  # both exercised
+
+
+def test_a_table_an_earlier_release_kept_joins_the_history(tmp_path):
+    """A site upgraded from the release before versions: its kept table (and the pointer
+    that named it) is taken into the history as answered from, and kept bit for bit."""
+    import json as json_
+
+    from fedcluster.client_app import group_entries
+
+    table, path, cache = Table(blobs(200), with_id=False), tmp_path / "site.csv", tmp_path / "cache"
+    table.write(path)
+    site = load_site_file(path, cache_dir=cache)
+    first = group_table.site_groups(site, 2, cache)[0]
+    entry = _entry_of_groups(cache, first)
+    # as the earlier release left it: no history, the entry without its place in one,
+    # and the pointer naming the file's latest entry
+    shutil.rmtree(first.table_ref.store)
+    meta = json_.loads(Path(f"{entry}.json").read_text())
+    Path(f"{entry}.json").write_text(json_.dumps({k: v for k, v in meta.items()
+                                                  if k not in ("table", "lineage", "rows-dropped")}))
+    pointer = group_entries.lineage_path(cache / "groups", site, 2)
+    pointer.write_text(json_.dumps({"entry": entry.name}))
+    again = group_table.site_groups(load_site_file(path, cache_dir=cache), 2, cache)[0]
+    np.testing.assert_array_equal(np.asarray(again.sums), np.asarray(first.sums))
+    tables = Store.read_tables(Path(again.table_ref.store))
+    assert tables[0].get("imported") and len(tables) == 2 and tables[1]["kept-rows"] == 200
