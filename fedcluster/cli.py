@@ -20,7 +20,7 @@ from typing import Literal, get_args, get_origin
 import numpy as np
 
 from fedcluster.client_app import disclosure_ledger
-from fedcluster.client_app.site_data import SiteDataError
+from fedcluster.client_app.data.site_data import SiteDataError
 from fedcluster.common.config import ConfigError, RunConfig, kebab_keys
 from fedcluster.strategies.errors import FederationError
 
@@ -148,7 +148,7 @@ def _partition_clinical(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from fedcluster.client_app.site_data import load_site_file
+    from fedcluster.client_app.data.site_data import load_site_file
     from fedcluster.common.model import Model
 
     try:
@@ -186,7 +186,7 @@ def _predict_through_schema(args: argparse.Namespace, model) -> int:
     """``predict`` with a model that holds its run's schema: the raw table (.csv, .tsv,
     .parquet) read, encoded, imputed and scaled as in the run; one line per data row of
     the file, -1 for a row dropped by a drop-row column."""
-    from fedcluster.client_app.table_files import read_table
+    from fedcluster.client_app.data.table_files import read_table
     from fedcluster.common.schema import parse_units
 
     given = [f"--{name.replace('_', '-')}" for name in ("columns", "id_column", "label_column")

@@ -41,13 +41,14 @@ from fedcluster.common import secure_codec as secure
 from fedcluster.client_app import site_policy
 from fedcluster.common.config import run_config_defaults
 from fedcluster.client_app.node_config import ConfigError, NodeConfig, parse_node_config
-from fedcluster.client_app import disclosure_ledger, group_table, private_tasks, privacy_budget
+from fedcluster.client_app import disclosure_ledger, private_tasks, privacy_budget
+from fedcluster.client_app.data import group_table
 from fedcluster.client_app.private_rows import PrivateRows
-from fedcluster.client_app.site_data import (
+from fedcluster.client_app.data.site_data import (
     SiteData, SiteDataError, default_cache_dir, load_partition, load_site_file,
 )
 from fedcluster.client_app.site_groups import SiteGroups
-from fedcluster.client_app.schema_table import load_plain_table, load_schema_table
+from fedcluster.client_app.data.schema_table import load_plain_table, load_schema_table
 from fedcluster.client_app.task_io import TaskError, task_param
 from fedcluster.common.schema import SchemaError, load_schema
 from fedcluster.client_app.task_runner import run_task

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app.table_files import read_table
+from fedcluster.client_app.data.table_files import read_table
 from fedcluster.common.imputation import imputation_plan
 from fedcluster.common.schema import MISSING_TOKENS, Schema, schema_hash
 from fedcluster.common.table_encoding import (
@@ -93,7 +93,7 @@ def format_groups(groups) -> list[str]:
 def format_lineage(groups) -> list[str]:
     """The versions of the site's data it has answered from (its lineage: every table
     it made, oldest first), what each kept, withdrew and held back (``versions/``)."""
-    from fedcluster.client_app.versions import Store
+    from fedcluster.client_app.data.versions import Store
 
     ref = groups.table_ref
     if ref is None:
@@ -175,8 +175,8 @@ def check(path: str | Path, schema: Schema, declared_units: dict[str, str] | Non
     fit); ``floor``: the site's own floor p_site (its groups' size; the run's default 2).
     With ``cache_dir`` (the site's node config ``cache-dir``) the groups are those the
     site keeps there (a grown file's, rows waiting included), else made here alone."""
-    from fedcluster.client_app import group_table
-    from fedcluster.client_app.schema_table import encode_site_columns, load_schema_table
+    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data.schema_table import encode_site_columns, load_schema_table
 
     header, columns = read_table(path)
     seen, table = survey(header, columns, schema, str(path), declared_units)

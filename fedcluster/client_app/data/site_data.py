@@ -24,8 +24,8 @@ import numpy as np
 
 from fedcluster.client_app.mapped_pages import read_only_mapping, release_pages  # noqa: F401 (re-exported)
 from fedcluster.client_app.site_groups import TableFacts
-from fedcluster.client_app.tables import parse_csv, read_column
-from fedcluster.client_app.versions.row_keys import id_keys
+from fedcluster.client_app.data.tables import parse_csv, read_column
+from fedcluster.client_app.data.versions.row_keys import id_keys
 from fedcluster.common import kernels
 from fedcluster.common.datasets import SiteDataError, load_builtin, partition
 
