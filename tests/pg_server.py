@@ -106,7 +106,8 @@ def pg_server():
                     "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync")
         options = (f"-c listen_addresses=127.0.0.1 -c port={port} "
                    f"-c unix_socket_directories={directory} -c fsync=off "
-                   "-c full_page_writes=off -c synchronous_commit=off -c max_connections=40")
+                   "-c full_page_writes=off -c synchronous_commit=off -c max_connections=40 "
+                   "-c log_line_prefix=%d:")  # a logged statement names its database
         server._run("pg_ctl", "start", "-D", str(directory / "data"), "-w", "-t", "60",
                     "-l", str(directory / "server.log"), "-o", options)
         yield server

@@ -120,6 +120,7 @@ def write_sites(dataset: str, fmt: str, out_dir: str | Path, n_sites: int, parti
         clinical_demo.make_clinical(n_sites, seed)  # checks n_sites before anything is written
     targets = database_urls(out_dir, n_sites, urls)
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     if fmt == "omop":
         from fedcluster.common import omop_demo
 

@@ -243,7 +243,7 @@ def query_result(source: SqlSource):
     password = _password(source)
     secrets = [password, os.environ.get("PGPASSWORD")]
     engine = _engine(source, password)
-    options = {"stream_results": True}
+    options = {}
     if engine.dialect.name == "postgresql":
         options.update(isolation_level="REPEATABLE READ", postgresql_readonly=True)
     stage = "connect"
@@ -256,7 +256,7 @@ def query_result(source: SqlSource):
                 sa.select(sa.text("*")).select_from(sa.table(
                     source.table.split(".")[-1],
                     schema=source.table.split(".")[0] if "." in source.table else None))
-            result = conn.execute(statement)
+            result = conn.execute(statement, execution_options={"stream_results": True})
             names = [str(name) for name in result.keys()]
             if not names:
                 raise SiteDataError(f"{source.source}: the result has no column")
