@@ -245,14 +245,15 @@ def encode_table(header: list[str], columns: list, schema: Schema, source: str,
     if n and not partial and not keep.any():
         raise SiteDataError(f"{source}: every one of its {n} rows has a missing cell in a "
                             "column whose policy is drop-row: no row is left")
-    cells_missing = {c.name: int(np.isnan(X[keep][:, blocks[c.name]]).any(axis=1).sum())
+    kept = X[keep] if drop.any() else X  # once, not a copy per column
+    cells_missing = {c.name: int(np.isnan(kept[:, blocks[c.name]]).any(axis=1).sum())
                      for c in schema.features}
     ids = None
     if id_cells:  # several id columns: one id of their texts together
         ids = ["\0".join(parts) for parts, kept in zip(zip(*id_cells), keep) if kept]
     dropped = ["\0".join(cell_text(columns[j][i]) for j in range(len(columns)))
                for i in np.flatnonzero(drop).tolist()]
-    return EncodedTable(np.ascontiguousarray(X[keep]), names, blocks,
+    return EncodedTable(np.ascontiguousarray(kept), names, blocks,
                         None if labels is None else labels[keep], keep, cells_missing, ids,
                         dropped)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import decimal
+import itertools
 import os
 import re
 import time
@@ -209,10 +210,26 @@ def _engine(source: SqlSource, password: str | None):
     if password is not None:
         args["password"] = password
     try:
-        return sa.create_engine(url, connect_args=args, poolclass=sa.pool.NullPool)
+        engine = sa.create_engine(url, connect_args=args, poolclass=sa.pool.NullPool)
     except (ImportError, sa.exc.NoSuchModuleError) as err:
         raise SiteDataError(f"data-url {source.shown_url}: no driver for it here ({err}); "
                             "for PostgreSQL: pip install 'fedcluster[postgres]'") from None
+    if engine.dialect.driver == "psycopg":
+        sa.event.listen(engine, "connect", _binary_results)
+    return engine
+
+
+def _binary_results(connection, _record) -> None:
+    """psycopg's server-side cursors fetch in the binary format: a double precision cell
+    arrives as its 8 bytes, not as text to parse (3 x faster here, the same bits)."""
+    from psycopg import ServerCursor, pq
+
+    class BinaryServerCursor(ServerCursor):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.format = pq.Format.BINARY
+
+    connection.server_cursor_factory = BinaryServerCursor
 
 
 def _read_only(conn, source: SqlSource) -> None:
@@ -295,6 +312,12 @@ def chunk_columns(rows, names: list[str], source: str) -> list:
     SiteDataError
         A cell of another type (a date, bytes, ...), naming the column and type.
     """
+    if rows and all(type(v) is float for v in rows[0]) \
+            and set(map(type, itertools.chain.from_iterable(rows))) == {float}:
+        # Every cell a float (double precision columns, no NULL): the chunk in one pass.
+        block = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64,
+                            count=len(rows) * len(names)).reshape(len(rows), len(names))
+        return [block[:, j].copy() for j in range(len(names))]
     return [_cells(column, name, source) for name, column in zip(names, zip(*rows))]
 
 
