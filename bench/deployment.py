@@ -211,8 +211,8 @@ def parts(paths: list[Path], k: int, repeats: int = 5) -> dict[str, float]:
     """The site task of a training round as the run sends it (a Lloyd step that carries
     the evaluation of the centroids sent, on the site's groups, as by default) and the
     opening of a site's file and its kept group table, timed alone."""
-    from fedcluster.client_app import group_table
-    from fedcluster.client_app.site_data import load_site_file
+    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data.site_data import load_site_file
     from fedcluster.client_app.task_runner import run_task
     from fedcluster.common import protocol
 
@@ -261,8 +261,8 @@ def child_imports(what: str, rows: int, d: int, k: int) -> float:
     code = {
         "flower": "import flwr.clientapp, flwr.client",
         "fedcluster": ("import flwr.clientapp, flwr.client; import fedcluster.client_app; "
-                       "from fedcluster.client_app.site_data import SiteData; "
-                       "from fedcluster.client_app.group_table import rows_as_groups; "
+                       "from fedcluster.client_app.data.site_data import SiteData; "
+                       "from fedcluster.client_app.data.group_table import rows_as_groups; "
                        "from fedcluster.client_app.task_runner import run_task; " + site
                        + "run_task(rows_as_groups(SiteData(X, None, None, 'bench')), [C], "
                        "{'task': 'lloyd', 'local-iters': 1, 'tol': 0.0}, 1)"),

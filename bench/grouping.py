@@ -89,7 +89,7 @@ def hwm():  # the same high-water mark, from the kernel's mm
 GROUPING_CHILD = PEAK + """
 import sys
 import numpy as np
-from fedcluster.client_app.grouping import group_rows
+from fedcluster.client_app.data.grouping import group_rows
 
 path, warm, g = sys.argv[1], sys.argv[2], int(sys.argv[3])
 group_rows(np.load(warm, mmap_mode="r"), g)  # kernels from the disk cache
@@ -107,7 +107,7 @@ print(json.dumps({"seconds": seconds, "baseline": baseline, "peak": peak(), "hwm
 SITE_CHILD = PEAK + """
 import sys
 import numpy as np
-from fedcluster.client_app import group_stats, group_table, site_data
+from fedcluster.client_app.data import group_stats, group_table, site_data
 
 path, warm, g, cache, warm_cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 # the whole build once on a small file: kernels from the disk cache, every code path
@@ -269,7 +269,7 @@ def _left_out(site: np.ndarray, labels: np.ndarray, rule: str) -> np.ndarray:
         return np.bincount(labels)[labels] == 1
     from sklearn.neighbors import NearestNeighbors
 
-    from fedcluster.client_app.group_table import grouping_scale
+    from fedcluster.client_app.data.group_table import grouping_scale
 
     scale = grouping_scale(site)
     Z = site if scale is None else site * scale
@@ -288,8 +288,8 @@ def quality(sets: list[str], sizes: tuple[int, ...], seeds: int = 1,
     sys.path.insert(0, str(BENCH))
     from quality import SPLITS, load  # noqa: E402  (bench/quality.py)
 
-    from fedcluster.client_app.group_table import grouping_scale
-    from fedcluster.client_app.grouping import group_rows
+    from fedcluster.client_app.data.group_table import grouping_scale
+    from fedcluster.client_app.data.grouping import group_rows
     from fedcluster.common.datasets import partition
 
     warnings.filterwarnings("ignore")

@@ -166,7 +166,7 @@ def child_site_task(path: str, task: str, params: dict, arrays_in: str, arrays_o
     """One round of one site, as a fresh ClientApp process runs it."""
     import fedcluster.client_app  # noqa: F401  (what a ClientApp process imports)
     from fedcluster.client_app import task_runner
-    from fedcluster.client_app.site_data import load_site_file
+    from fedcluster.client_app.data.site_data import load_site_file
 
     baseline = _hwm_bytes()
     arrays = list(np.load(arrays_in).values()) if arrays_in != "-" else []

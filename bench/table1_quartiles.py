@@ -38,8 +38,8 @@ def measure(p_site: int, work: Path) -> list[tuple[float, float, str]]:
     and numeric variable, for sites answering from groups of ``p_site`` rows."""
     import pandas as pd
 
-    from fedcluster.client_app import group_table
-    from fedcluster.client_app.schema_table import load_schema_table
+    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data.schema_table import load_schema_table
     from fedcluster.common import kernels, profile
     from fedcluster.common.clinical_demo import write_clinical
     from fedcluster.common.schema import load_schema

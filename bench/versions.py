@@ -2,7 +2,7 @@
 
 A deployed site's file changes; each version's group table keeps the last version's
 groups whose rows are all there, withdraws a group that lost or changed a row, groups the
-waiting rows, and runs the span audit (``client_app/versions/``). Two parts:
+waiting rows, and runs the span audit (``client_app/data/versions/``). Two parts:
 
 1. **History** (``--parts history``): a 2,000-row table (3 features, 5 Gaussian blobs,
    seed ``--seed``), then 50 versions, each one of three changes drawn at random: 1-5
@@ -54,9 +54,9 @@ from report import header, write_section  # noqa: E402
 def history(seed: int, with_id: bool, p: int, versions: int = 50, rows: int = 2000) -> list[dict]:
     """Build a random history of ``versions`` versions of a table (module docstring), as
     a deployed site does; each version's record in the site's store."""
-    from fedcluster.client_app import group_table
-    from fedcluster.client_app.site_data import load_site_file
-    from fedcluster.client_app.versions import Store
+    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data.site_data import load_site_file
+    from fedcluster.client_app.data.versions import Store
 
     rng = np.random.default_rng(seed)
     centres = rng.normal(scale=5.0, size=(5, 3))
@@ -123,8 +123,8 @@ def history_part(seeds: list[int], sizes: list[int]) -> list[str]:
 VERSION_CHILD = PEAK + """
 import sys, tracemalloc
 import numpy as np
-from fedcluster.client_app import group_table, site_data
-from fedcluster.client_app.versions import Store, next_version, span_audit
+from fedcluster.client_app.data import group_table, site_data
+from fedcluster.client_app.data.versions import Store, next_version, span_audit
 
 path, cache, p = sys.argv[1], sys.argv[2], int(sys.argv[3])
 audits = []

@@ -20,7 +20,7 @@ from typing import Literal, get_args, get_origin
 import numpy as np
 
 from fedcluster.client_app import disclosure_ledger
-from fedcluster.client_app.site_data import SiteDataError
+from fedcluster.client_app.data.site_data import SiteDataError
 from fedcluster.common.config import ConfigError, RunConfig, kebab_keys
 from fedcluster.strategies.errors import FederationError
 
@@ -28,24 +28,24 @@ from fedcluster.strategies.errors import FederationError
 def _add_run_config_options(parser: argparse.ArgumentParser) -> None:
     """One ``--key`` option per run-config key, typed from the pydantic model."""
     for name, field in RunConfig.model_fields.items():
-        flag = "--" + next(iter(kebab_keys({name: None})))
+        flag = "--" + field.alias  # the key (``schema`` for the field ``schema_file``)
         kind = field.annotation
         about = f"{field.description}; " if field.description else ""
         about += f"default {field.default!r}" if field.default == "" else f"default {field.default}"
         if kind is bool:
             parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
-                                metavar="true|false", help=about)
+                                metavar="true|false", help=about, dest=name)
         elif get_origin(kind) is Literal:
-            parser.add_argument(flag, choices=get_args(kind), default=None, help=about)
+            parser.add_argument(flag, choices=get_args(kind), default=None, help=about, dest=name)
         else:
             caster = kind if kind in (int, float) else str
-            parser.add_argument(flag, type=caster, default=None, help=about)
+            parser.add_argument(flag, type=caster, default=None, help=about, dest=name)
 
 
 def _run_config(args: argparse.Namespace) -> dict:
     """The run-config options given on the command line, kebab-case, output-dir defaulted."""
-    config = kebab_keys({name: getattr(args, name) for name in RunConfig.model_fields
-                         if getattr(args, name, None) is not None})
+    config = {field.alias: getattr(args, name) for name, field in RunConfig.model_fields.items()
+              if getattr(args, name, None) is not None}
     config.setdefault("output-dir", "outputs")
     return config
 
@@ -54,19 +54,29 @@ def _data_nodes(args: argparse.Namespace) -> list[dict]:
     """One node config per ``--data`` file (a site's data-path, loaded as in a deployment),
     with the column options."""
     nodes = []
-    for i, path in enumerate(args.data):
-        node = {"data-path": str(path), "site-id": str(i)}
-        node.update(kebab_keys({key: getattr(args, key) for key in ("columns", "id_column", "label_column")
-                                if getattr(args, key) is not None}))
+    for i, path in enumerate(args.data):  # a file, or a database's URL (with what to read)
+        url = "://" in str(path)
+        node = {"data-url" if url else "data-path": str(path), "site-id": str(i)}
+        keys = ("columns", "id_column", "label_column") + (SQL_KEYS if url else ())
+        node.update(kebab_keys({key: getattr(args, key) for key in keys
+                                if getattr(args, key, None) is not None}))
+        if getattr(args, "schema_file", None):  # every site reads its table through it
+            node["schema-path"] = args.schema_file
         nodes.append(node)
     return nodes
+
+
+SQL_KEYS = ("data_query", "data_query_file", "data_table")
 
 
 def _add_site_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-sites", type=int, default=10,
                         help="sites cutting the built-in --dataset (without --data); default 10")
     parser.add_argument("--data", nargs="+", metavar="FILE",
-                        help="one data file (CSV with a header, or .npy) per site instead of a dataset")
+                        help="one data file (CSV with a header, or .npy), or database URL "
+                             "(node config data-url), per site instead of a dataset")
+    for key in SQL_KEYS:  # node config keys data-query, data-query-file, data-table
+        parser.add_argument("--" + key.replace("_", "-"), help="with --data URL: node config key")
     parser.add_argument("--columns", default=None, metavar="A,B,...",
                         help="with --data: the feature columns, by header name (default: all others)")
     parser.add_argument("--id-column", default=None, help="with --data: a column to drop (record ids)")
@@ -112,43 +122,16 @@ def cmd_choose_k(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from fedcluster.common.datasets import load_builtin, partition
+    from fedcluster.common.site_exports import write_sites
 
-    if args.dataset == "clinical":
-        return _partition_clinical(args)
-    X, y = load_builtin(args.dataset, args.seed)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    header = ",".join(f"x{j}" for j in range(X.shape[1]))
-    for i, rows in enumerate(partition(y, args.num_sites, args.partitioning, args.seed)):
-        path = out / f"site-{i}.csv"
-        data = np.column_stack([X[rows], y[rows]]) if args.with_labels else X[rows]
-        names = header + (",label" if args.with_labels else "")
-        np.savetxt(path, data, delimiter=",", header=names, comments="", fmt="%.17g")
-        print(f"{path}: {len(rows)} rows")
-    return 0
-
-
-def _partition_clinical(args: argparse.Namespace) -> int:
-    """The synthetic clinical demo: its schema.toml and one CSV per site (its own site
-    split, with the phenotype label column always written)."""
-    import csv
-
-    from fedcluster.common.clinical_demo import write_clinical
-
-    if args.partitioning != "iid":
-        raise ValueError("--partitioning does not apply to --dataset clinical (its sites are "
-                         "generated as such, with their own sizes and phenotype mixes)")
-    schema, *sites = write_clinical(args.out, args.num_sites, args.seed)
-    print(f"{schema}: the schema")
-    for path in sites:
-        with open(path, encoding="utf-8", newline="") as f:
-            print(f"{path}: {sum(1 for _ in csv.reader(f)) - 1} rows")
+    for line in write_sites(args.dataset, args.format, args.out, args.num_sites,
+                            args.partitioning, args.seed, args.with_labels, args.database_url):
+        print(line)
     return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from fedcluster.client_app.site_data import load_site_file
+    from fedcluster.client_app.data.site_data import load_site_file
     from fedcluster.common.model import Model
 
     try:
@@ -186,7 +169,7 @@ def _predict_through_schema(args: argparse.Namespace, model) -> int:
     """``predict`` with a model that holds its run's schema: the raw table (.csv, .tsv,
     .parquet) read, encoded, imputed and scaled as in the run; one line per data row of
     the file, -1 for a row dropped by a drop-row column."""
-    from fedcluster.client_app.table_files import read_table
+    from fedcluster.client_app.data.table_files import read_table
     from fedcluster.common.schema import parse_units
 
     given = [f"--{name.replace('_', '-')}" for name in ("columns", "id_column", "label_column")
@@ -227,7 +210,12 @@ def cmd_site_check(args: argparse.Namespace) -> int:
     units = parse_units(units, "--units")
     if args.min_cluster_size < 1:
         raise ValueError("--min-cluster-size must be >= 1")
-    print(check(args.data, load_schema(args.schema), units, args.min_cluster_size, args.cache_dir))
+    data = args.data
+    if "://" in data:  # a database (node config data-url) and what to read from it
+        from fedcluster.client_app.data.sql_source import sql_source
+
+        data = sql_source(data, args.data_query, args.data_query_file, args.data_table)
+    print(check(data, load_schema(args.schema), units, args.min_cluster_size, args.cache_dir))
     return 0
 
 
@@ -321,6 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument("--with-labels", action="store_true",
                       help="add a 'label' column (clinical always has its 'phenotype')")
     part.add_argument("--out", required=True, help="output directory")
+    part.add_argument("--format", choices=("csv", "sqlite", "omop"), default="csv",
+                      help="csv (one file per site, default); sqlite (one database per site, "
+                           "table 'site'); omop (clinical only: OMOP CDM v5.4 tables per site, "
+                           "with cohort.sql and its schema.toml)")
+    part.add_argument("--database-url", nargs="+", metavar="URL",
+                      help="with --format sqlite or omop: one SQLAlchemy URL per site to write "
+                           "into (default: SQLite files site-<i>.db in --out); a password "
+                           "comes from PGPASSWORD or PGPASSFILE, never the URL")
     part.set_defaults(func=cmd_partition)
 
     pred = sub.add_parser(
@@ -358,7 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="check a data file against the agreed schema without contacting anyone: "
                       "rows, usable rows, missing cells, out-of-range cells, category counts")
     check.add_argument("data", nargs="?",
-                       help="the site's table (.csv, .tsv with a header row, or .parquet)")
+                       help="the site's table (.csv, .tsv with a header row, or .parquet), or "
+                            "its database's URL (node config data-url)")
+    for key in SQL_KEYS:  # node config keys data-query, data-query-file, data-table
+        check.add_argument("--" + key.replace("_", "-"), help="with a URL: node config key")
     check.add_argument("--schema", required=True, help="the schema file (.toml or .json)")
     check.add_argument("--units", nargs="*", metavar="COLUMN=UNIT",
                        help="the unit a column of this file is in, when its header does not say")

@@ -37,7 +37,7 @@ from fedcluster import client_app as client_module
 from fedcluster import server_app as server_module
 from fedcluster.common import kernels, protocol
 from fedcluster.common.config import kebab_keys, parse_run_config, run_config_defaults
-from fedcluster.client_app.site_data import SiteData, check_site_array
+from fedcluster.client_app.data.site_data import SiteData, check_site_array
 from fedcluster.simulation_tables import table_run
 from fedcluster.strategies.metrics import knowledge_gap
 from fedcluster.common.model import Model

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app.schema_table import encode_site_columns, plain_schema
-from fedcluster.client_app.site_data import SiteData, SiteDataError
+from fedcluster.client_app.data.schema_table import encode_site_columns, plain_schema
+from fedcluster.client_app.data.site_data import SiteData, SiteDataError
 from fedcluster.common import kernels
 from fedcluster.common.schema import MISSING_POLICIES, Schema, load_schema, parse_schema
 from fedcluster.common.table_encoding import frame_columns

@@ -3,9 +3,9 @@ algorithm of each task, which the unit tests of the maths check against referenc
 
 from __future__ import annotations
 
-from fedcluster.client_app import group_table
+from fedcluster.client_app.data import group_table
 from fedcluster.client_app.private_rows import PrivateRows
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.task_runner import run_task
 
 

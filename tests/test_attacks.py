@@ -40,8 +40,8 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedcluster import client_app as client_module
-from fedcluster.client_app import group_table
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.common.config import run_config_defaults
 from fedcluster.simulation import InProcessGrid, record_parts
 

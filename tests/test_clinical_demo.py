@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fedcluster.cli import main
-from fedcluster.client_app.table_files import read_table
+from fedcluster.client_app.data.table_files import read_table
 from fedcluster.common import clinical_demo
 from fedcluster.common.clinical_demo import clinical_schema_toml, make_clinical, write_clinical
 from fedcluster.common.schema import load_schema, parse_schema, split_unit

@@ -1,4 +1,4 @@
-"""Tests for fedcluster.client_app.site_data: built-in datasets, partitioners, site files and the cache."""
+"""Tests for fedcluster.client_app.data.site_data: built-in datasets, partitioners, site files and the cache."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcluster.client_app import site_data as data
+from fedcluster.client_app.data import site_data as data
 
-from fedcluster.client_app import tables as tabular
+from fedcluster.client_app.data import tables as tabular
 from fedcluster.common.datasets import BUILTIN_DATASETS, parse_partitioning
-from fedcluster.client_app.site_data import (
+from fedcluster.client_app.data.site_data import (
     SiteData,
     SiteDataError,
     cache_key,
@@ -402,7 +402,7 @@ def test_cache_dir_from_environment(tmp_path, monkeypatch):
 def test_unwritable_cache_dir_falls_back_to_memory(tmp_path, caplog):
     path = write(tmp_path / "s.csv", "a\n1\n2\n")
     blocker = write(tmp_path / "not-a-dir", "")  # a file where the cache dir should be
-    with caplog.at_level(logging.WARNING, logger="fedcluster.client_app.site_data"):
+    with caplog.at_level(logging.WARNING, logger="fedcluster.client_app.data.site_data"):
         site = load_site_file(path, cache_dir=blocker / "cache")
     assert np.array_equal(site.X, [[1], [2]]) and not isinstance(site.X, np.memmap)
     assert "cannot write the data cache" in caplog.text

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import fedcluster
-from fedcluster.client_app import group_table
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.common.datasets import load_builtin, partition
 
 

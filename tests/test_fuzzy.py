@@ -8,7 +8,7 @@ from scipy.optimize import linear_sum_assignment
 
 import fedcluster
 import reference as ref
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.data.site_data import SiteData
 from site_rows import run_on_rows
 
 
@@ -116,7 +116,8 @@ def paper_metrics(X, C, m):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_fuzzy_evaluation_sums_match_numpy(dtype, monkeypatch):
-    from fedcluster.client_app import group_table, tasks
+    from fedcluster.client_app import tasks
+    from fedcluster.client_app.data import group_table
     from fedcluster.common import kernels
 
     monkeypatch.setattr(kernels, "CHUNK_ROWS", 7)  # several chunks, one ragged

@@ -1,4 +1,4 @@
-"""Microaggregation (fedcluster.client_app.grouping.group_rows): group sizes, a partition
+"""Microaggregation (fedcluster.client_app.data.grouping.group_rows): group sizes, a partition
 of the rows, the small cases, bit-identical labels for 1 and 2 Numba threads, on a
 read-only memmap and in memory, across calls, whatever the chunking, and the quality that
 makes the groups usable (k-means on the weighted group means as good as on the rows);
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 
-from fedcluster.client_app import group_stats, grouping
-from fedcluster.client_app.grouping import group_rows
+from fedcluster.client_app.data import group_stats, grouping
+from fedcluster.client_app.data.grouping import group_rows
 from reference import num_threads
 
 

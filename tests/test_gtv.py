@@ -216,7 +216,7 @@ def test_bad_topology_is_a_config_error(bad):
 
 def test_gtv_needs_site_ids():
     from fedcluster import client_app
-    from fedcluster.client_app.site_data import SiteData
+    from fedcluster.client_app.data.site_data import SiteData
     from fedcluster.simulation import run_in_process
     from fedcluster.strategies import FederationError
 

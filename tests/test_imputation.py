@@ -12,9 +12,9 @@ import pytest
 from sklearn.cluster import KMeans
 from sklearn.preprocessing import StandardScaler
 
-from fedcluster.client_app.schema_table import load_schema_table
-from fedcluster.client_app.site_data import SiteDataError
-from fedcluster.client_app.table_files import read_table
+from fedcluster.client_app.data.schema_table import load_schema_table
+from fedcluster.client_app.data.site_data import SiteDataError
+from fedcluster.client_app.data.table_files import read_table
 from fedcluster.common.clinical_demo import write_clinical
 from fedcluster.common.imputation import (
     histogram_median, imputation_plan, pooled_fill, site_missing_stats,

@@ -26,11 +26,11 @@ from flwr.common import Context, RecordDict
 
 from fedcluster import client_app as client_module
 from fedcluster.client_app.app import SiteClient
-from fedcluster.client_app import group_table
-from fedcluster.client_app.schema_table import plain_schema
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data.schema_table import plain_schema
+from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.site_groups import TableFacts
-from fedcluster.client_app.tables import encode_labels
+from fedcluster.client_app.data.tables import encode_labels
 from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
 from fedcluster.common.config import run_config_defaults

@@ -8,7 +8,7 @@ from sklearn.metrics import adjusted_rand_score
 
 import fedcluster
 import reference as ref
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.data.site_data import SiteData
 from site_rows import run_on_rows
 from fedcluster.strategies.aggregate import (
     count_weighted_mean,

@@ -285,7 +285,7 @@ def test_kmeans_plusplus_on_a_memory_mapped_site_is_chunked_with_the_same_result
     """On a read-only memory-mapped site k-means++ passes over the rows in chunks and drops
     each chunk's pages (so the rows and its n-vectors are not all resident at once); the
     centres are the same bits as on the array in memory."""
-    from fedcluster.client_app import site_data as data
+    from fedcluster.client_app.data import site_data as data
 
     rng = np.random.default_rng(3)
     X = np.vstack([rng.normal(c, 0.5, (5_000, 6)) for c in (0.0, 3.0, 6.0, 9.0)])

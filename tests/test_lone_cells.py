@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedcluster import client_app as client_module
-from fedcluster.client_app import group_table
-from fedcluster.client_app.schema_table import load_schema_table
+from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data.schema_table import load_schema_table
 from fedcluster.common.clinical_demo import write_clinical
 from fedcluster.common.config import run_config_defaults
 from fedcluster.common.scaling import FeatureTransform

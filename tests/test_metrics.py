@@ -71,8 +71,8 @@ def test_metrics_from_groups_are_those_of_the_groups_partition():
     and every label metric exactly; the silhouette and Davies-Bouldin with each group's
     rows at its mean (no per-cluster figure carries a group's spread). Rows labelled one
     by one (``score-on-rows``) score at most that."""
-    from fedcluster.client_app import group_table
-    from fedcluster.client_app.site_data import SiteData
+    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data.site_data import SiteData
 
     rng = np.random.default_rng(4)
     centres = rng.uniform(-6, 6, (5, 3))

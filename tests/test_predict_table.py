@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedcluster.cli import main
-from fedcluster.client_app.table_files import read_table
+from fedcluster.client_app.data.table_files import read_table
 from fedcluster.common.clinical_demo import write_clinical
 from fedcluster.common.datasets import SiteDataError
 from fedcluster.common.model import Model, TablePrediction

@@ -14,7 +14,7 @@ from fedcluster.client_app import secure_mod
 from fedcluster.common import secure_codec as secure
 from fedcluster.common import privacy
 from fedcluster.common.config import ConfigError, parse_run_config
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.task_io import TaskError
 from site_rows import run_on_rows
 from fedcluster.simulation import record_tasks

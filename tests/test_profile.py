@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedcluster.client_app import group_table
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.site_groups import TableFacts
 from fedcluster.client_app.site_profile import site_profile
 from fedcluster.common import profile

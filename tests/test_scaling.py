@@ -11,7 +11,7 @@ from sklearn.preprocessing import MinMaxScaler, StandardScaler
 
 import fedcluster
 from fedcluster.common import scaling
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.common.model import Model
 from fedcluster.common.privacy import PrivacyLeakWarning
 from fedcluster.simulation import record_tasks

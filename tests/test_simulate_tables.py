@@ -9,7 +9,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from fedcluster.client_app.site_data import SiteDataError
+from fedcluster.client_app.data.site_data import SiteDataError
 from fedcluster.common.clinical_demo import clinical_schema_toml, make_clinical, write_clinical
 from fedcluster.common.schema import load_schema, parse_schema, schema_hash
 from fedcluster.simulation import choose_k, run_in_process, simulate

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcluster.client_app import group_stats, group_table, grouping, private_tasks, tasks
+from fedcluster.client_app import private_tasks, tasks
+from fedcluster.client_app.data import group_stats, group_table, grouping
 from fedcluster.client_app.private_rows import ClippedRows
-from fedcluster.client_app.site_data import SiteData, load_site_file
+from fedcluster.client_app.data.site_data import SiteData, load_site_file
 from fedcluster.client_app.site_groups import SiteGroups, TableFacts
 from fedcluster.common.scaling import FeatureTransform
 from reference import num_threads
@@ -180,7 +181,7 @@ def test_a_file_that_grows_keeps_its_earlier_groups_bit_for_bit(tmp_path, blobs,
 def test_rows_are_matched_by_content_wherever_they_sit(tmp_path):
     """A row of a new version is the instance of an earlier one with the same content
     (the k-th alike row in file order the k-th such instance), wherever it sits."""
-    from fedcluster.client_app.versions import Store
+    from fedcluster.client_app.data.versions import Store
 
     store = Store.open(tmp_path)
     earlier = np.array([[1, 10], [2, 20], [1, 10], [3, 30]], dtype=np.uint64)
@@ -195,9 +196,30 @@ def test_rows_are_matched_by_content_wherever_they_sit(tmp_path):
 
 
 # ------------------------------------------------------------------ the boundary
-ROW_MODULES = {"site_data", "tables", "table_files", "schema_table", "group_table", "grouping",
-               "group_stats", "site_check"}
-TASK_MODULES = ["tasks", "site_statistics", "task_runner", "task_io", "local_kmeans", "private_tasks"]
+#: The modules that hold a site's rows: every module of the site's data layer
+#: (``client_app/data/``: its sources, the cache, where rows become groups, the versions),
+#: and ``site_check`` (which shows the site's data officer the site's own table).
+DATA_PACKAGE = "fedcluster.client_app.data"
+ROW_MODULES = {DATA_PACKAGE, "fedcluster.client_app.site_check"}
+TASK_MODULES = ["tasks", "site_statistics", "site_profile", "task_runner", "task_io",
+                "local_kmeans", "private_tasks"]
+
+
+def _holds_rows(module: str) -> bool:
+    return module in ROW_MODULES or module.startswith(DATA_PACKAGE + ".")
+
+
+def _reach(module: str) -> set[str]:
+    """Every fedcluster module ``module`` imports, directly or through others."""
+    from test_layers import import_graph
+
+    graph = import_graph()
+    seen, todo = set(), [module]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
 
 
 def _imports(module: str) -> set[str]:
@@ -212,9 +234,30 @@ def _imports(module: str) -> set[str]:
     return found
 
 
+def test_the_data_layer_is_one_package_and_holds_the_row_modules():
+    import fedcluster.client_app.data as data
+
+    package = Path(data.__file__).parent
+    held = {p.relative_to(package).with_suffix("").as_posix() for p in package.rglob("*.py")}
+    # the sources, the cache, where rows become groups, and the versions
+    assert {"site_data", "tables", "table_files", "schema_table", "grouping", "group_stats",
+            "group_table", "group_entries", "versions/__init__", "versions/lineage"} <= held
+    # nothing that reads rows is left beside the tasks
+    beside = {p.stem for p in package.parent.glob("*.py")}
+    assert not beside & {"site_data", "tables", "table_files", "schema_table", "grouping",
+                         "group_stats", "group_table", "group_entries"}
+
+
 @pytest.mark.parametrize("module", TASK_MODULES)
 def test_no_task_module_reaches_the_modules_that_hold_rows(module):
-    assert not (_imports(module) & (ROW_MODULES | {"SiteData"})), module
+    reached = _reach(f"fedcluster.client_app.{module}")
+    assert not {m for m in reached if _holds_rows(m)}, module
+    assert "SiteData" not in _imports(module), module
+
+
+def test_the_boundary_check_sees_an_import_of_the_data_layer():
+    """The check can fail: the ClientApp itself reaches the data layer."""
+    assert any(_holds_rows(m) for m in _reach("fedcluster.client_app.app"))
 
 
 def test_every_site_task_takes_the_groups_and_only_dp_takes_clipped_rows():

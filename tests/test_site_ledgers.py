@@ -208,8 +208,8 @@ def test_minima_and_maxima_are_the_groups_means_extremes(config, task):
     as the extremes of its groups' means, each a mean of at least its min-cluster-size
     rows; a site policy that refused them (allow-minmax) is gone, and naming it is an
     error that says why."""
-    from fedcluster.client_app import group_table
-    from fedcluster.client_app.site_data import SiteData
+    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data.site_data import SiteData
 
     run = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 2, "seed": 4, "output-dir": "",
            **config}
@@ -278,8 +278,8 @@ def test_every_ledger_line_is_exactly_what_the_server_received(tmp_path, algorit
         metrics = {name: v for line in mine for name, v in line["metrics"].items()}
         assert metrics == json.loads(json.dumps(record["metrics"]))
     # every line names the group table its reply came from (each site's own, every time)
-    from fedcluster.client_app import group_table
-    from fedcluster.client_app.site_data import SiteData
+    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data.site_data import SiteData
 
     tables = {str(i): group_table.build(SiteData(X, None, None, f"site {i}"), 2)[0].digest[:16]
               for i, X in enumerate(_sites(3))}

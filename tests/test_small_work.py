@@ -128,8 +128,8 @@ def test_the_choice_depends_on_the_shape_alone():
 SITE_PROCESS = textwrap.dedent('''
     import json, sys
     import numpy as np
-    from fedcluster.client_app import group_table
-    from fedcluster.client_app.site_data import load_site_file
+    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data.site_data import load_site_file
     from fedcluster.client_app.task_runner import run_task
     path, cache, p_site, lloyd_iters, make = sys.argv[1:]
     site = load_site_file(path, cache_dir=cache)

@@ -20,8 +20,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fedcluster.client_app import group_table
-from fedcluster.client_app.schema_table import load_schema_table
+from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data.schema_table import load_schema_table
 from fedcluster.common import kernels, profile, protocol
 from fedcluster.common.clinical_demo import write_clinical
 from fedcluster.common.schema import load_schema

@@ -1,4 +1,4 @@
-"""A site's table read through a schema (``client_app/table_files.py``, issue 20): the same
+"""A site's table read through a schema (``client_app/data/table_files.py``, issue 20): the same
 table as a CSV file and as a Parquet file encodes identically; a Parquet file's column
 types, its errors (each naming the file, and the column where there is one), and pyarrow
 imported only when a Parquet file is read (the ``parquet`` extra)."""
@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from fedcluster.cli import main
-from fedcluster.client_app import table_files
-from fedcluster.client_app.table_files import TABLE_SUFFIXES, read_table
+from fedcluster.client_app.data import table_files
+from fedcluster.client_app.data.table_files import TABLE_SUFFIXES, read_table
 from fedcluster.common.datasets import SiteDataError
 from fedcluster.common.schema import parse_schema
 from fedcluster.common.table_encoding import encode_table

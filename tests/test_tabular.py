@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from fedcluster.client_app.node_config import ConfigError, parse_node_config
-from fedcluster.client_app.site_data import SiteDataError, cache_key, load_site_file
+from fedcluster.client_app.data.site_data import SiteDataError, cache_key, load_site_file
 from fedcluster.simulation import run_in_process
 
 TABLE = (

@@ -5,7 +5,7 @@ import pytest
 
 from fedcluster.client_app import local_kmeans as local
 from fedcluster.common import protocol
-from fedcluster.client_app.site_data import SiteData
+from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.task_io import TaskError
 from site_rows import run_on_rows
 

@@ -30,9 +30,9 @@ import pytest
 from scipy.linalg import null_space
 
 from fedcluster import client_app as client_module
-from fedcluster.client_app import group_table
-from fedcluster.client_app.site_data import load_site_file
-from fedcluster.client_app.versions import Store, span_audit
+from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data.site_data import load_site_file
+from fedcluster.client_app.data.versions import Store, span_audit
 from fedcluster.common.config import run_config_defaults
 from fedcluster.simulation import InProcessGrid
 
@@ -262,7 +262,7 @@ def test_a_random_history_of_50_versions_gives_no_row_and_no_change(tmp_path):
 def test_the_previous_release_grouping_each_version_afresh_gave_rows_away(tmp_path, monkeypatch):
     """Without the versions rule (each version grouped afresh, as the release before it
     did: here, a new history per version), the same deletion puts rows in the span."""
-    from fedcluster.client_app import versions
+    from fedcluster.client_app.data import versions
 
     path_for, data = versions.Store.path_for, tmp_path / "site.csv"
     monkeypatch.setattr(versions.Store, "path_for", classmethod(  # a history per version
@@ -411,7 +411,7 @@ def test_describes_counts_move_only_by_whole_groups(tmp_path):
     _, missing_3 = describe(Y, 3)
     # the groups' own count: their rows less their present cells (whole groups only;
     # rows waiting, and cells counted missing by the lone-cell rule, as the groups keep them)
-    from fedcluster.client_app.schema_table import load_schema_table
+    from fedcluster.client_app.data.schema_table import load_schema_table
     from fedcluster.common.schema import load_schema
 
     table = load_schema_table(path, load_schema(schema), cache_dir=tmp_path / "cache")

@@ -7,7 +7,8 @@ The site's data comes from its node config:
 - in deployment: ``data-path`` (CSV with a header, or ``.npy``), parsed once into a
   memory-mapped cache keyed by path, size and mtime (deployment starts a fresh process
   per round, so nothing else may be re-parsed per round); ``columns``, ``id-column`` and
-  ``label-column`` say which CSV columns are features, ignored, or labels.
+  ``label-column`` say which CSV columns are features, ignored, or labels; or
+  ``data-url`` (a SQL database) and its query, read once per run (``load_sql_site``).
 
 The loaded rows become the site's groups (``group_table.py``: groups of at least its own
 ``min-cluster-size`` rows, made once per data version and kept beside the data cache),
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from flwr.client import Client, NumPyClient
 from flwr.clientapp import ClientApp
-from flwr.common import Context
+from flwr.common import ConfigRecord, Context
 from flwr.common.logger import log
 
 from fedcluster.client_app.secure_mod import secure_mod
@@ -41,13 +42,15 @@ from fedcluster.common import secure_codec as secure
 from fedcluster.client_app import site_policy
 from fedcluster.common.config import run_config_defaults
 from fedcluster.client_app.node_config import ConfigError, NodeConfig, parse_node_config
-from fedcluster.client_app import disclosure_ledger, group_table, private_tasks, privacy_budget
+from fedcluster.client_app import disclosure_ledger, private_tasks, privacy_budget
+from fedcluster.client_app.data import group_table
 from fedcluster.client_app.private_rows import PrivateRows
-from fedcluster.client_app.site_data import (
+from fedcluster.client_app.data.site_data import (
     SiteData, SiteDataError, default_cache_dir, load_partition, load_site_file,
 )
 from fedcluster.client_app.site_groups import SiteGroups
-from fedcluster.client_app.schema_table import load_plain_table, load_schema_table
+from fedcluster.client_app.data.schema_table import load_plain_table, load_schema_table
+from fedcluster.client_app.data.sql_table import load_sql_table, sql_reading
 from fedcluster.client_app.task_io import TaskError, task_param
 from fedcluster.common.schema import SchemaError, load_schema
 from fedcluster.client_app.task_runner import run_task
@@ -111,6 +114,27 @@ def load_site(node: NodeConfig, run_config: dict) -> tuple[SiteData, dict]:
     return site, provenance
 
 
+#: The ``Context.state`` record of the database version a site read in this run.
+SQL_VERSION_RECORD = "fedcluster.sql-version"
+
+
+def load_sql_site(node: NodeConfig, run_config: dict, state, run_id: int) -> SiteData:
+    """A site reading a database (``data-url``): read once per run, the version it read
+    kept in the run's ``Context.state`` and mapped from the cache for the run's later
+    messages (a fresh ClientApp process each), so every task of a run answers from one
+    version, and the database is not queried per message."""
+    reading = sql_reading(node, str(run_config.get("missing", "error")))
+    record = state.config_records.get(SQL_VERSION_RECORD)
+    pinned = None
+    if record is not None and record.get("run-id") == str(run_id) \
+            and record.get("reading") == reading.key:
+        pinned = str(record["version"])
+    site = load_sql_table(reading, cache_dir=node.cache_dir, version=pinned)
+    state.config_records[SQL_VERSION_RECORD] = ConfigRecord(
+        {"run-id": str(run_id), "reading": reading.key, "version": site.version})
+    return site
+
+
 def load_schema_site(node: NodeConfig) -> SiteData:
     """A site whose table is read through the agreed schema (``schema-path``): the
     schema names the id and label columns, so the CSV column keys do not apply."""
@@ -159,7 +183,10 @@ class SiteClient(NumPyClient):
             raise SiteDataError(self._load_error)
         if self._groups is None:
             try:
-                self._site, self._provenance = load_site(self.node, self.run_config)
+                if self.node.data_url is not None:
+                    self._site = load_sql_site(self.node, self.run_config, self.state, self.run_id)
+                else:
+                    self._site, self._provenance = load_site(self.node, self.run_config)
                 cache = self._site_dir()
                 self._groups, self._grouped = group_table.site_groups(
                     self._site, self.node.min_cluster_size, cache)
@@ -194,7 +221,8 @@ class SiteClient(NumPyClient):
     def _site_dir(self) -> Path | None:
         """Where this site keeps its files across runs (its group table, the privacy
         budget): its cache for a data file; None in simulation (Context.state instead)."""
-        if self.node.data_path is None or self.node.data_path.startswith(MEMORY_PREFIX):
+        if self.node.data_url is None and (self.node.data_path is None
+                                           or self.node.data_path.startswith(MEMORY_PREFIX)):
             return None
         return Path(self.node.cache_dir or default_cache_dir())
 

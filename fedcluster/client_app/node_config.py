@@ -31,6 +31,16 @@ class NodeConfig(_Strict):
     )
 
     data_path: str | None = None
+    # A SQL database instead of a file (client_app/data/sql_source.py): a SQLAlchemy URL
+    # without a password, and what to read: one SELECT (or a file holding it) or a table.
+    data_url: str | None = None
+    data_query: str | None = None
+    data_query_file: str | None = None
+    data_table: str | None = None
+    # The database's password, when not in the driver's environment (PGPASSWORD, PGPASSFILE).
+    data_password_file: str | None = None
+    # The longest the query and the read may take, in seconds (the statement timeout).
+    data_timeout: float = Field(600.0, gt=0, description="seconds the database read may take")
     label_column: str | None = None
     # The site's own privacy floor p_site: the fewest rows of a group it answers from
     # (client_app/site_groups.py) and of a cluster it reports; 1 is the explicit opt-out
@@ -65,7 +75,8 @@ class NodeConfig(_Strict):
     num_partitions: int | None = None
 
     @field_validator("site_id", "data_path", "label_column", "cache_dir", "id_column", "ledger_path",
-                     "schema_path", mode="before")
+                     "schema_path", "data_url", "data_query", "data_query_file", "data_table",
+                     "data_password_file", mode="before")
     @classmethod
     def _text(cls, value: Any) -> str | None:
         return None if value is None or value == "" else str(value)
@@ -172,6 +183,20 @@ def parse_node_config(values: dict[str, Any]) -> NodeConfig:
                for key in values if key in REMOVED_KEYS]
     if removed:
         raise ConfigError("; ".join(removed))
+    if values.get("data-url"):
+        # Checked before the model, whose messages repeat a bad value: a URL may hold a
+        # password, which no message may show.
+        from fedcluster.client_app.data.sql_source import url_has_password
+        from fedcluster.common.datasets import SiteDataError
+
+        try:
+            has_password = url_has_password(str(values["data-url"]))
+        except SiteDataError as err:
+            raise ConfigError(f"node-config key {err}") from None
+        if has_password:
+            raise ConfigError("node-config key 'data-url' holds a password (the URL is not "
+                              "shown): give the password in 'data-password-file' or the "
+                              "driver's environment (PGPASSWORD, PGPASSFILE) instead")
     try:
         return NodeConfig.model_validate(values)
     except ValidationError as err:

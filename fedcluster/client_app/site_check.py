@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app.table_files import read_table
+from fedcluster.client_app.data.table_files import read_table
 from fedcluster.common.imputation import imputation_plan
 from fedcluster.common.schema import MISSING_TOKENS, Schema, schema_hash
 from fedcluster.common.table_encoding import (
@@ -93,7 +93,7 @@ def format_groups(groups) -> list[str]:
 def format_lineage(groups) -> list[str]:
     """The versions of the site's data it has answered from (its lineage: every table
     it made, oldest first), what each kept, withdrew and held back (``versions/``)."""
-    from fedcluster.client_app.versions import Store
+    from fedcluster.client_app.data.versions import Store
 
     ref = groups.table_ref
     if ref is None:
@@ -169,20 +169,27 @@ def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
     return lines
 
 
-def check(path: str | Path, schema: Schema, declared_units: dict[str, str] | None = None,
+def check(path, schema: Schema, declared_units: dict[str, str] | None = None,
           floor: int = 2, cache_dir: str | Path | None = None) -> str:
     """The report of ``fedcluster site check`` (``SiteDataError`` when the file does not
-    fit); ``floor``: the site's own floor p_site (its groups' size; the run's default 2).
+    fit); ``path``: the file, or a database's query (``sql_source.SqlSource``);
+    ``floor``: the site's own floor p_site (its groups' size; the run's default 2).
     With ``cache_dir`` (the site's node config ``cache-dir``) the groups are those the
     site keeps there (a grown file's, rows waiting included), else made here alone."""
-    from fedcluster.client_app import group_table
-    from fedcluster.client_app.schema_table import encode_site_columns, load_schema_table
+    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data.schema_table import encode_site_columns, load_schema_table
+    from fedcluster.client_app.data.sql_source import SqlSource
+    from fedcluster.client_app.data.sql_table import Reading, load_sql_table, read_sql_columns
 
-    header, columns = read_table(path)
-    seen, table = survey(header, columns, schema, str(path), declared_units)
-    if cache_dir is not None:
+    database = isinstance(path, SqlSource)
+    source = path.source if database else str(path)
+    header, columns = read_sql_columns(path) if database else read_table(path)
+    seen, table = survey(header, columns, schema, source, declared_units)
+    if cache_dir is not None and database:  # the version a site would read now
+        site = load_sql_table(Reading(path, schema, declared_units), cache_dir=cache_dir)
+    elif cache_dir is not None:
         site = load_schema_table(path, schema, units=declared_units, cache_dir=cache_dir)
     else:
-        site = encode_site_columns(header, columns, schema, str(path), declared_units)[0]
+        site = encode_site_columns(header, columns, schema, source, declared_units)[0]
     groups, _ = group_table.site_groups(site, floor, cache_dir)
-    return format_survey(str(path), len(columns[0]), seen, table, schema, floor, groups)
+    return format_survey(source, len(columns[0]), seen, table, schema, floor, groups)

@@ -30,7 +30,7 @@
     reply leaves.
 
 The ``min-cluster-size`` floor is another site policy: the size of the groups the site
-answers from (``client_app/group_table.py``) and the fewest rows of a cluster it
+answers from (``client_app/data/group_table.py``) and the fewest rows of a cluster it
 reports (``client_app/tasks.py``).
 
 The count must survive between messages: in a deployment Flower starts a fresh ClientApp

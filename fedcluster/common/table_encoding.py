@@ -116,9 +116,26 @@ def _factor(column: Column, unit: str | None, source: str) -> tuple[float, float
     return column.units[unit], column.unit_offsets.get(unit, 0.0)
 
 
-def numeric_values(cells, column: Column, unit, source: str, header: str) -> np.ndarray:
+def numeric_values(cells, column: Column, unit, source: str, header: str,
+                   first_row: int = 0) -> np.ndarray:
     """A numeric column's cells parsed and converted to the schema's unit (NaN: missing),
-    before its range is applied."""
+    before its range is applied. A numpy array of numbers (a Parquet column, a database's)
+    is taken whole, NaN missing; ``first_row``: the table's rows before these cells (a
+    table read in chunks names its rows from 1 all the same)."""
+    if isinstance(cells, np.ndarray) and cells.dtype.kind in "iuf":
+        values = cells.astype(np.float64)  # a copy: the conversion below is in place
+    else:
+        values = _parsed(cells, source, header, first_row)
+    infinite = np.isinf(values)
+    if infinite.any():
+        i = int(np.flatnonzero(infinite)[0])
+        raise SiteDataError(f"{source}: row {first_row + i + 1}, column {header!r}: {cells[i]!s} "
+                            "is not a finite number")
+    factor, offset = _factor(column, unit, source)
+    return values * factor + offset
+
+
+def _parsed(cells, source: str, header: str, first_row: int) -> np.ndarray:
     values = np.full(len(cells), np.nan)
     for i, cell in enumerate(cells):
         if isinstance(cell, (float, int, np.floating, np.integer)) and not isinstance(cell, bool):
@@ -132,33 +149,27 @@ def numeric_values(cells, column: Column, unit, source: str, header: str) -> np.
                 raise ValueError(text)
             values[i] = float(text)
         except ValueError:
-            raise SiteDataError(f"{source}: row {i + 1}, column {header!r}: {text!r} is not a "
-                                "number") from None
-    infinite = np.isinf(values)
-    if infinite.any():
-        i = int(np.flatnonzero(infinite)[0])
-        raise SiteDataError(f"{source}: row {i + 1}, column {header!r}: {cells[i]!s} is not a "
-                            "finite number")
-    factor, offset = _factor(column, unit, source)
-    return values * factor + offset
+            raise SiteDataError(f"{source}: row {first_row + i + 1}, column {header!r}: {text!r} "
+                                "is not a number") from None
+    return values
 
 
-def _numeric(cells, column: Column, unit, source: str, header: str) -> np.ndarray:
-    values = numeric_values(cells, column, unit, source, header)
+def _numeric(cells, column: Column, unit, source: str, header: str, first_row: int) -> np.ndarray:
+    values = numeric_values(cells, column, unit, source, header, first_row)
     if column.range is not None:
         lo, hi = column.range
         outside = ~np.isnan(values) & ((values < lo) | (values > hi))
         if np.any(outside) and column.out_of_range == "error":
             i = int(np.flatnonzero(outside)[0])
             raise SiteDataError(
-                f"{source}: row {i + 1}, column {header!r}: {cells[i]!s} is outside the "
+                f"{source}: row {first_row + i + 1}, column {header!r}: {cells[i]!s} is outside the "
                 f"schema's range [{lo:g}, {hi:g}] {column.unit or ''}".rstrip()
                 + f" ({int(outside.sum())} such cell(s) in the column)")
         values[outside] = np.clip(values[outside], lo, hi)
     return values
 
 
-def _categorical(cells, column: Column, source: str, header: str) -> np.ndarray:
+def _categorical(cells, column: Column, source: str, header: str, first_row: int) -> np.ndarray:
     levels = {level: j for j, level in enumerate(column.categories)}
     onehot = np.zeros((len(cells), len(levels)))
     for i, cell in enumerate(cells):
@@ -170,7 +181,7 @@ def _categorical(cells, column: Column, source: str, header: str) -> np.ndarray:
         if j is None:
             if column.other is None:
                 raise SiteDataError(
-                    f"{source}: row {i + 1}, column {header!r}: {text!r} is not one of the "
+                    f"{source}: row {first_row + i + 1}, column {header!r}: {text!r} is not one of the "
                     f"schema's categories ({', '.join(column.categories)})")
             j = levels[column.other]
         onehot[i, j] = column.category_weight
@@ -178,9 +189,13 @@ def _categorical(cells, column: Column, source: str, header: str) -> np.ndarray:
 
 
 def encode_table(header: list[str], columns: list, schema: Schema, source: str,
-                 declared_units: dict[str, str] | None = None) -> EncodedTable:
+                 declared_units: dict[str, str] | None = None, *, first_row: int = 0,
+                 partial: bool = False) -> EncodedTable:
     """Encode a table given column-wise (``columns[j]``: the cells of ``header[j]``: text
-    from a CSV file, or numbers from a .npy/Parquet file or a DataFrame).
+    from a CSV file, or numbers from a .npy/Parquet file, a DataFrame or a database).
+    ``first_row`` and ``partial``: these are rows ``first_row + 1, ...`` of a table read in
+    chunks (a database's result), so a message names the table's row, and a chunk whose
+    rows ``drop-row`` all dropped is no error (the reader checks the whole table).
 
     Raises
     ------
@@ -206,15 +221,15 @@ def encode_table(header: list[str], columns: list, schema: Schema, source: str,
         j, unit = where[column.name]
         cells = columns[j]
         if column.type == "numeric":
-            block = _numeric(cells, column, unit, source, header[j])[:, None]
+            block = _numeric(cells, column, unit, source, header[j], first_row)[:, None]
         else:
-            block = _categorical(cells, column, source, header[j])
+            block = _categorical(cells, column, source, header[j], first_row)
         missing = np.isnan(block).any(axis=1)
         policy = schema.policy(column)
         if policy == "error" and missing.any():
             i = int(np.flatnonzero(missing)[0])
             raise SiteDataError(
-                f"{source}: row {i + 1}, column {header[j]!r}: the cell is missing "
+                f"{source}: row {first_row + i + 1}, column {header[j]!r}: the cell is missing "
                 f"({int(missing.sum())} missing in the column); the schema's missing policy "
                 "for it is 'error' (choose drop-row, impute-mean or impute-median)")
         if policy == "drop-row":
@@ -227,17 +242,18 @@ def encode_table(header: list[str], columns: list, schema: Schema, source: str,
         start += block.shape[1]
     X = np.column_stack(parts) if parts else np.zeros((n, 0))
     keep = ~drop
-    if n and not keep.any():
+    if n and not partial and not keep.any():
         raise SiteDataError(f"{source}: every one of its {n} rows has a missing cell in a "
                             "column whose policy is drop-row: no row is left")
-    cells_missing = {c.name: int(np.isnan(X[keep][:, blocks[c.name]]).any(axis=1).sum())
+    kept = X[keep] if drop.any() else X  # once, not a copy per column
+    cells_missing = {c.name: int(np.isnan(kept[:, blocks[c.name]]).any(axis=1).sum())
                      for c in schema.features}
     ids = None
     if id_cells:  # several id columns: one id of their texts together
         ids = ["\0".join(parts) for parts, kept in zip(zip(*id_cells), keep) if kept]
     dropped = ["\0".join(cell_text(columns[j][i]) for j in range(len(columns)))
                for i in np.flatnonzero(drop).tolist()]
-    return EncodedTable(np.ascontiguousarray(X[keep]), names, blocks,
+    return EncodedTable(np.ascontiguousarray(kept), names, blocks,
                         None if labels is None else labels[keep], keep, cells_missing, ids,
                         dropped)
 

@@ -659,7 +659,7 @@ def _gtv_m_step_impl(W, N, sums, counts, alpha, floor):
 
 
 # --------------------------------------------------------------------------
-# Site groups (microaggregation, :mod:`fedcluster.client_app.grouping`): a site's rows
+# Site groups (microaggregation, :mod:`fedcluster.client_app.data.grouping`): a site's rows
 # cut into groups of at least g rows, once per data version.
 #
 # What is computed

@@ -24,8 +24,8 @@ import numpy as np
 
 from fedcluster.client_app.mapped_pages import read_only_mapping, release_pages  # noqa: F401 (re-exported)
 from fedcluster.client_app.site_groups import TableFacts
-from fedcluster.client_app.tables import parse_csv, read_column
-from fedcluster.client_app.versions.row_keys import id_keys
+from fedcluster.client_app.data.tables import parse_csv, read_column
+from fedcluster.client_app.data.versions.row_keys import id_keys
 from fedcluster.common import kernels
 from fedcluster.common.datasets import SiteDataError, load_builtin, partition
 
@@ -110,6 +110,7 @@ def data_fingerprint(X: np.ndarray) -> str:
     block = max(1, (1 << 22) // max(1, X.shape[1]))
     for start in range(0, X.shape[0], block):
         digest.update(np.ascontiguousarray(X[start:start + block]).tobytes())
+        release_pages(X)  # a memory-mapped cache is hashed without all of it resident
     return digest.hexdigest()
 
 
@@ -254,9 +255,12 @@ def read_cache(base: Path, source: str, ids: bool = False) -> tuple[SiteData, di
                     row_ids=row_ids, dropped_keys=dropped), meta
 
 
-def write_cache(base: Path, data: SiteData, real_path: str, columns: dict) -> None:
+def write_cache(base: Path, data: SiteData, real_path: str, columns: dict,
+                rows_file: Path | None = None) -> None:
     """Write ``data`` as the entry at ``base`` (the arrays, then the sidecar with
-    ``columns``: what else a reader of the entry needs to know, and the rows' fingerprint)."""
+    ``columns``: what else a reader of the entry needs to know, and the rows' fingerprint).
+    ``rows_file``: a complete ``.npy`` of ``data.X`` already written beside ``base`` (a
+    database's result, streamed there), moved into place instead of written again."""
     base.parent.mkdir(parents=True, exist_ok=True)
     if data.labels is not None:
         write_atomic(cache_sibling(base, ".labels.npy"), lambda f: np.save(f, data.labels))
@@ -264,8 +268,12 @@ def write_cache(base: Path, data: SiteData, real_path: str, columns: dict) -> No
         write_atomic(cache_sibling(base, ".ids.npy"), lambda f: np.save(f, data.row_ids))
     if data.dropped_keys is not None:
         write_atomic(cache_sibling(base, ".dropped.npy"), lambda f: np.save(f, data.dropped_keys))
-    X = np.ascontiguousarray(data.X, dtype=np.float64)
-    write_atomic(cache_sibling(base, ".npy"), lambda f: np.save(f, X))
+    if rows_file is None:
+        X = np.ascontiguousarray(data.X, dtype=np.float64)
+        write_atomic(cache_sibling(base, ".npy"), lambda f: np.save(f, X))
+    else:
+        X = data.X
+        os.replace(rows_file, cache_sibling(base, ".npy"))
     meta = {"format": CACHE_FORMAT, "source": real_path, **columns,
             "rows-sha256": data_fingerprint(X),
             "shape": list(data.X.shape), "feature_names": data.feature_names,

@@ -41,12 +41,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app import group_entries, group_stats, site_files, versions
-from fedcluster.client_app.group_stats import group_statistics
-from fedcluster.client_app.grouping import group_rows, grouping_scale
-from fedcluster.client_app.site_data import SiteData, SiteDataError, release_pages
+from fedcluster.client_app import site_files
+from fedcluster.client_app.data import group_entries, group_stats, versions
+from fedcluster.client_app.data.group_stats import group_statistics
+from fedcluster.client_app.data.grouping import group_rows, grouping_scale
+from fedcluster.client_app.data.site_data import SiteData, SiteDataError, release_pages
 from fedcluster.client_app.site_groups import GroupLabels, SiteGroups, withhold_lone_cells
-from fedcluster.client_app.versions import joining, row_keys
+from fedcluster.client_app.data.versions import joining, row_keys
 
 __all__ = ["build", "group_statistics", "grouping_scale", "row_hashes", "rows_as_groups",
            "site_groups"]

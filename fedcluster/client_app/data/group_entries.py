@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app import group_stats
-from fedcluster.client_app.site_data import SiteData, cache_sibling, write_atomic
+from fedcluster.client_app.data import group_stats
+from fedcluster.client_app.data.site_data import SiteData, cache_sibling, write_atomic
 from fedcluster.client_app.site_groups import GroupLabels
 
 __all__ = ["GROUPS_FORMAT", "entry_key", "lineage_path", "read_arrays", "table_digest",

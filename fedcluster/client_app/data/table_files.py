@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app.tables import DELIMITERS
+from fedcluster.client_app.data.tables import DELIMITERS
 from fedcluster.common.datasets import SiteDataError
 
 #: The file types a table read through a schema may have.

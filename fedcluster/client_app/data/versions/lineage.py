@@ -328,7 +328,7 @@ def _occurrence(keys: np.ndarray) -> np.ndarray:
 def _triple_hash(keys: np.ndarray, occurrence: np.ndarray) -> np.ndarray:
     """One 64-bit hash of (key, occurrence) to sort and search by (a match is then checked
     on the key and the occurrence themselves)."""
-    from fedcluster.client_app.group_stats import mix
+    from fedcluster.client_app.data.group_stats import mix
 
     if keys.shape[0] == 0:
         return np.zeros(0, dtype=np.uint64)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.client_app.grouping import group_rows
+from fedcluster.client_app.data.grouping import group_rows
 
 __all__ = ["NEAREST_GROUPS", "join_units", "nearest_groups"]
 

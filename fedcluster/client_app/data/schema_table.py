@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app import site_data
-from fedcluster.client_app.site_data import SiteData, SiteDataError
+from fedcluster.client_app.data import site_data
+from fedcluster.client_app.data.site_data import SiteData, SiteDataError
 from fedcluster.client_app.site_groups import TableFacts
-from fedcluster.client_app.table_files import read_table
-from fedcluster.client_app.tables import encode_labels
-from fedcluster.client_app.versions.row_keys import id_keys
+from fedcluster.client_app.data.table_files import read_table
+from fedcluster.client_app.data.tables import encode_labels
+from fedcluster.client_app.data.versions.row_keys import id_keys
 from fedcluster.common import kernels
 from fedcluster.common.schema import Schema, schema_hash
 from fedcluster.common.table_encoding import encode_table
@@ -142,7 +142,7 @@ def plain_schema(header: list[str], source: str, label_column: str | None = None
     ``schema-path``): the node config's id and label columns, its ``columns`` (default:
     every other column) numeric, a missing cell handled by the run config's ``missing``
     (``error`` by default, as a plain CSV)."""
-    from fedcluster.client_app.tables import plan_columns
+    from fedcluster.client_app.data.tables import plan_columns
     from fedcluster.common.schema import parse_schema
 
     plan = plan_columns(source, header, label_column, columns, id_column)
@@ -160,8 +160,8 @@ def load_plain_table(path: str | os.PathLike, *, cache_dir=None, label_column=No
     ``missing`` other than ``error``): numeric features through ``plain_schema`` and the
     same cache. Its facts carry no schema hash (no agreed schema to check), but the rows
     dropped and cells missing, which the imputation round fills."""
-    from fedcluster.client_app.table_files import parquet_columns
-    from fedcluster.client_app.tables import DELIMITERS, read_header
+    from fedcluster.client_app.data.table_files import parquet_columns
+    from fedcluster.client_app.data.tables import DELIMITERS, read_header
 
     path = Path(path)
     if not path.exists():

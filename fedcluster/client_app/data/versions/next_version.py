@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedcluster.client_app.versions import span_audit
-from fedcluster.client_app.versions.lineage import Store
+from fedcluster.client_app.data.versions import span_audit
+from fedcluster.client_app.data.versions.lineage import Store
 
 __all__ = ["Plan", "plan_version"]
 
