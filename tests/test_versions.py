@@ -513,7 +513,7 @@ def test_a_table_an_earlier_release_kept_joins_the_history(tmp_path):
     that named it) is taken into the history as answered from, and kept bit for bit."""
     import json as json_
 
-    from fedcluster.client_app import group_entries
+    from fedcluster.client_app.data import group_entries
 
     table, path, cache = Table(blobs(200), with_id=False), tmp_path / "site.csv", tmp_path / "cache"
     table.write(path)

@@ -1,6 +1,6 @@
 """Built-in data sets and the partitioners that cut them into simulated sites.
 
-Used by both sides: a simulated site loads its partition (``client_app.site_data``), the
+Used by both sides: a simulated site loads its partition (``client_app.data.site_data``), the
 simulation's server rebuilds the pooled data for the central comparison, and the CLI's
 ``partition`` command writes demo site files. ``SiteDataError`` is defined here because a
 bad data set name is a site data error on either side.
