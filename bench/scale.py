@@ -19,7 +19,9 @@ peak memory of one large memory-mapped site.
    Davies-Bouldin rounds), after the same rounds on a small site have filled Numba's
    on-disk cache. As in a deployment, where Flower starts a fresh ClientApp
    process for every round, each round is a fresh process that imports what a ClientApp
-   imports, opens the file and runs the site task (``task_runner.run_task``); the server steps
+   imports, opens the file, builds its group table at the site's default p_site = 2 (the
+   first round; kept beside the site's cache, in the bench's workdir) or reads the kept
+   one, and runs the site task on the groups (``task_runner.run_task``); the server steps
    between rounds are fedcluster's own reductions, run here. Peak RSS is the process's
    VmHWM: interpreter, libraries and compiled kernels (the baseline, measured before the
    data is opened) + the mapped pages of the data it reads + temporaries.
@@ -169,21 +171,29 @@ def engine_runs(site_counts: list[int], workdir: Path) -> dict[int, dict]:
 
 # ----------------------------------------------------------- 3: one large site (children)
 CHILD_SITE = "site-task"
+SITE_FLOOR = 2  # a deployed site's default min-cluster-size: the size of its groups
 
 
 def child_site_task(path: str, task: str, params: dict, arrays_in: str, arrays_out: str) -> dict:
-    """One round of one site, as a fresh ClientApp process runs it."""
+    """One round of one site, as a fresh ClientApp process runs it: the file's cache,
+    the site's groups (built and kept beside the cache the first time, read after that:
+    ``group_table.site_groups``) at its default p_site = 2, then the task."""
     import fedcluster.client_app  # noqa: F401  (what a ClientApp process imports)
-    from fedcluster.client_app import task_runner
-    from fedcluster.client_app.site_data import load_site_file
+    from fedcluster.client_app import group_table, task_runner
+    from fedcluster.client_app.private_rows import PrivateRows
+    from fedcluster.client_app.site_data import default_cache_dir, load_site_file
+    from fedcluster.common import protocol
 
     baseline = _hwm_bytes()
     arrays = list(np.load(arrays_in).values()) if arrays_in != "-" else []
     t0 = time.perf_counter()
-    site = load_site_file(path)
-    reply = task_runner.run_task(site, arrays, {"task": task, **params}, 1)
+    cache = default_cache_dir()
+    site = load_site_file(path, cache_dir=cache)
+    groups, grouped = group_table.site_groups(site, SITE_FLOOR, cache)
+    reply = task_runner.run_task(groups, arrays, {"task": task, **params}, SITE_FLOOR,
+                                 private_rows=PrivateRows(site.X, grouped, site.source))
     seconds = time.perf_counter() - t0
-    np.savez(arrays_out, *reply.arrays)
+    np.savez(arrays_out, *protocol.to_arrays(reply.arrays))
     return {"baseline": baseline, "peak": _hwm_bytes(), "seconds": seconds,
             "metrics": {k: v for k, v in reply.metrics.items() if isinstance(v, (int, float))}}
 
@@ -216,8 +226,10 @@ def big_site_rounds(path: Path, k: int, train_rounds: int, workdir: Path) -> lis
             arrays_in = str(workdir / "in.npz")
             np.savez(arrays_in, *arrays)
         out = workdir / "out.npz"
+        # the site's cache (its group table, kept between rounds) in the bench's workdir
         result = _run_child([CHILD_SITE, str(path), task,
-                             json.dumps({"min-cluster-size": floor, **params}), arrays_in, str(out)])
+                             json.dumps({"min-cluster-size": floor, **params}), arrays_in, str(out)],
+                            env={**os.environ, "FEDCLUSTER_CACHE_DIR": str(workdir / "site-cache")})
         result["task"] = task
         rows.append(result)
         print(f"  {task}: {result['seconds']:.1f} s, peak {result['peak'] / 2**20:.0f} MB", flush=True)
@@ -305,6 +317,9 @@ def main(argv=None) -> None:
         edge_quality[n] = _run_child(["edge-quality", json.dumps(
             {"sites": n, "algorithms": list(many_sites.ALGORITHMS)})])
         print(f"edge quality {n} sites: {edge_quality[n]}", flush=True)
+    edge_log = BENCH / "logs" / "scale-many-sites.json"
+    if edge_speed and args.out is not None:  # kept at once: the other parts run long
+        edge_log.write_text(many_sites.results_json(edge_speed, edge_floor, edge_quality))
 
     with tempfile.TemporaryDirectory(prefix="fcscale-", dir=args.workdir) as tmp:
         workdir = Path(tmp)
@@ -380,9 +395,7 @@ def main(argv=None) -> None:
     if edge_speed:
         text += many_sites.section(edge_speed, edge_floor, edge_quality)
         if args.out is not None:
-            log = BENCH / "logs" / "scale-many-sites.json"
-            log.write_text(many_sites.results_json(edge_speed, edge_floor, edge_quality))
-            text += [f"(every figure of this part: `bench/logs/{log.name}`)", ""]
+            text += [f"(every figure of this part: `bench/logs/{edge_log.name}`)", ""]
     text.append(f"Load average (1 min) {load_before:.2f} at the start on {os.cpu_count()} "
                 f"cores; total time {time.perf_counter() - t_start:.0f} s.")
     if (path := report.write_section("scale", "\n".join(text), args.out)) is not None:
