@@ -19,15 +19,25 @@ peak memory of one large memory-mapped site.
    Davies-Bouldin rounds), after the same rounds on a small site have filled Numba's
    on-disk cache. As in a deployment, where Flower starts a fresh ClientApp
    process for every round, each round is a fresh process that imports what a ClientApp
-   imports, opens the file and runs the site task (``task_runner.run_task``); the server steps
+   imports, opens the file, builds its group table at the site's default p_site = 2 (the
+   first round; kept beside the site's cache, in the bench's workdir) or reads the kept
+   one, and runs the site task on the groups (``task_runner.run_task``); the server steps
    between rounds are fedcluster's own reductions, run here. Peak RSS is the process's
    VmHWM: interpreter, libraries and compiled kernels (the baseline, measured before the
    data is opened) + the mapped pages of the data it reads + temporaries.
 
+4. **Many small sites** (``bench/many_sites.py``, issue 47): 1,000, 3,000 and 10,000
+   sites of 20 x 8 rows in process, DWF at C = 1 and C = 0.01, availability 1 and 0.7
+   (with stragglers 0.1): the whole run, seconds per training round and per message,
+   peak memory, who answered; Flower's floor (two no-op apps in the same harness, as many
+   sites); and the quality of DWF, mini-batch and FKM against central KMeans at 1,000 and
+   10,000 sites.
+
 Usage::
 
     python bench/scale.py [--sites 10,100,1000] [--rows-per-site 100,1000,10000]
-        [--big-rows 1000000] [--no-engine] [--out BENCHMARKS.md]
+        [--big-rows 1000000] [--no-engine] [--edge-sites 1000,3000,10000]
+        [--edge-quality-sites 1000,10000] [--edge-floor-sites 1000,10000] [--out BENCHMARKS.md]
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
+import many_sites  # noqa: E402
 import report  # noqa: E402
 
 ROUNDS = (2, 7)  # R1, R2: seconds per round = (T(R2) - T(R1)) / (R2 - R1)
@@ -160,21 +171,30 @@ def engine_runs(site_counts: list[int], workdir: Path) -> dict[int, dict]:
 
 # ----------------------------------------------------------- 3: one large site (children)
 CHILD_SITE = "site-task"
+SITE_FLOOR = 2  # a deployed site's default min-cluster-size: the size of its groups
 
 
 def child_site_task(path: str, task: str, params: dict, arrays_in: str, arrays_out: str) -> dict:
-    """One round of one site, as a fresh ClientApp process runs it."""
+    """One round of one site, as a fresh ClientApp process runs it: the file's cache,
+    the site's groups (built and kept beside the cache the first time, read after that:
+    ``group_table.site_groups``) at its default p_site = 2, then the task."""
     import fedcluster.client_app  # noqa: F401  (what a ClientApp process imports)
     from fedcluster.client_app import task_runner
-    from fedcluster.client_app.data.site_data import load_site_file
+    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data.site_data import default_cache_dir, load_site_file
+    from fedcluster.client_app.private_rows import PrivateRows
+    from fedcluster.common import protocol
 
     baseline = _hwm_bytes()
     arrays = list(np.load(arrays_in).values()) if arrays_in != "-" else []
     t0 = time.perf_counter()
-    site = load_site_file(path)
-    reply = task_runner.run_task(site, arrays, {"task": task, **params}, 1)
+    cache = default_cache_dir()
+    site = load_site_file(path, cache_dir=cache)
+    groups, grouped = group_table.site_groups(site, SITE_FLOOR, cache)
+    reply = task_runner.run_task(groups, arrays, {"task": task, **params}, SITE_FLOOR,
+                                 private_rows=PrivateRows(site.X, grouped, site.source))
     seconds = time.perf_counter() - t0
-    np.savez(arrays_out, *reply.arrays)
+    np.savez(arrays_out, *protocol.to_arrays(reply.arrays))
     return {"baseline": baseline, "peak": _hwm_bytes(), "seconds": seconds,
             "metrics": {k: v for k, v in reply.metrics.items() if isinstance(v, (int, float))}}
 
@@ -207,8 +227,10 @@ def big_site_rounds(path: Path, k: int, train_rounds: int, workdir: Path) -> lis
             arrays_in = str(workdir / "in.npz")
             np.savez(arrays_in, *arrays)
         out = workdir / "out.npz"
+        # the site's cache (its group table, kept between rounds) in the bench's workdir
         result = _run_child([CHILD_SITE, str(path), task,
-                             json.dumps({"min-cluster-size": floor, **params}), arrays_in, str(out)])
+                             json.dumps({"min-cluster-size": floor, **params}), arrays_in, str(out)],
+                            env={**os.environ, "FEDCLUSTER_CACHE_DIR": str(workdir / "site-cache")})
         result["task"] = task
         rows.append(result)
         print(f"  {task}: {result['seconds']:.1f} s, peak {result['peak'] / 2**20:.0f} MB", flush=True)
@@ -246,6 +268,11 @@ def main(argv=None) -> None:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "harness":
         print(json.dumps(child_harness(json.loads(sys.argv[2]))))
         return
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] in many_sites.CHILDREN:
+        report.quiet_flower()
+        print(json.dumps(many_sites.CHILDREN[sys.argv[1]](json.loads(sys.argv[2])),
+                         default=float))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sites", default="10,100,1000", help="site counts (part 1)")
     parser.add_argument("--rows-per-site", default="100,1000,10000", help="part 2, 100 sites")
@@ -258,6 +285,12 @@ def main(argv=None) -> None:
     parser.add_argument("--big-d", type=int, default=64)
     parser.add_argument("--big-k", type=int, default=10)
     parser.add_argument("--big-rounds", type=int, default=3, help="part 3 training rounds")
+    parser.add_argument("--edge-sites", default="1000,3000,10000",
+                        help="part 4: site counts of the speed grid ('' skips part 4)")
+    parser.add_argument("--edge-quality-sites", default="1000,10000",
+                        help="part 4: site counts of the quality runs")
+    parser.add_argument("--edge-floor-sites", default="1000,10000",
+                        help="part 4: site counts of the no-op apps (Flower's floor)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the large .npy and the engine's files go (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=None,
@@ -269,6 +302,25 @@ def main(argv=None) -> None:
     t_start = time.perf_counter()
     load_before = os.getloadavg()[0]
     text = [report.header("Scale: sites, data size, and the memory of a large site"), ""]
+
+    edge = [int(s) for s in args.edge_sites.split(",") if s]
+    edge_speed, edge_floor, edge_quality = {}, {}, {}
+    for n in edge:
+        for fraction, available in many_sites.CELLS:
+            edge_speed[(n, fraction, available)] = r = _run_child(["edge-speed", json.dumps(
+                {"sites": n, "fraction": fraction, "availability": available})])
+            print(f"edge {n} sites, C {fraction}, a {available}: {r['seconds']:.1f} s, "
+                  f"rounds {r['round-seconds']}, peak {r['peak'] / 2**20:.0f} MB", flush=True)
+    for n in ([int(s) for s in args.edge_floor_sites.split(",") if s] if edge else []):
+        edge_floor[n] = _run_child(["edge-floor", json.dumps({"sites": n})])
+        print(f"edge floor {n} sites: {edge_floor[n]}", flush=True)
+    for n in ([int(s) for s in args.edge_quality_sites.split(",") if s] if edge else []):
+        edge_quality[n] = _run_child(["edge-quality", json.dumps(
+            {"sites": n, "algorithms": list(many_sites.ALGORITHMS)})])
+        print(f"edge quality {n} sites: {edge_quality[n]}", flush=True)
+    edge_log = BENCH / "logs" / "scale-many-sites.json"
+    if edge_speed and args.out is not None:  # kept at once: the other parts run long
+        edge_log.write_text(many_sites.results_json(edge_speed, edge_floor, edge_quality))
 
     with tempfile.TemporaryDirectory(prefix="fcscale-", dir=args.workdir) as tmp:
         workdir = Path(tmp)
@@ -341,6 +393,10 @@ def main(argv=None) -> None:
                         f"| {(r['peak'] - r['baseline']) / data_bytes:.2f} |")
         text += ["", f"Highest peak over the run: {worst / 2**20:.0f} MB = "
                  f"**{worst / data_bytes:.2f} x the data**.", ""]
+    if edge_speed:
+        text += many_sites.section(edge_speed, edge_floor, edge_quality)
+        if args.out is not None:
+            text += [f"(every figure of this part: `bench/logs/{edge_log.name}`)", ""]
     text.append(f"Load average (1 min) {load_before:.2f} at the start on {os.cpu_count()} "
                 f"cores; total time {time.perf_counter() - t_start:.0f} s.")
     if (path := report.write_section("scale", "\n".join(text), args.out)) is not None:

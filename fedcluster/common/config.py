@@ -200,6 +200,15 @@ class RunConfig(_Strict):
     dataset: str = "digits"
     partitioning: str = "dirichlet:0.3"
     central_baseline: bool = True
+    # Simulation: devices that come and go (server_app/availability.py). In a training
+    # round each asked site is online with this chance (seeded per site and round) ...
+    simulated_availability: float = Field(
+        1.0, gt=0.0, le=1.0, description="simulation: the chance that a site asked in a "
+        "training round is online (seeded per site and round); 1 = always")
+    # ... and an online site's reply arrives after the round's deadline (dropped) with this.
+    simulated_stragglers: float = Field(
+        0.0, ge=0.0, lt=1.0, description="simulation: the chance that an online site's "
+        "training reply arrives after the round's deadline and is dropped")
     output_dir: str = "outputs"
     run_name: str = ""
     resume_from: str = Field("", description="a checkpoint (file or run directory) to continue")
@@ -282,6 +291,20 @@ class RunConfig(_Strict):
             raise ValueError("secure-aggregation = true needs 'min-sites' >= 2 (a sum over one "
                              "site is that site's reply)")
         return self
+
+    @model_validator(mode="after")
+    def _devices_simulated_in_plain_rounds(self) -> "RunConfig":
+        if self.secure_aggregation and (self.simulated_availability < 1
+                                        or self.simulated_stragglers > 0):
+            raise ValueError("'simulated-availability' and 'simulated-stragglers' apply to "
+                             "plain training rounds; under secure-aggregation a site that "
+                             "drops out is SecAgg+'s to handle, which they do not simulate")
+        return self
+
+    @property
+    def simulates_devices(self) -> bool:
+        """Whether training rounds lose sites to simulated absence (``simulated-*``)."""
+        return self.simulated_availability < 1 or self.simulated_stragglers > 0
 
     @property
     def private(self) -> bool:

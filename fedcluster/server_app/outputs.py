@@ -25,10 +25,15 @@ HISTORY_COLUMNS = [
     "sites-asked",
     "sites-answered",
     "sites-failed",
+    # simulated devices (simulated-availability, simulated-stragglers): not failures
+    "sites-offline",
+    "sites-late",
     "movement",
     "score",
     "seconds",
     "failures",
+    # the sites whose replies the round used, e.g. 0-3,7,9-12
+    "answered",
     # differential privacy only: the epsilon spent so far
     "dp-epsilon-spent",
     # GTV only (empty otherwise)
@@ -51,7 +56,10 @@ def progress_line(row: dict, max_rounds: int) -> str:
     return (
         f"round {row['round']:>3} [{row['task']:<21}] rep {row['repetition']} "
         f"sites {row['sites-answered']}/{row['sites-asked']} "
-        f"(failed {row['sites-failed']}) movement {num('movement', '.3e')} "
+        f"(failed {row['sites-failed']}"
+        + (f", offline {row['sites-offline']}, late {row['sites-late']}"
+           if row.get("sites-offline") or row.get("sites-late") else "")
+        + f") movement {num('movement', '.3e')} "
         f"score {num('score', '.6g')} {num('seconds', '.2f')}s"
         + (f" epsilon spent {row['dp-epsilon-spent']:.4g}" if "dp-epsilon-spent" in row else "")
     )
@@ -110,9 +118,13 @@ def summary_table(metrics: dict) -> str:
     for key, limit in metrics.get("sites-at-max-rounds", {}).items():
         lines.append(f"  site {key} answered its max-rounds={limit} task rounds (its own policy) "
                      "and was not asked after that")
-    for key, events in metrics.get("site-failures", {}).items():
+    failures = metrics.get("site-failures", {})
+    for key, events in list(failures.items())[:MAX_SITE_LINES]:
         lines.append(f"  site {key} failed {len(events)} time(s); first: {events[0]}; "
                      f"last: {events[-1]}")
+    if len(failures) > MAX_SITE_LINES:
+        lines.append(f"    ... {len(failures) - MAX_SITE_LINES} more sites failed: model.json")
+    lines += participation_lines(metrics.get("participation"))
     if "profile-note" in metrics:
         lines.append(f"  Table 1 by cluster: {metrics['profile-note']}")
     if central is None:
@@ -123,6 +135,22 @@ def summary_table(metrics: dict) -> str:
             "data set from its name)"
         )
     return "\n".join(lines)
+
+
+def participation_lines(participation: dict | None) -> list[str]:
+    """Who answered the training rounds, in the summary (``participation`` of
+    ``build_model``); who answered each round is history.csv's ``answered``."""
+    if not participation or not participation["rounds"]:
+        return []
+    n = participation["rounds"]
+    line = (f"  training rounds: {participation['answered'] / n:.1f} of "
+            f"{participation['asked'] / n:.1f} asked sites answered per round")
+    if participation.get("simulated"):
+        line += (f" ({participation['offline'] / n:.1f} offline, "
+                 f"{participation['late'] / n:.1f} late: simulated-availability "
+                 f"{participation['simulated']['availability']:g}, simulated-stragglers "
+                 f"{participation['simulated']['stragglers']:g})")
+    return [line, "  (who answered each round: history.csv, column 'answered')"]
 
 
 def write_history(path: Path, history: list[dict]) -> None:

@@ -35,6 +35,7 @@ from fedcluster.common.model import Model
 from fedcluster.common.schema import run_schema
 from fedcluster.server_app.secure_fit import make_fit_workflow
 from fedcluster.server_app.outputs import progress_line, summary_table, write_outputs
+from fedcluster.server_app import availability
 from fedcluster.server_app.polling import exchange
 from fedcluster.strategies import (ClusteringStrategy, FederationError, make_strategy, private,
                                    profile, reports)
@@ -55,6 +56,11 @@ def fit_round(grid: Grid, context: LegacyContext) -> None:
         context.state.array_records[MAIN_PARAMS_RECORD], keep_input=True
     )
     instructions = strategy.configure_fit(server_round, params, context.client_manager)
+    plan, keys = strategy.round_plan
+    # Simulated devices (availability.py): an offline site gets no message, a late one's
+    # reply is dropped below; neither is a failure.
+    absent = (availability.draw(strategy.config, server_round + strategy.round_offset, keys)
+              if plan.sample else availability.NOBODY)
     proxies = {proxy.node_id: proxy for proxy, _ in instructions}
     messages = [
         Message(
@@ -64,6 +70,7 @@ def fit_round(grid: Grid, context: LegacyContext) -> None:
             group_id=str(server_round),
         )
         for proxy, fitins in instructions
+        if proxy.node_id not in absent.offline
     ]
     replies = exchange(grid, messages, timeout) if messages else []
     # Pushing gave each message its id. A reply is matched to its site through the id it
@@ -74,6 +81,8 @@ def fit_round(grid: Grid, context: LegacyContext) -> None:
     answered = set()
     for msg in replies:
         node_id = addressee.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
+        if node_id in absent.late:  # after the round's deadline: dropped unread
+            continue
         answered.add(node_id)
         if msg.has_error():
             failures.append(SiteFailure(node_id, f"error reply: {msg.error.reason}"))
@@ -83,9 +92,13 @@ def fit_round(grid: Grid, context: LegacyContext) -> None:
             results.append((proxies[node_id], fitres))
         else:
             failures.append((proxies[node_id], fitres))
-    for node_id in set(proxies) - answered:
+    for node_id in set(proxies) - answered - absent.offline - absent.late:
         failures.append(SiteFailure(node_id, f"no reply within {timeout:g} s"))
     parameters, _ = strategy.aggregate_fit(server_round, results, failures)
+    if absent is not availability.NOBODY:
+        row = strategy.history[-1]
+        row["sites-offline"], row["sites-late"] = len(absent.offline), len(absent.late)
+        row["sites-failed"] -= len(absent.offline) + len(absent.late)
     context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
         parameters, True
     )
@@ -205,6 +218,7 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: dict |
         # each site's sizes under Table 1's small-cell rule (DP: noisy counts, DP's own)
         "per-site": (best["per-site"] if config.private
                      else reports.protected_per_site(best["per-site"], profile.floor(strategy))),
+        "participation": participation(strategy.history, config),
         "rejected-sites": dict(strategy.rejected),
         "site-failures": {key: list(v) for key, v in strategy.site_failures.items()},
         # Sites that answered as many task rounds as their own policy allows.
@@ -240,6 +254,19 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: dict |
         schema=None if schema is None else schema[0].model_dump(mode="json", by_alias=True),
         table1=profile.table1_of(strategy),
     )
+
+
+def participation(history: list[dict], config: RunConfig) -> dict:
+    """Who answered the run's training rounds, summed: rounds, sites asked, answered,
+    failed, and (simulated devices) offline and late."""
+    train = [row for row in history if "movement" in row]
+    total = {name: sum(row.get(f"sites-{name}", 0) for row in train)
+             for name in ("asked", "answered", "failed", "offline", "late")}
+    out = {"rounds": len(train), **total}
+    if config.simulates_devices:
+        out["simulated"] = {"availability": config.simulated_availability,
+                            "stragglers": config.simulated_stragglers}
+    return out
 
 
 def run_name(config: RunConfig) -> str:

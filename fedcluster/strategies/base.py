@@ -238,9 +238,11 @@ class ClusteringStrategy(Strategy):
     def aggregate_fit(self, server_round, results, failures):
         plan, keys = self._pending
         replies, failed = [], []
+        in_sum = []  # a secure round's sites in the sum
         if plan.secure is not None:  # SecAgg+'s failures carry no node id: see below
             replies = secure_sum.secure_replies(self, server_round, plan, keys, results, failures,
                                                 failed)
+            in_sum = [keys[int(proxy.node_id)] for proxy, _ in results] if replies else []
             results, failures = [], []
         failed += sites.record_failures(self, server_round, plan.task, keys, failures)
         received = []
@@ -259,21 +261,18 @@ class ClusteringStrategy(Strategy):
             log(logging.WARNING, "round %s (%s): dropped %s", server_round, plan.task, reason)
         self.round_failures = failed
         row = self.reduce_round(server_round, plan, replies)
-        row.update(
-            {
-                "round": server_round + self.round_offset,
-                "repetition": self.repetition,
-                "task": plan.label,
-                "sites-asked": len(keys),
-                "sites-answered": sum(r.n_sites for r in replies),
-                "sites-failed": len(keys) - sum(r.n_sites for r in replies),
-                "failures": "; ".join(failed),
-            }
-        )
+        row.update({"round": server_round + self.round_offset, "repetition": self.repetition,
+                    "task": plan.label, **sites.participation(keys, replies, failed, in_sum)})
         self.history.append(row)
         row.update(private.round_accounting(self.config, self.history))
         out = [] if self.centroids is None else [self.centroids]
         return ndarrays_to_parameters(out), {}
+
+    @property
+    def round_plan(self) -> tuple[TaskPlan, dict[int, str]]:
+        """The round :meth:`configure_fit` planned last: its plan, and the asked sites'
+        keys by node id ("" before the describe round has named them)."""
+        return self._pending
 
     def configure_evaluate(self, server_round, parameters, client_manager):
         return []  # evaluation is a fit-round task (see module docstring)

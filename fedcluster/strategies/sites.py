@@ -267,6 +267,41 @@ def check_replies(strategy, server_round: int, plan, keys: dict[int, str],
     return replies, dropped
 
 
+def participation(keys: dict[int, str], replies: list[Reply], failed: list[str],
+                  in_sum: list[str]) -> dict:
+    """A round's history columns on who was asked and who answered: counts, the
+    reasons of the failures, and ``answered``, the keys of the sites whose valid replies
+    the round used (those in a secure round's sum, ``in_sum``) as :func:`key_list`
+    writes them. ``sites-offline`` and ``sites-late`` are the simulated absences
+    (``server_app/availability.py`` sets them; 0 here)."""
+    answered = sum(r.n_sites for r in replies)
+    names = [r.site_key for r in replies if r.n_sites == 1] + list(in_sum)
+    return {"sites-asked": len(keys), "sites-answered": answered,
+            "sites-failed": len(keys) - answered, "sites-offline": 0, "sites-late": 0,
+            "failures": "; ".join(failed), "answered": key_list(names)}
+
+
+def key_list(keys) -> str:
+    """Site keys in site order, a run of consecutive numbers written as its ends
+    (``0-3,7,9-12,H1``): a round of 10,000 sites that all answered is ``0-9999``."""
+    parts: list[str] = []
+    run: list[int] = []  # the current run of consecutive numeric keys: [first, last]
+    for key in sorted(keys, key=site_order):
+        if key.isdigit() and run and int(key) == run[1] + 1 and str(int(key)) == key:
+            run[1] += 1
+            continue
+        if run:
+            parts.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
+            run = []
+        if key.isdigit() and str(int(key)) == key:
+            run = [int(key), int(key)]
+        else:
+            parts.append(key)
+    if run:
+        parts.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
+    return ",".join(parts)
+
+
 def too_few(strategy, what: str) -> str:
     """Why the run cannot go on: ``what`` against min-sites, and every rejection."""
     reasons = "; ".join(f"site {k}: {v}" for k, v in strategy.rejected.items())
