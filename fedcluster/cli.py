@@ -215,7 +215,8 @@ def cmd_site_check(args: argparse.Namespace) -> int:
         from fedcluster.client_app.data.sql_source import sql_source
 
         data = sql_source(data, args.data_query, args.data_query_file, args.data_table)
-    print(check(data, load_schema(args.schema), units, args.min_cluster_size, args.cache_dir))
+    print(check(data, load_schema(args.schema), units, args.min_cluster_size, args.cache_dir,
+                cost=not args.no_cost_table, cost_k=args.cost_k, cost_scale=args.cost_scale))
     return 0
 
 
@@ -368,6 +369,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the site's cache-dir (node config): report the groups the site "
                             "keeps there (after its file grew: the rows waiting too); "
                             "without it, the groups are made here alone")
+    check.add_argument("--cost-k", default="2-10", metavar="K",
+                       help="the k of the cost table (what the groups at this site's p and at "
+                            "2, 5, 10 cost its own k-means): LO-HI, a list 3,5,8 or one k; "
+                            "default 2-10")
+    check.add_argument("--cost-scale", default="standard", choices=("standard", "none"),
+                       help="the cost table's space: the rows z-scored with this site's "
+                            "moments (default, as scale = standard) or as encoded")
+    check.add_argument("--no-cost-table", action="store_true",
+                       help="leave the cost table out (it fits k-means several times: a few "
+                            "seconds at 10,000 rows, a sample of 10,000 rows above)")
     check.set_defaults(func=cmd_site_check)
 
     apps = sub.add_parser("app", help="sign app bundles (FABs) and serve them to the "

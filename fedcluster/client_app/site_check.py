@@ -6,9 +6,11 @@ and reports rows, usable rows, per column the missing share, cells outside the r
 the unit read, per category the count of each level and of unlisted values, the groups
 the site would answer from (how many, their sizes, rows waiting), with a cache
 directory the versions of the data it has answered from (what each kept, withdrew and
-held back), and what a run would send from the file, task by task. When the
-table does not fit the schema, the check fails with the same message the encoding gives
-(file, row, column, value).
+held back), what its groups would cost its own k-means at its p and at 2, 5 and 10
+(``data/group_cost.py``, from its rows alone), and what a run would send from the file,
+task by task. When the table does not fit the schema, the check fails with the same
+message the encoding gives (file, row, column, value). :func:`report` returns the same
+as data (the text and the cost table); :func:`check`, the text.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster.client_app.data import group_cost
+from fedcluster.client_app.data.group_cost import GroupCostTable
 from fedcluster.client_app.data.table_files import read_table
 from fedcluster.common.imputation import imputation_plan
 from fedcluster.common.schema import MISSING_TOKENS, Schema, schema_hash
@@ -68,13 +72,25 @@ def survey(header: list[str], columns: list[list[str]], schema: Schema, source: 
     return out, encode_table(header, columns, schema, source, declared_units)
 
 
-def format_groups(groups) -> list[str]:
-    """What a data officer reads of the site's groups: how many, their sizes, rows waiting."""
+@dataclass(frozen=True)
+class SiteCheckReport:
+    """What ``fedcluster site check`` found: the report it prints (``text``) and the cost
+    of the site's groups to its own k-means (``cost``: None when turned off or when the
+    site has too few rows, ``cost_note`` then says which)."""
+
+    text: str
+    cost: GroupCostTable | None
+    cost_note: str | None = None
+
+
+def format_groups(groups, cost_lines: list[str] = ()) -> list[str]:
+    """What a data officer reads of the site's groups: how many, their sizes, rows
+    waiting; then ``cost_lines`` (what they cost), then the versions of the data."""
     sizes, how_many = np.unique(np.asarray(groups.counts), return_counts=True)
     if groups.min_size == 1:
         head = (f"Groups: none (min-cluster-size = 1: this site answers from its {groups.n_rows} "
                 "rows, an explicit opt-out; a coordinator can then isolate single rows)")
-        return [head, ""]
+        return [head, "", *cost_lines]
     lines = [f"Groups (min-cluster-size p_site = {groups.min_size}): every reply is a function of "
              f"{groups.n_groups} groups of at least {groups.min_size} rows, made by this site "
              f"alone; sizes: " + ", ".join(f"{int(n)} of {int(s)} rows"
@@ -87,7 +103,7 @@ def format_groups(groups) -> list[str]:
         lines.append(f"{groups.cells_withheld} present cell(s) count as missing: fewer than "
                      f"{groups.min_size} of their column in their group, their sum would rest "
                      "on fewer rows than that")
-    return lines + [""] + format_lineage(groups)
+    return lines + ["", *cost_lines] + format_lineage(groups)
 
 
 def format_lineage(groups) -> list[str]:
@@ -117,7 +133,8 @@ def format_lineage(groups) -> list[str]:
 
 
 def format_survey(source: str, n_rows: int, columns: list[ColumnSurvey], table: EncodedTable,
-                  schema: Schema, floor: int = 2, groups=None) -> str:
+                  schema: Schema, floor: int = 2, groups=None,
+                  cost_lines: list[str] = ()) -> str:
     lines = [f"{source}: {n_rows} rows, {table.X.shape[0]} usable ({table.rows_dropped} dropped "
              f"by drop-row), {table.X.shape[1]} encoded features",
              f"schema sha256 {schema_hash(schema)} (a run's schema must have the same)", "",
@@ -140,7 +157,7 @@ def format_survey(source: str, n_rows: int, columns: list[ColumnSurvey], table: 
                 if seen.unlisted else ""))
     lines += ["", "These counts are for this site's eyes: the check sends nothing.", ""]
     if groups is not None:
-        lines += format_groups(groups)
+        lines += format_groups(groups, cost_lines)
     return "\n".join(lines + would_send(table, schema, floor))
 
 
@@ -169,18 +186,42 @@ def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
     return lines
 
 
-def check(path, schema: Schema, declared_units: dict[str, str] | None = None,
-          floor: int = 2, cache_dir: str | Path | None = None) -> str:
-    """The report of ``fedcluster site check`` (``SiteDataError`` when the file does not
+def site_cost(site, floor: int, k_values: tuple[int, ...],
+              cost_scale: str) -> tuple[GroupCostTable | None, list[str]]:
+    """The cost table of the site's groups and its lines; with too few rows, None and a
+    line that says so (the rest of the check still runs)."""
+    need = group_cost.rows_needed(k_values)
+    if site.n_rows < need:
+        note = (f"Cost of the groups to this site's own k-means: not computed ({site.n_rows} "
+                f"usable rows; at least {need} needed for k = {k_values[0]})")
+        return None, [note, ""]
+    table = group_cost.site_group_cost(site, floor, k_values, cost_scale)
+    return table, table.lines()
+
+
+def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
+           floor: int = 2, cache_dir: str | Path | None = None, *, cost: bool = True,
+           cost_k=group_cost.DEFAULT_K_VALUES, cost_scale: str = "standard") -> SiteCheckReport:
+    """The findings of ``fedcluster site check`` (``SiteDataError`` when the file does not
     fit); ``path``: the file, or a database's query (``sql_source.SqlSource``);
     ``floor``: the site's own floor p_site (its groups' size; the run's default 2).
     With ``cache_dir`` (the site's node config ``cache-dir``) the groups are those the
-    site keeps there (a grown file's, rows waiting included), else made here alone."""
+    site keeps there (a grown file's, rows waiting included), else made here alone.
+    ``cost``: compute the cost table (``data/group_cost.py``) for ``cost_k`` (k values,
+    or text as ``"2-10"``) in the space ``cost_scale`` (``"standard"`` or ``"none"``),
+    from the site's rows here, grouped afresh at each p (the groups a site makes when it
+    first groups these rows)."""
     from fedcluster.client_app.data import group_table
     from fedcluster.client_app.data.schema_table import encode_site_columns, load_schema_table
     from fedcluster.client_app.data.sql_source import SqlSource
     from fedcluster.client_app.data.sql_table import Reading, load_sql_table, read_sql_columns
 
+    if cost:  # a bad k or scale fails before the file is read
+        cost_k = group_cost.parse_k_values(cost_k) if isinstance(cost_k, str) \
+            else group_cost.checked_k_values(cost_k)
+        if cost_scale not in group_cost.SCALES:
+            raise ValueError(f"the cost table's scale must be one of {group_cost.SCALES}, "
+                             f"got {cost_scale!r}")
     database = isinstance(path, SqlSource)
     source = path.source if database else str(path)
     header, columns = read_sql_columns(path) if database else read_table(path)
@@ -192,4 +233,14 @@ def check(path, schema: Schema, declared_units: dict[str, str] | None = None,
     else:
         site = encode_site_columns(header, columns, schema, source, declared_units)[0]
     groups, _ = group_table.site_groups(site, floor, cache_dir)
-    return format_survey(source, len(columns[0]), seen, table, schema, floor, groups)
+    cost_table, cost_lines = site_cost(site, floor, cost_k, cost_scale) if cost else (None, [])
+    text = format_survey(source, len(columns[0]), seen, table, schema, floor, groups, cost_lines)
+    note = cost_lines[0] if cost and cost_table is None else None
+    return SiteCheckReport(text, cost_table, note)
+
+
+def check(path, schema: Schema, declared_units: dict[str, str] | None = None,
+          floor: int = 2, cache_dir: str | Path | None = None, **cost_options) -> str:
+    """The report of ``fedcluster site check``, as text (:func:`report`, which takes the
+    same arguments, ``cost``, ``cost_k`` and ``cost_scale`` among them)."""
+    return report(path, schema, declared_units, floor, cache_dir, **cost_options).text

@@ -1,0 +1,251 @@
+"""The site check's cost table (issue 45, must-show 3): what a site's groups at p cost its
+own k-means, from its rows alone (``client_app/data/group_cost.py``).
+
+Each figure is checked against the same quantity computed here, independently of the
+module: the rows z-scored by scikit-learn's ``StandardScaler``, the groups' means and sizes
+by numpy from the grouping's group ids (``group_rows``, the site's own grouping: what is
+measured), the fits by scikit-learn's ``KMeans`` and the objective by broadcasting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
+
+from fedcluster.cli import main
+from fedcluster.client_app.data import group_cost as gc
+from fedcluster.client_app.data.grouping import group_rows, grouping_scale
+from fedcluster.client_app.data.site_data import SiteData
+from fedcluster.client_app.site_groups import TableFacts
+
+
+# ------------------------------------------------------------------ computed here
+def objective(Z: np.ndarray, C: np.ndarray) -> float:
+    return float(((Z[:, None, :] - C[None]) ** 2).sum(axis=2).min(axis=1).sum())
+
+
+def kmeans(points, k, weights=None, init=None) -> np.ndarray:
+    model = KMeans(n_clusters=k, n_init=gc.N_STARTS if init is None else 1,
+                   init="k-means++" if init is None else init, random_state=gc.SEED)
+    return model.fit(points, sample_weight=weights).cluster_centers_
+
+
+def group_means(Z: np.ndarray, group_of_row: np.ndarray, chosen=None):
+    """The groups' means and sizes, from the group ids (``chosen``: of those groups)."""
+    n_groups = group_of_row.max() + 1
+    sizes = np.bincount(group_of_row, minlength=n_groups).astype(float)
+    sums = np.zeros((n_groups, Z.shape[1]))
+    np.add.at(sums, group_of_row, Z)
+    means = sums / sizes[:, None]
+    return (means, sizes) if chosen is None else (means[chosen], sizes[chosen])
+
+
+def expected_table(X, site_p, k_values, max_rows=None):
+    """(ratios, rows' objective, groups' objective, groups per p) as the module's docstring
+    defines them, computed without it."""
+    n = X.shape[0]
+    p_values = sorted({site_p, *gc.EXTRA_P_VALUES})
+    Z_all = StandardScaler().fit_transform(X)
+    rng = np.random.default_rng(gc.SEED)
+    scored = np.sort(rng.choice(n, max_rows, replace=False)) if max_rows else np.arange(n)
+    Z = Z_all[scored]
+    points, n_groups = {}, []
+    for p in p_values:
+        labels = group_rows(X, p, grouping_scale(X))
+        G = labels.max() + 1
+        n_groups.append(G)
+        chosen = np.sort(rng.choice(G, round(G * max_rows / n), replace=False)) if max_rows \
+            else None
+        points[p] = group_means(Z_all, labels, chosen)
+    groups_fit = np.full((len(k_values), len(p_values)), np.nan)
+    rows_fit = np.full(len(k_values), np.nan)
+    with threadpool_limits(1):
+        for i, k in enumerate(k_values):
+            starts = []
+            for j, p in enumerate(p_values):
+                means, sizes = points[p]
+                if len(means) >= k:
+                    C = kmeans(means, k, sizes)
+                    starts.append(C)
+                    groups_fit[i, j] = objective(Z, C)
+            rows_fit[i] = min([objective(Z, kmeans(Z, k))] +
+                              [objective(Z, kmeans(Z, k, init=C)) for C in starts])
+    return groups_fit / rows_fit[:, None], rows_fit, groups_fit, tuple(n_groups)
+
+
+@pytest.fixture(scope="module")
+def blob_rows():
+    """400 rows, 4 features in different units, 5 clusters of different spreads."""
+    rng = np.random.default_rng(11)
+    centres = rng.normal(scale=3.0, size=(5, 4))
+    which = rng.integers(0, 5, 400)
+    X = centres[which] + rng.normal(size=(400, 4)) * (0.5 + which[:, None] * 0.3)
+    return X * np.array([1.0, 10.0, 0.1, 100.0]) + np.array([0.0, 50.0, 3.0, 1000.0])
+
+
+# ------------------------------------------------------------------ the figures
+def test_the_figure_is_kmeans_on_the_rows_against_on_the_groups(blob_rows):
+    k_values = (2, 3, 5, 8)
+    table = gc.group_cost(blob_rows, 3, k_values)
+    ratios, rows_fit, groups_fit, n_groups = expected_table(blob_rows, 3, k_values)
+    assert table.p_values == (2, 3, 5, 10) and table.k_values == k_values
+    assert table.n_groups == n_groups and table.sampled_rows is None
+    np.testing.assert_allclose(table.rows_objective, rows_fit, rtol=1e-9)
+    np.testing.assert_allclose(table.groups_objective, groups_fit, rtol=1e-9)
+    np.testing.assert_allclose(table.ratios, ratios, rtol=1e-9)
+    assert table.ratio(5, 10) == pytest.approx(ratios[2, 3], rel=1e-9)
+    # the groups do cost something here (a check that could not see a cost would pass 1s)
+    assert np.nanmax(table.ratios) > 1.005 and np.all(table.ratios >= 1 - 1e-12)
+    lines = table.lines()
+    assert lines[2] == "k | p = 2 | p = 3 (this site's) | p = 5 | p = 10"
+    assert lines[5] == "5 | " + " | ".join(f"{r:.3f}" for r in ratios[2])
+    assert lines[7] == "groups | " + " | ".join(str(g) for g in n_groups)
+
+
+def test_a_large_site_is_fitted_on_the_sample_the_docstring_names(blob_rows):
+    """Above max_rows: every row grouped, the fits and the objective on the seeded sample
+    of rows and the same share of each p's groups."""
+    X = np.vstack([blob_rows, blob_rows[::-1] + 0.01])  # 800 rows
+    table = gc.group_cost(X, 2, (2, 4), max_rows=300)
+    ratios, rows_fit, _, n_groups = expected_table(X, 2, (2, 4), max_rows=300)
+    assert table.sampled_rows == 300 and table.n_rows == 800 and table.n_groups == n_groups
+    np.testing.assert_allclose(table.rows_objective, rows_fit, rtol=1e-9)
+    np.testing.assert_allclose(table.ratios, ratios, rtol=1e-9)
+    assert "a seeded sample of 300 of the 800 rows" in table.lines()[1]
+
+
+def test_missing_cells_sit_at_the_site_mean_and_the_groups_are_the_sites(blob_rows):
+    """A site's rows with missing cells: grouped and fitted with each at its column's site
+    mean, as the site groups them; the p_site column's groups are those the site builds."""
+    from fedcluster.client_app.data import group_table
+
+    X = blob_rows.copy()
+    X[np.random.default_rng(2).random(X.shape) < 0.1] = np.nan
+    site = SiteData(X, None, None, "site", table=TableFacts(None, "", 0, {"a": 1}))
+    table = gc.site_group_cost(site, 5, (2, 4))
+    missing = np.isnan(X)
+    filled = np.where(missing, np.where(missing, 0.0, X).sum(axis=0) / (~missing).sum(axis=0), X)
+    ratios, *_ = expected_table(filled, 5, (2, 4))
+    np.testing.assert_allclose(table.ratios, ratios, rtol=1e-9)
+    built, _ = group_table.build(site, 5)
+    assert table.n_groups[table.p_values.index(5)] == len(built.counts)
+
+
+def test_p_1_costs_nothing_and_too_few_groups_show_a_dash(blob_rows):
+    X = blob_rows[:60]
+    table = gc.group_cost(X, 1, (2, 7, 12), scale="none")
+    assert table.p_values == (1, 2, 5, 10) and table.n_groups[0] == 60
+    assert table.n_groups[1:] == tuple(group_rows(X, p, grouping_scale(X)).max() + 1
+                                       for p in (2, 5, 10))
+    np.testing.assert_array_equal(table.ratios[:, 0], 1.0)  # every group is one row
+    too_few = np.array(table.k_values)[:, None] > np.array(table.n_groups)[None, :]
+    assert too_few[1:, 3].all() and not too_few[0].any()  # p = 10: at most 6 groups
+    np.testing.assert_array_equal(np.isnan(table.ratios), too_few)
+    lines = table.lines()
+    assert lines[-4].endswith("| -") and lines[-2] == "-: fewer groups than k at that p"
+    assert "the rows as encoded (no scaling)" in lines[1]
+
+
+@pytest.mark.parametrize("text, values", [("2-10", tuple(range(2, 11))), ("4", (4,)),
+                                          ("8, 3,5,3", (3, 5, 8)), (" 2 - 3 ", (2, 3))])
+def test_k_values_are_read_from_text(text, values):
+    assert gc.parse_k_values(text) == values
+
+
+@pytest.mark.parametrize("text, message", [
+    ("5-2", "ends below its start"), ("1-4", "must be >= 2"), ("0", "must be >= 2"),
+    ("two", "a range LO-HI"), ("2-", "a range LO-HI"), ("", "a range LO-HI")])
+def test_a_bad_k_is_refused_with_what_to_write(text, message):
+    with pytest.raises(ValueError, match=message):
+        gc.parse_k_values(text)
+
+
+def test_bad_input_is_refused(blob_rows):
+    with pytest.raises(ValueError, match="too few rows for a cost table: 5, at least 6"):
+        gc.group_cost(blob_rows[:5], 2, (3, 4))
+    with pytest.raises(ValueError, match="scale must be one of"):
+        gc.group_cost(blob_rows, 2, (2,), scale="minmax")
+    with pytest.raises(ValueError, match="min-cluster-size must be an integer >= 1"):
+        gc.group_cost(blob_rows, 0, (2,))
+    with pytest.raises(ValueError, match="integers >= 2"):
+        gc.group_cost(blob_rows, 2, (2.5,))
+    with pytest.raises(ValueError, match="non-finite"):
+        gc.group_cost(np.where(blob_rows > 1e9, 0, np.nan), 2, (2,))
+
+
+# ------------------------------------------------------------------ the site check
+@pytest.fixture(scope="module")
+def clinical(tmp_path_factory):
+    out = tmp_path_factory.mktemp("clinical")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["partition", "--dataset", "clinical", "--num-sites", "3", "--seed", "0",
+                     "--out", str(out)]) == 0
+    return out
+
+
+def site_check(*argv) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["site", "check", *map(str, argv)])
+    return code, out.getvalue() + err.getvalue()
+
+
+def test_site_check_shows_the_cost_table_on_the_clinical_demo(clinical):
+    """The table `fedcluster site check` prints on a clinical demo site, against the same
+    figures computed here from the site's rows (encoded as the check encodes them)."""
+    from fedcluster.client_app.data.schema_table import encode_site_columns
+    from fedcluster.client_app.data.table_files import read_table
+    from fedcluster.common.schema import load_schema
+
+    path, schema = clinical / "site-1.csv", clinical / "schema.toml"
+    code, out = site_check(path, "--schema", schema, "--min-cluster-size", 3, "--cost-k", "2-5")
+    assert code == 0
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Cost of the groups"))
+    assert "computed here from its 565 rows (nothing is sent)" in lines[start]
+    assert lines[start + 2] == "k | p = 2 | p = 3 (this site's) | p = 5 | p = 10"
+    shown = np.array([[float(v) for v in line.split(" | ")[1:]]
+                      for line in lines[start + 3:start + 7]])
+    assert [line.split(" | ")[0] for line in lines[start + 3:start + 8]] == \
+        ["2", "3", "4", "5", "groups"]
+    assert start < next(i for i, line in enumerate(lines) if line.startswith("What a run sends"))
+    # computed here: the site's rows, each missing cell at its column's site mean
+    header, columns = read_table(path)
+    site = encode_site_columns(header, columns, load_schema(schema), str(path), None)[0]
+    X = np.asarray(site.X)
+    missing = np.isnan(X)
+    filled = np.where(missing, np.where(missing, 0.0, X).sum(axis=0) / (~missing).sum(axis=0), X)
+    ratios, *_ = expected_table(filled, 3, (2, 3, 4, 5))
+    assert np.abs(shown - ratios).max() <= 0.0005 + 1e-9
+    assert shown.max() > 1.0  # groups of 10 cost this site something at k = 5
+    # the Python API: the same table, as data
+    from fedcluster.client_app.site_check import report
+
+    found = report(path, load_schema(schema), floor=3, cost_k="2-5")
+    assert found.cost.ratios.shape == (4, 4) and found.text.rstrip("\n") == out.rstrip("\n")
+    np.testing.assert_allclose(found.cost.ratios, ratios, rtol=1e-9)
+
+
+def test_site_check_options_and_too_few_rows(clinical, tmp_path):
+    path, schema = clinical / "site-0.csv", clinical / "schema.toml"
+    code, out = site_check(path, "--schema", schema, "--no-cost-table")
+    assert code == 0 and "Cost of the groups" not in out and "What a run sends" in out
+    code, out = site_check(path, "--schema", schema, "--cost-k", "6-3")
+    assert code == 2 and "the cost table's k range '6-3' ends below its start" in out
+    code, out = site_check(path, "--schema", schema, "--cost-k", "3", "--cost-scale", "none")
+    assert code == 0 and re.search(r"^3 \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3}$", out, re.MULTILINE)
+    assert "the rows as encoded (no scaling)" in out
+    few = tmp_path / "few.csv"
+    text = path.read_text().splitlines()
+    few.write_text("\n".join(text[:4]) + "\n")  # 3 rows
+    code, out = site_check(few, "--schema", schema)
+    assert code == 0
+    assert ("Cost of the groups to this site's own k-means: not computed (3 usable rows; "
+            "at least 4 needed for k = 2)") in out
