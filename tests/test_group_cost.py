@@ -37,46 +37,68 @@ def kmeans(points, k, weights=None, init=None) -> np.ndarray:
     return model.fit(points, sample_weight=weights).cluster_centers_
 
 
-def group_means(Z: np.ndarray, group_of_row: np.ndarray, chosen=None):
-    """The groups' means and sizes, from the group ids (``chosen``: of those groups)."""
+def group_means(X: np.ndarray, group_of_row: np.ndarray, p: int, fill: np.ndarray):
+    """The groups' means as a run sees them, and their sizes, from the group ids: a
+    feature's present cells in a group kept where they number at least p (else all of
+    them count as missing), every missing cell at ``fill``."""
     n_groups = group_of_row.max() + 1
     sizes = np.bincount(group_of_row, minlength=n_groups).astype(float)
-    sums = np.zeros((n_groups, Z.shape[1]))
-    np.add.at(sums, group_of_row, Z)
-    means = sums / sizes[:, None]
-    return (means, sizes) if chosen is None else (means[chosen], sizes[chosen])
+    missing = np.isnan(X)
+    present = np.zeros((n_groups, X.shape[1]))
+    sums = np.zeros((n_groups, X.shape[1]))
+    np.add.at(present, group_of_row, (~missing).astype(float))
+    np.add.at(sums, group_of_row, np.where(missing, 0.0, X))
+    kept = present >= p
+    total = np.where(kept, sums, 0.0) + (sizes[:, None] - np.where(kept, present, 0.0)) * fill
+    return total / sizes[:, None], sizes
 
 
-def expected_table(X, site_p, k_values, max_rows=None):
+def as_site(X: np.ndarray) -> SiteData:
+    return SiteData(X, None, None, "site", table=TableFacts(None, "", 0, {"a": 1}))
+
+
+def expected_table(X, site_p, k_values, max_rows=None, site=None):
     """(ratios, rows' objective, groups' objective, groups per p) as the module's docstring
-    defines them, computed without it."""
+    defines them, computed without it: only the groups' ids come from the site's own
+    grouping (``group_table.build``)."""
+    from fedcluster.client_app.data import group_table
+
+    site = as_site(X) if site is None else site
     n = X.shape[0]
     p_values = sorted({site_p, *gc.EXTRA_P_VALUES})
-    Z_all = StandardScaler().fit_transform(X)
+    missing = np.isnan(X)
+    fill = np.where(missing, 0.0, X).sum(axis=0) / np.maximum((~missing).sum(axis=0), 1)
+    filled = np.where(missing, fill, X)
+    scaler = StandardScaler().fit(filled)
     rng = np.random.default_rng(gc.SEED)
     scored = np.sort(rng.choice(n, max_rows, replace=False)) if max_rows else np.arange(n)
-    Z = Z_all[scored]
+    Z = scaler.transform(filled)[scored]
     points, n_groups = {}, []
     for p in p_values:
-        labels = group_rows(X, p, grouping_scale(X))
-        G = labels.max() + 1
-        n_groups.append(G)
-        chosen = np.sort(rng.choice(G, round(G * max_rows / n), replace=False)) if max_rows \
-            else None
-        points[p] = group_means(Z_all, labels, chosen)
+        if p == 1:
+            n_groups.append(n)
+            continue
+        _, group_of_row = group_table.build(site, p)
+        means, sizes = group_means(X, group_of_row, p, fill)
+        n_groups.append(len(sizes))
+        if max_rows:
+            chosen = np.sort(rng.choice(len(sizes), round(len(sizes) * max_rows / n),
+                                        replace=False))
+            means, sizes = means[chosen], sizes[chosen]
+        points[p] = (scaler.transform(means), sizes)
     groups_fit = np.full((len(k_values), len(p_values)), np.nan)
     rows_fit = np.full(len(k_values), np.nan)
     with threadpool_limits(1):
         for i, k in enumerate(k_values):
             starts = []
             for j, p in enumerate(p_values):
-                means, sizes = points[p]
-                if len(means) >= k:
-                    C = kmeans(means, k, sizes)
+                if p in points and len(points[p][0]) >= k:
+                    C = kmeans(points[p][0], k, points[p][1])
                     starts.append(C)
                     groups_fit[i, j] = objective(Z, C)
             rows_fit[i] = min([objective(Z, kmeans(Z, k))] +
                               [objective(Z, kmeans(Z, k, init=C)) for C in starts])
+            groups_fit[i, [j for j, p in enumerate(p_values) if p == 1]] = rows_fit[i]
     return groups_fit / rows_fit[:, None], rows_fit, groups_fit, tuple(n_groups)
 
 
@@ -121,21 +143,26 @@ def test_a_large_site_is_fitted_on_the_sample_the_docstring_names(blob_rows):
     assert "a seeded sample of 300 of the 800 rows" in table.lines()[1]
 
 
-def test_missing_cells_sit_at_the_site_mean_and_the_groups_are_the_sites(blob_rows):
-    """A site's rows with missing cells: grouped and fitted with each at its column's site
-    mean, as the site groups them; the p_site column's groups are those the site builds."""
+def test_missing_cells_and_lone_cells_sit_at_the_site_mean(blob_rows):
+    """A site's rows with missing cells: grouped with each at its column's site mean, as
+    the site groups them; a group's cells of a column fewer than p (the lone-cell rule)
+    count as missing too, every missing cell at that mean; the p_site column's groups are
+    those the site answers from."""
     from fedcluster.client_app.data import group_table
 
     X = blob_rows.copy()
-    X[np.random.default_rng(2).random(X.shape) < 0.1] = np.nan
-    site = SiteData(X, None, None, "site", table=TableFacts(None, "", 0, {"a": 1}))
-    table = gc.site_group_cost(site, 5, (2, 4))
-    missing = np.isnan(X)
-    filled = np.where(missing, np.where(missing, 0.0, X).sum(axis=0) / (~missing).sum(axis=0), X)
-    ratios, *_ = expected_table(filled, 5, (2, 4))
+    X[np.random.default_rng(2).random(X.shape) < 0.2] = np.nan
+    site = as_site(X)
+    answered, _ = group_table.site_groups(site, 5)
+    assert answered.cells_withheld > 0  # the rule withholds cells here
+    table = gc.group_cost(site, 5, (2, 4), site_groups=answered)
+    ratios, rows_fit, groups_fit, n_groups = expected_table(X, 5, (2, 4), site=site)
+    np.testing.assert_allclose(table.rows_objective, rows_fit, rtol=1e-9)
+    np.testing.assert_allclose(table.groups_objective, groups_fit, rtol=1e-9)
     np.testing.assert_allclose(table.ratios, ratios, rtol=1e-9)
-    built, _ = group_table.build(site, 5)
-    assert table.n_groups[table.p_values.index(5)] == len(built.counts)
+    assert table.n_groups == n_groups and n_groups[1] == answered.n_groups
+    # the same rows as an array (NaN: missing) give the same table
+    np.testing.assert_array_equal(gc.group_cost(X, 5, (2, 4)).ratios, table.ratios)
 
 
 def test_p_1_costs_nothing_and_too_few_groups_show_a_dash(blob_rows):
@@ -176,8 +203,8 @@ def test_bad_input_is_refused(blob_rows):
         gc.group_cost(blob_rows, 0, (2,))
     with pytest.raises(ValueError, match="integers >= 2"):
         gc.group_cost(blob_rows, 2, (2.5,))
-    with pytest.raises(ValueError, match="non-finite"):
-        gc.group_cost(np.where(blob_rows > 1e9, 0, np.nan), 2, (2,))
+    with pytest.raises(ValueError, match="infinite"):
+        gc.group_cost(np.where(blob_rows > 5, np.inf, blob_rows), 2, (2,))
 
 
 # ------------------------------------------------------------------ the site check
@@ -219,10 +246,7 @@ def test_site_check_shows_the_cost_table_on_the_clinical_demo(clinical):
     # computed here: the site's rows, each missing cell at its column's site mean
     header, columns = read_table(path)
     site = encode_site_columns(header, columns, load_schema(schema), str(path), None)[0]
-    X = np.asarray(site.X)
-    missing = np.isnan(X)
-    filled = np.where(missing, np.where(missing, 0.0, X).sum(axis=0) / (~missing).sum(axis=0), X)
-    ratios, *_ = expected_table(filled, 3, (2, 3, 4, 5))
+    ratios, *_ = expected_table(np.asarray(site.X), 3, (2, 3, 4, 5), site=site)
     assert np.abs(shown - ratios).max() <= 0.0005 + 1e-9
     assert shown.max() > 1.0  # groups of 10 cost this site something at k = 5
     # the Python API: the same table, as data

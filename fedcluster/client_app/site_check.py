@@ -186,8 +186,8 @@ def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
     return lines
 
 
-def site_cost(site, floor: int, k_values: tuple[int, ...],
-              cost_scale: str) -> tuple[GroupCostTable | None, list[str]]:
+def site_cost(site, floor: int, k_values: tuple[int, ...], cost_scale: str,
+              groups=None) -> tuple[GroupCostTable | None, list[str]]:
     """The cost table of the site's groups and its lines; with too few rows, None and a
     line that says so (the rest of the check still runs)."""
     need = group_cost.rows_needed(k_values)
@@ -195,7 +195,7 @@ def site_cost(site, floor: int, k_values: tuple[int, ...],
         note = (f"Cost of the groups to this site's own k-means: not computed ({site.n_rows} "
                 f"usable rows; at least {need} needed for k = {k_values[0]})")
         return None, [note, ""]
-    table = group_cost.site_group_cost(site, floor, k_values, cost_scale)
+    table = group_cost.group_cost(site, floor, k_values, scale=cost_scale, site_groups=groups)
     return table, table.lines()
 
 
@@ -209,8 +209,8 @@ def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
     site keeps there (a grown file's, rows waiting included), else made here alone.
     ``cost``: compute the cost table (``data/group_cost.py``) for ``cost_k`` (k values,
     or text as ``"2-10"``) in the space ``cost_scale`` (``"standard"`` or ``"none"``),
-    from the site's rows here, grouped afresh at each p (the groups a site makes when it
-    first groups these rows)."""
+    from the site's rows here: at ``floor`` the groups reported, at the other p the
+    groups the site would make of these rows."""
     from fedcluster.client_app.data import group_table
     from fedcluster.client_app.data.schema_table import encode_site_columns, load_schema_table
     from fedcluster.client_app.data.sql_source import SqlSource
@@ -233,7 +233,8 @@ def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
     else:
         site = encode_site_columns(header, columns, schema, source, declared_units)[0]
     groups, _ = group_table.site_groups(site, floor, cache_dir)
-    cost_table, cost_lines = site_cost(site, floor, cost_k, cost_scale) if cost else (None, [])
+    cost_table, cost_lines = site_cost(site, floor, cost_k, cost_scale, groups) if cost \
+        else (None, [])
     text = format_survey(source, len(columns[0]), seen, table, schema, floor, groups, cost_lines)
     note = cost_lines[0] if cost and cost_table is None else None
     return SiteCheckReport(text, cost_table, note)

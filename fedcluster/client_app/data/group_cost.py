@@ -7,9 +7,11 @@ sending nothing, so that a data officer chooses p (node config ``min-cluster-siz
 knowing it. For each p (the site's own, 2, 5 and 10) and each k (2..10 unless told):
 
 - ``groups``: k-means fitted on the means of the site's groups at that p, each weighted
-  by its rows (the groups ``grouping.group_rows`` makes at p, as the site makes them:
-  a missing cell at its column's site mean, the distances weighted by ``grouping_scale``),
-  the best of ``N_STARTS`` k-means++ starts from ``SEED``;
+  by its rows: the groups ``group_table.build`` makes at p (``grouping.group_rows``, as
+  the site makes them), their means as a run sees them (``SiteGroups.in_run_space``: a
+  cell the lone-cell rule withholds, and every missing cell, at its column's fill), the
+  best of ``N_STARTS`` k-means++ starts from ``SEED``; at the site's own p, the groups
+  the site answers from (``site_groups``: with a cache-dir, its kept version's);
 - ``rows``: the best k-means fit of the site's rows found: the best of ``N_STARTS``
   k-means++ starts on the rows, and of Lloyd on the rows from each p's ``groups``
   centroids (so that no figure falls under 1 by k-means' luck alone);
@@ -17,20 +19,20 @@ knowing it. For each p (the site's own, 2, 5 and 10) and each k (2..10 unless to
 both scored by the k-means objective ON THE ROWS (each row's squared distance to its
 nearest centroid, summed). The figure is ``groups / rows``: 1.000 is no cost, 1.050 a
 clustering 5% worse, in the rows' own terms. Each fit is scikit-learn's ``KMeans``
-(Lloyd), in one thread (the same figures on any machine).
+(Lloyd), in one thread (the same figures on any machine). Above the data's own number
+of clusters k-means has many near-equal optima, and a figure there moves by a percent or
+two with the seeds: read the trend across k and p, not one cell.
 
-The space: the rows z-scored per feature with this site's own means and standard
+The space: a missing cell at its column's site mean (the fill: a run's is the pooled
+mean), then the rows z-scored per feature with this site's own means and standard
 deviations (``scale = "standard"``, as ``scaling.standard_transform`` would with this
-site alone; a constant feature only centred), a missing cell at its column's site mean;
-or, with ``scale="none"``, the rows as encoded. A cell that the lone-cell rule counts as
-missing in a run (``site_groups.withhold_lone_cells``) is at its value here: the table
-measures the grouping, not the fill.
+site alone; a constant feature only centred), or, with ``scale="none"``, as encoded.
 
 A site of more than ``max_rows`` rows (default ``MAX_ROWS``) is still grouped whole (its
 groups are the site's), but fitted and scored on a seeded sample: ``max_rows`` of its
 rows (``np.random.default_rng(SEED).choice(n, max_rows, replace=False)``, sorted), and at
 each p, from the same generator, the same share of its groups (``round(G * max_rows /
-n)`` of them, sorted); the table says so.
+n)`` of them, sorted, in the group table's order); the table says so.
 """
 
 from __future__ import annotations
@@ -41,13 +43,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedcluster.client_app.data.grouping import group_rows, grouping_scale
+from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.mapped_pages import release_pages
+from fedcluster.client_app.site_groups import SiteGroups, TableFacts
 from fedcluster.common import scaling
 
 __all__ = ["DEFAULT_K_VALUES", "EXTRA_P_VALUES", "MAX_ROWS", "N_STARTS", "SEED", "GroupCostTable",
-           "checked_k_values", "cost_p_values", "group_cost", "parse_k_values", "rows_needed",
-           "site_group_cost"]
+           "checked_k_values", "cost_p_values", "group_cost", "parse_k_values", "rows_needed"]
 
 #: The k of the table unless told: a sensible range for a site's own clustering.
 DEFAULT_K_VALUES = tuple(range(2, 11))
@@ -121,8 +124,8 @@ class GroupCostTable:
                 f"{self.n_rows:,} rows (nothing is sent): the k-means objective on the rows of "
                 "centroids fitted on the groups' means (each weighted by its rows) over that of "
                 "the best fit of the rows found; 1.000: no cost, 1.050: 5% worse")
-        how = (f"({space}, a missing cell at its column's site mean; the best of {N_STARTS} "
-               f"seeded k-means++ starts per fit{sample})")
+        how = (f"({space}; a missing cell, and one a group withholds, at its column's site "
+               f"mean; the best of {N_STARTS} seeded k-means++ starts per fit{sample})")
         out = [head, how,
                "k | " + " | ".join(f"p = {p}" + (" (this site's)" if p == self.site_p else "")
                                    for p in self.p_values)]
@@ -183,35 +186,31 @@ def cost_p_values(site_p: int, extra=EXTRA_P_VALUES) -> tuple[int, ...]:
 
 
 def _transform(X: np.ndarray, scale: str) -> scaling.FeatureTransform:
-    """The space of the fits: ``standard`` with this site's own moments, or the rows."""
-    d = X.shape[1]
-    if scale == "none":
-        return scaling.FeatureTransform("none", np.zeros(d), np.ones(d))
-    mean, deviation, m2 = scaling.site_moments(X)
-    return scaling.standard_transform([X.shape[0]], [mean], [deviation], [m2])
-
-
-def _group_means(X: np.ndarray, group_of_row: np.ndarray, chosen: np.ndarray,
-                 transform: scaling.FeatureTransform) -> tuple[np.ndarray, np.ndarray]:
-    """The means (in the fits' space) and rows of the groups ``chosen`` (sorted ids), one
-    chunked pass over ``X`` in file order."""
-    n_groups = int(group_of_row.max()) + 1
-    slot = np.full(n_groups, -1, dtype=np.int64)
-    slot[chosen] = np.arange(chosen.size)
-    d = X.shape[1]
-    sums = np.zeros((chosen.size, d))
-    counts = np.zeros(chosen.size)
-    for start in range(0, X.shape[0], CHUNK_ROWS):
+    """The space of the fits: a missing cell at its column's site mean (of its present
+    cells; 0 where none is), then ``standard`` with the moments of the rows so filled (a
+    filled cell adds nothing to a column's squared deviations), or nothing more. Two
+    chunked passes in file order."""
+    n, d = X.shape
+    present, total = np.zeros(d, dtype=np.int64), np.zeros(d)
+    for start in range(0, n, CHUNK_ROWS):
         block = np.asarray(X[start:start + CHUNK_ROWS])
         release_pages(X)
-        groups = group_of_row[start:start + CHUNK_ROWS]
-        where = slot[np.where(groups >= 0, groups, 0)]
-        keep = (groups >= 0) & (where >= 0)
-        where, block = where[keep], block[keep]
-        counts += np.bincount(where, minlength=chosen.size)
-        for j in range(d):
-            sums[:, j] += np.bincount(where, weights=block[:, j], minlength=chosen.size)
-    return transform.apply(sums / counts[:, None]), counts
+        absent = np.isnan(block)
+        if np.isinf(block).any():
+            raise ValueError("the cost table's rows hold an infinite value")
+        present += (~absent).sum(axis=0)
+        total += np.where(absent, 0.0, block).sum(axis=0)
+    fill = total / np.maximum(present, 1)
+    if scale == "none":
+        return scaling.FeatureTransform.fill_only(fill)
+    deviation, m2 = np.zeros(d), np.zeros(d)
+    for start in range(0, n, CHUNK_ROWS):
+        block = np.asarray(X[start:start + CHUNK_ROWS])
+        release_pages(X)
+        centred = np.where(np.isnan(block), 0.0, block - fill)
+        deviation += centred.sum(axis=0)
+        m2 += np.einsum("ij,ij->j", centred, centred)
+    return scaling.standard_transform([n], [fill], [deviation], [m2]).with_fill(fill)
 
 
 def rows_objective(Z: np.ndarray, centroids: np.ndarray) -> float:
@@ -238,48 +237,73 @@ def _fit(points: np.ndarray, k: int, weights: np.ndarray | None = None,
         return model.fit(points, sample_weight=weights).cluster_centers_
 
 
-def _groups_at(X, p_values, transform, rng, max_rows):
-    """Per p, the site's groups (how many) and the points of the groups' fit: their means
-    (in the fits' space) and rows, of all of them or (``max_rows``: a sample) the same
-    share of them; None where p is 1 or above the rows."""
-    n = X.shape[0]
-    scale = grouping_scale(X) if p_values[-1] > 1 else None
+def _group_points(groups: SiteGroups, transform: scaling.FeatureTransform,
+                  chosen: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The means (in the fits' space, as a run sees them) and rows of the groups
+    (``chosen``: of those, by their place in the table)."""
+    seen = groups.in_run_space(transform)
+    counts = np.asarray(seen.counts, dtype=np.float64)
+    means = np.asarray(seen.sums) / counts[:, None]
+    return (means, counts) if chosen is None else (means[chosen], counts[chosen])
+
+
+def _groups_at(site: SiteData, p_values, site_p: int, site_groups: SiteGroups | None,
+               transform, rng, max_rows: int | None):
+    """Per p, the site's groups (how many) and the points of the groups' fit, of all of
+    them or (``max_rows``: a sample) the same share of them; None where p is 1 or above
+    the rows."""
+    n = site.n_rows
     counts, points = [], []
     for p in p_values:
         if p == 1 or n < p:
             counts.append(n if p == 1 else 0)
             points.append(None)
             continue
-        group_of_row = group_rows(X, p, scale)
-        count = int(group_of_row.max()) + 1
+        groups = site_groups if p == site_p and site_groups is not None \
+            else group_table.build(site, p)[0]
+        count = groups.n_groups
         counts.append(count)
-        chosen = np.arange(count) if max_rows is None else \
+        chosen = None if max_rows is None else \
             np.sort(rng.choice(count, min(count, max(1, round(count * max_rows / n))), replace=False))
-        points.append(_group_means(X, group_of_row, chosen, transform))
+        points.append(_group_points(groups, transform, chosen))
     return tuple(counts), points
 
 
+def as_site(rows) -> SiteData:
+    """A ``SiteData`` of rows given as an array (a missing cell: NaN), as it is."""
+    if isinstance(rows, SiteData):
+        return rows
+    X = np.ascontiguousarray(rows, dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] == 0:
+        raise ValueError(f"the cost table needs rows x features numbers, got shape {X.shape}")
+    missing = int(np.isnan(X).sum())
+    return SiteData(X, None, None, "rows", table=TableFacts(None, "", 0, {"cells": missing}))
+
+
 # ------------------------------------------------------------------ the table
-def group_cost(X: np.ndarray, site_p: int, k_values=DEFAULT_K_VALUES, p_values=None,
-               scale: str = "standard", max_rows: int = MAX_ROWS) -> GroupCostTable:
+def group_cost(site, site_p: int, k_values=DEFAULT_K_VALUES, p_values=None,
+               scale: str = "standard", max_rows: int = MAX_ROWS,
+               site_groups: SiteGroups | None = None) -> GroupCostTable:
     """The cost table of a site's rows (module docstring).
 
     Parameters
     ----------
-    X : np.ndarray of shape (n, d)
-        The site's rows as its grouping sees them: encoded, finite (a missing cell at
-        its column's site mean: :func:`site_group_cost` does that), float64; may be a
-        read-only ``np.memmap`` (read in file order, a chunk at a time).
+    site : SiteData or np.ndarray of shape (n, d)
+        The site's data (its encoded rows ``X``, a missing cell NaN; may be a read-only
+        ``np.memmap``, read in file order a chunk at a time), or its rows as an array.
     site_p : int
         The site's own min-cluster-size p_site (a column of the table).
     k_values : iterable of int, optional
         The numbers of clusters, each >= 2; default 2..10.
     p_values : iterable of int, optional
-        The group sizes; default the site's own, 2, 5 and 10 (:func:`cost_p_values`).
+        The group sizes beside ``site_p``; default 2, 5 and 10 (:func:`cost_p_values`).
     scale : {"standard", "none"}
         The space of the fits (module docstring).
     max_rows : int
         Above this many rows, fit and score on a seeded sample (module docstring).
+    site_groups : SiteGroups, optional
+        The groups the site answers from at ``site_p`` (``group_table.site_groups``);
+        None: made here, as the site first makes them.
 
     Returns
     -------
@@ -289,62 +313,45 @@ def group_cost(X: np.ndarray, site_p: int, k_values=DEFAULT_K_VALUES, p_values=N
     ------
     ValueError
         A k under 2, a p under 1, an unknown ``scale``, ``max_rows`` under 2 x the
-        smallest k, ``X`` not 2-D numeric and finite, or fewer than 2 x the smallest k
-        rows (too few for groups of 2 to make k clusters).
+        smallest k, rows that are not 2-D numbers (or hold an infinity), or fewer than
+        2 x the smallest k rows (too few for groups of 2 to make k clusters).
     """
     k_values = checked_k_values(k_values)
-    p_values = cost_p_values(site_p) if p_values is None else cost_p_values(site_p, p_values)
+    p_values = cost_p_values(site_p, EXTRA_P_VALUES if p_values is None else p_values)
     if scale not in SCALES:
         raise ValueError(f"the cost table's scale must be one of {SCALES}, got {scale!r}")
-    X = X if isinstance(X, np.ndarray) else np.asarray(X)
-    if X.ndim != 2 or X.shape[1] == 0 or X.dtype.kind not in "iuf":
-        raise ValueError(f"the cost table needs rows x features numbers, got {X.dtype} {X.shape}")
-    n = X.shape[0]
-    need = rows_needed(k_values)
+    site = as_site(site)
+    n, need = site.n_rows, rows_needed(k_values)
     if n < need:
         raise ValueError(f"too few rows for a cost table: {n}, at least {need} needed (two "
                          f"per cluster at k = {k_values[0]})")
     if max_rows < need:
         raise ValueError(f"max_rows must be at least {need}, got {max_rows}")
+    X = site.X
     transform = _transform(X, scale)
     rng = np.random.default_rng(SEED)
     sampled = n > max_rows
     scored = np.sort(rng.choice(n, max_rows, replace=False)) if sampled else slice(None)
     Z = np.ascontiguousarray(transform.apply(np.asarray(X[scored])))
-    if not np.isfinite(Z).all():
-        raise ValueError("the cost table's rows hold a non-finite value (fill missing cells first)")
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):  # the same figures on any machine (and no busy threads)
-        n_groups, group_points = _groups_at(X, p_values, transform, rng, max_rows if sampled else None)
+        n_groups, group_points = _groups_at(site, p_values, int(site_p), site_groups,
+                                            transform, rng, max_rows if sampled else None)
         rows_fit = np.full(len(k_values), np.nan)
         groups_fit = np.full((len(k_values), len(p_values)), np.nan)
         for i, k in enumerate(k_values):
             if k > Z.shape[0]:
                 continue
-            fitted = {}  # p -> the groups' centroids
-            for j, p in enumerate(p_values):
-                if p == 1:  # every group is one row: the rows' own fit, below
-                    continue
-                if group_points[j] is not None and k <= group_points[j][0].shape[0]:
-                    means, rows_per_group = group_points[j]
-                    fitted[p] = _fit(means, k, rows_per_group)
-                    groups_fit[i, j] = rows_objective(Z, fitted[p])
+            fitted = []  # each p's groups' centroids
+            for j, points in enumerate(group_points):
+                if points is not None and k <= points[0].shape[0]:
+                    fitted.append(_fit(points[0], k, points[1]))
+                    groups_fit[i, j] = rows_objective(Z, fitted[-1])
             # the rows' best: its own starts, and Lloyd on the rows from each groups' fit
             rows_fit[i] = min([rows_objective(Z, _fit(Z, k))] +
-                              [rows_objective(Z, _fit(Z, k, start=c)) for c in fitted.values()])
+                              [rows_objective(Z, _fit(Z, k, start=c)) for c in fitted])
             groups_fit[i, [j for j, p in enumerate(p_values) if p == 1]] = rows_fit[i]
     ratios = groups_fit / rows_fit[:, None]
     return GroupCostTable(k_values, p_values, int(site_p), ratios, rows_fit, groups_fit,
-                          tuple(n_groups), n, max_rows if sampled else None, scale)
-
-
-def site_group_cost(site, site_p: int, k_values=DEFAULT_K_VALUES, scale: str = "standard",
-                    max_rows: int = MAX_ROWS) -> GroupCostTable:
-    """The cost table of a site's data (``site_data.SiteData``): its rows as its grouping
-    sees them (``group_table``: a missing cell at its column's site mean), grouped at
-    each p as the site groups them (:func:`group_cost`)."""
-    from fedcluster.client_app.data import group_table
-
-    with group_table._grouping_rows(site) as X:
-        return group_cost(X, site_p, k_values, scale=scale, max_rows=max_rows)
+                          n_groups, n, max_rows if sampled else None, scale)
