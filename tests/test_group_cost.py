@@ -273,3 +273,38 @@ def test_site_check_options_and_too_few_rows(clinical, tmp_path):
     assert code == 0
     assert ("Cost of the groups to this site's own k-means: not computed (3 usable rows; "
             "at least 4 needed for k = 2)") in out
+
+
+def test_the_choosing_p_tutorial_shows_what_site_check_prints(tmp_path, monkeypatch):
+    """docs/tutorials/choosing-p.md: its blocks run in order; every `fedcluster site
+    check` it shows prints the text block after it (its parts between `...` lines, in
+    order), and its Python block prints what its comment says."""
+    import shlex
+
+    from test_docs import ROOT, blocks, run_block
+
+    page = ROOT / "docs" / "tutorials" / "choosing-p.md"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDCLUSTER_CACHE_DIR", str(tmp_path / "cache"))
+    found = blocks(page)
+    checks, namespace = 0, {}
+    for block, after in zip(found, found[1:] + [None]):
+        if block.language == "python":
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                run_block(block, tmp_path, namespace)
+            said = block.code.strip().splitlines()[-1].split("# ", 1)[1]
+            assert printed.getvalue().strip() == said, block.where
+        elif block.language == "bash" and "fedcluster site check" in block.code:
+            code, out = site_check(*shlex.split(block.code.strip())[3:])
+            assert code == 0 and after is not None and after.language == "text", block.where
+            position = 0
+            for part in re.split(r"^\.\.\.$\n?", after.code, flags=re.MULTILINE):
+                part = part.strip("\n")
+                if part:
+                    position = out.index(part, position) + len(part)  # ValueError: not shown
+            checks += 1
+        elif block.language == "bash":
+            with contextlib.redirect_stdout(io.StringIO()):
+                run_block(block, tmp_path, namespace)
+    assert checks == 2

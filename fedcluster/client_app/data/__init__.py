@@ -8,7 +8,9 @@ Rows come in (a source read into the memory-mapped cache) and leave as groups:
   database's query result, streamed through the schema into the same cache);
 - **where rows become groups**: ``grouping.py``, ``group_stats.py``, ``group_table.py``
   (``site_groups``: the ``SiteGroups`` every task receives), ``group_entries.py``, and
-  ``versions/`` (a new version of the data only ever discloses groups).
+  ``versions/`` (a new version of the data only ever discloses groups);
+- **what the groups cost**: ``group_cost.py`` (the site check's cost table: k-means on
+  the site's groups against on its rows, for its data officer's eyes; sends nothing).
 
 What leaves this package is a ``SiteGroups`` (``client_app/site_groups.py``, which holds
 no row) or, for differential privacy alone, ``ClippedRows`` (``client_app/private_rows.py``).
