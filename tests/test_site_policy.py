@@ -235,13 +235,14 @@ def test_site_policies_on_real_site_processes(bed, tmp_path):
     # (rounds-left), so had the count not persisted across the fresh ClientApp process
     # of every message, site 1 would have been asked (and answered) every round.
     assert sorted(failures) == ["2"] and model.metrics["sites-at-max-rounds"] == {"1": 2}
-    # (describe with bounds, lloyd, lloyd, evaluate: the run converged, so the
-    # evaluation's distances gave Davies-Bouldin without a second pass; then Table 1's
-    # two profile rounds, site 1 at its limit)
+    # (describe with bounds, lloyd, lloyd, evaluate, then the distances for Davies-Bouldin:
+    # site 0's groups of 10 split by their spread in training, so the centroids are not
+    # the evaluation's means of whole groups; then Table 1's two profile rounds, site 1
+    # at its limit)
     assert [h["task"] for h in model.history] == ["describe+bounds", "lloyd", "lloyd", "evaluate",
-                                                  "profile", "profile"]
-    assert [h["sites-answered"] for h in model.history] == [2, 2, 1, 1, 1, 1]
-    assert [h["sites-asked"] for h in model.history] == [3, 2, 1, 1, 1, 1]
+                                                  "evaluate_distances", "profile", "profile"]
+    assert [h["sites-answered"] for h in model.history] == [2, 2, 1, 1, 1, 1, 1]
+    assert [h["sites-asked"] for h in model.history] == [3, 2, 1, 1, 1, 1, 1]
     assert sorted(model.metrics["per-site"]) == ["0"]
     # the refusing site says so in its own log (its ClientApp processes log there)
     assert "refused" not in procs["supernode-1"].log_text()

@@ -168,7 +168,7 @@ def update_centroids(C: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.
     return new
 
 
-def lloyd(X, C0, max_iter: int, tol: float, weights=None, scatter=None):
+def lloyd(X, C0, max_iter: int, tol: float, weights=None, scatter=None, variances=None):
     """Lloyd iterations from given centroids.
 
     Each iteration computes ``sums, counts, sse = lloyd_stats(X, C, weights, scatter)``
@@ -192,12 +192,15 @@ def lloyd(X, C0, max_iter: int, tol: float, weights=None, scatter=None):
     weights, scatter : array_like of shape (n,), optional
         Rows of ``X`` as groups (``kernels.lloyd_stats``): each counts ``weights``
         rows. None: rows.
+    variances : array_like of shape (n, d), optional
+        The groups' per-feature variances: a group near a boundary is split as its
+        spread says (``kernels.spread``); the counts are then float64 expected rows.
 
     Returns
     -------
     C : ndarray of shape (k, d), float64
         Centroids after the last update.
-    counts : ndarray of shape (k,), int64
+    counts : ndarray of shape (k,), int64 (float64 with ``variances``)
         Cluster sizes (in rows) of the **last assignment**, i.e. the rows whose mean
         each returned row of ``C`` is (0: the row is the kept centroid of an
         empty cluster).  No extra assignment is made after the last update.
@@ -218,7 +221,7 @@ def lloyd(X, C0, max_iter: int, tol: float, weights=None, scatter=None):
     n_iter = 0
     counts = np.zeros(C.shape[0], dtype=np.int64)
     for n_iter in range(1, max_iter + 1):
-        sums, counts, _ = kernels.lloyd_stats(X, C, weights, scatter)
+        sums, counts, _ = kernels.lloyd_stats(X, C, weights, scatter, variances)
         new = update_centroids(C, sums, counts)
         shift = frobenius(new - C)
         C = new
@@ -228,7 +231,7 @@ def lloyd(X, C0, max_iter: int, tol: float, weights=None, scatter=None):
 
 
 def local_kmeans(X, k: int, seed, max_iter: int = 300, tol: float = 1e-4, weights=None,
-                 scatter=None):
+                 scatter=None, variances=None):
     """k-means on one site: k-means++ seeding, then Lloyd to convergence.
 
     Parameters
@@ -242,7 +245,7 @@ def local_kmeans(X, k: int, seed, max_iter: int = 300, tol: float = 1e-4, weight
         Seed of the k-means++ seeding (the only randomness).
     max_iter, tol
         As in :func:`lloyd` (absolute tolerance on the centroid movement).
-    weights, scatter : optional
+    weights, scatter, variances : optional
         Rows of ``X`` as groups (:func:`lloyd`), in the seeding and the iterations.
 
     Returns
@@ -257,5 +260,5 @@ def local_kmeans(X, k: int, seed, max_iter: int = 300, tol: float = 1e-4, weight
         raise ValueError(f"k must be >= 1, got {k}")
     k = min(k, X.shape[0])
     C0 = kmeans_plusplus(X, k, seed, weights)
-    C, counts, _ = lloyd(X, C0, max_iter, tol, weights, scatter)
+    C, counts, _ = lloyd(X, C0, max_iter, tol, weights, scatter, variances)
     return C, counts

@@ -59,6 +59,7 @@ from flwr.common.logger import log
 
 from fedcluster.common import kernels, protocol
 from fedcluster.common.kernels import fuzzy as fuzzy_kernels
+from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE, spread_minibatch_epoch
 
 from fedcluster.client_app import local_kmeans as local
 from fedcluster.client_app.site_groups import SiteGroups
@@ -73,6 +74,33 @@ def _weights(groups: SiteGroups) -> tuple[np.ndarray | None, np.ndarray | None]:
     """The kernels' (weights, scatter) of the groups; None for rows (p_site = 1), which
     keeps every kernel the row-level one, bit for bit."""
     return (None, None) if groups.singletons else (groups.counts, groups.scatter)
+
+
+def _split_weights(groups: SiteGroups) -> tuple:
+    """The Lloyd kernels' (weights, scatter, variances) of the groups: at p_site >=
+    ``spread.SPREAD_MIN_SIZE`` with each group's per-feature variance, so that a group
+    near a boundary is split between its two nearest centroids as its spread says
+    (``kernels/spread.py``); below, (weights, scatter, None): groups assigned whole (at
+    p_site = 2 a group's per-feature spread would give its two rows' values back)."""
+    weights, scatter = _weights(groups)
+    if weights is None or groups.min_size < SPREAD_MIN_SIZE or groups.m2 is None:
+        return weights, scatter, None
+    return weights, scatter, groups.m2 / groups.counts[:, None]
+
+
+def _in_rows(counts: np.ndarray) -> np.ndarray:
+    """Cluster sizes as the replies carry them: whole rows. Expected counts (split
+    groups) are rounded by largest remainder, so that they add up to the site's rows as
+    whole groups' counts do (the server checks that no reply counts more rows than the
+    site holds)."""
+    counts = np.asarray(counts)
+    if counts.dtype.kind in "iu":
+        return counts.astype(np.int64)
+    whole = np.floor(counts)
+    short = int(round(float(counts.sum()) - float(whole.sum())))
+    if short > 0:  # the largest fractions take a row each (ties: the lowest index)
+        whole[np.argsort(-(counts - whole), kind="stable")[:short]] += 1
+    return whole.astype(np.int64)
 
 
 def _min_groups(params) -> int:
@@ -112,11 +140,12 @@ def local_kmeans_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRep
     if k_local < 1:
         raise TaskError(f"task parameter 'k-local' must be >= 1, got {k_local}")
     min_groups = _min_groups(params)
-    weights, scatter = _weights(groups)
+    weights, scatter, variances = _split_weights(groups)
     centroids, counts = local.local_kmeans(groups.means, k_local, seed, weights=weights,
-                                           scatter=scatter)
+                                           scatter=scatter, variances=variances)
+    counts = _in_rows(counts)
     keep = (counts >= floor) & ~_too_few_groups(groups, centroids, counts, min_groups)
-    return TaskReply(arrays=protocol.ClusterMeans(centroids[keep], counts[keep].astype(np.int64)))
+    return TaskReply(arrays=protocol.ClusterMeans(centroids[keep], counts[keep]))
 
 
 def _continue_lloyd(groups: SiteGroups, C, sums, counts, local_iters: int, tol: float):
@@ -125,8 +154,9 @@ def _continue_lloyd(groups: SiteGroups, C, sums, counts, local_iters: int, tol: 
     sizes of the last assignment."""
     local_C = local.update_centroids(C, sums, counts)
     if local_iters > 1 and kernels.frobenius(local_C - C) >= tol:
-        local_C, counts, _ = local.lloyd(groups.means, local_C, local_iters - 1, tol, *_weights(groups))
-    return local_C, counts
+        local_C, counts, _ = local.lloyd(groups.means, local_C, local_iters - 1, tol,
+                                         *_split_weights(groups))
+    return local_C, _in_rows(counts)
 
 
 def lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
@@ -138,8 +168,9 @@ def lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     min_groups = _min_groups(params)
     # The weights are counted against the RECEIVED centroids (DWF paper, Fig. 1); the
     # first Lloyd pass needs exactly these statistics, so they are computed once.
-    sums, weights, sse = kernels.lloyd_stats(groups.means, C, *_weights(groups))
+    sums, weights, sse = kernels.lloyd_stats(groups.means, C, *_split_weights(groups))
     local_C, last_counts = _continue_lloyd(groups, C, sums, weights, local_iters, tol)
+    weights = _in_rows(weights)
     # A cluster is reported only if both its weight and the member set of its reported
     # mean reach the floor.
     last_counts = np.where((weights < floor) | _too_few_groups(groups, C, weights, min_groups),
@@ -167,16 +198,20 @@ def minibatch_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     full = batch == 0 or batch >= groups.n_rows
     in_groups = n_groups if full else max(1, round(batch * n_groups / groups.n_rows))
     rng = np.random.default_rng(seed)  # per site and round: the server sends the seed
-    weights, scatter = _weights(groups)
+    weights, scatter, variances = _split_weights(groups)
     metrics = {}
     if full:  # the score of the received centroids costs one more pass only with batches
-        metrics["sse"] = kernels.lloyd_stats(groups.means, C, weights, scatter)[2]
+        metrics["sse"] = kernels.lloyd_stats(groups.means, C, weights, scatter, variances)[2]
     gamma = C.copy()
     for _ in range(epochs):
         # A full batch's order does not change the result; skip the permutation.
         order = np.arange(n_groups) if full else rng.permutation(n_groups)
-        lam = kernels.minibatch_epoch(groups.means, order, in_groups, gamma, beta, weights)
-    lam, gamma = apply_privacy_floor(lam, gamma, C, floor)
+        if variances is None:
+            lam = kernels.minibatch_epoch(groups.means, order, in_groups, gamma, beta, weights)
+        else:
+            lam = spread_minibatch_epoch(groups.means, order, in_groups, gamma, beta,
+                                         weights, variances, scatter)
+    lam, gamma = apply_privacy_floor(_in_rows(lam), gamma, C, floor)
     if protocol.FAR_ROWS in params:  # where the server re-seeds a dead cluster
         far = farthest_groups(groups, C, task_param(params, protocol.FAR_ROWS, int), floor)
         return TaskReply(arrays=protocol.ClusterMeansAndFar(gamma, lam, *far), metrics=metrics)
@@ -229,7 +264,7 @@ def prune_lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRepl
     prune = bool(params.get("prune", True))
     if local_iters < 1:
         raise TaskError(f"task parameter 'local-iters' must be >= 1, got {local_iters}")
-    sums, counts, sse = kernels.lloyd_stats(groups.means, C, *_weights(groups))
+    sums, counts, sse = kernels.lloyd_stats(groups.means, C, *_split_weights(groups))
     if prune:
         # Drop the global clusters with no local member (FKM, Algorithm 1 lines 14-16).
         # They had no member, so assigning to the rest gives the same statistics.
@@ -237,7 +272,7 @@ def prune_lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRepl
         C, sums, counts = C[kept], sums[kept], counts[kept]
     local_C, counts = _continue_lloyd(groups, C, sums, counts, local_iters, tol)
     keep = counts >= floor
-    return TaskReply(arrays=protocol.ClusterMeans(local_C[keep], counts[keep].astype(np.int64)),
+    return TaskReply(arrays=protocol.ClusterMeans(local_C[keep], counts[keep]),
                      metrics={"sse": float(sse)})
 
 
@@ -279,7 +314,7 @@ def gtv_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     if alpha < 0 or local_iters < 1 or tol < 0:
         raise TaskError(f"bad gtv parameters: alpha {alpha}, local-iters {local_iters}, tol {tol}")
     refuse_under_floor(groups, floor, "it keeps no centroids of its own")
-    weights, scatter = _weights(groups)
+    weights, scatter, variances = _split_weights(groups)
     first_round = arrays.own is None
     if first_round:
         k = task_param(params, "n-clusters", int)
@@ -299,7 +334,7 @@ def gtv_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
             raise TaskError("the neighbours' centroids sent by the server are not all finite")
     moved = np.zeros(W.shape[0], dtype=bool)  # round 0: updated from >= p rows at least once
     update = lambda W: kernels.gtv_update(groups.means, W, neighbours, alpha, floor,  # noqa: E731
-                                          weights, scatter)
+                                          weights, scatter, variances)
     W_new, counts, sse, gtv = update(W)
     objective = sse + alpha * gtv
     for _ in range(local_iters):
@@ -312,7 +347,8 @@ def gtv_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     if first_round and not moved.all():
         W[~moved] = (groups.means * groups.counts[:, None]).sum(axis=0) / groups.n_rows
         _, counts, sse, gtv = update(W)
-    counts = np.where(counts >= floor, counts, 0).astype(np.int64)
+    counts = _in_rows(counts)
+    counts = np.where(counts >= floor, counts, 0)
     return TaskReply(arrays=protocol.ClusterMeans(W, counts), metrics={"sse": float(sse), "gtv": float(gtv)})
 
 

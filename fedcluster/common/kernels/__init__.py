@@ -223,13 +223,17 @@ def assign(X, C) -> tuple[np.ndarray, np.ndarray]:
     return _blocked("_assign_impl", X, C)
 
 
-def lloyd_stats(X, C, weights=None, scatter=None) -> tuple[np.ndarray, np.ndarray, float]:
+def lloyd_stats(X, C, weights=None, scatter=None,
+                variances=None) -> tuple[np.ndarray, np.ndarray, float]:
     """Sufficient statistics of one Lloyd step: assign, then sum per cluster.
 
     With ``weights`` (int, >= 1) and ``scatter``, row i of ``X`` is the mean of a group
     of ``weights[i]`` rows whose squared deviations from it add up to ``scatter[i]``:
     the group is assigned whole, counts ``weights[i]`` rows and adds its exact SSE
     ``scatter[i] + weights[i] ||x_i - c||^2``. Without them every row is a group of one.
+    With ``variances`` too ((n, d), each group's per-feature variance), a group near the
+    boundary of its two nearest centroids is split between them as its spread says
+    (:func:`~fedcluster.common.kernels.spread.spread_lloyd_stats`; counts then float64).
 
     Bit-identical for any number of Numba threads (blocked partials reduced
     serially in block order, see :func:`block_rows`).
@@ -258,6 +262,9 @@ def lloyd_stats(X, C, weights=None, scatter=None) -> tuple[np.ndarray, np.ndarra
     X = _check_X(X)
     C = _check_centres(C, X)
     w, s = _group_weights(X, weights, scatter)
+    if variances is not None:
+        from fedcluster.common.kernels.spread import spread_lloyd_stats
+        return spread_lloyd_stats(X, C, w, variances, s)
     if small_work.small(X, C.shape[0]):
         return small_work.lloyd_stats(X, C, w, s)
     sums, counts, sse = _blocked("_lloyd_stats_impl", X, w, s, C)
@@ -387,7 +394,8 @@ def distance_to_means(X, C, means, weights=None):
     return _blocked("_distance_to_means_impl", X, w, C, means)
 
 
-def gtv_update(X, W, N, alpha: float, floor: int = 1, weights=None, scatter=None):
+def gtv_update(X, W, N, alpha: float, floor: int = 1, weights=None, scatter=None,
+               variances=None):
     """One GTVMin k-means update of a site's centroids (Jung; docs/explanation/algorithms.md section 6).
 
     E1 assigns the local rows to ``W`` (the Lloyd kernel: sums and counts); E2 links each
@@ -407,14 +415,14 @@ def gtv_update(X, W, N, alpha: float, floor: int = 1, weights=None, scatter=None
     N : (deg, k, d) the neighbours' centroids (deg may be 0)
     alpha : float >= 0, the GTV penalty weight
     floor : int >= 1
-    weights, scatter : optional
+    weights, scatter, variances : optional
         As for :func:`lloyd_stats`: the rows of ``X`` are groups' means (E1 assigns each
-        group whole)
+        group whole; with ``variances``, splits a group near a boundary by its spread)
 
     Returns
     -------
     W_new : (k, d) float64
-    counts : (k,) int64, the sizes of the assignment to ``W``
+    counts : (k,) int64 (float64 with ``variances``), the sizes of the assignment to ``W``
     sse : float, the local loss L_i(W)
     gtv : float, sum over neighbours of d(i, i') at ``W``
     """
@@ -426,7 +434,7 @@ def gtv_update(X, W, N, alpha: float, floor: int = 1, weights=None, scatter=None
         raise ValueError(f"N must be (deg, k, {W.shape[1]}), got shape {N.shape}")
     if not alpha >= 0.0:
         raise ValueError(f"alpha must be >= 0, got {alpha}")
-    sums, counts, sse = lloyd_stats(X, W, weights, scatter)
+    sums, counts, sse = lloyd_stats(X, W, weights, scatter, variances)
     m_step = (small_work.gtv_m_step if small_work.small(X, W.shape[0])
               else _compiled_kernels()._gtv_m_step_impl)
     W_new, gtv = m_step(W, N, sums, counts, float(alpha), int(floor))
