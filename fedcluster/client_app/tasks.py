@@ -59,48 +59,16 @@ from flwr.common.logger import log
 
 from fedcluster.common import kernels, protocol
 from fedcluster.common.kernels import fuzzy as fuzzy_kernels
-from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE, spread_minibatch_epoch
+from fedcluster.common.kernels.spread import spread_minibatch_epoch
 
 from fedcluster.client_app import local_kmeans as local
+from fedcluster.client_app.group_weights import in_rows, kernel_weights, split_weights
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.site_profile import profile_task
 from fedcluster.client_app.site_statistics import bounds, describe, impute_stats, stats
 from fedcluster.client_app.task_io import (
     TaskError, TaskReply, apply_privacy_floor, received_centroids, refuse_under_floor, task_param,
 )
-
-
-def _weights(groups: SiteGroups) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The kernels' (weights, scatter) of the groups; None for rows (p_site = 1), which
-    keeps every kernel the row-level one, bit for bit."""
-    return (None, None) if groups.singletons else (groups.counts, groups.scatter)
-
-
-def _split_weights(groups: SiteGroups) -> tuple:
-    """The Lloyd kernels' (weights, scatter, variances) of the groups: at p_site >=
-    ``spread.SPREAD_MIN_SIZE`` with each group's per-feature variance, so that a group
-    near a boundary is split between its two nearest centroids as its spread says
-    (``kernels/spread.py``); below, (weights, scatter, None): groups assigned whole (at
-    p_site = 2 a group's per-feature spread would give its two rows' values back)."""
-    weights, scatter = _weights(groups)
-    if weights is None or groups.min_size < SPREAD_MIN_SIZE or groups.m2 is None:
-        return weights, scatter, None
-    return weights, scatter, groups.m2 / groups.counts[:, None]
-
-
-def _in_rows(counts: np.ndarray) -> np.ndarray:
-    """Cluster sizes as the replies carry them: whole rows. Expected counts (split
-    groups) are rounded by largest remainder, so that they add up to the site's rows as
-    whole groups' counts do (the server checks that no reply counts more rows than the
-    site holds)."""
-    counts = np.asarray(counts)
-    if counts.dtype.kind in "iu":
-        return counts.astype(np.int64)
-    whole = np.floor(counts)
-    short = int(round(float(counts.sum()) - float(whole.sum())))
-    if short > 0:  # the largest fractions take a row each (ties: the lowest index)
-        whole[np.argsort(-(counts - whole), kind="stable")[:short]] += 1
-    return whole.astype(np.int64)
 
 
 def _min_groups(params) -> int:
@@ -140,10 +108,10 @@ def local_kmeans_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRep
     if k_local < 1:
         raise TaskError(f"task parameter 'k-local' must be >= 1, got {k_local}")
     min_groups = _min_groups(params)
-    weights, scatter, variances = _split_weights(groups)
+    weights, scatter, variances = split_weights(groups)
     centroids, counts = local.local_kmeans(groups.means, k_local, seed, weights=weights,
                                            scatter=scatter, variances=variances)
-    counts = _in_rows(counts)
+    counts = in_rows(counts)
     keep = (counts >= floor) & ~_too_few_groups(groups, centroids, counts, min_groups)
     return TaskReply(arrays=protocol.ClusterMeans(centroids[keep], counts[keep]))
 
@@ -155,8 +123,8 @@ def _continue_lloyd(groups: SiteGroups, C, sums, counts, local_iters: int, tol: 
     local_C = local.update_centroids(C, sums, counts)
     if local_iters > 1 and kernels.frobenius(local_C - C) >= tol:
         local_C, counts, _ = local.lloyd(groups.means, local_C, local_iters - 1, tol,
-                                         *_split_weights(groups))
-    return local_C, _in_rows(counts)
+                                         *split_weights(groups))
+    return local_C, in_rows(counts)
 
 
 def lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
@@ -168,9 +136,9 @@ def lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     min_groups = _min_groups(params)
     # The weights are counted against the RECEIVED centroids (DWF paper, Fig. 1); the
     # first Lloyd pass needs exactly these statistics, so they are computed once.
-    sums, weights, sse = kernels.lloyd_stats(groups.means, C, *_split_weights(groups))
+    sums, weights, sse = kernels.lloyd_stats(groups.means, C, *split_weights(groups))
     local_C, last_counts = _continue_lloyd(groups, C, sums, weights, local_iters, tol)
-    weights = _in_rows(weights)
+    weights = in_rows(weights)
     # A cluster is reported only if both its weight and the member set of its reported
     # mean reach the floor.
     last_counts = np.where((weights < floor) | _too_few_groups(groups, C, weights, min_groups),
@@ -198,7 +166,7 @@ def minibatch_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     full = batch == 0 or batch >= groups.n_rows
     in_groups = n_groups if full else max(1, round(batch * n_groups / groups.n_rows))
     rng = np.random.default_rng(seed)  # per site and round: the server sends the seed
-    weights, scatter, variances = _split_weights(groups)
+    weights, scatter, variances = split_weights(groups)
     metrics = {}
     if full:  # the score of the received centroids costs one more pass only with batches
         metrics["sse"] = kernels.lloyd_stats(groups.means, C, weights, scatter, variances)[2]
@@ -211,7 +179,7 @@ def minibatch_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
         else:
             lam = spread_minibatch_epoch(groups.means, order, in_groups, gamma, beta,
                                          weights, variances, scatter)
-    lam, gamma = apply_privacy_floor(_in_rows(lam), gamma, C, floor)
+    lam, gamma = apply_privacy_floor(in_rows(lam), gamma, C, floor)
     if protocol.FAR_ROWS in params:  # where the server re-seeds a dead cluster
         far = farthest_groups(groups, C, task_param(params, protocol.FAR_ROWS, int), floor)
         return TaskReply(arrays=protocol.ClusterMeansAndFar(gamma, lam, *far), metrics=metrics)
@@ -234,7 +202,7 @@ def farthest_groups(groups: SiteGroups, C: np.ndarray, rows: int,
 
 def _means_of_kept(groups: SiteGroups, seeds: np.ndarray, floor: int) -> TaskReply:
     """Means and sizes of the clusters of ``seeds`` that have at least ``floor`` rows."""
-    sums, counts, _ = kernels.lloyd_stats(groups.means, seeds, *_weights(groups))
+    sums, counts, _ = kernels.lloyd_stats(groups.means, seeds, *kernel_weights(groups))
     keep = (counts >= floor) & (counts > 0)
     means = sums[keep] / counts[keep, None]
     return TaskReply(arrays=protocol.ClusterMeans(means, counts[keep].astype(np.int64)))
@@ -248,7 +216,7 @@ def kmeanspp_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
         raise TaskError(f"task parameter 'k-local' must be >= 1, got {k}")
     k = min(k, groups.n_groups)
     if method == "kmeans++":
-        seeds = local.kmeans_plusplus(groups.means, k, seed, _weights(groups)[0])
+        seeds = local.kmeans_plusplus(groups.means, k, seed, kernel_weights(groups)[0])
     elif method == "random":
         picked = np.random.default_rng(seed).choice(groups.n_groups, size=k, replace=False)
         seeds = np.asarray(groups.means[np.sort(picked)], dtype=np.float64)
@@ -264,7 +232,7 @@ def prune_lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRepl
     prune = bool(params.get("prune", True))
     if local_iters < 1:
         raise TaskError(f"task parameter 'local-iters' must be >= 1, got {local_iters}")
-    sums, counts, sse = kernels.lloyd_stats(groups.means, C, *_split_weights(groups))
+    sums, counts, sse = kernels.lloyd_stats(groups.means, C, *split_weights(groups))
     if prune:
         # Drop the global clusters with no local member (FKM, Algorithm 1 lines 14-16).
         # They had no member, so assigning to the rest gives the same statistics.
@@ -289,7 +257,7 @@ def fcm_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
         raise TaskError(f"bad fuzzy c-means parameters: fuzzifier {m}, local-iters {local_iters}")
     centres = C.copy()
     for _ in range(local_iters):
-        sums, weights, hard = fuzzy_kernels.fcm_stats(groups.means, centres, m, _weights(groups)[0],
+        sums, weights, hard = fuzzy_kernels.fcm_stats(groups.means, centres, m, kernel_weights(groups)[0],
                                                       _spread_per_row(groups))
         centres = local.update_centroids(centres, sums, weights)
     hidden = hard < floor
@@ -314,7 +282,7 @@ def gtv_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     if alpha < 0 or local_iters < 1 or tol < 0:
         raise TaskError(f"bad gtv parameters: alpha {alpha}, local-iters {local_iters}, tol {tol}")
     refuse_under_floor(groups, floor, "it keeps no centroids of its own")
-    weights, scatter, variances = _split_weights(groups)
+    weights, scatter, variances = split_weights(groups)
     first_round = arrays.own is None
     if first_round:
         k = task_param(params, "n-clusters", int)
@@ -347,7 +315,7 @@ def gtv_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     if first_round and not moved.all():
         W[~moved] = (groups.means * groups.counts[:, None]).sum(axis=0) / groups.n_rows
         _, counts, sse, gtv = update(W)
-    counts = _in_rows(counts)
+    counts = in_rows(counts)
     counts = np.where(counts >= floor, counts, 0)
     return TaskReply(arrays=protocol.ClusterMeans(W, counts), metrics={"sse": float(sse), "gtv": float(gtv)})
 
@@ -358,7 +326,7 @@ def evaluate_sets_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRe
     sets = np.asarray(arrays.sets)
     if sets.ndim != 3:
         raise TaskError("evaluate_sets needs one (sets, k, d) array")
-    weights, scatter = _weights(groups)
+    weights, scatter = kernel_weights(groups)
     sse = np.array([kernels.lloyd_stats(groups.means, received_centroids(W, groups),
                                         weights, scatter)[2] for W in sets])
     return TaskReply(arrays=protocol.SetScores(sse.astype(np.float64)))
@@ -396,7 +364,7 @@ def evaluate(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     Per cluster every figure is of the groups' means and rows (silhouette distances,
     squared norms, distances): a group's spread enters only the site's totals."""
     C = received_centroids(arrays.centroids, groups)
-    weights, scatter = _weights(groups)
+    weights, scatter = kernel_weights(groups)
     sums, counts, sqnorms, sse, silhouette = kernels.evaluation_stats(groups.means, C, weights, scatter)
     # The site's own figures, unfiltered, stay in the site's own log.
     log(logging.INFO, "site %s: score %.6g, cluster sizes %s", groups.source,
@@ -444,7 +412,7 @@ def evaluate_distances(groups: SiteGroups, arrays, params, floor: int) -> TaskRe
     (a group's rows at its mean's distance)."""
     C = received_centroids(arrays.centroids, groups)
     means = received_centroids(arrays.means, groups)
-    distances, counts = kernels.distance_to_means(groups.means, C, means, _weights(groups)[0])
+    distances, counts = kernels.distance_to_means(groups.means, C, means, kernel_weights(groups)[0])
     distances[counts < floor] = 0.0
     return TaskReply(arrays=protocol.Distances(distances))
 

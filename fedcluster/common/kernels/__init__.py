@@ -31,15 +31,13 @@ sums and SSE are accumulated in float64 whatever the input dtype.
 
 Empty clusters
 --------------
-A kernel never relocates anything: a cluster that receives no row has count
-0 and sums 0.  The policy for empty clusters lives in
-:mod:`fedcluster.client_app.local_kmeans` (an empty cluster keeps its centroid).
+A kernel never relocates anything: a cluster that receives no row has count 0 and sums
+0 (the policy: :mod:`fedcluster.client_app.local_kmeans`, an empty one keeps its centroid).
 
 Non-finite input
 ----------------
-There is deliberately no ``nnan``/``ninf`` fast-math flag, so NaN propagates
-as IEEE says: a row containing NaN gets label 0, distance NaN, and makes the
-SSE NaN, which callers can detect.  The wrappers do not scan for NaN.
+No ``nnan``/``ninf`` fast-math flag: NaN propagates as IEEE says (a NaN row gets label
+0, distance NaN, a NaN SSE callers can detect). The wrappers do not scan for NaN.
 """
 
 from __future__ import annotations
@@ -231,9 +229,8 @@ def lloyd_stats(X, C, weights=None, scatter=None,
     of ``weights[i]`` rows whose squared deviations from it add up to ``scatter[i]``:
     the group is assigned whole, counts ``weights[i]`` rows and adds its exact SSE
     ``scatter[i] + weights[i] ||x_i - c||^2``. Without them every row is a group of one.
-    With ``variances`` too ((n, d), each group's per-feature variance), a group near the
-    boundary of its two nearest centroids is split between them as its spread says
-    (:func:`~fedcluster.common.kernels.spread.spread_lloyd_stats`; counts then float64).
+    With ``variances`` ((n, d)) a group near a boundary is split by its spread
+    (:func:`~fedcluster.common.kernels.spread.spread_lloyd_stats`; float64 counts).
 
     Bit-identical for any number of Numba threads (blocked partials reduced
     serially in block order, see :func:`block_rows`).
@@ -262,9 +259,8 @@ def lloyd_stats(X, C, weights=None, scatter=None,
     X = _check_X(X)
     C = _check_centres(C, X)
     w, s = _group_weights(X, weights, scatter)
-    if variances is not None:
-        from fedcluster.common.kernels.spread import spread_lloyd_stats
-        return spread_lloyd_stats(X, C, w, variances, s)
+    if variances is not None:  # (imported here: the spread module imports this package)
+        return importlib.import_module(f"{__name__}.spread").spread_lloyd_stats(X, C, w, variances, s)
     if small_work.small(X, C.shape[0]):
         return small_work.lloyd_stats(X, C, w, s)
     sums, counts, sse = _blocked("_lloyd_stats_impl", X, w, s, C)
@@ -394,8 +390,7 @@ def distance_to_means(X, C, means, weights=None):
     return _blocked("_distance_to_means_impl", X, w, C, means)
 
 
-def gtv_update(X, W, N, alpha: float, floor: int = 1, weights=None, scatter=None,
-               variances=None):
+def gtv_update(X, W, N, alpha: float, floor: int = 1, weights=None, scatter=None, variances=None):
     """One GTVMin k-means update of a site's centroids (Jung; docs/explanation/algorithms.md section 6).
 
     E1 assigns the local rows to ``W`` (the Lloyd kernel: sums and counts); E2 links each
