@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 
 import fedcluster  # noqa: E402
+from fedcluster.common.config import run_config_defaults
 from fedcluster.common.datasets import partition  # noqa: E402
 
 SITES = 5
@@ -162,7 +163,9 @@ def sse(X: np.ndarray, C: np.ndarray) -> float:
 
 
 def run(sites, k, algorithm, mode, floor, X, central, extra: dict,
-        site_floor: int = 2, seed: int = 0) -> tuple[float, int]:
+        site_floor: int = 2, seed: int = 0) -> tuple[float, int, bool]:
+    """(score, all the run's rounds, whether its best repetition used every one of its
+    ``num-rounds`` update rounds: it stopped at the cap, not on ``tol``)."""
     config = {"algorithm": algorithm, "n_clusters": k, "min_cluster_size": floor, "seed": seed,
               "central_baseline": False, "site_config": {"min-cluster-size": site_floor},
               **extra}
@@ -182,7 +185,8 @@ def run(sites, k, algorithm, mode, floor, X, central, extra: dict,
         warnings.simplefilter("ignore")
         result = fedcluster.simulate(sites, **config)
     score = fuzzy_objective(X, result.centroids) if algorithm == "ffcm" else sse(X, result.centroids)
-    return score, len(result.history)
+    cap = int(config.get("num_rounds", run_config_defaults()["num-rounds"]))
+    return score, len(result.history), result.metrics["rounds"] >= cap
 
 
 def table(rows: list[dict], key: str, groups: list[tuple]) -> list[str]:
@@ -203,6 +207,21 @@ def table(rows: list[dict], key: str, groups: list[tuple]) -> list[str]:
                    + ") | "
                    f"{int(np.median([r['rounds'] for r in sel]))} |")
     return out
+
+
+def at_cap_line(rows: list[dict], groups: list[tuple]) -> str:
+    """How many runs stopped at their round cap (every ``num-rounds`` update round used,
+    not stopped on ``tol``), per table row that has any."""
+    parts = []
+    for group in groups:
+        sel = [r for r in rows if (r["algorithm"], r["mode"], r["floor"], r["site_floor"],
+                                   r["split"]) == group]
+        capped = [r for r in sel if r["at_cap"]]
+        if capped:
+            parts.append(f"{' '.join(map(str, group))}: {len(capped)} of {len(sel)} ("
+                         + ", ".join(f"{r['set']} s{r['seed']}" for r in capped) + ")")
+    return ("Runs at their round cap (all `num-rounds` update rounds used): "
+            + ("; ".join(parts) if parts else f"none of {len(rows)}") + ".")
 
 
 def main() -> None:
@@ -251,7 +270,7 @@ def main() -> None:
                     for mode in args.modes:
                         started = time.monotonic()
                         try:
-                            score, rounds = run(sites, k, algorithm, mode, floor, X,
+                            score, rounds, at_cap = run(sites, k, algorithm, mode, floor, X,
                                                 reference.cluster_centers_, extra, site_floor,
                                                 seed)
                         except Exception as err:  # a refused mode is a row, not a crash
@@ -262,6 +281,7 @@ def main() -> None:
                         row = {"set": name, "seed": seed, "split": split,
                                "algorithm": algorithm, "mode": mode,
                                "floor": floor, "site_floor": site_floor, "rounds": rounds,
+                               "at_cap": at_cap,
                                "central": score / central}
                         if mode == "plain":
                             plain = score
@@ -281,7 +301,8 @@ def main() -> None:
                               f"p_site {site_floor}: "
                               f"{score / central:.4f} x central"
                               + (f", {row['plain']:.4f} x plain" if "plain" in row else "")
-                              + f", {rounds} rounds, {time.monotonic() - started:.1f} s",
+                              + f", {rounds} rounds" + (" (at the cap)" if at_cap else "")
+                              + f", {time.monotonic() - started:.1f} s",
                               flush=True)
     groups = [(a, m, f, sf, s) for a in args.algorithms for m in args.modes for f in args.floors
               for sf in args.site_floors for s in args.splits]
@@ -314,7 +335,7 @@ def main() -> None:
                   "centroids: what the start costs under DP, its rounds' share of the budget "
                   "included, the noise's own cost taken out):", "",
                   *table(rows, "oracle", [g for g in groups if g[1] in ("dp10", "dp10-box")])]
-    lines += ["", f"Total time {time.monotonic() - began:.0f} s."]
+    lines += ["", at_cap_line(rows, groups), "", f"Total time {time.monotonic() - began:.0f} s."]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -255,15 +255,19 @@ def fcm_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     local_iters = task_param(params, "local-iters", int)
     if not m > 1.0 or local_iters < 1:
         raise TaskError(f"bad fuzzy c-means parameters: fuzzifier {m}, local-iters {local_iters}")
-    centres = C.copy()
+    centres, spread = C.copy(), _spread_per_row(groups)
     for _ in range(local_iters):
         sums, weights, hard = fuzzy_kernels.fcm_stats(groups.means, centres, m, kernel_weights(groups)[0],
-                                                      _spread_per_row(groups))
+                                                      spread)
         centres = local.update_centroids(centres, sums, weights)
     hidden = hard < floor
     weights[hidden] = 0.0
     centres[hidden] = C[hidden]
-    return TaskReply(arrays=protocol.FuzzyCentres(centres, weights))
+    # The site's J_m of the received centres, a sum over all its groups like lloyd's SSE:
+    # the server stops when it stalls (FFCM's rounds converge only linearly).
+    objective = fuzzy_kernels.fcm_objective(groups.means, C, m, kernel_weights(groups)[0], spread)
+    return TaskReply(arrays=protocol.FuzzyCentres(centres, weights),
+                     metrics={"fuzzy-objective": objective})
 
 
 def gtv_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:

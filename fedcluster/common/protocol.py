@@ -235,7 +235,7 @@ TASKS: dict[str, Task] = {task.name: task for task in (
     Task("gtv", SiteGraphState, ClusterMeans, rows="per-cluster",
          sends="its own centroids and their counts, its GTV and SSE"),
     Task("fcm", Centroids, FuzzyCentres, rows="per-cluster", secure=True,
-         sends="its local fuzzy centres and fuzzy weights"),
+         sends="its local fuzzy centres and fuzzy weights, its fuzzy objective J_m"),
     Task("evaluate_sets", CentroidSets, SetScores,
          sends="its SSE against each centroid set sent"),
     Task("evaluate", Centroids, Evaluation, rows="per-cluster", secure=True, private=True,
@@ -260,6 +260,7 @@ METRICS = {
     "describe": ("n-features", "feature-names", "max-rounds", "schema-hash", "rows-dropped",
                  "cells-missing", "group-size"),
     "lloyd": ("sse",), "prune_lloyd": ("sse",), "minibatch": ("sse",), "gtv": ("sse", "gtv"),
+    "fcm": ("fuzzy-objective",),
     "evaluate": ("sse", "silhouette-sum", "group-scatter", "all-sq-dist", "partition-sum", "floor",
                  "label-names"),
 }

@@ -26,8 +26,7 @@ its task (:attr:`ClusteringStrategy.PHASE_TASKS`):
 
 Subclasses provide the algorithm through public hooks, in the style of Flower's FedAvg:
 :meth:`init_task` / :meth:`reduce_init` / :meth:`init_rounds`, :meth:`train_task` /
-:meth:`reduce_train`,
-:meth:`movement`, :meth:`evaluation_params`, :meth:`round_metrics`, :meth:`can_stop`,
+:meth:`reduce_train`, :meth:`movement`, :meth:`evaluation_params`, :meth:`round_metrics`, :meth:`can_stop`,
 :meth:`admit_sites`, and (GTV) :meth:`plan_round`, :meth:`reduce_round`,
 :meth:`start_training`, :meth:`reset_repetition`, :meth:`finish_repetition`. The maths
 live in pure functions (``aggregate.py``); replies are validated before they are reduced
@@ -129,6 +128,9 @@ class ClusteringStrategy(Strategy):
     def reduce_train(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
         """New (k, d) centroids from one training round's replies."""
         raise NotImplementedError
+
+    # A round's score: this training metric per row; score-tol 0 means default_score_tol.
+    score_metric, default_score_tol = "sse", 0.0
 
     def movement(self, new: np.ndarray, old: np.ndarray) -> float:
         """How far the centroids moved this round (compared with ``tol``)."""
@@ -350,16 +352,16 @@ class ClusteringStrategy(Strategy):
             if self.train_round >= self.config.num_rounds:
                 self.phase = "evaluate"
             return {"movement": float("nan"), "score": float("nan")}
-        # The score of the centroids the sites received, where every site reported its SSE.
+        # The score of the centroids the sites received, where every site reported it.
         score = float("nan")
-        if all("sse" in r.metrics for r in replies):
-            score = sum(r.metrics["sse"] for r in replies) / sum(r.n_rows for r in replies)
+        if all(self.score_metric in r.metrics for r in replies):
+            score = sum(r.metrics[self.score_metric] for r in replies) / sum(r.n_rows for r in replies)
         new = self.reduce_train(plan, replies)
         movement = self.movement(new, self.centroids)
         self.previous, self.centroids = self.centroids, new
         self.last_movement = movement
         scores = [h["score"] for h in self.history if "movement" in h and h["repetition"] == self.repetition]
-        stalled = aggregate.score_stalled([*scores, score], self.config.score_tol)
+        stalled = aggregate.score_stalled([*scores, score], self.config.score_tol or self.default_score_tol)
         converged = (movement < self.config.tol or stalled) and self.can_stop()
         if converged or self.train_round >= self.config.num_rounds:
             self.phase = "evaluate"

@@ -16,7 +16,15 @@ W_j = sum_i u_ij^m. The server aggregates with ``aggregation``:
   towards the data and is claimed by a better-placed global centre): on the G2 sets
   (uniform split) that froze a centre in about half the runs.
 
-A run stops when sum_j ||c_j,t - c_j,t-1|| <= ``tol``. Initial centres: the sum-only
+A run stops when sum_j ||c_j,t - c_j,t-1|| <= ``tol`` (the paper's rule), or when the
+fuzzy objective J_m of the centres the sites received (each site sends its own, a sum
+over all its groups) improved by less than ``score-tol`` (0: :data:`OBJECTIVE_TOL`)
+relative in each of the last two rounds. Fuzzy c-means converges only linearly, slower
+the fuzzier the partition, and its centres need not settle at all where they are
+ill-determined: on ``digits`` and ``mnist`` at m = 2 all k centres gather near the
+data's mean (central fuzzy c-means too), a site's hard argmax among them is arbitrary, and
+the privacy floor withholds a different index at each site every round, so the centres
+move by about 0.1-1 every round for ever while J_m stays flat. Initial centres: the sum-only
 divisive start (the default, ``divisive.py``), uniform in the (declared or federated)
 bounding box (``init = "random"``, seeded), or the k-FED round.
 """
@@ -30,9 +38,15 @@ from fedcluster.strategies.aggregate import count_weighted_mean, weighted_lloyd
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.kfed import KFedOrRandomInit
 
+#: FFCM's default ``score-tol``: measured with bench/quality.py (section
+#: ``quality-ffcm-groups`` of BENCHMARKS.md).
+OBJECTIVE_TOL = 1e-5
+
 
 class FederatedFuzzyCMeans(KFedOrRandomInit, ClusteringStrategy):
     """FFCM with both of the paper's aggregations."""
+
+    score_metric, default_score_tol = "fuzzy-objective", OBJECTIVE_TOL
 
     def train_task(self) -> TaskPlan:
         return TaskPlan(

@@ -102,6 +102,10 @@ def validate(
         sse = metrics.get("sse")
         if not isinstance(sse, (int, float)) or not np.isfinite(sse) or sse < 0:
             raise ReplyError(f"sse {sse!r} is not a finite non-negative number")
+    if "fuzzy-objective" in metrics:
+        value = metrics["fuzzy-objective"]
+        if not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+            raise ReplyError(f"fuzzy-objective {value!r} is not a finite non-negative number")
     if expect.task == "describe":
         n_features = metrics.get("n-features")
         if not isinstance(n_features, int) or n_features < 1:

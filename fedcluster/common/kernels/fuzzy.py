@@ -53,3 +53,26 @@ def _spread(spread) -> float:
     if not (spread >= 0.0 and np.isfinite(spread)):
         raise ValueError(f"spread must be a finite number >= 0, got {spread}")
     return spread
+
+
+def fcm_objective(X, C, m: float, weights=None, spread: float = 0.0) -> float:
+    """J_m of centres ``C`` at their optimal (Bezdek) memberships: sum_i w_i
+    (sum_j d_ij^(-1/(m-1)))^-(m-1), d_ij = ||x_i - c_j||^2 + ``spread`` (as in
+    :func:`fcm_stats`; a row on a centre adds 0). NumPy in chunks of
+    ``kernels.CHUNK_ROWS`` rows, about the centres' mean (no cancellation far from 0)."""
+    X = kernels._check_X(X)
+    C = kernels._check_centres(C, X).astype(np.float64)
+    w, _ = kernels._group_weights(X, weights, None)
+    spread = _spread(spread)
+    cbar = C.mean(axis=0)
+    Cc = C - cbar
+    c_sq = (Cc ** 2).sum(axis=1)
+    total = 0.0
+    for start in range(0, X.shape[0], kernels.CHUNK_ROWS):
+        block = X[start:start + kernels.CHUNK_ROWS].astype(np.float64) - cbar
+        D = np.maximum((block ** 2).sum(axis=1)[:, None] - 2.0 * block @ Cc.T + c_sq, 0.0) + spread
+        with np.errstate(divide="ignore", over="ignore"):  # a row on a centre: d = 0
+            inv = D ** (-1.0 / (m - 1.0))
+            per_row = np.where(np.isinf(inv).any(axis=1), 0.0, inv.sum(axis=1) ** -(m - 1.0))
+        total += float((w[start:start + kernels.CHUNK_ROWS] * per_row).sum())
+    return total
