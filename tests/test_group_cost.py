@@ -38,19 +38,56 @@ def kmeans(points, k, weights=None, init=None) -> np.ndarray:
 
 
 def group_means(X: np.ndarray, group_of_row: np.ndarray, p: int, fill: np.ndarray):
-    """The groups' means as a run sees them, and their sizes, from the group ids: a
-    feature's present cells in a group kept where they number at least p (else all of
-    them count as missing), every missing cell at ``fill``."""
+    """The groups' means as a run sees them, their sizes and per-feature variances, from
+    the group ids: a feature's present cells in a group kept where they number at least p
+    (else all of them count as missing), every missing cell at ``fill``."""
     n_groups = group_of_row.max() + 1
     sizes = np.bincount(group_of_row, minlength=n_groups).astype(float)
     missing = np.isnan(X)
     present = np.zeros((n_groups, X.shape[1]))
-    sums = np.zeros((n_groups, X.shape[1]))
     np.add.at(present, group_of_row, (~missing).astype(float))
-    np.add.at(sums, group_of_row, np.where(missing, 0.0, X))
-    kept = present >= p
-    total = np.where(kept, sums, 0.0) + (sizes[:, None] - np.where(kept, present, 0.0)) * fill
-    return total / sizes[:, None], sizes
+    seen = np.where(missing | (present < p)[group_of_row], fill, X)  # each cell as a run sees it
+    sums = np.zeros((n_groups, X.shape[1]))
+    np.add.at(sums, group_of_row, seen)
+    means = sums / sizes[:, None]
+    m2 = np.zeros_like(sums)
+    np.add.at(m2, group_of_row, (seen - means[group_of_row]) ** 2)
+    return means, sizes, m2 / sizes[:, None]
+
+
+def split_lloyd(means, sizes, variances, C, iters=gc.SPREAD_ITERS, tol=gc.SPREAD_TOL):
+    """Lloyd on groups each split between its two nearest centroids as the Gaussian with
+    its mean and per-feature variances would be (whole where 8 spreads from the boundary
+    or wider than the centroids' distance): written here from the formulas, without the
+    module."""
+    from scipy.stats import norm
+
+    for _ in range(iters):
+        D = ((means[:, None, :] - C[None]) ** 2).sum(axis=2)
+        order = np.argsort(D, axis=1, kind="stable")
+        c1, c2 = order[:, 0], order[:, 1]
+        at = np.arange(len(means))
+        L = np.linalg.norm(C[c2] - C[c1], axis=1)
+        u = (C[c2] - C[c1]) / np.where(L > 0, L, 1.0)[:, None]
+        s = np.sqrt((u * u * variances).sum(axis=1))
+        t = (D[at, c2] - D[at, c1]) / (2 * np.where(L > 0, L, 1.0))
+        z = np.where((s > 0) & (L > 0), t / np.where(s > 0, s, 1.0), np.inf)
+        split = (z < 8.0) & (s <= L)
+        share = np.where(split, norm.sf(z), 0.0)
+        shift = np.where(split[:, None],
+                         variances * u * (norm.pdf(np.where(split, z, 0.0)) / np.where(split, s, 1.0))[:, None], 0.0)
+        to_c2 = sizes[:, None] * (means * share[:, None] + shift)
+        sums, counts = np.zeros_like(C), np.zeros(len(C))
+        np.add.at(sums, c2, to_c2)
+        np.add.at(sums, c1, sizes[:, None] * means - to_c2)
+        np.add.at(counts, c2, sizes * share)
+        np.add.at(counts, c1, sizes * (1 - share))
+        new = np.where(counts[:, None] > 0, sums / np.where(counts > 0, counts, 1.0)[:, None], C)
+        moved = np.linalg.norm(new - C)
+        C = new
+        if moved < tol:
+            break
+    return C
 
 
 def as_site(X: np.ndarray) -> SiteData:
@@ -79,13 +116,15 @@ def expected_table(X, site_p, k_values, max_rows=None, site=None):
             n_groups.append(n)
             continue
         _, group_of_row = group_table.build(site, p)
-        means, sizes = group_means(X, group_of_row, p, fill)
+        means, sizes, variances = group_means(X, group_of_row, p, fill)
         n_groups.append(len(sizes))
         if max_rows:
             chosen = np.sort(rng.choice(len(sizes), round(len(sizes) * max_rows / n),
                                         replace=False))
-            means, sizes = means[chosen], sizes[chosen]
-        points[p] = (scaler.transform(means), sizes)
+            means, sizes, variances = means[chosen], sizes[chosen], variances[chosen]
+        # at p >= 3 a run's training splits groups by their spread: the fit is refined so
+        points[p] = (scaler.transform(means), sizes,
+                     variances / scaler.scale_ ** 2 if p >= 3 else None)
     groups_fit = np.full((len(k_values), len(p_values)), np.nan)
     rows_fit = np.full(len(k_values), np.nan)
     with threadpool_limits(1):
@@ -94,6 +133,8 @@ def expected_table(X, site_p, k_values, max_rows=None, site=None):
             for j, p in enumerate(p_values):
                 if p in points and len(points[p][0]) >= k:
                     C = kmeans(points[p][0], k, points[p][1])
+                    if points[p][2] is not None:
+                        C = split_lloyd(points[p][0], points[p][1], points[p][2], C)
                     starts.append(C)
                     groups_fit[i, j] = objective(Z, C)
             rows_fit[i] = min([objective(Z, kmeans(Z, k))] +

@@ -11,7 +11,10 @@ knowing it. For each p (the site's own, 2, 5 and 10) and each k (2..10 unless to
   the site makes them), their means as a run sees them (``SiteGroups.in_run_space``: a
   cell the lone-cell rule withholds, and every missing cell, at its column's fill), the
   best of ``N_STARTS`` k-means++ starts from ``SEED``; at the site's own p, the groups
-  the site answers from (``site_groups``: with a cache-dir, its kept version's);
+  the site answers from (``site_groups``: with a cache-dir, its kept version's). At p >=
+  3, where a run's training tasks split a group near a boundary by its per-feature
+  spread (``common/kernels/spread.py``), that fit is then refined as they would: Lloyd
+  with groups split, from it, to convergence (``SPREAD_ITERS``, ``SPREAD_TOL``);
 - ``rows``: the best k-means fit of the site's rows found: the best of ``N_STARTS``
   k-means++ starts on the rows, and of Lloyd on the rows from each p's ``groups``
   centroids (so that no figure falls under 1 by k-means' luck alone);
@@ -43,6 +46,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE
+
+from fedcluster.client_app import local_kmeans as local
 from fedcluster.client_app.data import group_table
 from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.mapped_pages import release_pages
@@ -66,6 +72,10 @@ MAX_ROWS = 10_000
 CHUNK_ROWS = 1 << 14
 SCORE_ROWS = 2048
 SCALES = ("standard", "none")
+#: The groups' fit at p >= SPREAD_MIN_SIZE: Lloyd with groups split by their spread, at
+#: most this many iterations, until the centroids move less than this (Frobenius).
+SPREAD_ITERS = 300
+SPREAD_TOL = 1e-8
 
 
 @dataclass(frozen=True)
@@ -122,7 +132,8 @@ class GroupCostTable:
             f"{self.n_rows:,} rows and the same share of each p's groups")
         head = (f"Cost of the groups to this site's own k-means, computed here from its "
                 f"{self.n_rows:,} rows (nothing is sent): the k-means objective on the rows of "
-                "centroids fitted on the groups' means (each weighted by its rows) over that of "
+                "centroids fitted on the groups' means (each weighted by its rows; from p = 3 "
+                "refined with each group split by its spread, as a run trains) over that of "
                 "the best fit of the rows found; 1.000: no cost, 1.050: 5% worse")
         how = (f"({space}; a missing cell, and one a group withholds, at its column's site "
                f"mean; the best of {N_STARTS} seeded k-means++ starts per fit{sample})")
@@ -238,13 +249,31 @@ def _fit(points: np.ndarray, k: int, weights: np.ndarray | None = None,
 
 
 def _group_points(groups: SiteGroups, transform: scaling.FeatureTransform,
-                  chosen: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """The means (in the fits' space, as a run sees them) and rows of the groups
-    (``chosen``: of those, by their place in the table)."""
+                  chosen: np.ndarray | None) -> tuple:
+    """The means (in the fits' space, as a run sees them), rows, and, at p >=
+    ``SPREAD_MIN_SIZE``, per-feature variances of the groups (``chosen``: of those, by
+    their place in the table); variances None below."""
     seen = groups.in_run_space(transform)
     counts = np.asarray(seen.counts, dtype=np.float64)
     means = np.asarray(seen.sums) / counts[:, None]
-    return (means, counts) if chosen is None else (means[chosen], counts[chosen])
+    variances = None
+    if groups.min_size >= SPREAD_MIN_SIZE and seen.m2 is not None:
+        variances = np.asarray(seen.m2) / counts[:, None]
+    keep = slice(None) if chosen is None else chosen
+    return means[keep], counts[keep], None if variances is None else variances[keep]
+
+
+def _groups_fit(points, k: int) -> np.ndarray:
+    """The groups' fit: weighted k-means on their means; at p >= ``SPREAD_MIN_SIZE`` then
+    Lloyd with each group split by its spread (a run's training tasks,
+    ``kernels/spread.py``) from there, to convergence."""
+    means, counts, variances = points
+    C = _fit(means, k, counts)
+    if variances is None:
+        return C
+    weights = counts.astype(np.int64)
+    return local.lloyd(means, C, SPREAD_ITERS, SPREAD_TOL, weights,
+                       (variances * counts[:, None]).sum(axis=1), variances)[0]
 
 
 def _groups_at(site: SiteData, p_values, site_p: int, site_groups: SiteGroups | None,
@@ -346,7 +375,7 @@ def group_cost(site, site_p: int, k_values=DEFAULT_K_VALUES, p_values=None,
             fitted = []  # each p's groups' centroids
             for j, points in enumerate(group_points):
                 if points is not None and k <= points[0].shape[0]:
-                    fitted.append(_fit(points[0], k, points[1]))
+                    fitted.append(_groups_fit(points, k))
                     groups_fit[i, j] = rows_objective(Z, fitted[-1])
             # the rows' best: its own starts, and Lloyd on the rows from each groups' fit
             rows_fit[i] = min([rows_objective(Z, _fit(Z, k))] +
