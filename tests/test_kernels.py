@@ -366,7 +366,7 @@ def test_one_block_runs_the_serial_twin_with_the_same_bits(dtype, n):
         for impl, args in ((kernels._lloyd_stats_impl, (X, w, s, C, block)),
                            (kernels._assign_impl, (X, C, block)),
                            (kernels._evaluation_stats_impl, (X, w, s, C, block)),
-                           (kernels._fcm_stats_impl, (X, w, C, 2.0, 0.0, block)),
+                           (kernels._fcm_stats_impl, (X, w, C, 2.0, np.zeros(len(X)), block)),
                            (kernels._min_sq_dist_update_impl, (X, C, np.full(n, np.inf)))):
             parallel, serial = impl(*args), kernels._SERIAL[impl](*args)
             for a, b in zip(parallel if isinstance(parallel, tuple) else (parallel,),

@@ -94,12 +94,19 @@ def _too_few_groups(groups: SiteGroups, C: np.ndarray, counts: np.ndarray,
     return np.bincount(labels, minlength=len(C)) < min_groups
 
 
-def _spread_per_row(groups: SiteGroups) -> float:
-    """The site's groups' spread per row (their squared deviations from their own means,
-    summed over ALL its groups, over its rows): each row of a group lies on average its
-    group's spread farther (squared) from a centre than the group's mean; this site-wide
-    figure stands in for each group's own, which no reply may carry (0: rows)."""
-    return 0.0 if groups.singletons else float(groups.scatter.sum()) / groups.n_rows
+def _spread_per_row(groups: SiteGroups):
+    """Each row of a group lies on average its group's spread per row (its squared
+    deviations from its mean over its rows) farther (squared) from a centre than the
+    group's mean. At p_site >= ``SPREAD_MIN_SIZE``, each group's own, (G,): its replies
+    may carry a group's spread (privacy model, "A group's spread"); below, the site's
+    (summed over ALL its groups, over its rows), which stands in for each group's own
+    (at p_site 2 a group's spread, with d + 1 crafted scalings, gives its two rows'
+    values); 0: rows."""
+    if groups.singletons:
+        return 0.0
+    if split_weights(groups)[2] is not None:
+        return groups.scatter / groups.counts
+    return float(groups.scatter.sum()) / groups.n_rows
 
 
 def local_kmeans_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:

@@ -522,7 +522,7 @@ def _memberships(D, r, k, m, u):
 @njit(cache=True, fastmath=FASTMATH, parallel=True)
 def _fcm_stats_impl(X, w, C, m, off, block):
     """Fuzzy c-means statistics; row i stands for w[i] rows (a site's group), all with
-    the memberships of the row (the group's mean), ``off`` added to every squared
+    the memberships of the row (the group's mean), ``off[i]`` added to its every squared
     distance (0 for rows: see the wrapper)."""
     n, d = X.shape
     k = C.shape[0]
@@ -542,9 +542,10 @@ def _fcm_stats_impl(X, w, C, m, off, block):
             _tile_distances(X, rows, P, D)
             valid = min(TILE_ROWS, stop - start)
             for r in range(valid):
-                if off != 0.0:
+                shift = off[start + r]
+                if shift != 0.0:
                     for c in range(k):
-                        D[r, c] += off
+                        D[r, c] += shift
                 _memberships(D, r, k, m, W[r])
                 best = 0
                 u_best = W[r, 0]

@@ -10,7 +10,7 @@ from fedcluster.common import kernels
 from fedcluster.common.kernels import small_work
 
 
-def fcm_stats(X, C, m: float, weights=None, spread: float = 0.0):
+def fcm_stats(X, C, m: float, weights=None, spread=0.0):
     """Sufficient statistics of one fuzzy c-means step (Bezdek memberships, fuzzifier m).
 
     Returns ``(sums, weights, hard_counts)``: sum_i u_ij^m x_i (k, d), W_j = sum_i
@@ -21,15 +21,16 @@ def fcm_stats(X, C, m: float, weights=None, spread: float = 0.0):
     the group's memberships: it counts that many times. ``spread`` is added to every
     squared distance before the memberships: a group's rows lie on average that much
     farther (squared) from every centre than its mean does (E||x - c||^2 = ||mean - c||^2
-    + the group's spread per row), so their memberships are softer than the mean's; the
-    site's mean spread per row stands in for each group's own (0: rows).
+    + the group's spread per row), so their memberships are softer than the mean's: one
+    number for every row (a site's mean spread per row standing in for each group's own,
+    0: rows) or one per row (each group's own).
     """
     X = kernels._check_X(X)
     C = kernels._check_centres(C, X)
     if not m > 1.0:
         raise ValueError(f"the fuzzifier m must be > 1, got {m}")
     w, _ = kernels._group_weights(X, weights, None)
-    spread = _spread(spread)
+    spread = _spreads(spread, X.shape[0])
     if small_work.small(X, C.shape[0]):
         return small_work.fcm_stats(X, C, float(m), w, spread)
     return kernels._blocked("_fcm_stats_impl", X, w, C, float(m), spread)
@@ -55,7 +56,17 @@ def _spread(spread) -> float:
     return spread
 
 
-def fcm_objective(X, C, m: float, weights=None, spread: float = 0.0) -> float:
+def _spreads(spread, n: int) -> np.ndarray:
+    """A spread per row, (n,) float64: one number for all, or one each, finite, >= 0."""
+    if np.ndim(spread) == 0:
+        return np.full(n, _spread(spread))
+    out = np.ascontiguousarray(spread, dtype=np.float64)
+    if out.shape != (n,) or not (np.all(np.isfinite(out)) and np.all(out >= 0.0)):
+        raise ValueError(f"spread must be a finite number >= 0 or {n} of them, got shape {out.shape}")
+    return out
+
+
+def fcm_objective(X, C, m: float, weights=None, spread=0.0) -> float:
     """J_m of centres ``C`` at their optimal (Bezdek) memberships: sum_i w_i
     (sum_j d_ij^(-1/(m-1)))^-(m-1), d_ij = ||x_i - c_j||^2 + ``spread`` (as in
     :func:`fcm_stats`; a row on a centre adds 0). NumPy in chunks of
@@ -63,14 +74,15 @@ def fcm_objective(X, C, m: float, weights=None, spread: float = 0.0) -> float:
     X = kernels._check_X(X)
     C = kernels._check_centres(C, X).astype(np.float64)
     w, _ = kernels._group_weights(X, weights, None)
-    spread = _spread(spread)
+    spread = _spreads(spread, X.shape[0])
     cbar = C.mean(axis=0)
     Cc = C - cbar
     c_sq = (Cc ** 2).sum(axis=1)
     total = 0.0
     for start in range(0, X.shape[0], kernels.CHUNK_ROWS):
         block = X[start:start + kernels.CHUNK_ROWS].astype(np.float64) - cbar
-        D = np.maximum((block ** 2).sum(axis=1)[:, None] - 2.0 * block @ Cc.T + c_sq, 0.0) + spread
+        D = np.maximum((block ** 2).sum(axis=1)[:, None] - 2.0 * block @ Cc.T + c_sq, 0.0) \
+            + spread[start:start + kernels.CHUNK_ROWS, None]
         with np.errstate(divide="ignore", over="ignore"):  # a row on a centre: d = 0
             inv = D ** (-1.0 / (m - 1.0))
             per_row = np.where(np.isinf(inv).any(axis=1), 0.0, inv.sum(axis=1) ** -(m - 1.0))

@@ -202,13 +202,15 @@ def _memberships(D: np.ndarray, m: float) -> np.ndarray:
     return U
 
 
-def fcm_stats(X: np.ndarray, C: np.ndarray, m: float, w: np.ndarray, off: float = 0.0):
+def fcm_stats(X: np.ndarray, C: np.ndarray, m: float, w: np.ndarray, off: np.ndarray):
+    """``off``: (n,) added to each row's squared distances (the compiled kernel's)."""
     k = C.shape[0]
     C = C.astype(np.float64)
     sums, weights, hard = np.zeros((k, X.shape[1])), np.zeros(k), np.zeros(k, dtype=np.int64)
     for start, stop, rows in _blocks(X, k):
         D = _sq_dists(rows, C)
-        U = _memberships(D + off if off != 0.0 else D, m)
+        shift = off[start:stop, None]
+        U = _memberships(np.where(shift != 0.0, D + shift, D), m)
         hard += np.bincount(np.argmax(U, axis=1), weights=w[start:stop],  # ties: the lowest index
                             minlength=k).astype(np.int64)
         Um = w[start:stop, None].astype(np.float64) * (U * U if m == 2.0 else U ** m)
