@@ -148,3 +148,22 @@ def test_rows_reflected_through_their_group_mean_give_identical_replies_at_p3():
         reply_other = _lloyd_reply(other, 3, C, task, **params)
         told_apart += not all(np.array_equal(a, b) for a, b in zip(reply_a[0], reply_other[0]))
     assert told_apart >= 2  # (the messages do split groups by their spread)
+
+
+@pytest.mark.parametrize("algorithm", ["dwf", "ewf", "minibatch", "fkm", "kfed", "ffcm", "gtv"])
+def test_every_algorithm_runs_on_groups_split_by_their_spread(algorithm):
+    """Sites at p_site 4 (groups split in training; the evaluation keeps them whole):
+    every algorithm runs to its end with every site answering every round, and no
+    reply counts more rows than its site holds."""
+    import fedcluster
+
+    rng = np.random.default_rng(5)
+    centres = rng.normal(0, 4, (4, 3))
+    sites = [np.vstack([rng.normal(c, 1.0, (30, 3)) for c in centres]) for _ in range(3)]
+    result = fedcluster.simulate(sites, algorithm=algorithm, n_clusters=4, seed=1,
+                                 central_baseline=False, site_config={"min-cluster-size": 4})
+    assert not result.metrics.get("site-failures"), result.metrics.get("site-failures")
+    assert np.isfinite(result.centroids).all()
+    answered = [h["sites-answered"] for h in result.history if "sites-answered" in h]
+    assert answered and all(a == 3 for a in answered)
+    assert sum(s["n-rows"] for s in result.metrics["per-site"].values()) == 360

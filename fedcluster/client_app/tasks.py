@@ -102,11 +102,15 @@ def _spread_per_row(groups: SiteGroups):
     (summed over ALL its groups, over its rows), which stands in for each group's own
     (at p_site 2 a group's spread, with d + 1 crafted scalings, gives its two rows'
     values); 0: rows."""
-    if groups.singletons:
-        return 0.0
     if split_weights(groups)[2] is not None:
         return groups.scatter / groups.counts
-    return float(groups.scatter.sum()) / groups.n_rows
+    return _site_spread_per_row(groups)
+
+
+def _site_spread_per_row(groups: SiteGroups) -> float:
+    """The site's groups' squared deviations from their own means, summed over ALL its
+    groups, over its rows (0: rows)."""
+    return 0.0 if groups.singletons else float(groups.scatter.sum()) / groups.n_rows
 
 
 def local_kmeans_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
@@ -362,7 +366,8 @@ def fuzzy_evaluation_sums(groups: SiteGroups, C: np.ndarray, m: float) -> tuple[
         block = means[start:start + kernels.CHUNK_ROWS]
         weight = counts[start:start + kernels.CHUNK_ROWS]
         all_sq_dist += k * float((weight * ((block - cbar) ** 2).sum(axis=1)).sum()) + weight.sum() * spread
-        U = fuzzy_kernels.fcm_memberships(block, C, m, _spread_per_row(groups))
+        # (the evaluation keeps the site-wide figure at every p_site: it splits nothing)
+        U = fuzzy_kernels.fcm_memberships(block, C, m, _site_spread_per_row(groups))
         partition_sum += float((weight * (U ** 2).sum(axis=1)).sum())
     return all_sq_dist, partition_sum
 
