@@ -167,3 +167,19 @@ def test_every_algorithm_runs_on_groups_split_by_their_spread(algorithm):
     answered = [h["sites-answered"] for h in result.history if "sites-answered" in h]
     assert answered and all(a == 3 for a in answered)
     assert sum(s["n-rows"] for s in result.metrics["per-site"].values()) == 360
+
+
+def test_a_kmeans_run_stops_on_a_stalled_score_only_where_a_site_splits_groups():
+    """Split groups move the centroids a little every round: the k-means strategies then
+    also stop when the score stalls (score-tol 0's meaning), and keep the movement rule
+    alone where every site assigns groups whole (p_site 1 or 2)."""
+    from types import SimpleNamespace as NS
+
+    from fedcluster.strategies import sites
+
+    def strategy(sizes, own=None):
+        return NS(default_score_tol=own, sites={str(i): NS(group_size=g) for i, g in enumerate(sizes)})
+
+    assert sites.default_score_tol(strategy([2, 3])) == sites.SPLIT_SCORE_TOL > 0
+    assert sites.default_score_tol(strategy([2, 1, None])) == 0.0
+    assert sites.default_score_tol(strategy([5], own=1e-5)) == 1e-5  # (FFCM's own)

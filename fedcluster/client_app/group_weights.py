@@ -11,7 +11,7 @@ from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE
 
 from fedcluster.client_app.site_groups import SiteGroups
 
-__all__ = ["in_rows", "kernel_weights", "split_weights"]
+__all__ = ["in_rows", "kernel_weights", "site_spread_per_row", "split_weights", "spread_per_row"]
 
 
 def kernel_weights(groups: SiteGroups) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -45,3 +45,22 @@ def in_rows(counts: np.ndarray) -> np.ndarray:
     if short > 0:  # the largest fractions take a row each (ties: the lowest index)
         whole[np.argsort(-(counts - whole), kind="stable")[:short]] += 1
     return whole.astype(np.int64)
+
+
+def spread_per_row(groups: SiteGroups):
+    """Each row of a group lies on average its group's spread per row (its squared
+    deviations from its mean over its rows) farther (squared) from a centre than the
+    group's mean. At p_site >= ``SPREAD_MIN_SIZE``, each group's own, (G,): its replies
+    may carry a group's spread (privacy model, "A group's spread"); below, the site's
+    (summed over ALL its groups, over its rows), which stands in for each group's own
+    (at p_site 2 a group's spread, with d + 1 crafted scalings, gives its two rows'
+    values); 0: rows."""
+    if split_weights(groups)[2] is not None:
+        return groups.scatter / groups.counts
+    return site_spread_per_row(groups)
+
+
+def site_spread_per_row(groups: SiteGroups) -> float:
+    """The site's groups' squared deviations from their own means, summed over ALL its
+    groups, over its rows (0: rows)."""
+    return 0.0 if groups.singletons else float(groups.scatter.sum()) / groups.n_rows

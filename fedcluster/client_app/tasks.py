@@ -62,7 +62,9 @@ from fedcluster.common.kernels import fuzzy as fuzzy_kernels
 from fedcluster.common.kernels.spread import spread_minibatch_epoch
 
 from fedcluster.client_app import local_kmeans as local
-from fedcluster.client_app.group_weights import in_rows, kernel_weights, split_weights
+from fedcluster.client_app.group_weights import (
+    in_rows, kernel_weights, site_spread_per_row, split_weights, spread_per_row,
+)
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.site_profile import profile_task
 from fedcluster.client_app.site_statistics import bounds, describe, impute_stats, stats
@@ -92,25 +94,6 @@ def _too_few_groups(groups: SiteGroups, C: np.ndarray, counts: np.ndarray,
         return unsure
     labels = kernels.assign(groups.means, C)[0]
     return np.bincount(labels, minlength=len(C)) < min_groups
-
-
-def _spread_per_row(groups: SiteGroups):
-    """Each row of a group lies on average its group's spread per row (its squared
-    deviations from its mean over its rows) farther (squared) from a centre than the
-    group's mean. At p_site >= ``SPREAD_MIN_SIZE``, each group's own, (G,): its replies
-    may carry a group's spread (privacy model, "A group's spread"); below, the site's
-    (summed over ALL its groups, over its rows), which stands in for each group's own
-    (at p_site 2 a group's spread, with d + 1 crafted scalings, gives its two rows'
-    values); 0: rows."""
-    if split_weights(groups)[2] is not None:
-        return groups.scatter / groups.counts
-    return _site_spread_per_row(groups)
-
-
-def _site_spread_per_row(groups: SiteGroups) -> float:
-    """The site's groups' squared deviations from their own means, summed over ALL its
-    groups, over its rows (0: rows)."""
-    return 0.0 if groups.singletons else float(groups.scatter.sum()) / groups.n_rows
 
 
 def local_kmeans_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
@@ -258,7 +241,7 @@ def prune_lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRepl
 def fcm_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """Local centres after ``local-iters`` fuzzy c-means iterations, and W_j = sum u^m
     against the last centres used (a group's rows take its mean's memberships, softened
-    by the site's spread per row: :func:`_spread_per_row`). A centre
+    by the site's spread per row: :func:`group_weights.spread_per_row`). A centre
     whose hard (argmax) cluster has fewer than p rows is withheld like a small k-means
     cluster (W = 0, the received centre)."""
     C = received_centroids(arrays.centroids, groups)
@@ -266,7 +249,7 @@ def fcm_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     local_iters = task_param(params, "local-iters", int)
     if not m > 1.0 or local_iters < 1:
         raise TaskError(f"bad fuzzy c-means parameters: fuzzifier {m}, local-iters {local_iters}")
-    centres, spread = C.copy(), _spread_per_row(groups)
+    centres, spread = C.copy(), spread_per_row(groups)
     for _ in range(local_iters):
         sums, weights, hard = fuzzy_kernels.fcm_stats(groups.means, centres, m, kernel_weights(groups)[0],
                                                       spread)
@@ -367,7 +350,7 @@ def fuzzy_evaluation_sums(groups: SiteGroups, C: np.ndarray, m: float) -> tuple[
         weight = counts[start:start + kernels.CHUNK_ROWS]
         all_sq_dist += k * float((weight * ((block - cbar) ** 2).sum(axis=1)).sum()) + weight.sum() * spread
         # (the evaluation keeps the site-wide figure at every p_site: it splits nothing)
-        U = fuzzy_kernels.fcm_memberships(block, C, m, _site_spread_per_row(groups))
+        U = fuzzy_kernels.fcm_memberships(block, C, m, site_spread_per_row(groups))
         partition_sum += float((weight * (U ** 2).sum(axis=1)).sum())
     return all_sq_dist, partition_sum
 

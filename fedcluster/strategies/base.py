@@ -129,8 +129,8 @@ class ClusteringStrategy(Strategy):
         """New (k, d) centroids from one training round's replies."""
         raise NotImplementedError
 
-    # A round's score: this training metric per row; score-tol 0 means default_score_tol.
-    score_metric, default_score_tol = "sse", 0.0
+    # A round's score: this training metric per row; score-tol 0: sites.default_score_tol.
+    score_metric, default_score_tol = "sse", None
 
     def movement(self, new: np.ndarray, old: np.ndarray) -> float:
         """How far the centroids moved this round (compared with ``tol``)."""
@@ -361,7 +361,7 @@ class ClusteringStrategy(Strategy):
         self.previous, self.centroids = self.centroids, new
         self.last_movement = movement
         scores = [h["score"] for h in self.history if "movement" in h and h["repetition"] == self.repetition]
-        stalled = aggregate.score_stalled([*scores, score], self.config.score_tol or self.default_score_tol)
+        stalled = aggregate.score_stalled([*scores, score], self.config.score_tol or sites.default_score_tol(self))
         converged = (movement < self.config.tol or stalled) and self.can_stop()
         if converged or self.train_round >= self.config.num_rounds:
             self.phase = "evaluate"

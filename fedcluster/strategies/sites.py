@@ -20,6 +20,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from fedcluster.common import protocol, scaling
+from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE
 from fedcluster.common.schema import encoded_kinds, run_schema
 
 from fedcluster.strategies import private
@@ -385,3 +386,20 @@ def unscaled_levels(transform, schema_file: str):
     shift, factor = transform.shift.copy(), transform.factor.copy()
     shift[keep], factor[keep] = 0.0, 1.0
     return scaling.FeatureTransform(transform.kind, shift, factor, transform.fill)
+
+
+#: The k-means strategies' default ``score-tol`` where a site splits its groups by their
+#: spread (p_site >= SPREAD_MIN_SIZE): a split group's share moves a little every round,
+#: so the centroids approach their fixed point only linearly (as FFCM's do) and the
+#: movement rule alone ran MNIST to the round cap (bench/quality.py).
+SPLIT_SCORE_TOL = 1e-6
+
+
+def default_score_tol(strategy) -> float:
+    """``score-tol`` 0's meaning: the strategy's ``default_score_tol`` (FFCM's), or for a
+    k-means strategy (None) :data:`SPLIT_SCORE_TOL` where a site's groups are split by
+    their spread, else 0 (the movement rule alone, as before)."""
+    if strategy.default_score_tol is not None:
+        return strategy.default_score_tol
+    split = any((site.group_size or 1) >= SPREAD_MIN_SIZE for site in strategy.sites.values())
+    return SPLIT_SCORE_TOL if split else 0.0
