@@ -241,7 +241,8 @@ def prune_lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRepl
 def fcm_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """Local centres after ``local-iters`` fuzzy c-means iterations, and W_j = sum u^m
     against the last centres used (a group's rows take its mean's memberships, softened
-    by the site's spread per row: :func:`group_weights.spread_per_row`). A centre
+    by the site's spread per row, at p_site >= 3 the group's own:
+    :func:`group_weights.spread_per_row`). A centre
     whose hard (argmax) cluster has fewer than p rows is withheld like a small k-means
     cluster (W = 0, the received centre)."""
     C = received_centroids(arrays.centroids, groups)

@@ -27,9 +27,9 @@ import numpy as np
 from fedcluster.client_app.data.versions import next_version, row_keys
 from fedcluster.client_app.data.versions.dropped_rows import dropped_groups
 from fedcluster.client_app.data.versions.lineage import Store, TableRef
-from fedcluster.client_app.data.versions.next_version import Plan, lineage_name
+from fedcluster.client_app.data.versions.next_version import GroupMembers, Plan, lineage_name
 
-__all__ = ["Plan", "Store", "TableRef", "dropped_groups", "import_release_table",
+__all__ = ["GroupMembers", "Plan", "Store", "TableRef", "dropped_groups", "import_release_table",
            "lineage_name", "plan_for"]
 
 

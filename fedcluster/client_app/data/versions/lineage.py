@@ -263,13 +263,13 @@ class Store:
         return same_row
 
     # ---------------------------------------------------------------- growing
-    def add_groups(self, member_lists: list[np.ndarray], min_size: int) -> np.ndarray:
-        """Append groups (each its instances); their numbers."""
+    def add_groups(self, groups, min_size: int) -> np.ndarray:
+        """Append groups (``next_version.GroupMembers``: their instances); their numbers."""
         first = self.n_groups
-        sizes = np.array([m.size for m in member_lists], dtype=np.int64)
+        sizes = np.diff(groups.offsets)
         self.offsets = np.concatenate([self.offsets, self.offsets[-1] + np.cumsum(sizes)])
-        if member_lists:
-            self.members = np.concatenate([self.members, *member_lists]).astype(np.int64)
+        if sizes.size:
+            self.members = np.concatenate([self.members, groups.members]).astype(np.int64)
         self.group_p = np.concatenate([self.group_p, np.full(sizes.size, min_size, dtype=np.int64)])
         return np.arange(first, self.n_groups, dtype=np.int64)
 
