@@ -100,3 +100,39 @@ def test_dwf_beats_ewf_on_non_iid_split():
     dwf = fedcluster.simulate(sites, algorithm="dwf", **common)
     ewf = fedcluster.simulate(sites, algorithm="ewf", **common)
     assert dwf.metrics["score"] < 0.8 * ewf.metrics["score"]
+
+
+def test_dwf_on_groups_split_by_their_spread_is_each_sites_split_step_averaged_by_whole_rows(split_digits):
+    """At p_site >= 3 a site's Lloyd step splits a group near a boundary by its spread
+    (privacy model, "A group's spread"): DWF (local-iters 1, eta 1, mu 0) is then, round
+    by round, each site's split step (its expected sums over its expected rows) averaged
+    with the weights it sends, its expected rows rounded to whole rows, a cluster under
+    the site's floor sent with weight 0; written here from the formulas
+    (``spread_reference``)."""
+    from spread_reference import split_stats, whole_rows
+
+    _, sites = split_digits
+    rng = np.random.default_rng(5)
+    sites = [S + rng.normal(0, 1e-6, S.shape) for S in sites]
+    p = 4
+    tables = [group_table.site_groups(SiteData(X, None, None, f"site {i}"), p)[0]
+              for i, X in enumerate(sites)]
+    parts = [(np.asarray(t.means), np.asarray(t.counts, dtype=float),
+              np.asarray(t.m2) / np.asarray(t.counts)[:, None]) for t in tables]
+    C0 = np.vstack(sites)[np.random.default_rng(0).choice(sum(map(len, sites)), 8, replace=False)]
+    expected, split_somewhere = C0.copy(), False
+    for rounds in range(1, 6):
+        total, weight = np.zeros_like(C0), np.zeros(len(C0))
+        for means, sizes, variances in parts:
+            sums, counts = split_stats(means, sizes, variances, expected)
+            split_somewhere |= not np.allclose(counts, np.round(counts))
+            w = whole_rows(counts)
+            w[w < p] = 0  # the site's floor
+            local = np.where(counts[:, None] > 0, sums / np.where(counts > 0, counts, 1.0)[:, None], expected)
+            total += w[:, None] * local
+            weight += w
+        expected = np.where(weight[:, None] > 0, total / np.where(weight > 0, weight, 1.0)[:, None], expected)
+        result = fedcluster.simulate(sites, init_centroids=C0, num_rounds=rounds,
+                                     site_config={"min-cluster-size": p}, **DWF_AS_LLOYD)
+        np.testing.assert_allclose(result.centroids, expected, rtol=0, atol=1e-9)
+    assert split_somewhere

@@ -20,6 +20,7 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from fedcluster.cli import main
+from spread_reference import split_stats
 from fedcluster.client_app.data import group_cost as gc
 from fedcluster.client_app.data.grouping import group_rows, grouping_scale
 from fedcluster.client_app.data.site_data import SiteData
@@ -56,32 +57,9 @@ def group_means(X: np.ndarray, group_of_row: np.ndarray, p: int, fill: np.ndarra
 
 
 def split_lloyd(means, sizes, variances, C, iters=gc.SPREAD_ITERS, tol=gc.SPREAD_TOL):
-    """Lloyd on groups each split between its two nearest centroids as the Gaussian with
-    its mean and per-feature variances would be (whole where 8 spreads from the boundary
-    or wider than the centroids' distance): written here from the formulas, without the
-    module."""
-    from scipy.stats import norm
-
+    """Lloyd on groups split by their spread (``spread_reference``), to convergence."""
     for _ in range(iters):
-        D = ((means[:, None, :] - C[None]) ** 2).sum(axis=2)
-        order = np.argsort(D, axis=1, kind="stable")
-        c1, c2 = order[:, 0], order[:, 1]
-        at = np.arange(len(means))
-        L = np.linalg.norm(C[c2] - C[c1], axis=1)
-        u = (C[c2] - C[c1]) / np.where(L > 0, L, 1.0)[:, None]
-        s = np.sqrt((u * u * variances).sum(axis=1))
-        t = (D[at, c2] - D[at, c1]) / (2 * np.where(L > 0, L, 1.0))
-        z = np.where((s > 0) & (L > 0), t / np.where(s > 0, s, 1.0), np.inf)
-        split = (z < 8.0) & (s <= L)
-        share = np.where(split, norm.sf(z), 0.0)
-        shift = np.where(split[:, None],
-                         variances * u * (norm.pdf(np.where(split, z, 0.0)) / np.where(split, s, 1.0))[:, None], 0.0)
-        to_c2 = sizes[:, None] * (means * share[:, None] + shift)
-        sums, counts = np.zeros_like(C), np.zeros(len(C))
-        np.add.at(sums, c2, to_c2)
-        np.add.at(sums, c1, sizes[:, None] * means - to_c2)
-        np.add.at(counts, c2, sizes * share)
-        np.add.at(counts, c1, sizes * (1 - share))
+        sums, counts = split_stats(means, sizes, variances, C)
         new = np.where(counts[:, None] > 0, sums / np.where(counts > 0, counts, 1.0)[:, None], C)
         moved = np.linalg.norm(new - C)
         C = new
