@@ -11,7 +11,8 @@ from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE
 
 from fedcluster.client_app.site_groups import SiteGroups
 
-__all__ = ["in_rows", "kernel_weights", "site_spread_per_row", "split_weights", "spread_per_row"]
+__all__ = ["in_rows", "kernel_weights", "site_spread_per_row", "split_weights", "spread_per_row",
+           "uses_spread"]
 
 
 def kernel_weights(groups: SiteGroups) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -27,9 +28,13 @@ def split_weights(groups: SiteGroups) -> tuple:
     (``kernels/spread.py``); below, (weights, scatter, None): groups assigned whole (at
     p_site = 2 a group's per-feature spread would give its two rows' values back)."""
     weights, scatter = kernel_weights(groups)
-    if weights is None or groups.min_size < SPREAD_MIN_SIZE or groups.m2 is None:
-        return weights, scatter, None
-    return weights, scatter, groups.m2 / groups.counts[:, None]
+    return weights, scatter, groups.variances if uses_spread(groups) else None
+
+
+def uses_spread(groups: SiteGroups) -> bool:
+    """Whether the site's training tasks use its groups' per-feature spread (p_site >=
+    ``SPREAD_MIN_SIZE``, groups of more than one row)."""
+    return groups.min_size >= SPREAD_MIN_SIZE and not groups.singletons
 
 
 def in_rows(counts: np.ndarray) -> np.ndarray:
@@ -55,7 +60,7 @@ def spread_per_row(groups: SiteGroups):
     (summed over ALL its groups, over its rows), which stands in for each group's own
     (at p_site 2 a group's spread, with d + 1 crafted scalings, gives its two rows'
     values); 0: rows."""
-    if split_weights(groups)[2] is not None:
+    if uses_spread(groups):
         return groups.scatter / groups.counts
     return site_spread_per_row(groups)
 

@@ -59,6 +59,12 @@ class TableFacts:
     rows_dropped: int = 0
     cells_missing: dict = field(default_factory=dict)
 
+    @cached_property
+    def variances(self) -> np.ndarray | None:
+        """(G, d) each group's variance per feature about its mean (m2 over its rows);
+        None for rows (p_site = 1)."""
+        return None if self.m2 is None else self.m2 / self.counts[:, None]
+
     @property
     def has_missing(self) -> bool:
         return any(self.cells_missing.values())
@@ -185,6 +191,12 @@ class SiteGroups:
         if self.m2 is None:
             return np.zeros(self.n_groups)
         return self.m2.sum(axis=1)
+
+    @cached_property
+    def variances(self) -> np.ndarray | None:
+        """(G, d) each group's variance per feature about its mean (m2 over its rows);
+        None for rows (p_site = 1)."""
+        return None if self.m2 is None else self.m2 / self.counts[:, None]
 
     @property
     def has_missing(self) -> bool:

@@ -206,6 +206,10 @@ class Task:
     sends: str = ""
 
 
+#: Where a training task's figures use each group's per-feature spread (a group near a
+#: boundary split by it, FFCM's memberships softened by it: ``kernels/spread.py``).
+_SPREAD = "; at p_site >= 3 from its groups' per-feature spreads too"
+
 TASKS: dict[str, Task] = {task.name: task for task in (
     Task("describe", NoArrays, None, private=True,
          sends="its row count, width and column names, its policy (max-rounds, group-size); "
@@ -220,22 +224,22 @@ TASKS: dict[str, Task] = {task.name: task for task in (
     Task("bounds", NoArrays, Range, private=True,
          sends="per feature: the minimum and maximum of its groups' means"),
     Task("local_kmeans", NoArrays, ClusterMeans, rows="at-most",
-         sends="its local k-means centroids (of its groups' means) and their counts"),
+         sends="its local k-means centroids (of its groups' means) and their counts" + _SPREAD),
     Task("kmeanspp", NoArrays, ClusterMeans, rows="at-most",
          sends="the means and counts of its seeded clusters"),
     Task("prune_lloyd", Centroids, ClusterMeans, rows="at-most",
-         sends="the means and counts of its kept clusters, its SSE"),
+         sends="the means and counts of its kept clusters, its SSE" + _SPREAD),
     Task("lloyd", Centroids, ClusterMeans, rows="per-cluster", secure=True, private=True,
          sends="per cluster: its centroid after local Lloyd iterations and its count "
                "against the received centroids, its SSE (with evaluate-too, also the "
-               "evaluation of the received centroids)"),
+               "evaluation of the received centroids)" + _SPREAD),
     Task("minibatch", Centroids, ClusterMeans, rows="per-cluster", secure=True,
          sends="its mini-batch centroids and counts (asked, the mean and count of its "
-               "groups farthest from the centroids)"),
+               "groups farthest from the centroids)" + _SPREAD),
     Task("gtv", SiteGraphState, ClusterMeans, rows="per-cluster",
-         sends="its own centroids and their counts, its GTV and SSE"),
+         sends="its own centroids and their counts, its GTV and SSE" + _SPREAD),
     Task("fcm", Centroids, FuzzyCentres, rows="per-cluster", secure=True,
-         sends="its local fuzzy centres and fuzzy weights, its fuzzy objective J_m"),
+         sends="its local fuzzy centres and fuzzy weights, its fuzzy objective J_m" + _SPREAD),
     Task("evaluate_sets", CentroidSets, SetScores,
          sends="its SSE against each centroid set sent"),
     Task("evaluate", Centroids, Evaluation, rows="per-cluster", secure=True, private=True,

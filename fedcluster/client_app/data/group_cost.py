@@ -46,9 +46,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE
-
 from fedcluster.client_app import local_kmeans as local
+from fedcluster.client_app.group_weights import uses_spread
 from fedcluster.client_app.data import group_table
 from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.mapped_pages import release_pages
@@ -250,15 +249,13 @@ def _fit(points: np.ndarray, k: int, weights: np.ndarray | None = None,
 
 def _group_points(groups: SiteGroups, transform: scaling.FeatureTransform,
                   chosen: np.ndarray | None) -> tuple:
-    """The means (in the fits' space, as a run sees them), rows, and, at p >=
-    ``SPREAD_MIN_SIZE``, per-feature variances of the groups (``chosen``: of those, by
+    """The means (in the fits' space, as a run sees them), rows, and, where a run's
+    training uses them (``group_weights.uses_spread``), per-feature variances of the groups (``chosen``: of those, by
     their place in the table); variances None below."""
     seen = groups.in_run_space(transform)
     counts = np.asarray(seen.counts, dtype=np.float64)
     means = np.asarray(seen.sums) / counts[:, None]
-    variances = None
-    if groups.min_size >= SPREAD_MIN_SIZE and seen.m2 is not None:
-        variances = np.asarray(seen.m2) / counts[:, None]
+    variances = seen.variances if uses_spread(seen) else None
     keep = slice(None) if chosen is None else chosen
     return means[keep], counts[keep], None if variances is None else variances[keep]
 
@@ -271,9 +268,9 @@ def _groups_fit(points, k: int) -> np.ndarray:
     C = _fit(means, k, counts)
     if variances is None:
         return C
-    weights = counts.astype(np.int64)
-    return local.lloyd(means, C, SPREAD_ITERS, SPREAD_TOL, weights,
-                       (variances * counts[:, None]).sum(axis=1), variances)[0]
+    # (no scatter: the fit needs the sums and counts alone, not the SSE)
+    return local.lloyd(means, C, SPREAD_ITERS, SPREAD_TOL, counts.astype(np.int64), None,
+                       variances)[0]
 
 
 def _groups_at(site: SiteData, p_values, site_p: int, site_groups: SiteGroups | None,

@@ -306,7 +306,7 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
     rows_dropped = int(dropped.shape[0])
     group_entries.write_entry(directory / key, table, min_size, group_of_row, content,
                               {"table": number, "lineage": lineage, "rows-dropped": rows_dropped})
-    new = store.add_groups(versions.GroupMembers.of(plan.new_members).take(order), min_size)
+    new = store.add_groups(plan.new_members.take(order), min_size)
     kept = store.table_groups(plan.base["n"])[plan.kept] if plan.base is not None else new[:0]
     store.add_table(np.concatenate([kept, new]), {"entry": key, "lineage": lineage, "p": min_size,
                                                   **plan.record, "rows-dropped": rows_dropped,

@@ -47,7 +47,7 @@ import os
 
 import numpy as np
 
-from fedcluster.common.kernels import small_work
+from fedcluster.common.kernels import small_work, spread
 
 # Every compiled function is in _compiled (see its docstring: one module, for Numba's
 # on-disk cache), imported on first use: a fresh ClientApp process whose task needs no
@@ -259,8 +259,8 @@ def lloyd_stats(X, C, weights=None, scatter=None,
     X = _check_X(X)
     C = _check_centres(C, X)
     w, s = _group_weights(X, weights, scatter)
-    if variances is not None:  # (imported here: the spread module imports this package)
-        return importlib.import_module(f"{__name__}.spread").spread_lloyd_stats(X, C, w, variances, s)
+    if variances is not None:
+        return spread.spread_lloyd_stats(X, C, w, variances, s)
     if small_work.small(X, C.shape[0]):
         return small_work.lloyd_stats(X, C, w, s)
     sums, counts, sse = _blocked("_lloyd_stats_impl", X, w, s, C)

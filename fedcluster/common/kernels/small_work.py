@@ -209,8 +209,7 @@ def fcm_stats(X: np.ndarray, C: np.ndarray, m: float, w: np.ndarray, off: np.nda
     sums, weights, hard = np.zeros((k, X.shape[1])), np.zeros(k), np.zeros(k, dtype=np.int64)
     for start, stop, rows in _blocks(X, k):
         D = _sq_dists(rows, C)
-        shift = off[start:stop, None]
-        U = _memberships(np.where(shift != 0.0, D + shift, D), m)
+        U = _memberships(D + off[start:stop, None], m)
         hard += np.bincount(np.argmax(U, axis=1), weights=w[start:stop],  # ties: the lowest index
                             minlength=k).astype(np.int64)
         Um = w[start:stop, None].astype(np.float64) * (U * U if m == 2.0 else U ** m)

@@ -94,7 +94,7 @@ class Plan:
         groups (numbered as ``new_members``), -1 waiting.
     kept : (K,) int64
         The kept groups' positions in the base table.
-    new_members : GroupMembers or list of int64 arrays
+    new_members : GroupMembers
         Each new group's instances.
     base : dict or None
         The base table's record.
@@ -108,7 +108,7 @@ class Plan:
 
     group_of_row: np.ndarray
     kept: np.ndarray
-    new_members: object
+    new_members: GroupMembers
     base: dict | None
     lineage: str | None
     record: dict = field(default_factory=dict)
