@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE
-
 from fedcluster.client_app.site_groups import SiteGroups
+from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE
 
 __all__ = ["in_rows", "kernel_weights", "site_spread_per_row", "split_weights", "spread_per_row",
            "uses_spread"]

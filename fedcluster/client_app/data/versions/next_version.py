@@ -66,7 +66,7 @@ class GroupMembers:
         return np.diff(self.offsets)
 
     @classmethod
-    def of(cls, groups) -> "GroupMembers":
+    def of(cls, groups) -> GroupMembers:
         """These groups (a GroupMembers, or a list of instance arrays) as one."""
         if isinstance(groups, cls):
             return groups
@@ -74,7 +74,7 @@ class GroupMembers:
         members = np.concatenate([np.zeros(0, dtype=np.int64), *groups]).astype(np.int64)
         return cls(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), members)
 
-    def take(self, order: np.ndarray) -> "GroupMembers":
+    def take(self, order: np.ndarray) -> GroupMembers:
         """The groups ``order[0]``, ``order[1]``, ... in that order."""
         order = np.asarray(order, dtype=np.int64)
         sizes = self.sizes[order]
