@@ -5,6 +5,7 @@ import pytest
 
 from fedcluster.strategies.aggregate import (
     bounding_box_init,
+    fuzzy_on_centroids,
     kmeans_on_centroids,
     momentum_step,
     site_weighted_mean,
@@ -48,6 +49,47 @@ def test_kmeans_on_centroids_finds_groups_and_weights_matter():
 def test_kmeans_on_centroids_too_few_points():
     with pytest.raises(ValueError, match="2 distinct local centroids, fewer than the k = 3"):
         kmeans_on_centroids(np.array([[0.0], [0.0], [1.0]]), 3, seed=0)
+
+
+def _weighted_fcm(points, weights, C, m, iters=2000):
+    """Weighted fuzzy c-means written out here (Bezdek's memberships, computed from
+    distance ratios: a k-means++ seed sits on a point), and its J_m."""
+    def memberships(C):
+        d2 = np.maximum(((points[:, None] - C[None]) ** 2).sum(-1), 1e-300)
+        u = (d2.min(1, keepdims=True) / d2) ** (1 / (m - 1))
+        return u / u.sum(1, keepdims=True), d2
+
+    for _ in range(iters):
+        um = weights[:, None] * memberships(C)[0] ** m
+        C = (um.T @ points) / um.sum(0)[:, None]
+    u, d2 = memberships(C)
+    return C, float((weights[:, None] * u ** m * d2).sum())
+
+
+@pytest.mark.parametrize("m", [1.5, 2.0])
+def test_fuzzy_on_centroids_is_the_best_restart_of_weighted_fuzzy_c_means(m):
+    from sklearn.cluster import kmeans_plusplus
+
+    rng = np.random.default_rng(4)
+    points = np.concatenate([rng.normal(c, 0.6, (12, 3)) for c in rng.uniform(-5, 5, (5, 3))])
+    weights = rng.integers(1, 40, len(points)).astype(float)
+    got = fuzzy_on_centroids(points, 5, seed=7, weights=weights, fuzzifier=m)
+    # a fixed point of the weighted update
+    again, j_got = _weighted_fcm(points, weights, got, m, iters=1)
+    np.testing.assert_allclose(again, got, atol=1e-8)
+    # no lower J_m from any of the ten k-means++ seeds it restarts from
+    restarts = [_weighted_fcm(points, weights, kmeans_plusplus(
+        points, 5, sample_weight=weights, random_state=7 + r)[0], m)[1] for r in range(10)]
+    assert j_got == pytest.approx(min(restarts), rel=1e-9)
+    # the weights count: every point equally weighted gives other centres
+    assert not np.allclose(np.sort(got, 0), np.sort(fuzzy_on_centroids(
+        points, 5, seed=7, weights=np.ones(len(points)), fuzzifier=m), 0), atol=1e-3)
+
+
+def test_fuzzy_on_centroids_too_few_points():
+    with pytest.raises(ValueError, match="2 distinct local centroids, fewer than the k = 3"):
+        fuzzy_on_centroids(np.array([[0.0], [0.0], [1.0]]), 3, seed=0, weights=np.ones(3),
+                           fuzzifier=2.0)
 
 
 def test_bounding_box_init_inside_federated_box():

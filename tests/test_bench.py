@@ -93,3 +93,26 @@ def test_grouping_quality_probes_rows_left_out(tmp_path, monkeypatch):
     assert len(summaries) == 4  # 2 rules x 2 splits
     assert all("over 1 runs" in line for line in summaries)
     assert any(line.startswith("- g = 2, lone-by-label left out, skew:") for line in summaries)
+
+
+def test_group_floor_pools_every_sites_groups_and_writes_its_table(tmp_path, monkeypatch):
+    import group_floor
+    import quality
+
+    X, y = quality.load("iris", report.SHARED_DATA)
+    sites = quality.split_sites(X, y, "iid", 0)
+    means, counts, variances = group_floor.pooled_groups(sites, 5)
+    assert counts.sum() == len(X) and counts.min() >= 5
+    np.testing.assert_allclose((counts[:, None] * means).sum(0), X.sum(0), atol=1e-9)
+    # the groups' scatter adds up with the means' to the rows' own (nothing lost)
+    total = (counts[:, None] * (variances + means ** 2)).sum(0)
+    np.testing.assert_allclose(total, (X ** 2).sum(0), rtol=1e-9)
+
+    out = tmp_path / "BENCHMARKS.md"
+    monkeypatch.setattr(sys, "argv", ["bench/group_floor.py", "--sets", "iris",
+                                      "--site-floors", "2", "5", "--out", str(out)])
+    group_floor.main()
+    text = out.read_text()
+    assert "## What the groups allow (quality-group-floor)" in text
+    rows = [line for line in text.splitlines() if line.startswith(("| 2 |", "| 5 |"))]
+    assert len(rows) == 4 and all(line.count("(iris)") == 3 for line in rows)

@@ -210,3 +210,30 @@ def test_ffcm_on_groups_stops_when_its_objective_stalls():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(FederatedFuzzyCMeans, "default_score_tol", 0.0)
         assert len(train(fedcluster.simulate(sites, **config))) == 50
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_ffcm_merges_its_start_by_fuzzy_c_means_not_k_means(seed):
+    """Six clusters of 400 rows and three of 12 (bench/quality.py's ``tiny``): the
+    divisive start's summary merged by k-means puts FFCM in a basin 4-5% above the one
+    its summary merged by weighted fuzzy c-means leads to (BENCHMARKS.md
+    ``quality-ffcm-start``)."""
+    from fedcluster.common.datasets import partition
+    from fedcluster.strategies.fuzzy import FederatedFuzzyCMeans
+    from fedcluster.strategies.kfed import KFedOrRandomInit
+
+    rng = np.random.default_rng(21)
+    centres, sizes = rng.normal(0, 6, (9, 4)), [400] * 6 + [12] * 3
+    X = np.concatenate([rng.normal(c, 1.0, (s, 4)) for c, s in zip(centres, sizes)])
+    y = np.repeat(np.arange(9), sizes)
+    sites = [X[rows] for rows in partition(y, 5, "iid", seed=seed)]
+    config = {"algorithm": "ffcm", "n_clusters": 9, "seed": seed, "central_baseline": False}
+
+    def j2(C):
+        return float((1.0 / (1.0 / np.maximum(ref.sq_dists(X, C), 1e-300)).sum(1)).sum())
+
+    fuzzy_merge = j2(fedcluster.simulate(sites, **config).centroids)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FederatedFuzzyCMeans, "merge_summary", KFedOrRandomInit.merge_summary)
+        kmeans_merge = j2(fedcluster.simulate(sites, **config).centroids)
+    assert fuzzy_merge < 0.97 * kmeans_merge

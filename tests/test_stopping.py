@@ -19,6 +19,15 @@ def test_score_stalled_needs_every_recent_round_under_the_tolerance():
     assert not score_stalled([9.0, 8.999, 8.0], 1e-3)  # the last round still improved
     assert score_stalled([9.0, 9.5, 9.6], 1e-3)  # worse counts as no improvement
     assert not score_stalled([9.0, float("nan"), 9.0], 1e-3)  # unknown: no decision
+    # with best_patience (GTV's): a score that cycles, no round beating the best before it
+    assert not score_stalled([10.0, 9.0, 9.5, 9.2], 1e-3, best_patience=3)  # falling again
+    cycle = [1.2249, 1.2285, 1.2211, 1.2260, 1.2233, 1.2262, 1.2232, 1.2258, 1.2230]
+    assert score_stalled(cycle, 1e-6, best_patience=5)  # best 1.2211, never beaten
+    assert not score_stalled(cycle, 1e-6)  # round on round it never stalls
+    assert not any(score_stalled(cycle[:n], 1e-6, best_patience=5) for n in range(1, 8))
+    assert not score_stalled(cycle + [1.2200], 1e-6, best_patience=5)  # a new best
+    assert not score_stalled(cycle[:-1] + [float("nan")], 1e-6, best_patience=5)  # unknown
+    assert score_stalled([float("nan")] + cycle, 1e-6, best_patience=5)  # earlier: skipped
     assert not score_stalled([0.0, 0.0, 0.0], 1e-3)  # no relative change of 0
 
 
@@ -44,3 +53,32 @@ def test_a_run_stops_when_its_score_stops_improving(sites):
     short = fedcluster.simulate(sites, **{**config, "num_rounds": rounds})
     np.testing.assert_array_equal(stopped.centroids, short.centroids)
     assert stopped.metrics["score"] == short.metrics["score"]
+
+
+def test_gtv_on_split_groups_stops_when_its_score_cycles():
+    """bench/quality.py's ``outliers`` (8 clusters, two of 8 rows, 10 far outliers), 5
+    sites, groups of 3 split by their spread: GTV's local scores alternate better and
+    worse rounds and never stall round on round; the run used every ``num-rounds``
+    round. It stops when no round in five beats the best before them."""
+    from fedcluster.strategies.gtv import GTVKMeans
+
+    rng = np.random.default_rng(21)
+    centres, sizes = rng.normal(0, 5, (8, 6)), [500] * 6 + [8, 8]
+    X = np.concatenate([rng.normal(c, 1.0, (s, 6)) for c, s in zip(centres, sizes)]
+                       + [rng.normal(0, 30, (10, 6))])
+    X = (X - X.mean(0)) / X.std(0)
+    y = np.concatenate([np.repeat(np.arange(8), sizes), np.full(10, 7)])
+    sites = [X[rows] for rows in partition(y, 5, "iid", seed=0)]
+    config = dict(algorithm="gtv", n_clusters=8, seed=0, num_rounds=50,
+                  site_config={"min-cluster-size": 3})
+
+    def train(model):
+        return [h for h in model.history if "gtv-per-edge" in h]
+
+    stopped = train(fedcluster.simulate(sites, **config))
+    assert len(stopped) < 50
+    scores = [h["score"] for h in stopped]
+    assert any(b > a for a, b in zip(scores, scores[1:]))  # it does cycle
+    with pytest.MonkeyPatch.context() as patch:  # round on round only, as DWF
+        patch.setattr(GTVKMeans, "score_best_patience", None)
+        assert len(train(fedcluster.simulate(sites, **config))) == 50

@@ -47,6 +47,15 @@ def momentum_step(
     return C + eta * (D - C) + mu * (C - C_old)
 
 
+def _require_distinct(points: np.ndarray, k: int) -> None:
+    n_distinct = len(np.unique(points, axis=0))
+    if n_distinct < k:
+        raise ValueError(
+            f"the sites reported {n_distinct} distinct local centroids, fewer than the "
+            f"k = {k} clusters asked for"
+        )
+
+
 def kmeans_on_centroids(
     points: np.ndarray, k: int, seed: int, weights: np.ndarray | None = None, n_init: int = 10
 ) -> np.ndarray:
@@ -56,12 +65,7 @@ def kmeans_on_centroids(
     the sites' counts. Raises ValueError when fewer than k distinct points are given.
     """
     points = np.asarray(points, dtype=np.float64)
-    n_distinct = len(np.unique(points, axis=0))
-    if n_distinct < k:
-        raise ValueError(
-            f"the sites reported {n_distinct} distinct local centroids, fewer than the "
-            f"k = {k} clusters asked for"
-        )
+    _require_distinct(points, k)
     # Imported here: only a run that clusters the sites' centroids needs scikit-learn, and
     # every other run's ServerApp process would pay for importing it (~0.5 s).
     from sklearn.cluster import KMeans
@@ -69,6 +73,53 @@ def kmeans_on_centroids(
     model = KMeans(n_clusters=k, init="k-means++", n_init=n_init, random_state=seed)
     model.fit(points, sample_weight=weights)
     return np.ascontiguousarray(model.cluster_centers_, dtype=np.float64)
+
+
+def fuzzy_on_centroids(
+    points: np.ndarray, k: int, seed: int, weights: np.ndarray, fuzzifier: float,
+    n_init: int = 10, max_iter: int = 1000, tol: float = 1e-10,
+) -> np.ndarray:
+    """Weighted fuzzy c-means (fuzzifier m, k-means++ seeds, ``n_init`` restarts) on
+    weighted points: the restart with the lowest J_m = sum_i w_i sum_j u_ij^m d_ij^2.
+
+    FFCM's merge of the divisive start's summary (``divisive.py``). Fuzzy c-means has its
+    own local optima, and the start that is best for k-means is not the best for J_m:
+    merging the summary by k-means and then running FFCM from there ends in a worse J_m
+    on ``tiny`` and ``outliers`` (BENCHMARKS.md ``quality-ffcm-start``). Raises
+    ValueError when fewer than k distinct points are given.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    weights = np.asarray(weights, dtype=np.float64)
+    _require_distinct(points, k)
+    from sklearn.cluster import kmeans_plusplus  # see kmeans_on_centroids
+
+    exponent = 1.0 / (fuzzifier - 1.0)
+
+    def memberships(C):
+        # Bezdek's u_ij as (d_min / d_ij)^(1/(m-1)) normalised: no overflow at a point that
+        # sits on a centre (d^(-1/(m-1)) is inf there).
+        d2 = np.maximum(((points[:, None, :] - C[None]) ** 2).sum(-1), 1e-300)
+        nearest = d2.min(axis=1, keepdims=True)
+        ratios = (nearest / d2) ** exponent
+        return ratios / ratios.sum(axis=1, keepdims=True), nearest[:, 0], ratios.sum(axis=1)
+
+    best, best_objective = None, np.inf
+    for restart in range(n_init):
+        C = kmeans_plusplus(points, k, sample_weight=weights, random_state=seed + restart)[0]
+        for _ in range(max_iter):
+            um = weights[:, None] * memberships(C)[0] ** fuzzifier
+            new = (um.T @ points) / np.maximum(um.sum(axis=0), 1e-300)[:, None]
+            moved = frobenius(new - C)
+            C = new
+            if moved <= tol:
+                break
+        # J_m at the memberships that minimise it for these centres (Bezdek's):
+        # sum_i w_i (sum_j d_ij^(-1/(m-1)))^-(m-1) = sum_i w_i d_min (sum_j ratios)^-(m-1).
+        _, nearest, ratio_sums = memberships(C)
+        objective = float((weights * nearest * ratio_sums ** -(fuzzifier - 1.0)).sum())
+        if objective < best_objective:
+            best, best_objective = C, objective
+    return np.ascontiguousarray(best, dtype=np.float64)
 
 
 def bounding_box_init(mins: np.ndarray, maxs: np.ndarray, k: int, seed: int) -> np.ndarray:
@@ -193,17 +244,42 @@ def gtv_distance(W_a: np.ndarray, W_b: np.ndarray) -> float:
 
 #: Rounds in a row whose relative score improvement must stay under ``score-tol``.
 SCORE_PATIENCE = 2
+#: GTV's rounds in a row none of which may beat the best score before them by
+#: ``score-tol`` (``GTVKMeans.score_best_patience``).
+BEST_PATIENCE = 5
 
 
-def score_stalled(scores: list[float], score_tol: float, patience: int = SCORE_PATIENCE) -> bool:
-    """Whether the last ``patience`` training rounds each improved the score by less than
-    ``score_tol`` relative to the round before: (s_{t-1} - s_t) / s_{t-1} < score_tol (a
-    worse score counts as no improvement). Off when ``score_tol`` is 0; never true with a
-    NaN among the scores compared (a round whose score is unknown stops nothing)."""
-    if score_tol <= 0.0 or len(scores) < patience + 1:
+def score_stalled(scores: list[float], score_tol: float, patience: int = SCORE_PATIENCE,
+                  best_patience: int | None = None) -> bool:
+    """Whether the training score has stopped improving, relative, by ``score_tol``:
+
+    - each of the last ``patience`` rounds improved on the round before it by less:
+      (s_{t-1} - s_t) / s_{t-1} < score_tol (a worse score counts as no improvement); or,
+      with ``best_patience``,
+    - none of the last ``best_patience`` rounds improved on the best score before them by
+      ``score_tol`` or more. GTV's: its local scores on split groups (p_site >= 3)
+      alternate better and worse rounds 0.3 % apart for ever, so a round always improves
+      on the one before it and the first rule never fires (BENCHMARKS.md
+      ``quality-site-floors``). Not the others': DWF's score on split groups rises for a
+      few rounds and then falls on (its momentum, counts rounded to whole rows), and
+      stopping there cost its 90th percentile at p_site 10 under label skew (1.098 ->
+      1.107) and its worst (r15: 4.04 -> 5.15).
+
+    Off when ``score_tol`` is 0; a rule never fires with a NaN among the scores it
+    compares (a round whose score is unknown stops nothing; earlier unknown rounds are
+    skipped in the best before)."""
+    if score_tol <= 0.0:
         return False
-    recent = np.asarray(scores[-(patience + 1):], dtype=np.float64)
-    if not np.all(np.isfinite(recent)) or np.any(recent[:-1] <= 0.0):
-        return False
-    return bool(np.all((recent[:-1] - recent[1:]) / recent[:-1] < score_tol))
-
+    history = np.asarray(scores, dtype=np.float64)
+    if len(history) >= patience + 1:
+        recent = history[-(patience + 1):]
+        if np.all(np.isfinite(recent)) and np.all(recent[:-1] > 0.0) \
+                and np.all((recent[:-1] - recent[1:]) / recent[:-1] < score_tol):
+            return True
+    if best_patience and len(history) >= best_patience + 1:
+        recent, before = history[-best_patience:], history[:-best_patience]
+        best = np.nanmin(before) if np.any(np.isfinite(before)) else np.nan
+        if np.all(np.isfinite(recent)) and np.isfinite(best) and best > 0.0 \
+                and (best - recent.min()) / best < score_tol:
+            return True
+    return False

@@ -131,6 +131,9 @@ class ClusteringStrategy(Strategy):
 
     # A round's score: this training metric per row; score-tol 0: sites.default_score_tol.
     score_metric, default_score_tol = "sse", None
+    # Also stop when no round in this many beat the best score before them (None: off;
+    # aggregate.score_stalled says why GTV alone uses it).
+    score_best_patience: int | None = None
 
     def movement(self, new: np.ndarray, old: np.ndarray) -> float:
         """How far the centroids moved this round (compared with ``tol``)."""
@@ -361,7 +364,9 @@ class ClusteringStrategy(Strategy):
         self.previous, self.centroids = self.centroids, new
         self.last_movement = movement
         scores = [h["score"] for h in self.history if "movement" in h and h["repetition"] == self.repetition]
-        stalled = aggregate.score_stalled([*scores, score], self.config.score_tol or sites.default_score_tol(self))
+        stalled = aggregate.score_stalled([*scores, score],
+                                          self.config.score_tol or sites.default_score_tol(self),
+                                          best_patience=self.score_best_patience)
         converged = (movement < self.config.tol or stalled) and self.can_stop()
         if converged or self.train_round >= self.config.num_rounds:
             self.phase = "evaluate"

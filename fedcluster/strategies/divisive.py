@@ -14,7 +14,9 @@ The start grows a summary of the pooled data, then clusters it at the server:
    first when not all can be, the last into fewer children if that reaches it exactly);
 3. the server runs weighted k-means (k-means++, 10 restarts) on the grown clusters'
    means, weighted by their counts: a weighted summary of the pooled data, as k-FED's
-   server step clusters the union of the sites' local centroids.
+   server step clusters the union of the sites' local centroids. FFCM merges the summary
+   by weighted fuzzy c-means instead (its own objective, 10 restarts:
+   ``aggregate.fuzzy_on_centroids``).
 
 For k = 10 that is 5 rounds (1 -> 4 -> 16 -> 64 -> 80 clusters). Every round is a plain
 ``lloyd`` round, so everything that holds for a training round holds here: its secure
@@ -121,9 +123,12 @@ class DivisiveStart:
         return TaskPlan("lloyd", params={"local-iters": 1, "tol": 0.0},
                         arrays=protocol.Centroids(centroids))
 
-    def reduce(self, replies: list, box=None) -> np.ndarray | None:
+    def reduce(self, replies: list, box=None, merge=kmeans_on_centroids) -> np.ndarray | None:
         """Take a round's (validated) replies; the k starting centroids once the clusters
         have grown (or can grow no further, or the rounds are spent), else None.
+
+        ``merge(means, k, seed, weights=counts)`` clusters the grown summary to k
+        (default: weighted k-means; FFCM passes weighted fuzzy c-means).
 
         Fewer than k distinct grown clusters (the privacy floor or DP noise withheld the
         rest: a small site under DP) are completed with points uniform in ``box`` (the
@@ -142,7 +147,7 @@ class DivisiveStart:
             return None
         distinct = len(np.unique(self.means, axis=0))
         if distinct >= self.k:
-            return kmeans_on_centroids(self.means, self.k, self.seed, weights=self.counts)
+            return merge(self.means, self.k, self.seed, weights=self.counts)
         if box is None:
             secure = any(r.n_sites > 1 for r in replies)  # a secure round's decoded sum
             raise FederationError(

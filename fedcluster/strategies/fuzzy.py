@@ -25,8 +25,9 @@ ill-determined: on ``digits`` and ``mnist`` at m = 2 all k centres gather near t
 data's mean (central fuzzy c-means too), a site's hard argmax among them is arbitrary, and
 the privacy floor withholds a different index at each site every round, so the centres
 move by about 0.1-1 every round for ever while J_m stays flat. Initial centres: the sum-only
-divisive start (the default, ``divisive.py``), uniform in the (declared or federated)
-bounding box (``init = "random"``, seeded), or the k-FED round.
+divisive start (the default, ``divisive.py``; its summary merged by weighted fuzzy c-means,
+not k-means), uniform in the (declared or federated) bounding box (``init = "random"``,
+seeded), or the k-FED round.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedcluster.common import protocol
-from fedcluster.strategies.aggregate import count_weighted_mean, weighted_lloyd
+from fedcluster.strategies.aggregate import (count_weighted_mean, fuzzy_on_centroids,
+                                             weighted_lloyd)
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.kfed import KFedOrRandomInit
 
@@ -55,6 +57,12 @@ class FederatedFuzzyCMeans(KFedOrRandomInit, ClusteringStrategy):
             arrays=protocol.Centroids(self.centroids),
             sample=True,
         )
+
+    def merge_summary(self, means: np.ndarray, k: int, seed: int, weights: np.ndarray) -> np.ndarray:
+        """The divisive start's summary merged by weighted fuzzy c-means at this run's
+        fuzzifier: FFCM then starts in the basin of the summary's best J_m, not of its
+        best k-means objective."""
+        return fuzzy_on_centroids(means, k, seed, weights, self.config.fuzzifier)
 
     def evaluation_params(self) -> dict:
         return {"fuzzifier": self.config.fuzzifier}

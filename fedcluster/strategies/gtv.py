@@ -12,8 +12,10 @@ Per round the history records the mean GTV per edge
 d(i, i') = sum_c min_c' ||w(i,c) - w(i',c')||^2 + the same with i, i' swapped, and the
 mean and max local score L_i / n_i; with ``eval-every`` the pooled score of each site's
 centroids (an ``evaluate_sets`` round, which shows every site's centroids to every
-site). A run ends when no site's centroids move by ``tol`` or more (Frobenius norm), or
-after ``num-rounds``. Then every site's centroids are scored on the pooled data and the
+site). A run ends when no site's centroids move by ``tol`` or more (Frobenius norm), when
+the mean local score stalls (``score-tol``; also when no round in :data:`BEST_PATIENCE
+<fedcluster.strategies.aggregate.BEST_PATIENCE>` beats the best before them: on split
+groups the local scores cycle), or after ``num-rounds``. Then every site's centroids are scored on the pooled data and the
 consensus model is chosen: ``consensus = "kmeans"`` (the default) runs k-means on all
 sites' centroids weighted by their members, ``"best-site"`` takes the centroids of the
 site with the lowest POOLED score (docs/explanation/algorithms.md says lowest local score;
@@ -36,7 +38,7 @@ from flwr.common.logger import log
 from fedcluster.common import protocol
 from fedcluster.common.kernels import frobenius
 from fedcluster.strategies.topology import TopologyError, build_topology, edges
-from fedcluster.strategies import sites
+from fedcluster.strategies import aggregate, sites
 from fedcluster.strategies.aggregate import gtv_distance, kmeans_on_centroids, site_weighted_mean
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.errors import FederationError
@@ -45,6 +47,9 @@ from fedcluster.strategies.validation import Reply
 
 class GTVKMeans(ClusteringStrategy):
     """Decentralised k-means: sites' own centroids coupled along the edges of a graph."""
+
+    # its local scores cycle on split groups: also stop when 5 rounds beat no earlier best
+    score_best_patience = aggregate.BEST_PATIENCE
 
     @property
     def extra_rounds_per_repetition(self) -> int:

@@ -63,6 +63,11 @@ class KFedOrRandomInit:
         super().reset_repetition()
         self.divisive_start: DivisiveStart | None = None
 
+    def merge_summary(self, means: np.ndarray, k: int, seed: int, weights: np.ndarray) -> np.ndarray:
+        """The divisive start's server step: its grown clusters merged to k (weighted
+        k-means; a strategy with another objective overrides it)."""
+        return kmeans_on_centroids(means, k, seed, weights=weights)
+
     def init_rounds(self) -> int:
         if self.config.resolved_init != "divisive":
             return 1
@@ -90,7 +95,7 @@ class KFedOrRandomInit:
         if plan.task == "local_kmeans":
             return kfed_reduce(replies, self.k, self.seed, self.config.resolved_weighted)
         if plan.task == "lloyd":
-            return self.divisive_start.reduce(replies, self.box)
+            return self.divisive_start.reduce(replies, self.box, merge=self.merge_summary)
         mins = np.stack([r.arrays.minima for r in replies])
         maxs = np.stack([r.arrays.maxima for r in replies])
         if self.config.private and self.box is None:
