@@ -14,7 +14,7 @@ its task (:attr:`ClusteringStrategy.PHASE_TASKS`):
 3. ``train`` (up to ``num-rounds`` rounds): sampled sites (fraction C, seeded) run the
    algorithm's site step; the subclass reduces the replies to new centroids, until the
    centroid movement ||C_t - C_{t-1}||_F < ``tol`` (or, with ``score-tol``, the score
-   has stopped improving: ``aggregate.score_stalled``).
+   has stopped improving: ``sites.score_stalled``).
 4. ``evaluate`` (one round, all sites): the EXACT pooled score sum SSE_i / sum n_i of the
    repetition's centroids; with ``n-init`` > 1 the lowest score wins. Then
    ``distances`` (Davies-Bouldin's second pass, to the pooled means) ends the run, unless
@@ -52,7 +52,7 @@ from fedcluster.common import protocol, scaling
 from fedcluster.common import secure_codec as secure
 from fedcluster.common.config import RunConfig
 from fedcluster.common.kernels import frobenius
-from fedcluster.strategies import aggregate, metrics, preparation, private, profile, reports, secure_sum, sites
+from fedcluster.strategies import metrics, preparation, private, profile, reports, secure_sum, sites
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.sites import Site, site_order
 from fedcluster.strategies.task_plan import TaskPlan
@@ -129,11 +129,8 @@ class ClusteringStrategy(Strategy):
         """New (k, d) centroids from one training round's replies."""
         raise NotImplementedError
 
-    # A round's score: this training metric per row; score-tol 0: sites.default_score_tol.
-    score_metric, default_score_tol = "sse", None
-    # Also stop when no round in this many beat the best score before them (None: off;
-    # aggregate.score_stalled says why GTV alone uses it).
-    score_best_patience: int | None = None
+    # A round's score: this training metric per row; when it stalls: sites.score_stalled.
+    score_metric, default_score_tol, score_best_patience = "sse", None, None
 
     def movement(self, new: np.ndarray, old: np.ndarray) -> float:
         """How far the centroids moved this round (compared with ``tol``)."""
@@ -364,9 +361,7 @@ class ClusteringStrategy(Strategy):
         self.previous, self.centroids = self.centroids, new
         self.last_movement = movement
         scores = [h["score"] for h in self.history if "movement" in h and h["repetition"] == self.repetition]
-        stalled = aggregate.score_stalled([*scores, score],
-                                          self.config.score_tol or sites.default_score_tol(self),
-                                          best_patience=self.score_best_patience)
+        stalled = sites.score_stalled(self, [*scores, score])
         converged = (movement < self.config.tol or stalled) and self.can_stop()
         if converged or self.train_round >= self.config.num_rounds:
             self.phase = "evaluate"

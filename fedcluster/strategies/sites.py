@@ -23,7 +23,7 @@ from fedcluster.common import protocol, scaling
 from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE
 from fedcluster.common.schema import encoded_kinds, run_schema
 
-from fedcluster.strategies import private
+from fedcluster.strategies import aggregate, private
 from fedcluster.strategies.errors import FederationError, SiteFailure
 from fedcluster.strategies.validation import Reply, ReplyError, check_reply
 
@@ -403,3 +403,11 @@ def default_score_tol(strategy) -> float:
         return strategy.default_score_tol
     split = any((site.group_size or 1) >= SPREAD_MIN_SIZE for site in strategy.sites.values())
     return SPLIT_SCORE_TOL if split else 0.0
+
+
+def score_stalled(strategy, scores: list[float]) -> bool:
+    """Whether this repetition's training ``scores`` have stalled: ``score-tol`` (0: its
+    :func:`default_score_tol`) and the strategy's ``score_best_patience`` (GTV's) through
+    ``aggregate.score_stalled``."""
+    return aggregate.score_stalled(scores, strategy.config.score_tol or default_score_tol(strategy),
+                                   best_patience=strategy.score_best_patience)
