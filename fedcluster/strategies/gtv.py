@@ -13,10 +13,10 @@ d(i, i') = sum_c min_c' ||w(i,c) - w(i',c')||^2 + the same with i, i' swapped, a
 mean and max local score L_i / n_i; with ``eval-every`` the pooled score of each site's
 centroids (an ``evaluate_sets`` round, which shows every site's centroids to every
 site). A run ends when no site's centroids move by ``tol`` or more (Frobenius norm), when
-the mean local score stalls (``score-tol``; also when no round in :data:`BEST_PATIENCE
-<fedcluster.strategies.aggregate.BEST_PATIENCE>` beats the best before them: on split
-groups the local scores cycle), or after ``num-rounds``. Then every site's centroids are scored on the pooled data and the
-consensus model is chosen: ``consensus = "kmeans"`` (the default) runs k-means on all
+the mean local score stalls (``score-tol``; also when no round in
+``aggregate.BEST_PATIENCE`` beats the best before them: on split groups the local scores
+cycle), or after ``num-rounds``. Then every site's centroids are scored on the pooled
+data and the consensus model is chosen: ``consensus = "kmeans"`` (the default) runs k-means on all
 sites' centroids weighted by their members, ``"best-site"`` takes the centroids of the
 site with the lowest POOLED score (docs/explanation/algorithms.md says lowest local score;
 a site with an easy local data set would win that while fitting the federation badly).
