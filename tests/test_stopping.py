@@ -82,3 +82,30 @@ def test_gtv_on_split_groups_stops_when_its_score_cycles():
     with pytest.MonkeyPatch.context() as patch:  # round on round only, as DWF
         patch.setattr(GTVKMeans, "score_best_patience", None)
         assert len(train(fedcluster.simulate(sites, **config))) == 50
+
+
+def test_ewf_on_split_groups_stops_when_its_score_cycles_and_dwf_does_not_ask():
+    """The same ``outliers`` federation, EWF: its equal weights go round three scores
+    until the cap; with the best-score rule it stops. DWF keeps the round-on-round rule
+    alone (its score rises for a few rounds and falls on)."""
+    from fedcluster.strategies.weighted import WeightedFedKMeans
+
+    rng = np.random.default_rng(21)
+    centres, sizes = rng.normal(0, 5, (8, 6)), [500] * 6 + [8, 8]
+    X = np.concatenate([rng.normal(c, 1.0, (s, 6)) for c, s in zip(centres, sizes)]
+                       + [rng.normal(0, 30, (10, 6))])
+    X = (X - X.mean(0)) / X.std(0)
+    y = np.concatenate([np.repeat(np.arange(8), sizes), np.full(10, 7)])
+    sites = [X[rows] for rows in partition(y, 5, "iid", seed=0)]
+    config = dict(algorithm="ewf", n_clusters=8, seed=0, num_rounds=50, central_baseline=False,
+                  site_config={"min-cluster-size": 3})
+
+    def train(model):
+        return [h for h in model.history if "movement" in h and "evaluated" not in h]
+
+    stopped = train(fedcluster.simulate(sites, **config))
+    assert len(stopped) < 50
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(WeightedFedKMeans, "score_best_patience", property(lambda self: None))
+        assert len(train(fedcluster.simulate(sites, **config))) == 50
+    assert WeightedFedKMeans.score_best_patience.fget(type("DWF", (), {"dynamic": True})()) is None

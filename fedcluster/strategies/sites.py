@@ -407,7 +407,7 @@ def default_score_tol(strategy) -> float:
 
 def score_stalled(strategy, scores: list[float]) -> bool:
     """Whether this repetition's training ``scores`` have stalled: ``score-tol`` (0: its
-    :func:`default_score_tol`) and the strategy's ``score_best_patience`` (GTV's) through
+    :func:`default_score_tol`) and the strategy's ``score_best_patience`` (GTV's, EWF's) through
     ``aggregate.score_stalled``."""
     return aggregate.score_stalled(scores, strategy.config.score_tol or default_score_tol(strategy),
                                    best_patience=strategy.score_best_patience)

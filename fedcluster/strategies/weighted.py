@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedcluster.common import protocol
+from fedcluster.strategies import aggregate
 from fedcluster.strategies.aggregate import momentum_step, site_weighted_mean
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.kfed import KFedOrRandomInit
@@ -36,6 +37,13 @@ class WeightedFedKMeans(KFedOrRandomInit, ClusteringStrategy):
     def __init__(self, config, initial_centroids=None, *, dynamic: bool) -> None:
         super().__init__(config, initial_centroids)
         self.dynamic = dynamic
+
+    @property
+    def score_best_patience(self) -> int | None:
+        """EWF's score can cycle (equal weights are no descent: on split groups a run went
+        round three scores until the cap), so EWF also stops when 5 rounds beat no earlier
+        best; DWF's rises for a few rounds and falls on (``aggregate.score_stalled``)."""
+        return None if self.dynamic else aggregate.BEST_PATIENCE
 
     def train_task(self) -> TaskPlan:
         config = self.config
