@@ -55,20 +55,27 @@ def test_a_run_stops_when_its_score_stops_improving(sites):
     assert stopped.metrics["score"] == short.metrics["score"]
 
 
-def test_gtv_on_split_groups_stops_when_its_score_cycles():
-    """bench/quality.py's ``outliers`` (8 clusters, two of 8 rows, 10 far outliers), 5
-    sites, groups of 3 split by their spread: GTV's local scores alternate better and
-    worse rounds and never stall round on round; the run used every ``num-rounds``
-    round. It stops when no round in five beats the best before them."""
-    from fedcluster.strategies.gtv import GTVKMeans
-
+@pytest.fixture(scope="module")
+def outliers_sites():
+    """bench/quality.py's ``outliers`` set (8 clusters, two of 8 rows, 10 far outliers),
+    z-scored, over 5 sites IID (seed 0)."""
     rng = np.random.default_rng(21)
     centres, sizes = rng.normal(0, 5, (8, 6)), [500] * 6 + [8, 8]
     X = np.concatenate([rng.normal(c, 1.0, (s, 6)) for c, s in zip(centres, sizes)]
                        + [rng.normal(0, 30, (10, 6))])
     X = (X - X.mean(0)) / X.std(0)
     y = np.concatenate([np.repeat(np.arange(8), sizes), np.full(10, 7)])
-    sites = [X[rows] for rows in partition(y, 5, "iid", seed=0)]
+    return [X[rows] for rows in partition(y, 5, "iid", seed=0)]
+
+
+def test_gtv_on_split_groups_stops_when_its_score_cycles(outliers_sites):
+    """bench/quality.py's ``outliers`` (8 clusters, two of 8 rows, 10 far outliers), 5
+    sites, groups of 3 split by their spread: GTV's local scores alternate better and
+    worse rounds and never stall round on round; the run used every ``num-rounds``
+    round. It stops when no round in five beats the best before them."""
+    from fedcluster.strategies.gtv import GTVKMeans
+
+    sites = outliers_sites
     config = dict(algorithm="gtv", n_clusters=8, seed=0, num_rounds=50,
                   site_config={"min-cluster-size": 3})
 
@@ -84,19 +91,13 @@ def test_gtv_on_split_groups_stops_when_its_score_cycles():
         assert len(train(fedcluster.simulate(sites, **config))) == 50
 
 
-def test_ewf_on_split_groups_stops_when_its_score_cycles_and_dwf_does_not_ask():
+def test_ewf_on_split_groups_stops_when_its_score_cycles_and_dwf_does_not_ask(outliers_sites):
     """The same ``outliers`` federation, EWF: its equal weights go round three scores
     until the cap; with the best-score rule it stops. DWF keeps the round-on-round rule
     alone (its score rises for a few rounds and falls on)."""
     from fedcluster.strategies.weighted import WeightedFedKMeans
 
-    rng = np.random.default_rng(21)
-    centres, sizes = rng.normal(0, 5, (8, 6)), [500] * 6 + [8, 8]
-    X = np.concatenate([rng.normal(c, 1.0, (s, 6)) for c, s in zip(centres, sizes)]
-                       + [rng.normal(0, 30, (10, 6))])
-    X = (X - X.mean(0)) / X.std(0)
-    y = np.concatenate([np.repeat(np.arange(8), sizes), np.full(10, 7)])
-    sites = [X[rows] for rows in partition(y, 5, "iid", seed=0)]
+    sites = outliers_sites
     config = dict(algorithm="ewf", n_clusters=8, seed=0, num_rounds=50, central_baseline=False,
                   site_config={"min-cluster-size": 3})
 
