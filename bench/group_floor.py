@@ -19,6 +19,13 @@ fitted centrally, with nothing federated:
 Each figure: the k-means objective of the fit's centroids on the pooled rows over that
 of scikit-learn's KMeans (n_init 10) on the rows.
 
+Beside the fits, ``under p``: the share of the rows whose piece of central's optimum (the
+rows a site holds of one of its clusters) is smaller than p_site. A site's sum over such a
+piece is a value of fewer than p of its rows, which no reply may carry: where the optimum
+is made of such pieces (r15 at p_site 10, 8 rows a cluster a site; ``outliers``, whose
+optimum gives clusters of 2 and 3 far rows), a run that kept the promise cannot be
+expected to reach it, whatever its method.
+
 ``--partitions`` also measures other ways a site could cut its rows into groups of at
 least p (the issue's "V-MDAV and its relatives"), made here from the rows (bench only):
 ``mdav`` (Domingo-Ferrer & Torra 2005: groups of exactly p, the farthest row from the
@@ -140,6 +147,13 @@ def split_lloyd(means, counts, variances, C, p: int) -> np.ndarray:
     return local.lloyd(means, C, 500, 1e-10, counts.astype(np.int64), None, spread)[0]
 
 
+def under_p(labels: np.ndarray, parts: list[np.ndarray], p: int) -> float:
+    """The share of the rows whose site holds fewer than ``p`` rows of their cluster
+    (``labels``: central's optimum; ``parts``: each site's row indices)."""
+    pieces = np.array([np.bincount(labels[rows], minlength=labels.max() + 1) for rows in parts])
+    return float(pieces[(pieces > 0) & (pieces < p)].sum() / len(labels))
+
+
 def fits(X, k, sites, p: int, optimum: np.ndarray, partition: str = "product") -> dict[str, np.ndarray]:
     from sklearn.cluster import KMeans
 
@@ -178,17 +192,20 @@ def main() -> None:
         k = len(np.unique(y))
         reference = KMeans(k, n_init=10, random_state=0).fit(X)
         for split in quality.SPLITS:
-            sites = quality.split_sites(X, y, split, 0)
+            parts = quality.partition(y, quality.SITES, quality.SPLITS[split], seed=0)
+            sites = [X[rows] for rows in parts]  # quality.split_sites, its indices kept
             for p, partition in [(p, q) for p in args.site_floors for q in args.partitions]:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     found = fits(X, k, sites, p, reference.cluster_centers_, partition)
                 row = {"set": name, "split": split, "p": p, "partition": partition,
                        **{fit: np.nan if C is None else quality.sse(X, C) / reference.inertia_
-                          for fit, C in found.items()}}
+                          for fit, C in found.items()},
+                       "under p": under_p(reference.labels_, parts, p)}
                 rows.append(row)
                 print(f"{name:11s} {split:4s} p_site {p:2d} {partition:7s}: "
-                      + "  ".join(f"{fit} {row[fit]:.4f}" for fit in FITS), flush=True)
+                      + "  ".join(f"{fit} {row[fit]:.4f}" for fit in FITS)
+                      + f"  under p {row['under p']:.1%}", flush=True)
     lines = [report.header(f"What the groups allow ({args.section})"), "",
              f"{len(args.sets)} data sets ({', '.join(args.sets)}), z-scored, k = their classes, "
              f"{quality.SITES} sites (IID, and Dirichlet 0.3 label skew), seed 0: the "
@@ -202,9 +219,11 @@ def main() -> None:
              "objective of the fit on the pooled rows over that of scikit-learn's KMeans "
              "(n_init 10) on the rows; median / 90th percentile / worst (set). `sigma` leaves out "
              "the sets whose 2d points per group would exceed "
-             f"{SIGMA_MAX_BYTES >> 30} GB (MNIST).", "",
-             "| p_site | split | partition | " + " | ".join(FITS) + " |",
-             "|---|---|---|" + "---|" * len(FITS)]
+             f"{SIGMA_MAX_BYTES >> 30} GB (MNIST). `under p`: the share of the rows whose "
+             "site holds fewer than p_site rows of their cluster in central's optimum "
+             "(values no reply may carry), median / worst (set).", "",
+             "| p_site | split | partition | " + " | ".join(FITS) + " | under p |",
+             "|---|---|---|" + "---|" * (len(FITS) + 1)]
     for p, split, partition in [(p, s, q) for p in args.site_floors for s in quality.SPLITS
                                 for q in args.partitions]:
         sel = [r for r in rows if (r["p"], r["split"], r["partition"]) == (p, split, partition)]
@@ -217,6 +236,9 @@ def main() -> None:
             worst = sel[int(np.nanargmax(values))]["set"]
             cells.append(f"{np.nanmedian(values):.4f} / {np.nanpercentile(values, 90):.4f} / "
                          f"{np.nanmax(values):.4f} ({worst})")
+        shares = np.array([r["under p"] for r in sel])
+        cells.append(f"{np.median(shares):.1%} / {shares.max():.1%} "
+                     f"({sel[int(np.argmax(shares))]['set']})")
         lines.append(f"| {p} | {split} | {partition} | " + " | ".join(cells) + " |")
     lines += ["", f"Total time {time.monotonic() - began:.0f} s."]
     text = "\n".join(lines) + "\n"

@@ -115,4 +115,7 @@ def test_group_floor_pools_every_sites_groups_and_writes_its_table(tmp_path, mon
     text = out.read_text()
     assert "## What the groups allow (quality-group-floor)" in text
     rows = [line for line in text.splitlines() if line.startswith(("| 2 |", "| 5 |"))]
-    assert len(rows) == 4 and all(line.count("(iris)") == 3 for line in rows)
+    assert len(rows) == 4 and all(line.count("(iris)") == 4 for line in rows)
+    # under p: site 0 holds 2 and 1 rows of the clusters, site 1 holds 1 and 4 (p = 3)
+    labels = np.array([0, 0, 0, 1, 1, 1, 1, 1])
+    assert group_floor.under_p(labels, [np.array([0, 1, 3]), np.array([2, 4, 5, 6, 7])], 3) == 0.5
