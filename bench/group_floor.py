@@ -147,13 +147,6 @@ def split_lloyd(means, counts, variances, C, p: int) -> np.ndarray:
     return local.lloyd(means, C, 500, 1e-10, counts.astype(np.int64), None, spread)[0]
 
 
-def under_p(labels: np.ndarray, parts: list[np.ndarray], p: int) -> float:
-    """The share of the rows whose site holds fewer than ``p`` rows of their cluster
-    (``labels``: central's optimum; ``parts``: each site's row indices)."""
-    pieces = np.array([np.bincount(labels[rows], minlength=labels.max() + 1) for rows in parts])
-    return float(pieces[(pieces > 0) & (pieces < p)].sum() / len(labels))
-
-
 def fits(X, k, sites, p: int, optimum: np.ndarray, partition: str = "product") -> dict[str, np.ndarray]:
     from sklearn.cluster import KMeans
 
@@ -201,7 +194,7 @@ def main() -> None:
                 row = {"set": name, "split": split, "p": p, "partition": partition,
                        **{fit: np.nan if C is None else quality.sse(X, C) / reference.inertia_
                           for fit, C in found.items()},
-                       "under p": under_p(reference.labels_, parts, p)}
+                       "under p": quality.under_p(reference.labels_, parts, p)}
                 rows.append(row)
                 print(f"{name:11s} {split:4s} p_site {p:2d} {partition:7s}: "
                       + "  ".join(f"{fit} {row[fit]:.4f}" for fit in FITS)

@@ -67,6 +67,14 @@ def split_sites(X: np.ndarray, y: np.ndarray, split: str, seed: int = 0) -> list
     return [X[idx] for idx in partition(y, SITES, SPLITS[split], seed=seed)]
 
 
+def under_p(labels: np.ndarray, parts: list[np.ndarray], p: int) -> float:
+    """The share of the rows whose site holds fewer than ``p`` rows of their cluster
+    (``labels``: central's optimum; ``parts``: each site's row indices): the rows in the
+    optimum's pieces whose sums no reply may carry at p_site ``p``."""
+    pieces = np.array([np.bincount(labels[rows], minlength=labels.max() + 1) for rows in parts])
+    return float(pieces[(pieces > 0) & (pieces < p)].sum() / len(labels))
+
+
 def federations(sets, data: Path):
     """(name, split, X, k, sites) for every data set and split: the federations the
     guard benches run (z-scored rows, k = the set's classes)."""
@@ -263,7 +271,8 @@ def main() -> None:
         reference = KMeans(k, n_init=10, random_state=0).fit(X)
         central_fuzzy = central_fcm(X, k) if "ffcm" in args.algorithms else None
         for split, seed in [(s, e) for s in args.splits for e in range(args.seeds)]:
-            sites = split_sites(X, y, split, seed)
+            parts = partition(y, SITES, SPLITS[split], seed=seed)
+            sites = [X[rows] for rows in parts]  # split_sites, its indices kept
             for algorithm in args.algorithms:
                 for floor, site_floor in [(f, s) for f in args.floors for s in args.site_floors]:
                     plain = None
@@ -283,6 +292,8 @@ def main() -> None:
                                "floor": floor, "site_floor": site_floor, "rounds": rounds,
                                "at_cap": at_cap,
                                "central": score / central}
+                        if under_p(reference.labels_, parts, site_floor) == 0:
+                            row["clear"] = row["central"]
                         if mode == "plain":
                             plain = score
                         elif plain is not None:
@@ -326,6 +337,14 @@ def main() -> None:
              "one under secure aggregation, none under DP)."
              + (f" Every run also had {', '.join(args.config)}." if args.config else ""), "",
              "Against central k-means:", "", *table(rows, "central", groups)]
+    if any(sf > 2 for sf in args.site_floors):
+        clear = [(r["site_floor"], r["split"], r["set"], r["seed"]) for r in rows if "clear" in r]
+        counts = "; ".join(f"p_site {sf} {split}: {len({c[2:] for c in clear if c[:2] == (sf, split)})}"
+                           for sf in args.site_floors for split in args.splits)
+        lines += ["", "Against central k-means, on the federations whose central optimum needs no "
+                  "value of fewer than p_site rows of a site (every site holds none or at least "
+                  "p_site rows of each of its clusters: `group_floor.py`'s `under p` is 0; "
+                  f"federations: {counts}):", "", *table(rows, "clear", groups)]
     if any("plain" in r for r in rows):
         lines += ["", "The secure and DP runs against the plain run of the same data and split "
                   "(its k-FED start):", "", *table(rows, "plain", groups)]

@@ -71,6 +71,23 @@ def test_quality_writes_its_tables_with_the_dp_runs_against_the_oracle(tmp_path,
     assert oracle[6].strip() == oracle[8].strip().split()[0]  # one set: median = worst
 
 
+def test_quality_keeps_apart_the_federations_whose_optimum_needs_no_value_under_p(
+        tmp_path, monkeypatch):
+    import quality
+
+    out = tmp_path / "BENCHMARKS.md"
+    monkeypatch.setattr(sys, "argv", ["bench/quality.py", "--sets", "iris", "--splits", "iid",
+                                      "--modes", "plain", "--site-floors", "2", "5",
+                                      "--out", str(out)])
+    quality.main()
+    text = out.read_text()
+    # iris IID: a site holds 3 rows of a cluster of central's optimum, fewer than 5, none under 2
+    assert "federations: p_site 2 iid: 1; p_site 5 iid: 0)" in text
+    lines = text.splitlines()
+    assert sum(line.startswith("| dwf | plain | 2 | 2 | iid |") for line in lines) == 2
+    assert sum(line.startswith("| dwf | plain | 2 | 5 | iid |") for line in lines) == 1
+
+
 def test_grouping_quality_probes_rows_left_out(tmp_path, monkeypatch):
     import grouping
 
@@ -118,4 +135,4 @@ def test_group_floor_pools_every_sites_groups_and_writes_its_table(tmp_path, mon
     assert len(rows) == 4 and all(line.count("(iris)") == 4 for line in rows)
     # under p: site 0 holds 2 and 1 rows of the clusters, site 1 holds 1 and 4 (p = 3)
     labels = np.array([0, 0, 0, 1, 1, 1, 1, 1])
-    assert group_floor.under_p(labels, [np.array([0, 1, 3]), np.array([2, 4, 5, 6, 7])], 3) == 0.5
+    assert quality.under_p(labels, [np.array([0, 1, 3]), np.array([2, 4, 5, 6, 7])], 3) == 0.5
