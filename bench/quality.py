@@ -339,11 +339,13 @@ def main() -> None:
              "Against central k-means:", "", *table(rows, "central", groups)]
     if any(sf > 2 for sf in args.site_floors):
         clear = [(r["site_floor"], r["split"], r["set"], r["seed"]) for r in rows if "clear" in r]
-        counts = "; ".join(f"p_site {sf} {split}: {len({c[2:] for c in clear if c[:2] == (sf, split)})}"
-                           for sf in args.site_floors for split in args.splits)
-        lines += ["", "Against central k-means, on the federations whose central optimum needs no "
-                  "value of fewer than p_site rows of a site (every site holds none or at least "
-                  "p_site rows of each of its clusters: `group_floor.py`'s `under p` is 0; "
+        counts = "; ".join(
+            f"p_site {sf} {split}: {len({c[2:] for c in clear if c[:2] == (sf, split)})}"
+            for sf in args.site_floors for split in args.splits)
+        lines += ["", "Against central k-means, on the federations whose central k-means optimum "
+                  "needs no value of fewer than p_site rows of a site (every site holds none or "
+                  "at least p_site rows of each of its clusters: `group_floor.py`'s `under p` "
+                  "is 0; "
                   f"federations: {counts}):", "", *table(rows, "clear", groups)]
     if any("plain" in r for r in rows):
         lines += ["", "The secure and DP runs against the plain run of the same data and split "
