@@ -185,8 +185,8 @@ def main() -> None:
         k = len(np.unique(y))
         reference = KMeans(k, n_init=10, random_state=0).fit(X)
         for split in quality.SPLITS:
-            parts = quality.partition(y, quality.SITES, quality.SPLITS[split], seed=0)
-            sites = [X[rows] for rows in parts]  # quality.split_sites, its indices kept
+            parts = quality.site_rows(y, split)
+            sites = [X[rows] for rows in parts]
             for p, partition in [(p, q) for p in args.site_floors for q in args.partitions]:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")

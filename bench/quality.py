@@ -62,9 +62,14 @@ SIPU = ("a1", "s1", "s2", "s3", "s4", "unbalance", "d31", "r15", "aggregation", 
 SPLITS = {"iid": "iid", "skew": "dirichlet:0.3"}
 
 
+def site_rows(y: np.ndarray, split: str, seed: int = 0) -> list[np.ndarray]:
+    """Each of the bench's SITES sites' row indices under ``split`` (a SPLITS key)."""
+    return partition(y, SITES, SPLITS[split], seed=seed)
+
+
 def split_sites(X: np.ndarray, y: np.ndarray, split: str, seed: int = 0) -> list[np.ndarray]:
     """The bench's SITES sites of a data set under ``split`` (a SPLITS key)."""
-    return [X[idx] for idx in partition(y, SITES, SPLITS[split], seed=seed)]
+    return [X[idx] for idx in site_rows(y, split, seed)]
 
 
 def under_p(labels: np.ndarray, parts: list[np.ndarray], p: int) -> float:
@@ -271,8 +276,10 @@ def main() -> None:
         reference = KMeans(k, n_init=10, random_state=0).fit(X)
         central_fuzzy = central_fcm(X, k) if "ffcm" in args.algorithms else None
         for split, seed in [(s, e) for s in args.splits for e in range(args.seeds)]:
-            parts = partition(y, SITES, SPLITS[split], seed=seed)
-            sites = [X[rows] for rows in parts]  # split_sites, its indices kept
+            parts = site_rows(y, split, seed)
+            sites = [X[rows] for rows in parts]
+            # whether central's optimum needs no value under each site floor (the second table)
+            clear = {sf: under_p(reference.labels_, parts, sf) == 0 for sf in args.site_floors}
             for algorithm in args.algorithms:
                 for floor, site_floor in [(f, s) for f in args.floors for s in args.site_floors]:
                     plain = None
@@ -292,7 +299,7 @@ def main() -> None:
                                "floor": floor, "site_floor": site_floor, "rounds": rounds,
                                "at_cap": at_cap,
                                "central": score / central}
-                        if under_p(reference.labels_, parts, site_floor) == 0:
+                        if clear[site_floor]:
                             row["clear"] = row["central"]
                         if mode == "plain":
                             plain = score
@@ -338,9 +345,9 @@ def main() -> None:
              + (f" Every run also had {', '.join(args.config)}." if args.config else ""), "",
              "Against central k-means:", "", *table(rows, "central", groups)]
     if any(sf > 2 for sf in args.site_floors):
-        clear = [(r["site_floor"], r["split"], r["set"], r["seed"]) for r in rows if "clear" in r]
+        kept = [(r["site_floor"], r["split"], r["set"], r["seed"]) for r in rows if "clear" in r]
         counts = "; ".join(
-            f"p_site {sf} {split}: {len({c[2:] for c in clear if c[:2] == (sf, split)})}"
+            f"p_site {sf} {split}: {len({c[2:] for c in kept if c[:2] == (sf, split)})}"
             for sf in args.site_floors for split in args.splits)
         lines += ["", "Against central k-means, on the federations whose central k-means optimum "
                   "needs no value of fewer than p_site rows of a site (every site holds none or "

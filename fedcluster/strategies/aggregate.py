@@ -259,7 +259,7 @@ def score_stalled(scores: list[float], score_tol: float, patience: int = SCORE_P
     - none of the last ``best_patience`` rounds improved on the best score before them by
       ``score_tol`` or more. GTV's and EWF's: GTV's local scores on split groups
       (p_site >= 3) alternate better and worse rounds 0.3 % apart for ever, and EWF's
-      can go round three scores, so a round always improves on the one before it and the
+      can go round three scores, so no two rounds in a row fail to improve and the
       first rule never fires (BENCHMARKS.md ``quality-site-floors``). Not the others':
       DWF's score on split groups rises for a
       few rounds and then falls on (its momentum, counts rounded to whole rows), and
