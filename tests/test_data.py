@@ -182,6 +182,28 @@ def test_load_partition_rows_match_the_dataset():
     assert load_partition("blobs", "iid", 0, 3, seed=1).feature_names is None
 
 
+def test_a_simulated_site_is_grouped_once_whatever_its_messages(monkeypatch):
+    """A built-in partition is the same read-only arrays at every message, so a simulated
+    site's groups (kept per array object) are made once per site, not once per message."""
+    import fedcluster
+    from fedcluster.client_app.data import group_table
+
+    data._partition_cached.cache_clear()  # arrays no earlier test has grouped
+    built = []
+    real = group_table.group_rows
+    monkeypatch.setattr(group_table, "group_rows",
+                        lambda *args, **kwargs: built.append(len(args[0])) or real(*args, **kwargs))
+    site = load_partition("blobs", "iid", 0, 3, seed=1)
+    again = load_partition("blobs", "iid", 0, 3, seed=1)
+    assert again.X is site.X and again.labels is site.labels
+    assert not site.X.flags.writeable and not site.labels.flags.writeable
+    model = fedcluster.simulate(num_sites=3, dataset="blobs", partitioning="iid", seed=1,
+                                n_clusters=5, num_rounds=4, tol=0.0, min_cluster_size=5)
+    assert len(model.history) >= 6  # describe, four training rounds, the evaluation, ...
+    assert sorted(built) == sorted(len(load_partition("blobs", "iid", i, 3, seed=1).X)
+                                   for i in range(3))
+
+
 @pytest.mark.parametrize("pid", [-1, 4, True])
 def test_load_partition_rejects_bad_partition_id(pid):
     with pytest.raises(SiteDataError, match=r"digits\[partition .* of 4, iid\]: partition-id"):

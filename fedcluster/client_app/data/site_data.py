@@ -152,8 +152,18 @@ def _builtin_readonly(dataset: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=8)
-def _partition_cached(dataset: str, partitioning: str, n_sites: int, seed: int) -> tuple[np.ndarray, ...]:
-    return tuple(partition(_builtin_readonly(dataset, seed)[1], n_sites, partitioning, seed))
+def _partition_cached(dataset: str, partitioning: str, n_sites: int, seed: int) -> tuple:
+    """Each site's (X, y), read-only, made once: the same array objects every message, so
+    a simulated site's groups are made once too (``group_table``'s memory is per array
+    object; a fresh ``X[rows]`` per message regrouped the site every round)."""
+    X, y = _builtin_readonly(dataset, seed)
+    sites = []
+    for rows in partition(y, n_sites, partitioning, seed):
+        X_site, y_site = X[rows], y[rows]
+        X_site.setflags(write=False)  # read-only, like a deployed site's memmap
+        y_site.setflags(write=False)
+        sites.append((X_site, y_site))
+    return tuple(sites)
 
 
 def load_partition(dataset: str, partitioning: str, partition_id: int, num_partitions: int,
@@ -163,15 +173,13 @@ def load_partition(dataset: str, partitioning: str, partition_id: int, num_parti
     if isinstance(partition_id, bool) or not isinstance(partition_id, (int, np.integer)) \
             or not 0 <= partition_id < num_partitions:
         raise SiteDataError(f"{source}: partition-id must be an integer in [0, {num_partitions})")
-    X, y = _builtin_readonly(dataset, seed)
     try:
-        rows = _partition_cached(dataset, partitioning, int(num_partitions), int(seed))[partition_id]
+        X_site, y_site = _partition_cached(dataset, partitioning, int(num_partitions),
+                                           int(seed))[partition_id]
     except SiteDataError:
         raise
     except ValueError as error:
         raise SiteDataError(f"{source}: {error}") from error
-    X_site, y_site = X[rows], y[rows]
-    X_site.setflags(write=False)  # read-only, like a deployed site's memmap
     names = tuple(f"pixel_{i // 8}_{i % 8}" for i in range(64)) if dataset == "digits" else None
     return SiteData(X=X_site, feature_names=names, labels=y_site, source=source)
 
