@@ -416,3 +416,31 @@ def test_a_column_constant_at_the_site_is_not_weighted_by_its_rounding_noise(blo
     np.testing.assert_allclose(scale[:-1], np.sqrt(1.0 / total + 1.0 / (d * m2[:-1] / len(X))))
     assert np.array_equal(grouping.group_rows(X, 2, scale),
                           grouping.group_rows(np.ascontiguousarray(blobs), 2, scale[:-1]))
+
+
+def test_arrays_derived_from_a_kept_table_in_blocks_equal_one_pass(monkeypatch, tmp_path):
+    """A group table kept on disk is mapped read-only; the means, scatter, variances and
+    run-space copies derived from it are computed a block of groups at a time (its pages
+    dropped after each: bench/scale.py part 3 measures the memory), bit for bit what one
+    pass over the whole arrays gives."""
+    from fedcluster.client_app import site_groups
+
+    rng = np.random.default_rng(3)
+    n_groups, d = 1001, 7
+    counts = rng.integers(2, 5, n_groups)
+    sums = rng.normal(3.0, 2.0, size=(n_groups, d)) * counts[:, None]
+    m2 = rng.random((n_groups, d)) * counts[:, None]
+    np.save(tmp_path / "sums.npy", sums)
+    np.save(tmp_path / "m2.npy", m2)
+    kept = SiteGroups(counts, np.load(tmp_path / "sums.npy", mmap_mode="r"),
+                      np.load(tmp_path / "m2.npy", mmap_mode="r"), None, "kept", 2, "digest")
+    monkeypatch.setattr(site_groups, "BLOCK_BYTES", 8 * d * 64)  # 64 groups a block: 16 blocks
+    assert np.array_equal(kept.means, sums / counts[:, None])
+    assert np.array_equal(kept.scatter, m2.sum(axis=1))
+    assert np.array_equal(kept.variances, m2 / counts[:, None])
+    shift, factor = rng.normal(size=d), rng.random(d) + 0.5
+    view = kept.in_run_space(FeatureTransform("standard", shift, factor))
+    n = counts.astype(np.float64)[:, None]
+    assert np.array_equal(view.sums, (sums - n * shift) / factor)
+    assert np.array_equal(view.m2, m2 / (factor * factor))
+    assert not isinstance(view.sums, np.memmap) and view.sums.flags.c_contiguous

@@ -43,6 +43,7 @@ from functools import cached_property
 
 import numpy as np
 
+from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.common.scaling import FeatureTransform
 
 __all__ = ["GroupLabels", "SiteGroups", "TableFacts", "withhold_lone_cells"]
@@ -58,12 +59,6 @@ class TableFacts:
     schema_hash: str
     rows_dropped: int = 0
     cells_missing: dict = field(default_factory=dict)
-
-    @cached_property
-    def variances(self) -> np.ndarray | None:
-        """(G, d) each group's variance per feature about its mean (m2 over its rows);
-        None for rows (p_site = 1)."""
-        return None if self.m2 is None else self.m2 / self.counts[:, None]
 
     @property
     def has_missing(self) -> bool:
@@ -180,7 +175,8 @@ class SiteGroups:
         if self.present is None:
             if self.singletons:
                 return self.sums  # x / 1 is x
-            return self.sums / self.counts[:, None]
+            return _in_blocks(lambda rows: self.sums[rows] / self.counts[rows, None],
+                              self.sums.shape, self.sums)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.present > 0, self.sums / np.maximum(self.present, 1), np.nan)
 
@@ -190,13 +186,16 @@ class SiteGroups:
         about its mean (0 for a group of one row)."""
         if self.m2 is None:
             return np.zeros(self.n_groups)
-        return self.m2.sum(axis=1)
+        return _in_blocks(lambda rows: self.m2[rows].sum(axis=1), (self.n_groups,), self.m2)
 
     @cached_property
     def variances(self) -> np.ndarray | None:
         """(G, d) each group's variance per feature about its mean (m2 over its rows);
         None for rows (p_site = 1)."""
-        return None if self.m2 is None else self.m2 / self.counts[:, None]
+        if self.m2 is None:
+            return None
+        return _in_blocks(lambda rows: self.m2[rows] / self.counts[rows, None], self.m2.shape,
+                          self.m2)
 
     @property
     def has_missing(self) -> bool:
@@ -246,7 +245,12 @@ class SiteGroups:
             sums = np.where(left, np.nan, sums)
         elif self.present is not None:
             sums = np.where(self.present < self.counts[:, None], np.nan, sums)
-        if transform.kind != "none":
+        if transform.kind != "none" and self.present is None:
+            # In blocks, dropping a kept (memory-mapped) table's pages once read: the
+            # copies in the run's space are what the tasks use, and a large site's
+            # table need not be resident beside them (bench/scale.py, part 3).
+            sums, m2 = self._scaled_in_blocks(n, transform)
+        elif transform.kind != "none":
             sums = (sums - n * transform.shift) / transform.factor
             if m2 is not None:
                 m2 = m2 / (transform.factor * transform.factor)
@@ -254,6 +258,16 @@ class SiteGroups:
         return SiteGroups(self.counts, sums, m2, None, self.source, self.min_size, self.digest,
                           self.feature_names, self.labels, self.table, self.waiting,
                           self.data_fingerprint)
+
+    def _scaled_in_blocks(self, n: np.ndarray, transform: FeatureTransform):
+        """``(sums - n shift) / factor`` and ``m2 / factor^2``, element for element as in
+        one pass (:func:`_in_blocks`)."""
+        sums = _in_blocks(lambda rows: (self.sums[rows] - n[rows] * transform.shift)
+                          / transform.factor, self.sums.shape, self.sums)
+        m2 = None if self.m2 is None else _in_blocks(
+            lambda rows: self.m2[rows] / (transform.factor * transform.factor),
+            self.m2.shape, self.m2)
+        return sums, m2
 
     def clipped(self, lo: np.ndarray, hi: np.ndarray) -> "SiteGroups":
         """The groups with their means clipped into the box [lo, hi] (``data-bounds`` of
@@ -298,6 +312,25 @@ def withhold_lone_cells(sums: np.ndarray, m2: np.ndarray | None, present: np.nda
     return (np.where(lone, 0.0, sums), None if m2 is None else np.where(lone, 0.0, m2),
             np.where(lone, 0, present), withheld)
 
+
+#: Per-group arrays derived from a table are computed this many bytes of it at a time.
+BLOCK_BYTES = 1 << 25
+
+
+def _in_blocks(block_of, shape: tuple, source: np.ndarray) -> np.ndarray:
+    """An array of ``shape`` (its first axis the groups) filled block by block of
+    groups, ``block_of(rows)`` for each slice ``rows`` (element for element what one
+    pass gives), dropping ``source``'s pages after each block when it is a kept table
+    mapped from disk (``mapped_pages.release_pages``): a large site's table need not be
+    resident beside what is derived from it (bench/scale.py, part 3)."""
+    out = np.empty(shape)
+    width = int(np.prod(source.shape[1:], dtype=np.int64)) or 1
+    step = max(1, BLOCK_BYTES // (8 * width))
+    for start in range(0, shape[0], step):
+        rows = slice(start, start + step)
+        out[rows] = block_of(rows)
+        release_pages(source)
+    return out
 
 # In-run-space views kept per process (in-process harness: a few per simulated site).
 _CACHE_SIZE = 32
