@@ -444,3 +444,18 @@ def test_arrays_derived_from_a_kept_table_in_blocks_equal_one_pass(monkeypatch, 
     assert np.array_equal(view.sums, (sums - n * shift) / factor)
     assert np.array_equal(view.m2, m2 / (factor * factor))
     assert not isinstance(view.sums, np.memmap) and view.sums.flags.c_contiguous
+
+
+def test_scattered_rows_of_a_mapped_site_are_read_a_span_at_a_time(monkeypatch, tmp_path):
+    """The rows a new version groups (a few, scattered over a large file) are copied a
+    span of the file at a time, its pages dropped after each (bench/versions.py measures
+    the memory): the same rows, in the same order, as ``X[rows]``."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(5000, 3))
+    np.save(tmp_path / "site.npy", X)
+    mapped = np.load(tmp_path / "site.npy", mmap_mode="r")
+    monkeypatch.setattr(group_table, "CHUNK_ROWS", 64)  # about 80 spans
+    rows = np.sort(rng.choice(5000, 700, replace=False))
+    assert np.array_equal(group_table._rows_of(mapped, rows), X[rows])
+    assert np.array_equal(group_table._rows_of(mapped, rows[::-1]), X[rows[::-1]])  # any order
+    assert group_table._rows_of(mapped, rows[:0]).shape == (0, 3)

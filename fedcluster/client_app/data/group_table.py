@@ -115,6 +115,21 @@ def rows_as_groups(site: SiteData) -> SiteGroups:
 
 
 # ------------------------------------------------------------------ what the grouping sees
+def _rows_of(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``X[rows]`` (``rows`` ascending), read a span of at most CHUNK_ROWS rows of the file
+    at a time, a memory-mapped site's pages dropped after each: a few rows scattered over a
+    large file would otherwise map all of it (the kernel reads ahead around every page
+    it faults in)."""
+    out = np.empty((len(rows), X.shape[1]), dtype=X.dtype)
+    at = 0
+    while at < len(rows):
+        stop = max(at + 1, int(np.searchsorted(rows, rows[at] + CHUNK_ROWS)))
+        out[at:stop] = X[rows[at:stop]]
+        release_pages(X)
+        at = stop
+    return out
+
+
 @contextlib.contextmanager
 def _grouping_rows(site: SiteData, rows: np.ndarray | None = None, scratch: Path | None = None):
     """The rows the grouping sees (``rows``: those rows of the site, ascending): a missing
@@ -132,7 +147,7 @@ def _grouping_rows(site: SiteData, rows: np.ndarray | None = None, scratch: Path
     def chunks():  # in file order, a memory-mapped site's pages dropped after each
         for start in range(0, n, CHUNK_ROWS):
             yield start, np.asarray(X[start:start + CHUNK_ROWS] if rows is None
-                                    else X[rows[start:start + CHUNK_ROWS]])
+                                    else _rows_of(X, rows[start:start + CHUNK_ROWS]))
             release_pages(X)
 
     means = None
