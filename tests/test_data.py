@@ -526,3 +526,28 @@ def test_npy_rejects_label_column_and_junk(tmp_path):
     path.write_bytes(b"definitely not numpy")
     with pytest.raises(SiteDataError, match="cannot be read as a .npy array"):
         load_site_file(path, cache_dir=tmp_path / "c")
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_a_csv_is_parsed_a_chunk_of_lines_at_a_time_as_in_one_pass(monkeypatch, tmp_path, newline):
+    """numpy's parser reads a CSV a chunk of lines at a time into one array sized by the
+    file's line count (grown where "\\r" line endings left the count short): the same
+    features, labels and label names, bit for bit, however the lines are chunked (blank
+    lines and quoted cells included)."""
+    from fedcluster.client_app.data import tables
+
+    rng = np.random.default_rng(9)
+    X = rng.normal(size=(103, 3))
+    labels = rng.choice(["a", "b", "c"], 103)
+    lines = ["x0,x1,label,x2"] + [f'{a!r},{b!r},"{tag}",{c!r}' for (a, b, c), tag
+                                   in zip(X.tolist(), labels)]
+    path = tmp_path / "site.csv"
+    path.write_bytes((newline.join(lines[:50] + [""] + lines[50:]) + newline).encode())
+    parsed = {}
+    for chunk in (7, 1 << 20):
+        monkeypatch.setattr(tables, "PARSE_CHUNK_LINES", chunk)
+        parsed[chunk] = tables.parse_csv(path, label_column="label")
+    for features, names, codes, label_names in parsed.values():
+        assert np.array_equal(features, X) and features.flags.c_contiguous
+        assert names == ("x0", "x1", "x2")
+        assert [label_names[c] for c in codes] == list(labels)

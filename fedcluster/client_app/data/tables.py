@@ -17,6 +17,7 @@ line and column. Errors are ``SiteDataError`` (``common.datasets``).
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import warnings
 from dataclasses import dataclass
@@ -210,6 +211,45 @@ def read_column(path: Path, name: str) -> list[str]:
         return [record[j] for record in reader if record]
 
 
+#: Lines numpy's parser reads at a time (each chunk's whole row, every column, is a
+#: temporary; the features go straight into the one array returned).
+PARSE_CHUNK_LINES = 1 << 13
+
+
+def _parse_fast(path: Path, delimiter: str, plan: ColumnPlan, converters: dict):
+    """(features, label codes) by numpy's C parser, PARSE_CHUNK_LINES lines at a time into
+    one array sized by the file's line count (grown if the count fell short), so a large
+    file's peak is about its features once, not the whole table twice; None if a chunk
+    does not parse or holds a non-finite feature (``_scan_csv`` then finds it)."""
+    with open(path, "rb") as raw:  # an upper bound of the rows (less the header)
+        lines = sum(block.count(b"\n") for block in iter(lambda: raw.read(1 << 24), b""))
+    out = np.empty((max(lines, 1), len(plan.features)))
+    codes, at = [], 0
+    with open(path, encoding="utf-8-sig", newline=None) as text:
+        next(text, None)  # the header
+        while chunk := list(itertools.islice(text, PARSE_CHUNK_LINES)):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # "input contained no data": said later
+                    table = np.loadtxt(chunk, delimiter=delimiter, ndmin=2, dtype=np.float64,
+                                       comments=None, quotechar='"',
+                                       converters=converters or None)
+            except ValueError:
+                return None
+            if not table.shape[0]:
+                continue
+            # loadtxt only checks that rows agree with each other, not with the header
+            if table.shape[1] != len(plan.names) or not np.isfinite(table[:, plan.features]).all():
+                return None
+            if at + table.shape[0] > out.shape[0]:  # a line ending the count did not see
+                out = np.concatenate([out[:at], np.empty((max(at, table.shape[0]), out.shape[1]))])
+            out[at:at + table.shape[0]] = table[:, plan.features]
+            if plan.label is not None:
+                codes.append(table[:, plan.label].astype(np.int64))
+            at += table.shape[0]
+    return out[:at], (np.concatenate(codes) if codes else [])
+
+
 def parse_csv(path: Path, label_column: str | None = None, columns: tuple[str, ...] | None = None,
               id_column: str | None = None):
     """Parse a delimited text file -> (X, feature_names, labels, label_names)."""
@@ -229,22 +269,9 @@ def parse_csv(path: Path, label_column: str | None = None, columns: tuple[str, .
                   if j not in plan.features and j != plan.label}
     if plan.label is not None:
         converters[plan.label] = label_code
-    try:  # fast path: numpy's C parser; any problem is re-found by _scan_csv with its position
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "input contained no data": reported below, clearer
-            table = np.loadtxt(path, delimiter=delimiter, skiprows=1, ndmin=2, dtype=np.float64,
-                               comments=None, quotechar='"', encoding="utf-8-sig",
-                               converters=converters or None)
-        # loadtxt only checks that rows agree with each other, not with the header
-        fast_ok = table.shape[0] == 0 or (table.shape[1] == len(plan.names)
-                                          and np.isfinite(table[:, plan.features]).all())
-    except ValueError:
-        fast_ok = False
-    if fast_ok:
-        codes = table[:, plan.label].astype(np.int64) if plan.label is not None and table.shape[0] else []
-        table = np.ascontiguousarray(table[:, plan.features]) if table.shape[0] else table
-    else:
-        table, codes = _scan_csv(path, plan, delimiter, seen)
+    # fast path: numpy's C parser; any problem is re-found by _scan_csv with its position
+    fast = _parse_fast(path, delimiter, plan, converters)
+    table, codes = fast if fast is not None else _scan_csv(path, plan, delimiter, seen)
     if table.shape[0] == 0:
         raise _error(f"{source}: has a header row but no data rows")
     feature_names = tuple(plan.names[j] for j in plan.features)
