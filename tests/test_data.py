@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -551,3 +552,16 @@ def test_a_csv_is_parsed_a_chunk_of_lines_at_a_time_as_in_one_pass(monkeypatch, 
         assert np.array_equal(features, X) and features.flags.c_contiguous
         assert names == ("x0", "x1", "x2")
         assert [label_names[c] for c in codes] == list(labels)
+
+
+def test_a_csv_row_that_is_not_utf8_is_named(tmp_path):
+    """A byte that is not UTF-8 in a data row (a Latin-1 export): the site's error names
+    the row, as every other bad cell is named, whatever the parser's chunks."""
+    path = tmp_path / "ward.csv"  # the bad byte far past the header's first decoded block
+    good = b"".join(b"%d,%d\n" % (i, i + 1) for i in range(20_000))
+    path.write_bytes(b"a,b\n" + good + b"5,\xe96\n7,8\n")
+    with pytest.raises(SiteDataError, match=r"ward\.csv: after data row (\d+) \(line \d+\): "
+                                            r"not UTF-8 text") as error:
+        load_site_file(path, cache_dir=tmp_path / "cache")
+    # (the decoder reads ahead a block: the row named is the last read before the bad one)
+    assert 19_000 < int(re.search(r"after data row (\d+)", str(error.value)).group(1)) <= 20_000

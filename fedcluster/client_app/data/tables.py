@@ -227,8 +227,11 @@ def _parse_fast(path: Path, delimiter: str, plan: ColumnPlan, converters: dict):
     codes, at = [], 0
     with open(path, encoding="utf-8-sig", newline=None) as text:
         next(text, None)  # the header
-        while chunk := list(itertools.islice(text, PARSE_CHUNK_LINES)):
-            try:
+        while True:
+            try:  # (a UnicodeDecodeError is a ValueError: _scan_csv names its row)
+                chunk = list(itertools.islice(text, PARSE_CHUNK_LINES))
+                if not chunk:
+                    break
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # "input contained no data": said later
                     table = np.loadtxt(chunk, delimiter=delimiter, ndmin=2, dtype=np.float64,
