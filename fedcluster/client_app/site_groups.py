@@ -178,7 +178,9 @@ class SiteGroups:
             return _in_blocks(lambda rows: self.sums[rows] / self.counts[rows, None],
                               self.sums.shape, self.sums)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.present > 0, self.sums / np.maximum(self.present, 1), np.nan)
+            return _in_blocks(lambda rows: np.where(
+                self.present[rows] > 0, self.sums[rows] / np.maximum(self.present[rows], 1),
+                np.nan), self.sums.shape, self.sums, self.present)
 
     @cached_property
     def scatter(self) -> np.ndarray:
@@ -245,29 +247,17 @@ class SiteGroups:
             sums = np.where(left, np.nan, sums)
         elif self.present is not None:
             sums = np.where(self.present < self.counts[:, None], np.nan, sums)
-        if transform.kind != "none" and self.present is None:
-            # In blocks, dropping a kept (memory-mapped) table's pages once read: the
-            # copies in the run's space are what the tasks use, and a large site's
-            # table need not be resident beside them (bench/scale.py, part 3).
-            sums, m2 = self._scaled_in_blocks(n, transform)
-        elif transform.kind != "none":
-            sums = (sums - n * transform.shift) / transform.factor
+        if transform.kind != "none":  # a block at a time: a kept table's pages dropped
+            filled_sums, filled_m2 = sums, m2
+            sums = _in_blocks(lambda rows: (filled_sums[rows] - n[rows] * transform.shift)
+                              / transform.factor, sums.shape, filled_sums)
             if m2 is not None:
-                m2 = m2 / (transform.factor * transform.factor)
+                m2 = _in_blocks(lambda rows: filled_m2[rows] / (transform.factor * transform.factor),
+                                m2.shape, filled_m2)
         sums = np.ascontiguousarray(sums, dtype=np.float64)
         return SiteGroups(self.counts, sums, m2, None, self.source, self.min_size, self.digest,
                           self.feature_names, self.labels, self.table, self.waiting,
                           self.data_fingerprint)
-
-    def _scaled_in_blocks(self, n: np.ndarray, transform: FeatureTransform):
-        """``(sums - n shift) / factor`` and ``m2 / factor^2``, element for element as in
-        one pass (:func:`_in_blocks`)."""
-        sums = _in_blocks(lambda rows: (self.sums[rows] - n[rows] * transform.shift)
-                          / transform.factor, self.sums.shape, self.sums)
-        m2 = None if self.m2 is None else _in_blocks(
-            lambda rows: self.m2[rows] / (transform.factor * transform.factor),
-            self.m2.shape, self.m2)
-        return sums, m2
 
     def clipped(self, lo: np.ndarray, hi: np.ndarray) -> "SiteGroups":
         """The groups with their means clipped into the box [lo, hi] (``data-bounds`` of
@@ -317,19 +307,19 @@ def withhold_lone_cells(sums: np.ndarray, m2: np.ndarray | None, present: np.nda
 BLOCK_BYTES = 1 << 25
 
 
-def _in_blocks(block_of, shape: tuple, source: np.ndarray) -> np.ndarray:
+def _in_blocks(block_of, shape: tuple, *sources: np.ndarray) -> np.ndarray:
     """An array of ``shape`` (its first axis the groups) filled block by block of
     groups, ``block_of(rows)`` for each slice ``rows`` (element for element what one
-    pass gives), dropping ``source``'s pages after each block when it is a kept table
-    mapped from disk (``mapped_pages.release_pages``): a large site's table need not be
-    resident beside what is derived from it (bench/scale.py, part 3)."""
+    pass gives), dropping the ``sources``' pages after each block where they are a kept
+    table mapped from disk (``mapped_pages.release_pages``): a large site's table need
+    not be resident beside what is derived from it (bench/scale.py, part 3)."""
     out = np.empty(shape)
-    width = int(np.prod(source.shape[1:], dtype=np.int64)) or 1
-    step = max(1, BLOCK_BYTES // (8 * width))
+    step = max(1, BLOCK_BYTES // (8 * max(1, sources[0][:1].size)))
     for start in range(0, shape[0], step):
         rows = slice(start, start + step)
         out[rows] = block_of(rows)
-        release_pages(source)
+        for source in sources:
+            release_pages(source)
     return out
 
 # In-run-space views kept per process (in-process harness: a few per simulated site).
