@@ -1,6 +1,7 @@
 """Table 1 by cluster, its maths (issues 36, 44): a site's cluster profile from its groups
 (``client_app/site_profile.py``) pooled into tidy rows (``common/profile.py``), checked
-against pandas on the pooled rows, each row given its group's cluster; the small-cell
+against pandas on the pooled rows, each row given its group's cluster (and its group's
+spread as the site keeps it: a spread unit's share, release/spreads.py); the small-cell
 rule on the pooled counts; a cluster a site withheld shown as intervals."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.site_groups import TableFacts
 from fedcluster.client_app.site_profile import site_profile
 from fedcluster.common import profile
-from test_site_groups import as_the_groups_keep_them
+from test_site_groups import as_the_groups_keep_them, with_kept_spreads
 
 LEVELS = ("a", "b", "c")
 VARIABLES = [profile.Variable("age", "numeric", (0,), "years"),
@@ -53,6 +54,8 @@ def _run(sites, p_site, floor):
         else:
             groups, group_of_row = group_table.build(data, p_site)
             X = as_the_groups_keep_them(X, group_of_row, p_site)  # what the groups keep
+            # the numeric columns' spreads as kept (a level's count is a sum: exact)
+            X[:, :2] = with_kept_spreads(X[:, :2], group_of_row, np.asarray(groups.m2)[:, :2])
         means = np.nan_to_num(groups.means[:, :2], nan=5.0)
         cluster = ((means[:, None] - CENTROIDS[None]) ** 2).sum(-1).argmin(1)
         replies[f"site {s}"] = site_profile(groups, cluster, references, LOWER, UPPER, BINS,

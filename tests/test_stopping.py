@@ -68,9 +68,20 @@ def outliers_sites():
     return [X[rows] for rows in partition(y, 5, "iid", seed=0)]
 
 
-def test_gtv_on_split_groups_stops_when_its_score_cycles(outliers_sites):
+@pytest.fixture
+def own_spreads(monkeypatch):
+    """The dominance rule off (release/dominance.py): the groups holding the far outliers
+    then split by their own spread, the federation that made these runs cycle (with the
+    rule on, their spreads are the site's pooled one and these runs settle sooner)."""
+    from fedcluster.client_app.release import dominance
+
+    monkeypatch.setattr(dominance, "dominated",
+                        lambda peak, unit_m2, cells: np.zeros(np.shape(peak), dtype=bool))
+
+
+def test_gtv_on_split_groups_stops_when_its_score_cycles(outliers_sites, own_spreads):
     """bench/quality.py's ``outliers`` (8 clusters, two of 8 rows, 10 far outliers), 5
-    sites, groups of 3 split by their spread: GTV's local scores alternate better and
+    sites, groups of 3 split by their own spread: GTV's local scores alternate better and
     worse rounds and never stall round on round; the run used every ``num-rounds``
     round. It stops when no round in five beats the best before them."""
     from fedcluster.strategies.gtv import GTVKMeans
@@ -91,7 +102,8 @@ def test_gtv_on_split_groups_stops_when_its_score_cycles(outliers_sites):
         assert len(train(fedcluster.simulate(sites, **config))) == 50
 
 
-def test_ewf_on_split_groups_stops_when_its_score_cycles_and_dwf_does_not_ask(outliers_sites):
+def test_ewf_on_split_groups_stops_when_its_score_cycles_and_dwf_does_not_ask(outliers_sites,
+                                                                             own_spreads):
     """The same ``outliers`` federation, EWF: its equal weights go round three scores
     until the cap; with the best-score rule it stops. DWF keeps the round-on-round rule
     alone (its score rises for a few rounds and falls on)."""

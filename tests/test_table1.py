@@ -1,7 +1,8 @@
 """Table 1 by cluster, end to end (issues 36 and 44): the clinical demo's three sites read
 their CSV files through the schema in the real ClientApp, the run imputes (impute-mean),
 scales and clusters, and its ``profile`` round gives Table 1. Checked against the pooled
-table read through the same schema, each row in the cluster the run gives it (its
+table read through the same schema, each group's spread the one it keeps (a spread
+unit's share, ``release/spreads.py``), each row in the cluster the run gives it (its
 group's, as the site assigns groups: the group table is rebuilt here from the same rows,
 and the cluster sizes are checked against the run's own): every count and % exactly,
 means and SDs to 1e-9, medians and quartiles within one bin where the sites answer from
@@ -27,7 +28,7 @@ from fedcluster.common.clinical_demo import write_clinical
 from fedcluster.common.schema import load_schema
 from fedcluster.simulation import record_parts, run_in_process
 from fedcluster.strategies.validation import Expect, ReplyError, cluster_profile
-from test_site_groups import as_the_groups_keep_them
+from test_site_groups import as_the_groups_keep_them, with_kept_spreads
 from test_table1_small_cells import audit, check_truth, secure_tolerance, truth
 
 K = 4
@@ -51,7 +52,8 @@ def _run(tmp_path, p_site: int, floor: int, records=None, **extra):
 
 def _pooled_rows(result, schema_path, files, p_site, tmp_path):
     """The pooled encoded rows in groups (NaN where missing, and where the groups count a
-    present cell as missing: fewer than p_site of its feature in its group), per site:
+    present cell as missing: fewer than p_site of its feature in its group; each group's
+    cells moved about its mean to the spread it keeps), per site:
     its key, its rows and each row's cluster (its group's: the group's run-space mean
     nearest to the centroids)."""
     schema = load_schema(schema_path)
@@ -63,7 +65,8 @@ def _pooled_rows(result, schema_path, files, p_site, tmp_path):
             groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(X))
         else:
             groups, group_of_row = group_table.build(data, p_site)
-            X = as_the_groups_keep_them(X, group_of_row, p_site)
+            X = with_kept_spreads(as_the_groups_keep_them(X, group_of_row, p_site), group_of_row,
+                                  np.asarray(groups.m2))
         kept = group_of_row >= 0
         means = groups.in_run_space(result.model.scaling).means
         cluster = kernels.assign(means, result.centroids)[0][group_of_row[kept]]
@@ -142,7 +145,7 @@ def test_a_run_floor_above_the_sites_gives_intervals_that_hold(tmp_path):
     such a cluster's size and counts read as intervals that hold the rows' own, its
     other figures are those of the rows shown, a site's withheld cluster reads <40 in
     the composition, and no count shown is 1 to 39."""
-    k = 6
+    k = 8
     result, schema_path, files = _run(tmp_path, p_site=2, floor=40, **{"n-clusters": k})
     schema, parts = _pooled_rows(result, schema_path, files, 2, tmp_path)
     variables = profile.variables_of(schema)

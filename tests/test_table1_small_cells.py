@@ -6,7 +6,8 @@ The clinical demo's four sites (a new seed) at p_site 5, 10 and 11 (each site's 
 
 1. for truth against pandas-free numpy on the pooled rows as the groups keep them (each
    row in its group's cluster; a value alone in its group counts as missing,
-   ``test_site_groups.as_the_groups_keep_them``): every count, %, mean and SD shown is
+   ``test_site_groups.as_the_groups_keep_them``, and each group's spread is the one it
+   keeps, ``with_kept_spreads``): every count, %, mean and SD shown is
    exact (means and SDs to 1e-9; under SecAgg+ to its quantisation), every interval holds
    its figure, a ``<p`` count is 1 to p-1 and a ``suppressed`` one is not;
 2. by an audit written here from the published table alone (the cells shown, their
@@ -38,7 +39,7 @@ from fedcluster.common import kernels, profile, secure_codec
 from fedcluster.common.clinical_demo import write_clinical
 from fedcluster.common.schema import load_schema
 from fedcluster.simulation import run_in_process
-from test_site_groups import as_the_groups_keep_them
+from test_site_groups import as_the_groups_keep_them, with_kept_spreads
 
 FLOORS = (5, 10, 11)
 KS = (6, 8, 10)
@@ -90,7 +91,8 @@ def tables(demo):
                     kept = group_of_row >= 0
                     cluster = kernels.assign(g.in_run_space(model.scaling).means,
                                              model.centroids)[0][group_of_row[kept]]
-                    X = as_the_groups_keep_them(d.X, group_of_row, p)[kept]
+                    X = with_kept_spreads(as_the_groups_keep_them(d.X, group_of_row, p),
+                                          group_of_row, np.asarray(g.m2))[kept]
                     parts.append((f"H{i + 1}", X, cluster))
                 out[p, k, secure] = model, parts
     return out

@@ -75,10 +75,13 @@ def _in_steps(places: np.ndarray, groups: np.ndarray, values: np.ndarray, into: 
             into[slots] += values[rows]
 
 
-def group_sums(X: np.ndarray, group_of_row: np.ndarray, n_groups: int):
+def group_sums(X: np.ndarray, group_of_row: np.ndarray, n_groups: int,
+               squares: np.ndarray | None = None):
     """Per group: ``(counts, sums, absent, places)``: its rows, per feature the sum of its
     present (non-NaN) cells, per feature its missing cells (None: no cell is missing;
     int16 unless a group is larger), and :func:`row_places` (for :func:`group_m2`).
+    ``squares`` (d,), when given, gains the grouped rows' sums of squares per feature
+    (the site's spread, which the dominance rule measures rows against).
 
     One pass over ``X`` in file order; ``absent`` is allocated only when a missing cell
     is met (a table without one keeps no present-cell counts)."""
@@ -98,16 +101,22 @@ def group_sums(X: np.ndarray, group_of_row: np.ndarray, n_groups: int):
             rows = np.where(missing, 0.0, rows)
             _in_steps(at, groups, missing.astype(small), absent)  # integers: any order
         _in_steps(at, groups, rows, sums)
+        if squares is not None:
+            inside = rows[groups >= 0]
+            squares += (inside * inside).sum(axis=0)
         release_pages(X)
     return counts, sums, absent, places
 
 
 def group_m2(X: np.ndarray, group_of_row: np.ndarray, places: np.ndarray, counts: np.ndarray,
-             sums: np.ndarray, absent: np.ndarray | None, lo: int, hi: int) -> np.ndarray:
+             sums: np.ndarray, absent: np.ndarray | None, lo: int, hi: int,
+             peak: np.ndarray | None = None) -> np.ndarray:
     """(hi - lo, d): per feature, the squared deviations of the present cells of groups
     ``lo..hi-1`` from their group's mean (``sums`` / present cells), summed in row order.
     One pass over ``X`` in file order, which takes the rows of those groups alone (a
-    table larger than memory should hold is made a window of groups at a time)."""
+    table larger than memory should hold is made a window of groups at a time).
+    ``peak`` (hi - lo, d), when given, gets each group's largest squared deviation per
+    feature (what the dominance rule judges, ``release/dominance.py``)."""
     n, d = X.shape
     m2 = np.zeros((hi - lo, d))
     for r0 in range(0, n, STATS_ROWS):
@@ -124,6 +133,8 @@ def group_m2(X: np.ndarray, group_of_row: np.ndarray, places: np.ndarray, counts
                 deviation = rows - np.where(present > 0, sums[groups] / np.maximum(present, 1), 0.0)
             deviation[np.isnan(rows)] = 0.0
         _in_steps(at, groups, deviation * deviation, m2, lo)
+        if peak is not None:
+            np.maximum.at(peak, groups - lo, deviation * deviation)
         release_pages(X)
     return m2
 
@@ -237,6 +248,7 @@ class Table:
     width: int
     labels: GroupLabels | None
     waiting: int
+    spreads: object = None  # group_spreads.Spreads of the new groups (None: own m2 kept)
 
     def held(self) -> list:
         """The arrays, in memory (counts, sums, m2, present; present may be None)."""
@@ -249,16 +261,28 @@ class Table:
 DTYPES = {"counts": np.int64, "sums": np.float64, "m2": np.float64, "present": np.int64}
 
 
-def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Path | None):
+def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Path | None,
+            min_size: int = 1, prior: tuple | None = None):
     """The statistics of groups 0..n_groups-1 as a table's columns, in canonical order,
-    and the order. With ``scratch`` (a directory) the squared deviations are made a
-    window of groups at a time and spilled to a temporary file there."""
-    counts, sums, absent, places = group_sums(X, group_of_row, n_groups)
+    the order, and the spread rule's record (:class:`group_spreads.Spreads`; None at
+    ``min_size`` 1, which keeps every group's own m2). With ``scratch`` (a directory) the
+    squared deviations are made a window of groups at a time and spilled to a temporary
+    file there. At ``min_size`` >= 2 the m2 column is what the site may release
+    (``release/spreads.py``): its units' shared m2, the dominance rule's withheld spreads
+    at the site's pooled one (``prior``: (m2 sum, degrees of freedom) per feature of
+    groups already kept, pooled too)."""
+    from fedcluster.client_app.data import group_spreads
+
     width = X.shape[1]
+    squares = np.zeros(width)
+    counts, sums, absent, places = group_sums(X, group_of_row, n_groups, squares)
 
     def present(ids):
         return None if absent is None else counts[ids, None] - absent[ids]
 
+    moments = group_spreads.site_moments(counts, sums, absent, squares) if min_size >= 2 else None
+    sd = None if moments is None else moments[1]
+    candidates = []
     window = max(1, n_groups if scratch is None else M2_WINDOW_BYTES // (8 * width))
     keys = np.empty(n_groups, dtype=np.uint64)
     with contextlib.ExitStack() as stack:
@@ -268,8 +292,11 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
         for lo in range(0, n_groups, window):
             hi = min(n_groups, lo + window)
             m2 = None  # the last window goes before the next is made
-            m2 = group_m2(X, group_of_row, places, counts, sums, absent, lo, hi)
+            peak = None if sd is None else np.zeros((hi - lo, width))
+            m2 = group_m2(X, group_of_row, places, counts, sums, absent, lo, hi, peak)
             keys[lo:hi] = stats_keys(counts[lo:hi], sums[lo:hi], m2, present(slice(lo, hi)))
+            if peak is not None:
+                candidates.append(group_spreads.candidates(peak, sd, lo))
             if spill is not None:
                 spill.write(m2)
         del places
@@ -283,11 +310,34 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
         return np.stack(_stats_bits(counts[ids], sums[ids], rows, present(ids)), axis=1)
 
     order = canonical_order(keys, bits_of)
+    spreads = None
+    m2_piece = piece(m2, order)
+    if sd is not None:
+        spreads = group_spreads.Spreads.of(order, counts, sums, absent, m2, moments, candidates,
+                                           min_size, prior)
+        m2_piece = (n_groups, spreads.take)
     columns = {"counts": [piece(counts, order)], "sums": [piece(sums, order)],
-               "m2": [piece(m2, order)], "present": None}
+               "m2": [m2_piece], "present": None}
     if absent is not None:
         columns["present"] = [(n_groups, lambda lo, hi: present(order[lo:hi]))]
-    return columns, order
+    return columns, order, spreads
+
+
+def kept_again(X: np.ndarray, kept_of_row: np.ndarray, n_kept: int, min_size: int) -> dict:
+    """The kept groups' columns recomputed from their rows, in their order (their base
+    table's entry is gone), the spread rule applied among themselves."""
+    from fedcluster.client_app.data import group_spreads
+
+    squares = np.zeros(X.shape[1])
+    counts, sums, absent, places = group_sums(X, kept_of_row, n_kept, squares)
+    peak = np.zeros((n_kept, X.shape[1]))
+    m2 = group_m2(X, kept_of_row, places, counts, sums, absent, 0, n_kept, peak)
+    moments = group_spreads.site_moments(counts, sums, absent, squares)
+    record = group_spreads.Spreads.of(np.arange(n_kept), counts, sums, absent, m2, moments,
+                                      [group_spreads.candidates(peak, moments[1], 0)], min_size)
+    present = None if absent is None else counts[:, None] - absent
+    return {"counts": [piece(counts)], "sums": [piece(sums)], "m2": [(n_kept, record.take)],
+            "present": None if present is None else [piece(present)]}
 
 
 def write_column(out, name: str, pieces: list, width: int, digest) -> None:

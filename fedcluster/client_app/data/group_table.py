@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.client_app import site_files
-from fedcluster.client_app.data import group_entries, group_stats, versions
+from fedcluster.client_app.data import group_entries, group_spreads, group_stats, versions
 from fedcluster.client_app.data.group_stats import group_statistics
 from fedcluster.client_app.data.grouping import group_rows, grouping_scale
 from fedcluster.client_app.data.site_data import SiteData, SiteDataError, release_pages
@@ -186,10 +186,11 @@ def _fresh(site: SiteData, min_size: int, scratch: Path | None = None):
     """A table of the site's rows grouped afresh, and each row's group (-1: waiting)."""
     group_of_row = _grouped(site, min_size, scratch=scratch)
     n_groups = int(group_of_row.max()) + 1 if group_of_row.size else 0
-    columns, order = group_stats.ordered(site.X, group_of_row, n_groups, scratch)
+    columns, order, spreads = group_stats.ordered(site.X, group_of_row, n_groups, scratch,
+                                                  min_size)
     group_of_row = group_stats.relabel(group_of_row, order)
     return group_stats.Table(columns, site.n_features, _labels_of_groups(site, group_of_row),
-                             int(np.count_nonzero(group_of_row < 0))), group_of_row
+                             int(np.count_nonzero(group_of_row < 0)), spreads), group_of_row
 
 
 def build(site: SiteData, min_size: int) -> tuple[SiteGroups, np.ndarray]:
@@ -313,7 +314,7 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
                                 lambda rows, unit, lost, fresh, labels: _join_units(
                                     site, rows, unit, lost, fresh, labels, min_size),
                                 has_missing, versions.lineage_name(key))
-    table, group_of_row, order = _version_table(site, plan, directory)
+    table, group_of_row, order = _version_table(site, plan, directory, min_size)
     lineage = plan.lineage
     number = len(store.tables)
     dropped = versions.dropped_groups(site.dropped_keys, None if plan.base is None else
@@ -362,17 +363,22 @@ def _earlier_release(directory: Path, site: SiteData, min_size: int):
     return None if read is None else (read, entry)
 
 
-def _version_table(site: SiteData, plan, directory: Path):
+def _version_table(site: SiteData, plan, directory: Path, min_size: int):
     """The version's table (the kept groups first, their statistics copied bit for bit
     from the base table's entry, then the new groups in canonical order), each row's
     group in it, and the new groups' canonical order."""
     group_of_row, n_kept = plan.group_of_row, int(plan.kept.size)
     new_of_row = np.where(group_of_row >= n_kept, group_of_row - n_kept, -1)
-    columns, order = group_stats.ordered(site.X, new_of_row, len(plan.new_members), directory)
+    kept, prior = None, None
+    if n_kept:
+        kept = _kept_columns(site, plan, directory, np.where(group_of_row < n_kept, group_of_row, -1),
+                             min_size)
+        prior = group_spreads.pooled(kept, site.n_features, min_size)
+    columns, order, spreads = group_stats.ordered(site.X, new_of_row, len(plan.new_members),
+                                                  directory, min_size, prior)
     group_of_row = np.where(group_of_row >= n_kept, group_stats.relabel(new_of_row, order) + n_kept,
                             group_of_row)
     if n_kept:
-        kept = _kept_columns(site, plan, directory, np.where(group_of_row < n_kept, group_of_row, -1))
         width = site.n_features
         if columns["present"] is not None or kept["present"] is not None:
             columns["present"] = (kept["present"] or [group_stats.spread(kept["counts"][0], width)]) + \
@@ -380,11 +386,12 @@ def _version_table(site: SiteData, plan, directory: Path):
         for name in ("counts", "sums", "m2"):
             columns[name] = kept[name] + columns[name]
     table = group_stats.Table(columns, site.n_features, _labels_of_groups(site, group_of_row),
-                              int(np.count_nonzero(group_of_row < 0)))
+                              int(np.count_nonzero(group_of_row < 0)), spreads)
     return table, group_of_row, order
 
 
-def _kept_columns(site: SiteData, plan, directory: Path, kept_of_row: np.ndarray) -> dict:
+def _kept_columns(site: SiteData, plan, directory: Path, kept_of_row: np.ndarray,
+                  min_size: int) -> dict:
     """The kept groups' columns, from the base table's entry (bit for bit); recomputed
     from their rows, with a warning, where that entry is gone."""
     read = group_entries.read_arrays(directory / plan.base["entry"])
@@ -394,6 +401,4 @@ def _kept_columns(site: SiteData, plan, directory: Path, kept_of_row: np.ndarray
                 for name in ("counts", "sums", "m2", "present")}
     logger.warning("%s: the base table's entry %s is gone: the kept groups' statistics are "
                    "computed again from their rows", site.source, plan.base["entry"])
-    counts, sums, m2, present = group_stats.group_statistics(site.X, kept_of_row, int(plan.kept.size))
-    return {"counts": [group_stats.piece(counts)], "sums": [group_stats.piece(sums)],
-            "m2": [group_stats.piece(m2)], "present": None if present is None else [group_stats.piece(present)]}
+    return group_stats.kept_again(site.X, kept_of_row, int(plan.kept.size), min_size)

@@ -1,0 +1,290 @@
+"""The spread rule applied to a group table as it is made (the rule itself:
+``release/spreads.py`` and ``release/dominance.py``; this module reads what it needs of
+the rows, which only the data layer may).
+
+While ``group_stats.ordered`` passes over the rows it also gives each group's largest
+squared deviation per feature (``peak``) and the site's spread per feature; this module
+keeps the few cells whose row stands out of its group (:func:`candidates`), pairs the
+small groups into spread units (in canonical order, so that the pairing, like the
+table, is a function of the groups' statistics alone), applies the dominance rule to the
+standing-out cells, pools the released spreads (``typical``) and gives the m2 column the
+table keeps, a chunk of groups at a time (:meth:`Spreads.take`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedcluster.client_app.mapped_pages import release_pages
+from fedcluster.client_app.release import dominance, spreads
+
+__all__ = ["Spreads", "candidates", "pooled", "site_moments"]
+
+#: Groups per chunk of a pass over the table.
+CHUNK_GROUPS = 1 << 14
+#: The pairing compares groups by at most this many coordinates (a fixed projection of
+#: their standardised means when the table is wider): it decides who shares a spread.
+PAIRING_WIDTH = 16
+
+
+def site_moments(counts: np.ndarray, sums: np.ndarray, absent: np.ndarray | None,
+                 squares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(d,) (d,): the mean and standard deviation of each feature over the grouped rows'
+    present cells (from its sum of squares: yardsticks for the rule, not released)."""
+    n = float(counts.sum()) - (0.0 if absent is None else absent.sum(axis=0, dtype=np.float64))
+    n = np.maximum(n, 1.0)
+    mean = sums.sum(axis=0) / n
+    return mean, np.sqrt(np.maximum(squares / n - mean * mean, 0.0))
+
+
+def candidates(peak: np.ndarray, sd: np.ndarray, lo: int) -> tuple[np.ndarray, ...]:
+    """The cells of groups ``lo..`` (``peak``: their largest squared deviations) whose row
+    stands out of its group (``dominance.stand_out``): (groups, features, peaks)."""
+    group, feature = np.nonzero(dominance.stand_out(peak, sd))
+    return group + lo, feature, peak[group, feature]
+
+
+@dataclass
+class Spreads:
+    """The spread rule's record of one table (canonical positions).
+
+    Attributes
+    ----------
+    partner : (G,) int64
+        Each group's spread partner (-1: none).
+    merged : dict
+        Position -> its unit's positions, for the units merged beyond a pair (a unit that
+        gave cells back, or a small group left alone: ``release/spreads.py``).
+    withheld : dict
+        Position -> the features whose unit's spread is withheld (the dominance rule, or
+        a unit merging could not mend).
+    typical : (d,) float
+        The site's pooled spread per degree of freedom (what a withheld spread becomes).
+    """
+
+    order: np.ndarray
+    counts: np.ndarray
+    absent: np.ndarray | None
+    m2: np.ndarray
+    min_size: int
+    partner: np.ndarray
+    tiny: np.ndarray
+    merged: dict = field(default_factory=dict)
+    withheld: dict = field(default_factory=dict)
+    typical: np.ndarray | None = None
+    dominated: int = 0
+
+    @property
+    def withheld_cells(self) -> int:
+        return sum(len(f) for f in self.withheld.values())
+
+    def unit_of(self, position: int) -> np.ndarray:
+        """The positions of a group's spread unit."""
+        if position in self.merged:
+            return self.merged[position]
+        mate = int(self.partner[position])
+        return np.array([position] if mate < 0 else sorted((position, mate)), dtype=np.int64)
+
+    # ------------------------------------------------------------ the table's arrays
+    def _cells(self, ids: np.ndarray) -> np.ndarray:
+        """(n, d) the present cells of groups ``ids``, a feature's 1..p-1 cells as none
+        (the lone-cell rule: ``release/lone_cells.py``)."""
+        width = self.m2.shape[1]
+        present = np.repeat(self.counts[ids, None], width, axis=1) if self.absent is None \
+            else self.counts[ids, None] - self.absent[ids]
+        return np.where(present >= self.min_size, present, 0)
+
+    def _unit(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(own m2, cells) of some positions' groups, (k, d)."""
+        ids = self.order[positions]
+        m2 = np.array(self.m2[ids])
+        release_pages(self.m2)
+        return m2, self._cells(ids)
+
+    def _block(self, lo: int, hi: int):
+        """Positions lo..hi: (own m2, cells, their unit's shares, released (n, d))."""
+        ids = self.order[lo:hi]
+        pp = self.partner[lo:hi]
+        has = pp >= 0
+        mates = self.order[np.where(has, pp, 0)]
+        m2 = np.array(self.m2[ids])
+        mate_m2 = np.where(has[:, None], np.array(self.m2[mates]), 0.0)
+        release_pages(self.m2)
+        cells = self._cells(ids)
+        mate_cells = np.where(has[:, None], self._cells(mates), 0)
+        share = spreads.pair_shares(m2, mate_m2, cells, mate_cells)
+        reveals = spreads.pair_reveals(m2, mate_m2, cells, mate_cells, self.tiny)
+        for position in (p for p in self.merged if lo <= p < hi):
+            unit = self.merged[position]
+            unit_m2, unit_cells = self._unit(unit)
+            at = int(np.flatnonzero(unit == position)[0])
+            share[position - lo] = spreads.shares(unit_m2, unit_cells)[at]
+            reveals[position - lo] = spreads.unit_reveals(unit_m2, unit_cells, self.tiny)
+        for position in (p for p in self.withheld if lo <= p < hi):
+            reveals[position - lo, self.withheld[position]] = True
+        return m2, cells, share, ~reveals
+
+    def take(self, lo: int, hi: int) -> np.ndarray:
+        """The released m2 of positions lo..hi (the table's m2 column)."""
+        _, cells, share, released = self._block(lo, hi)
+        dof = np.maximum(cells - 1.0, 0.0)
+        return np.where(released, share, self.typical[None, :] * dof)
+
+    # ------------------------------------------------------------ making the record
+    @classmethod
+    def of(cls, order, counts, sums, absent, m2, moments: tuple, found: list, min_size: int,
+           prior: tuple | None = None) -> "Spreads":
+        """The rule's record of a table made of these groups (their statistics in group
+        order; ``moments``: :func:`site_moments`; ``found``: :func:`candidates` of each
+        window)."""
+        width = m2.shape[1]
+        mean, sd = moments
+        record = cls(order, counts, absent, m2, min_size, np.full(order.size, -1, np.int64),
+                     spreads.tiny_spread(mean, sd))
+        points = None
+        if (counts[order] < spreads.SPREAD_MIN_ROWS).any():
+            points = record._points(sums, sd)
+            record.partner = spreads.spread_partners(points, counts[order])
+        record._mend(lambda: record._points(sums, sd) if points is None else points)
+        record._dominance(found)
+        total, dof = np.zeros(width), np.zeros(width)
+        if prior is not None:
+            total, dof = total + prior[0], dof + prior[1]
+        for lo in range(0, order.size, CHUNK_GROUPS):
+            own, cells, _, released = record._block(lo, min(order.size, lo + CHUNK_GROUPS))
+            total += np.where(released, own, 0.0).sum(axis=0)
+            dof += np.where(released, np.maximum(cells - 1.0, 0.0), 0.0).sum(axis=0)
+        record.typical = np.where(dof > 0, total / np.where(dof > 0, dof, 1.0), 0.0)
+        return record
+
+    def _points(self, sums: np.ndarray, sd: np.ndarray) -> np.ndarray:
+        """Where each group lies for the pairing: its mean standardised by the site's
+        spread, projected on at most :data:`PAIRING_WIDTH` fixed directions."""
+        width = sums.shape[1]
+        scale = np.where(sd > 0, 1.0 / np.where(sd > 0, sd, 1.0), 0.0)
+        project = None
+        if width > PAIRING_WIDTH:  # a fixed projection: the same for every site and table
+            project = np.random.default_rng(width).standard_normal((width, PAIRING_WIDTH))
+        out = np.empty((self.order.size, min(width, PAIRING_WIDTH)))
+        for lo in range(0, self.order.size, CHUNK_GROUPS):
+            ids = self.order[lo:lo + CHUNK_GROUPS]
+            present = self._cells(ids) if self.absent is not None else self.counts[ids, None]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mean = np.where(present > 0, sums[ids] / np.maximum(present, 1), 0.0) * scale
+            out[lo:lo + ids.size] = mean if project is None else mean @ project
+        return out
+
+    def _mend(self, points_of) -> None:
+        """Merge every unit that would give cells back (``spreads.unit_reveals``) with its
+        nearest unit, up to :data:`MERGE_ROUNDS` times; withhold what is left."""
+        flagged = self._revealing(range(0, self.order.size))
+        if not flagged:
+            return
+        points = points_of()
+        parent = {}
+
+        def root(p):
+            while parent.get(p, p) != p:
+                p = parent[p]
+            return p
+
+        for _ in range(MERGE_ROUNDS):
+            heads = sorted({int(self.unit_of(p)[0]) for p in flagged})
+            for head, near in zip(heads, self._nearest(points, heads)):
+                members = self.unit_of(head).tolist() + ([] if near < 0 else self.unit_of(near).tolist())
+                for member in members:
+                    parent.setdefault(member, member)
+                    a, b = root(member), root(head)
+                    if a != b:
+                        parent[max(a, b)] = min(a, b)
+            self._regroup(parent, root)
+            flagged = [p for p in {int(self.unit_of(p)[0]) for p in flagged}
+                       if self._unit_reveals(p).any()]
+            if not flagged:
+                return
+        for head in flagged:
+            features = np.flatnonzero(self._unit_reveals(head)).tolist()
+            for member in self.unit_of(head).tolist():
+                self.withheld[member] = sorted(set(self.withheld.get(member, [])) | set(features))
+
+    def _regroup(self, parent: dict, root) -> None:
+        """The merged units from the merges so far (each with its members' pairs)."""
+        components: dict[int, set] = {}
+        for member in list(parent):
+            for p in self.unit_of(member).tolist():
+                components.setdefault(root(member), set()).add(p)
+        for members in components.values():
+            unit = np.array(sorted(members), dtype=np.int64)
+            for p in unit.tolist():
+                self.merged[p] = unit
+
+    def _unit_reveals(self, position: int) -> np.ndarray:
+        unit_m2, unit_cells = self._unit(self.unit_of(position))
+        return spreads.unit_reveals(unit_m2, unit_cells, self.tiny)
+
+    def _revealing(self, positions) -> list[int]:
+        """The positions whose unit would give cells back in some feature."""
+        out = []
+        for lo in range(0, self.order.size, CHUNK_GROUPS):
+            released = self._block(lo, min(self.order.size, lo + CHUNK_GROUPS))[3]
+            out.extend((lo + np.flatnonzero(~released.all(axis=1))).tolist())
+        return out
+
+    def _nearest(self, points: np.ndarray, heads: list[int]) -> list[int]:
+        """For each unit head, the nearest group of another unit (-1: none)."""
+        out = []
+        norms = (points * points).sum(axis=1)
+        for head in heads:
+            unit = set(self.unit_of(head).tolist())
+            d2 = norms - 2.0 * points @ points[head] + norms[head]
+            d2[list(unit)] = np.inf
+            near = int(np.argmin(d2)) if np.isfinite(d2).any() else -1
+            out.append(near)
+        return out
+
+    def _dominance(self, found: list) -> None:
+        """Withhold the units' spreads the dominance rule flags (``release/dominance.py``)."""
+        if not found:
+            return
+        groups = np.concatenate([f[0] for f in found]).astype(np.int64)
+        if groups.size == 0:
+            return
+        features = np.concatenate([f[1] for f in found]).astype(np.int64)
+        peaks = np.concatenate([f[2] for f in found])
+        position = np.empty(self.order.size, dtype=np.int64)
+        position[self.order] = np.arange(self.order.size)
+        cells = self._cells(groups)[np.arange(groups.size), features]
+        for g, p, f, peak, n in zip(groups.tolist(), position[groups].tolist(), features.tolist(),
+                                    peaks.tolist(), cells.tolist()):
+            unit = self.unit_of(p)
+            unit_m2 = float(np.asarray(self.m2[self.order[unit], f]).sum())
+            if n > 0 and bool(dominance.dominated(np.array([peak]), unit_m2, np.array([n]))[0]):
+                self.dominated += 1
+                for member in unit.tolist():
+                    self.withheld[member] = sorted(set(self.withheld.get(member, [])) | {f})
+
+
+#: How many times a unit that gives cells back is merged with its nearest before its
+#: spread is withheld.
+MERGE_ROUNDS = 3
+
+
+# ------------------------------------------------------------------ kept groups
+def pooled(kept: dict, width: int, min_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(m2 sum, degrees of freedom) per feature of a version's kept groups (``kept``: their
+    columns as pieces, their m2 the released one): pooled into the new groups' ``typical``."""
+    total, dof = np.zeros(width), np.zeros(width)
+    (n, counts_of), = kept["counts"]
+    present = kept.get("present")
+    for lo in range(0, n, CHUNK_GROUPS):
+        hi = min(n, lo + CHUNK_GROUPS)
+        counts = np.asarray(counts_of(lo, hi))
+        cells = np.repeat(counts[:, None], width, axis=1) if present is None \
+            else np.asarray(present[0][1](lo, hi))
+        cells = np.where(cells >= min_size, cells, 0)
+        m2 = np.asarray(kept["m2"][0][1](lo, hi))
+        total += np.where(cells > 0, m2, 0.0).sum(axis=0)
+        dof += np.maximum(cells - 1.0, 0.0).sum(axis=0)
+    return total, dof
