@@ -124,7 +124,8 @@ VERSION_CHILD = PEAK + """
 import sys, tracemalloc
 import numpy as np
 from fedcluster.client_app.data import group_table, site_data
-from fedcluster.client_app.data.versions import Store, next_version, span_audit
+from fedcluster.client_app.data.versions import Store, next_version
+from fedcluster.client_app.release import span_audit
 
 path, cache, p = sys.argv[1], sys.argv[2], int(sys.argv[3])
 audits = []

@@ -32,7 +32,8 @@ from scipy.linalg import null_space
 from fedcluster import client_app as client_module
 from fedcluster.client_app.data import group_table
 from fedcluster.client_app.data.site_data import load_site_file
-from fedcluster.client_app.data.versions import Store, span_audit
+from fedcluster.client_app.data.versions import Store
+from fedcluster.client_app.release import span_audit
 from fedcluster.common.config import run_config_defaults
 from fedcluster.simulation import InProcessGrid
 

@@ -20,7 +20,7 @@ import numpy as np
 from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.client_app.release import dominance, spreads
 
-__all__ = ["Spreads", "candidates", "pooled", "site_moments"]
+__all__ = ["Spreads", "candidates", "pair_rows", "pooled", "site_moments"]
 
 #: Groups per chunk of a pass over the table.
 CHUNK_GROUPS = 1 << 14
@@ -80,6 +80,26 @@ class Spreads:
     def withheld_cells(self) -> int:
         return sum(len(f) for f in self.withheld.values())
 
+    def _take_units(self, labels: np.ndarray) -> None:
+        """Units given as a label per position: pairs as partners, larger ones merged."""
+        order = np.argsort(labels, kind="stable")
+        edges = np.flatnonzero(np.diff(labels[order])) + 1
+        for unit in np.split(order, edges):
+            if unit.size == 2:
+                self.partner[unit[0]], self.partner[unit[1]] = unit[1], unit[0]
+            elif unit.size > 2:
+                members = np.sort(unit)
+                for position in members.tolist():
+                    self.merged[position] = members
+
+    def unit_heads(self) -> np.ndarray:
+        """(G,) each position's unit named by its smallest position."""
+        heads = np.where(self.partner >= 0, np.minimum(np.arange(self.partner.size), self.partner),
+                         np.arange(self.partner.size))
+        for position, unit in self.merged.items():
+            heads[position] = int(unit.min())
+        return heads
+
     def unit_of(self, position: int) -> np.ndarray:
         """The positions of a group's spread unit."""
         if position in self.merged:
@@ -135,16 +155,19 @@ class Spreads:
     # ------------------------------------------------------------ making the record
     @classmethod
     def of(cls, order, counts, sums, absent, m2, moments: tuple, found: list, min_size: int,
-           prior: tuple | None = None) -> "Spreads":
+           prior: tuple | None = None, units: np.ndarray | None = None) -> "Spreads":
         """The rule's record of a table made of these groups (their statistics in group
         order; ``moments``: :func:`site_moments`; ``found``: :func:`candidates` of each
-        window)."""
+        window; ``units``: a unit label per group number, where the versions audit
+        judged them)."""
         width = m2.shape[1]
         mean, sd = moments
         record = cls(order, counts, absent, m2, min_size, np.full(order.size, -1, np.int64),
                      spreads.tiny_spread(mean, sd))
         points = None
-        if (counts[order] < spreads.SPREAD_MIN_ROWS).any():
+        if units is not None:
+            record._take_units(np.asarray(units, dtype=np.int64)[order])
+        elif (counts[order] < spreads.SPREAD_MIN_ROWS).any():
             points = record._points(sums, sd)
             record.partner = spreads.spread_partners(points, counts[order])
         record._mend(lambda: record._points(sums, sd) if points is None else points)
@@ -269,6 +292,31 @@ class Spreads:
 #: How many times a unit that gives cells back is merged with its nearest before its
 #: spread is withheld.
 MERGE_ROUNDS = 3
+
+
+# ------------------------------------------------------------------ pairing by rows
+def pair_rows(X: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
+    """The spread partners (``release/spreads.spread_partners``) of groups given by their
+    rows (a new version's few), their means standardised as the rows' spread says."""
+    if not groups:
+        return np.zeros(0, dtype=np.int64)
+    rows = np.concatenate(groups)
+    order = np.argsort(rows, kind="stable")
+    values = np.empty((rows.size, X.shape[1]))
+    values[order] = np.asarray(X[rows[order]], dtype=np.float64)
+    release_pages(X)
+    with np.errstate(invalid="ignore"):
+        sd = np.nan_to_num(np.nanstd(values, axis=0))
+        scale = np.where(sd > 0, 1.0 / np.where(sd > 0, sd, 1.0), 0.0)
+        means, at = [], 0
+        for members in groups:
+            means.append(np.nan_to_num(np.nanmean(values[at:at + members.size], axis=0)))
+            at += members.size
+    points = np.array(means) * scale
+    if points.shape[1] > PAIRING_WIDTH:
+        points = points @ np.random.default_rng(points.shape[1]).standard_normal(
+            (points.shape[1], PAIRING_WIDTH))
+    return spreads.spread_partners(points, np.array([m.size for m in groups]))
 
 
 # ------------------------------------------------------------------ kept groups

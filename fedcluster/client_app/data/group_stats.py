@@ -262,7 +262,7 @@ DTYPES = {"counts": np.int64, "sums": np.float64, "m2": np.float64, "present": n
 
 
 def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Path | None,
-            min_size: int = 1, prior: tuple | None = None):
+            min_size: int = 1, prior: tuple | None = None, units: np.ndarray | None = None):
     """The statistics of groups 0..n_groups-1 as a table's columns, in canonical order,
     the order, and the spread rule's record (:class:`group_spreads.Spreads`; None at
     ``min_size`` 1, which keeps every group's own m2). With ``scratch`` (a directory) the
@@ -270,7 +270,8 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
     file there. At ``min_size`` >= 2 the m2 column is what the site may release
     (``release/spreads.py``): its units' shared m2, the dominance rule's withheld spreads
     at the site's pooled one (``prior``: (m2 sum, degrees of freedom) per feature of
-    groups already kept, pooled too)."""
+    groups already kept, pooled too; ``units``: the groups' spread units as the versions
+    audit judged them, a label per group number, else the rule pairs them)."""
     from fedcluster.client_app.data import group_spreads
 
     width = X.shape[1]
@@ -314,7 +315,7 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
     m2_piece = piece(m2, order)
     if sd is not None:
         spreads = group_spreads.Spreads.of(order, counts, sums, absent, m2, moments, candidates,
-                                           min_size, prior)
+                                           min_size, prior, units)
         m2_piece = (n_groups, spreads.take)
     columns = {"counts": [piece(counts, order)], "sums": [piece(sums, order)],
                "m2": [m2_piece], "present": None}

@@ -313,7 +313,8 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
                                 lambda rows: _grouped(site, min_size, rows, directory),
                                 lambda rows, unit, lost, fresh, labels: _join_units(
                                     site, rows, unit, lost, fresh, labels, min_size),
-                                has_missing, versions.lineage_name(key))
+                                has_missing, versions.lineage_name(key),
+                                lambda groups: group_spreads.pair_rows(site.X, groups))
     table, group_of_row, order = _version_table(site, plan, directory, min_size)
     lineage = plan.lineage
     number = len(store.tables)
@@ -323,6 +324,8 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
     group_entries.write_entry(directory / key, table, min_size, group_of_row, content,
                               {"table": number, "lineage": lineage, "rows-dropped": rows_dropped})
     new = store.add_groups(plan.new_members.take(order), min_size)
+    if table.spreads is not None:  # each new group's spread unit, named by one of its groups
+        store.set_units(new, new[table.spreads.unit_heads()])
     kept = store.table_groups(plan.base["n"])[plan.kept] if plan.base is not None else new[:0]
     store.add_table(np.concatenate([kept, new]), {"entry": key, "lineage": lineage, "p": min_size,
                                                   **plan.record, "rows-dropped": rows_dropped,
@@ -375,7 +378,7 @@ def _version_table(site: SiteData, plan, directory: Path, min_size: int):
                              min_size)
         prior = group_spreads.pooled(kept, site.n_features, min_size)
     columns, order, spreads = group_stats.ordered(site.X, new_of_row, len(plan.new_members),
-                                                  directory, min_size, prior)
+                                                  directory, min_size, prior, plan.units)
     group_of_row = np.where(group_of_row >= n_kept, group_stats.relabel(new_of_row, order) + n_kept,
                             group_of_row)
     if n_kept:

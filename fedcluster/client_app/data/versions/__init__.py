@@ -12,8 +12,11 @@ every table the site has answered from before:
   bit for bit, a group that lost or changed a row is withdrawn whole, new rows are
   grouped among themselves and the withdrawn groups' other rows join them
   (``joining.py``), and the audit decides;
-- ``span_audit.py``: the exact audit that no combination of all those groups isolates
-  fewer than p rows, or one row's change;
+- ``links.py``: which new row may be a version of a row that left (its cells' values);
+- ``value_audit.py``: everything the site answered from as the versions audit sees it,
+  per feature over the cells' values (``release/versions_audit.py`` judges, with
+  ``release/span_audit.py``: no combination isolates fewer than p rows or values, one
+  row's change, or, with the spread units' sums of squares, determines a value);
 - ``dropped_rows.py``: the rows a schema drops, counted by groups too.
 
 The group table itself (its statistics, kept as files) is ``group_table.py``'s; this
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.client_app.data.versions import next_version, row_keys
+from fedcluster.client_app.data.versions import links, next_version, row_keys
 from fedcluster.client_app.data.versions.dropped_rows import dropped_groups
 from fedcluster.client_app.data.versions.lineage import Store, TableRef
 from fedcluster.client_app.data.versions.next_version import GroupMembers, Plan, lineage_name
@@ -48,11 +51,37 @@ def instance_keys(X: np.ndarray, labels, row_ids) -> np.ndarray:
     return row_keys.instance_keys(content, row_ids)
 
 
+def _record_cells(store: Store, X: np.ndarray, instances: np.ndarray, rows: np.ndarray) -> None:
+    """The cell hashes of the store's new ``instances`` (appended in order), from ``rows``
+    of ``X`` (-1: a row not at hand, its hashes 0)."""
+    if instances.size == 0:
+        return
+    order = np.argsort(instances)
+    instances, rows = instances[order], rows[order]
+    hashes = np.zeros((instances.size, X.shape[1]), dtype=np.uint16)
+    have = rows >= 0
+    if have.any():
+        at = np.argsort(rows[have], kind="stable")
+        hashed = links.cell_hashes(X, rows[have][at])
+        inner = np.empty_like(hashed)
+        inner[at] = hashed
+        hashes[have] = inner
+    missing = store.n_cell_records
+    if instances[0] > missing:  # instances an earlier release made, without hashes
+        store.add_cell_hashes(np.zeros((int(instances[0]) - missing, X.shape[1]), dtype=np.uint16))
+    store.add_cell_hashes(hashes)
+
+
 def plan_for(store: Store, X: np.ndarray, keys: np.ndarray, row_ids, min_size: int,
-             group_waiting, attach, has_missing: bool, new_lineage: str) -> tuple[Plan, np.ndarray]:
-    """Match a version's rows to the store's instances and plan its groups
+             group_waiting, attach, has_missing: bool, new_lineage: str,
+             pair=None) -> tuple[Plan, np.ndarray]:
+    """Match a version's rows to the store's instances, link its new rows to the rows
+    they may be versions of (``links.py``), and plan its groups
     (``next_version.plan_version``); (the plan, each row's instance)."""
     instance_of_row, new = store.match(keys, row_ids)
+    _record_cells(store, X, instance_of_row[new], np.flatnonzero(new))
+    fresh, earlier = links.link_new_rows(store, instance_of_row[new], instance_of_row)
+    store.set_links(fresh, earlier)
     present = None
     if has_missing or store.present is not None:
         rows = np.flatnonzero(new)
@@ -60,7 +89,7 @@ def plan_for(store: Store, X: np.ndarray, keys: np.ndarray, row_ids, min_size: i
         width = X.shape[1]
         present = lambda instances: store.present_cells(instances, width)  # noqa: E731
     plan = next_version.plan_version(store, instance_of_row, min_size, group_waiting, attach,
-                                     present, new_lineage)
+                                     present, new_lineage, pair)
     return plan, instance_of_row
 
 
@@ -85,6 +114,7 @@ def import_release_table(store: Store, X: np.ndarray, keys: np.ndarray, content:
             if mapped_ids is not None:
                 mapped_ids[r] = row_ids[now_row[r]]
     instances, new = store.match(mapped, mapped_ids)
+    _record_cells(store, X, instances[new], now_row[new])
     if has_missing:
         # the rows still there: their cells; the others: taken as present (not known here)
         cells = np.ones((instances.size, X.shape[1]), dtype=bool)

@@ -16,7 +16,13 @@ The store holds:
   lineage it was in, that lineage, and whether it was in every table between (a row that
   went and came back, or is in two lineages, was not: it may be another row's version);
 - ``offsets.npy``, ``members.npy``: every group ever made, as the instances it holds
-  (CSR), ``group-p.npy`` the p it was made for;
+  (CSR), ``group-p.npy`` the p it was made for, ``unit.npy`` its spread unit (the
+  smallest group number of the unit whose m2 its own shares: ``release/spreads.py``);
+- ``cells.u16``: per instance, a 16-bit hash of each cell's bits (appended as instances
+  come), and ``link.npy``: per instance, the earlier instance it may be a version of
+  (-1: none): the same id, or without an id column the row that left that shares most
+  cells with it (``links.py``). A cell whose bits a linked instance keeps is one VALUE
+  across versions: what the versions audit protects (``release/versions_audit.py``);
 - ``table-<n>.npy``: the groups of table n, in the table's order; ``store.json``: the
   tables' records (the group table entry each is kept as, its lineage, what the version
   kept, withdrew and held back) and the arrays' lengths (written last: arrays only grow,
@@ -39,6 +45,7 @@ that builds a version; a reader maps the arrays.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +107,16 @@ class Store:
         self.members = np.array(_load(directory / "members.npy", n_m))
         self.group_p = np.array(_load(directory / "group-p.npy", n_g, (), np.int64))
         self.seen = np.array(_load(directory / "seen.npy", n_i, (4,), np.int64))
+        # a store made before units and links: each group its own unit, no instance linked
+        self.unit = np.array(_load(directory / "unit.npy", meta.get("units", 0), (), np.int64))
+        if self.unit.size < n_g:
+            self.unit = np.concatenate([self.unit, np.arange(self.unit.size, n_g, dtype=np.int64)])
+        self.link = np.array(_load(directory / "link.npy", meta.get("links", 0), (), np.int64))
+        if self.link.size < n_i:
+            self.link = np.concatenate([self.link, np.full(n_i - self.link.size, -1, np.int64)])
+        self.cell_width = int(meta.get("cell-width", 0))
+        self._cells_known = int(meta.get("cells", 0))  # instances whose cell hashes are on disk
+        self._new_cells: list[np.ndarray] = []
         self._tables: dict[int, np.ndarray] = {}
         self._dropped: dict[int, np.ndarray] = {}
 
@@ -200,6 +217,7 @@ class Store:
         fresh = np.flatnonzero(~found)
         instance[fresh] = self.n_instances + np.arange(fresh.size)
         self.keys = np.concatenate([self.keys, keys[fresh]])
+        self.link = np.concatenate([self.link, np.full(fresh.size, -1, dtype=np.int64)])
         self.seen = np.concatenate([self.seen, np.tile(np.array([-1, -1, -1, 1]), (fresh.size, 1))])
         if ids is not None:
             start = self.ids if self.ids is not None else np.zeros((self.n_instances - fresh.size, 2),
@@ -222,6 +240,57 @@ class Store:
         if self.present is None:
             return np.ones((len(instances), width), dtype=bool)
         return np.unpackbits(self.present[instances], axis=1, count=width).astype(bool)
+
+    # ---------------------------------------------------------------- cells and links
+    def add_cell_hashes(self, hashes: np.ndarray) -> None:
+        """Record the cell hashes ((n, d) uint16) of the instances appended last, in order
+        (those without a record so far: every instance before them has one)."""
+        hashes = np.asarray(hashes, dtype=np.uint16)
+        if self.cell_width == 0:
+            self.cell_width = int(hashes.shape[1])
+        if hashes.shape[1] != self.cell_width:  # a table of another width (another lineage)
+            fitted = np.zeros((hashes.shape[0], self.cell_width), dtype=np.uint16)
+            width = min(self.cell_width, hashes.shape[1])
+            fitted[:, :width] = hashes[:, :width]
+            hashes = fitted
+        self._new_cells.append(hashes)
+
+    def _cells_on_disk(self) -> np.ndarray:
+        path = self.directory / "cells.u16"
+        if self._cells_known == 0 or not path.exists():
+            return np.zeros((0, max(self.cell_width, 1)), dtype=np.uint16)
+        return np.memmap(path, dtype=np.uint16, mode="r", shape=(self._cells_known, self.cell_width))
+
+    @property
+    def n_cell_records(self) -> int:
+        return self._cells_known + sum(len(h) for h in self._new_cells)
+
+    def cell_hashes(self, instances: np.ndarray) -> np.ndarray:
+        """(n, d) uint16: the instances' cell hashes (0 for an instance without a record:
+        one a store made before them knew, which then matches nothing but by chance)."""
+        instances = np.asarray(instances, dtype=np.int64)
+        out = np.zeros((instances.size, max(self.cell_width, 1)), dtype=np.uint16)
+        disk = self._cells_on_disk()
+        known = instances < self._cells_known
+        if known.any():
+            out[known] = disk[instances[known]]
+        if self._new_cells:
+            fresh = np.concatenate(self._new_cells)
+            later = (instances >= self._cells_known) & (instances < self.n_cell_records)
+            out[later] = fresh[instances[later] - self._cells_known]
+        return out
+
+    def set_links(self, instances: np.ndarray, earlier: np.ndarray) -> None:
+        """``instances`` may be versions of ``earlier`` (each to one)."""
+        if self.link.size < self.n_instances:
+            self.link = np.concatenate([self.link, np.full(self.n_instances - self.link.size, -1,
+                                                           np.int64)])
+        self.link[np.asarray(instances, dtype=np.int64)] = np.asarray(earlier, dtype=np.int64)
+
+    def set_units(self, groups: np.ndarray, units: np.ndarray) -> None:
+        """The spread units of ``groups`` (store numbers; each group's unit named by a
+        group of it)."""
+        self.unit[np.asarray(groups, dtype=np.int64)] = np.asarray(units, dtype=np.int64)
 
     def lineage_code(self, name: str) -> int:
         """The number of lineage ``name`` in this store (a new one is added)."""
@@ -271,7 +340,9 @@ class Store:
         if sizes.size:
             self.members = np.concatenate([self.members, groups.members]).astype(np.int64)
         self.group_p = np.concatenate([self.group_p, np.full(sizes.size, min_size, dtype=np.int64)])
-        return np.arange(first, self.n_groups, dtype=np.int64)
+        numbers = np.arange(first, self.n_groups, dtype=np.int64)
+        self.unit = np.concatenate([self.unit, numbers])  # each its own until set_units
+        return numbers
 
     def add_table(self, groups: np.ndarray, record: dict, dropped: np.ndarray | None = None) -> int:
         """Append a table (its groups in order, its dropped rows' groups) and its record;
@@ -287,7 +358,8 @@ class Store:
         the store; arrays only grow, so a crash in between leaves a valid store)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         files = {"keys.npy": self.keys, "offsets.npy": self.offsets, "members.npy": self.members,
-                  "group-p.npy": self.group_p, "seen.npy": self.seen}
+                 "group-p.npy": self.group_p, "seen.npy": self.seen, "unit.npy": self.unit,
+                 "link.npy": self.link}
         if self.ids is not None:
             files["ids.npy"] = self.ids
         if self.present is not None:
@@ -300,9 +372,20 @@ class Store:
         for name, array in files.items():
             site_files.replace_atomically(self.directory / name,
                                           lambda out, a=np.ascontiguousarray(array): np.save(out, a))
+        if self._new_cells:  # appended past the recorded length (a crash's tail cut first)
+            path = self.directory / "cells.u16"
+            with open(path, "ab") as out:
+                out.truncate(self._cells_known * self.cell_width * 2)
+                for block in self._new_cells:
+                    out.write(np.ascontiguousarray(block, dtype=np.uint16).tobytes())
+                out.flush()
+                os.fsync(out.fileno())
+            self._cells_known, self._new_cells = self.n_cell_records, []
         self.meta.update({"instances": self.n_instances, "groups": self.n_groups,
                           "members": int(self.members.size), "has-ids": self.ids is not None,
-                          "present-bytes": 0 if self.present is None else int(self.present.shape[1])})
+                          "present-bytes": 0 if self.present is None else int(self.present.shape[1]),
+                          "units": int(self.unit.size), "links": int(self.link.size),
+                          "cells": self._cells_known, "cell-width": self.cell_width})
         self.write_meta()
 
     def write_meta(self) -> None:

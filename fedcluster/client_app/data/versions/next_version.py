@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedcluster.client_app.data.versions import span_audit
+from fedcluster.client_app.release import span_audit
+from fedcluster.client_app.data.versions import value_audit
 from fedcluster.client_app.data.versions.lineage import Store
 
 __all__ = ["GroupMembers", "Plan", "plan_version"]
@@ -104,6 +105,9 @@ class Plan:
         What the version kept, withdrew and held back (for the store's table record).
     findings : list of str
         Why the audit merged or held back groups.
+    units : (len(new_members),) int64 or None
+        The new groups' spread units the audit judged, each labelled by its first group
+        (None: nothing of the history touched: the table makes them).
     """
 
     group_of_row: np.ndarray
@@ -113,6 +117,7 @@ class Plan:
     lineage: str | None
     record: dict = field(default_factory=dict)
     findings: list = field(default_factory=list)
+    units: np.ndarray | None = None
 
 
 def _base(store: Store, live: np.ndarray) -> dict | None:
@@ -137,7 +142,7 @@ def _all_live(store: Store, groups: np.ndarray, live: np.ndarray) -> np.ndarray:
 
 
 def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waiting, attach,
-                 present=None, new_lineage: str = "") -> Plan:
+                 present=None, new_lineage: str = "", pair=None) -> Plan:
     """Group a version's rows by the rule of the module docstring.
 
     Parameters
@@ -159,6 +164,9 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
         The instances' present cells (None: no cell is missing).
     new_lineage : str
         The name of the lineage the version begins if it continues none.
+    pair : callable (list of row arrays) -> (m,) int64, optional
+        The spread partners of groups of those rows (``release/spreads.py``): the
+        new groups' units, which the audit judges with them, pair the groups alone.
     """
     n = instance_of_row.size
     live = np.zeros(store.n_instances, dtype=bool)
@@ -187,19 +195,21 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
                        "gone-rows": int(np.count_nonzero(~live[base_members]))})
     new_members = _new_groups(store, instance_of_row, group_of_row, group_waiting, attach)
     findings: list[str] = []
-    new_members, held = _audited(store, new_members, p, present, findings)
+    pair_rows = None if pair is None else (lambda groups: pair([row_of[m] for m in groups]))
+    new_members, held, units = _audited(store, list(new_members), p, present, findings,
+                                        pair_rows)
     new_members = GroupMembers.of(new_members)
     group_of_row[row_of[new_members.members]] = kept.size + np.repeat(
         np.arange(len(new_members), dtype=np.int64), new_members.sizes)
     record.update({"new-groups": len(new_members), "held-back": held,
                    "waiting": int(np.count_nonzero(group_of_row < 0))})
-    return Plan(group_of_row, kept, new_members, base, lineage, record, findings)
+    return Plan(group_of_row, kept, new_members, base, lineage, record, findings, units)
 
 
 def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndarray,
                 group_waiting, attach) -> list[np.ndarray]:
-    """The waiting rows' groups, as instance lists: the FRESH rows (never in a group) are
-    grouped among themselves; the other waiting rows (of withdrawn groups, or held back)
+    """The waiting rows' groups, as instance lists: the FRESH rows (never in a group, and
+    no version of a row that was) are grouped among themselves; the other waiting rows (of withdrawn groups, or held back)
     go in UNITS, the rows of one earlier group together, each unit to the fresh group
     nearest to it that has room (at most 2p such rows a group). A unit's sum, subtracted
     from its earlier group's, then leaves that group's rows that went together with fresh
@@ -218,6 +228,10 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
     if disclosed.size:
         offsets, members = _csr(store, disclosed)
         np.maximum.at(last_group, members, np.repeat(disclosed, np.diff(offsets)))
+    # a new version of a row (``links.py``: its unchanged cells are the old one's values)
+    # moves with the rows of the old one's group, as one of them
+    linked = np.flatnonzero((last_group < 0) & (store.link >= 0))
+    last_group[linked] = last_group[store.link[linked]]
     unit = last_group[instance_of_row[waiting]]
     old = unit >= 0
     if not old.any():
@@ -246,28 +260,101 @@ def _split(labels: np.ndarray, instances: np.ndarray) -> GroupMembers:
     return GroupMembers(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), instances[order])
 
 
-def _audited(store: Store, candidates: list[np.ndarray], p: int, present, findings: list):
-    """The new groups that pass the audit, and how many rows it held back: in a failing
-    component, each new group's rows that were in a group before are held back, and its
-    fresh rows stay a group if they are at least p. One audit is enough: components are
-    disjoint, so what is held back in one changes no other, and a group of fresh rows
-    alone (in no other group) is a component of its own, its own sum."""
-    grouped_before = np.zeros(store.n_instances, dtype=bool)
+#: Rounds of audit and hold-back before every new group with a history is held back.
+AUDIT_ROUNDS = 4
+
+
+def _last_units(store: Store) -> np.ndarray:
+    """Each instance's spread unit in the last group it was in, or the one its earlier
+    version was in (a corrected row's unchanged cells are there: ``links.py``); -1: none."""
+    last = np.full(store.n_instances, -1, dtype=np.int64)
     if store.n_groups:
-        grouped_before[store.members] = True
-    touching = [j for j, m in enumerate(candidates) if grouped_before[m].any()]
-    if not touching:
-        return candidates, 0
-    failing = _failures(store, [candidates[j] for j in touching], p, present)
-    findings.extend(reason for _, reason in failing)
-    held, replaced = 0, {}
-    for local, _ in failing:
-        for j in (touching[i] for i in local.tolist()):
-            members = candidates[j]
-            fresh = members[~grouped_before[members]]
-            replaced[j] = [fresh] if fresh.size >= p else []
-            held += int(members.size - (fresh.size if fresh.size >= p else 0))
-    return [m for j, old in enumerate(candidates) for m in replaced.get(j, [old])], held
+        np.maximum.at(last, store.members, np.repeat(np.arange(store.n_groups), np.diff(store.offsets)))
+    unit = np.where(last >= 0, store.unit[np.maximum(last, 0)], -1)
+    linked = np.flatnonzero((unit < 0) & (store.link >= 0))
+    unit[linked] = unit[store.link[linked]]
+    return unit
+
+
+def _spread_units(groups: list[np.ndarray], last_unit: np.ndarray, pair) -> np.ndarray:
+    """The new groups' spread units (``release/spreads.py``), each labelled by its first
+    group: new groups holding rows of one earlier unit share a unit (its m2 was released
+    whole: a unit of them all says no more than it and the new rows); the groups left
+    alone are paired by ``pair`` (their rows' means), a small one with a near one."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    n = len(groups)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    owner = np.repeat(np.arange(n), [m.size for m in groups])
+    old = last_unit[np.concatenate(groups)]
+    had = old >= 0
+    # groups sharing an earlier unit: joined through a node per earlier unit
+    units, slot = np.unique(old[had], return_inverse=True)
+    graph = coo_matrix((np.ones(int(had.sum()), dtype=np.int8), (owner[had], n + slot)),
+                       shape=(n + units.size, n + units.size))
+    label = connected_components(graph, directed=False)[1][:n]
+    first = np.full(int(label.max()) + 1, n, dtype=np.int64)
+    np.minimum.at(first, label, np.arange(n))
+    labels = first[label]
+    alone = np.flatnonzero(np.bincount(labels, minlength=n)[labels] == 1)
+    if pair is not None and alone.size:
+        partner = np.asarray(pair([groups[j] for j in alone.tolist()]), dtype=np.int64)
+        mates = np.where(partner >= 0, alone[np.maximum(partner, 0)], alone)
+        labels[alone] = np.minimum(alone, mates)
+    return labels
+
+
+def _audited(store: Store, candidates: list[np.ndarray], p: int, present, findings: list,
+             pair=None):
+    """The new groups that pass the audits, how many rows they held back, and the new
+    groups' spread units (None: nothing of the history touched, the table makes them).
+
+    Two audits: the instances' (``span_audit``: every row version an unknown) and the
+    values' (``value_audit``: linked versions' unchanged cells one value, with the spread
+    units' sums of squares). In a failing component, each new group's rows with a history
+    (in a group before, or a version of a row that was) are held back, and its fresh rows
+    stay a group if they are at least p; the audits run again on what is left (the spread
+    units change with it), until they pass."""
+    history = np.zeros(store.n_instances, dtype=bool)
+    if store.n_groups:
+        history[store.members] = True
+    history[store.link >= 0] = True
+    if not any(history[m].any() for m in candidates):
+        return candidates, 0, None
+    last_unit = _last_units(store)
+
+    def pairing(groups):
+        return _spread_units(groups, last_unit, pair)
+
+    def fresh_part(members):
+        fresh = members[~history[members]]
+        return fresh if fresh.size >= p else None
+
+    held = 0
+    for _ in range(AUDIT_ROUNDS):
+        units = pairing(candidates)
+        failing = _failures(store, candidates, units, p, present)
+        if not failing:
+            return candidates, held, units
+        findings.extend(reason for _, reason in failing)
+        out = set().union(*(set(local.tolist()) for local, _ in failing))
+        kept = []
+        for j, members in enumerate(candidates):
+            part = fresh_part(members) if j in out else members
+            if part is not None:
+                kept.append(part)
+            held += int(members.size - (0 if part is None else part.size))
+        candidates = kept
+    # still failing: only fresh rows stay (groups of them alone are their own components)
+    final = []
+    for members in candidates:
+        part = fresh_part(members)
+        if part is not None:
+            final.append(part)
+        held += int(members.size - (0 if part is None else part.size))
+    return final, held, pairing(final)
 
 
 def _csr(store: Store, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -279,9 +366,11 @@ def _csr(store: Store, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return offsets, store.members[index]
 
 
-def _failures(store: Store, new: list[np.ndarray], p: int, present):
-    """(indices into ``new``, reason) of the audit's failing components (every group the
-    store holds, and the ``new`` ones)."""
+def _failures(store: Store, new: list[np.ndarray], units: np.ndarray, p: int, present):
+    """(indices into ``new``, reason) of the audits' failing components (every group the
+    store holds, and the ``new`` ones): the instances' audit, then the values'."""
+    if not new:
+        return []
     answered = store.disclosed_groups()
     old_offsets, old_members = _csr(store, answered)
     sizes = np.array([m.size for m in new], dtype=np.int64)
@@ -297,7 +386,8 @@ def _failures(store: Store, new: list[np.ndarray], p: int, present):
     findings = span_audit.audit(offsets, members, store.n_instances,
                                 np.arange(n_old, n_old + len(new)), min_size, p,
                                 store.same_row(), present, reports)
-    return [(f.groups - n_old, f.reason) for f in findings]
+    out = [(f.groups - n_old, f.reason) for f in findings]
+    return out + value_audit.failures(store, new, units, p, present)
 
 
 def lineage_name(digest: str) -> str:

@@ -1,0 +1,173 @@
+"""The versions audit over VALUES, first and second moments together.
+
+A cell's value is what the promise protects. Across versions a corrected row's
+unchanged cells are the same values, and a group's sum and its spread unit's sum of
+squares pin a set of two values; the instance audit (``span_audit.py``: every row
+version its own unknown, first moments) sees neither (issue 54: one correction and one
+appended row gave the appended row to an honest coordinator comparing two versions'
+totals). This audit takes, per feature:
+
+- **the unknowns**: the cells' values; a new instance linked to an earlier one
+  (``data/versions/links.py``: the same id, or the row that left sharing most cells)
+  whose cell keeps its bits holds the same value (one unknown);
+- **what a coordinator may know**: every group's sum of its present cells (every group
+  of every table the site ever made: ``local_kmeans`` gives them all), and every spread
+  unit's sum of squares (``spreads.py``: a unit's m2 with its groups' sums; a withheld or
+  merged spread releases less, so taking every unit is conservative). Every total a site
+  sends (``describe``, ``stats``, an SSE) is a sum of these, over any version.
+
+and checks, exactly where it is exact:
+
+1. **first moments**: no combination of the groups isolates fewer than p values, nor
+   the change of one row's cell (``span_audit.component_finding`` over the values);
+2. **second moments**: no combination of the units' sums of squares covers fewer than
+   max(3, p) values (the same routine over the units);
+3. **both together**: no value, and no row's change, is determined by the sums and the
+   sums of squares jointly. The released statistics map the values x to (A x, B x^2); a
+   value is determined (up to finitely many choices, a pair's order included: a sum
+   and a sum of squares pin two values) exactly when its direction lies in the row space
+   of the Jacobian [A; 2 B diag(x)] (at a generic x: the implicit function theorem), so
+   the audit computes that row space at random x modulo a prime (twice, a value judged
+   determined if either says so). The decision depends on which cells are in which
+   group and unit, never on their values, so it tells a coordinator nothing.
+
+Where it is conservative: a unit whose spread was merged or withheld counts as released;
+two cells whose 16-bit hashes collide count as one value; a component of more than
+:data:`MAX_VALUES` values fails. Where it is not exact: at non-generic values (cells that
+tie), where a sum of squares can pin what the generic analysis leaves free: ``spreads.py``
+merges the units where that shows (a spread of 0, a 2-cell group carrying its unit's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcluster.client_app.release import span_audit
+
+__all__ = ["MAX_VALUES", "PRIME", "Component", "component_finding", "determined"]
+
+#: The field the Jacobian's row space is computed in.
+PRIME = 2_147_483_647
+#: A component of more values than this fails (the audit never passes what it has not
+#: shown); the versions rule keeps components small (a former group and what joined it).
+MAX_VALUES = 4000
+
+
+# ------------------------------------------------------------------ linear algebra mod P
+def _null_space_mod(matrix: np.ndarray) -> np.ndarray:
+    """A basis of {z : matrix z = 0} over GF(PRIME), as the rows of a (k, n) array."""
+    A = np.array(matrix, dtype=np.int64) % PRIME
+    m, n = A.shape
+    pivots, row = [], 0
+    for col in range(n):
+        if row == m:
+            break
+        nonzero = np.flatnonzero(A[row:, col])
+        if nonzero.size == 0:
+            continue
+        at = row + int(nonzero[0])
+        if at != row:
+            A[[row, at]] = A[[at, row]]
+        inverse = pow(int(A[row, col]), PRIME - 2, PRIME)
+        A[row] = (A[row] * inverse) % PRIME
+        others = np.flatnonzero(A[:, col])
+        others = others[others != row]
+        if others.size:
+            A[others] = (A[others] - (A[others, col][:, None] * A[row][None, :]) % PRIME) % PRIME
+        pivots.append(col)
+        row += 1
+    free = [c for c in range(n) if c not in set(pivots)]
+    basis = np.zeros((len(free), n), dtype=np.int64)
+    for k, f in enumerate(free):
+        basis[k, f] = 1
+        for r, p in enumerate(pivots):
+            basis[k, p] = (-A[r, f]) % PRIME
+    return basis
+
+
+def determined(first: list[np.ndarray], second: list[np.ndarray], n: int,
+               changes: list[tuple[int, int]], trials: int = 2) -> str | None:
+    """Whether the sums over ``first`` (index arrays into n values) and the sums of
+    squares over ``second`` determine a value or the difference of a pair in ``changes``
+    (module docstring, 3); why, or None."""
+    if not second:
+        return None  # sums alone: 1 above (no value isolated) says all
+    rng = np.random.default_rng(0x51A7)  # fixed: the decision depends on no value
+    for _ in range(trials):
+        x = rng.integers(1, PRIME, size=n, dtype=np.int64)
+        J = np.zeros((len(first) + len(second), n), dtype=np.int64)
+        for r, members in enumerate(first):
+            J[r, members] = 1
+        for r, members in enumerate(second, start=len(first)):
+            J[r, members] = (2 * x[members]) % PRIME
+        null = _null_space_mod(J)
+        pinned = ~null.any(axis=0) if null.size else np.ones(n, dtype=bool)
+        if pinned.any():
+            return (f"the groups' sums and sums of squares determine {int(pinned.sum())} "
+                    "value(s)")
+        for u, w in changes:
+            if null.size == 0 or np.array_equal(null[:, u], null[:, w]):
+                return "the groups' sums and sums of squares determine a row's change"
+    return None
+
+
+# ------------------------------------------------------------------ one component
+class Component:
+    """One connected part of everything a site answered from, for one feature: its
+    groups' and units' cells as value indices 0..n-1.
+
+    Attributes
+    ----------
+    groups : list of int arrays
+        Each reporting group's present values.
+    units : list of int arrays
+        Each spread unit's present values (its reporting groups').
+    n : int
+        The values.
+    chain : (n,) int
+        Each value's row (values of one row's versions share it: their differences are
+        a row's changes).
+    """
+
+    def __init__(self, groups, units, n, chain) -> None:
+        self.groups, self.units, self.n, self.chain = groups, units, n, np.asarray(chain)
+
+    def changes(self) -> list[tuple[int, int]]:
+        out = []
+        order = np.argsort(self.chain, kind="stable")
+        for lo, hi in _runs(self.chain[order]):
+            members = order[lo:hi].tolist()
+            out.extend((a, b) for i, a in enumerate(members) for b in members[i + 1:])
+        return out
+
+
+def _runs(sorted_values: np.ndarray):
+    if sorted_values.size == 0:
+        return []
+    edges = np.flatnonzero(np.diff(sorted_values)) + 1
+    starts = np.concatenate([[0], edges])
+    stops = np.concatenate([edges, [sorted_values.size]])
+    return [(int(a), int(b)) for a, b in zip(starts, stops) if b - a > 1]
+
+
+def component_finding(part: Component, p: int) -> str | None:
+    """Why a component breaks the promise over values (module docstring, 1-3), or None."""
+    if part.n > MAX_VALUES:
+        return f"too many values to audit together ({part.n} > {MAX_VALUES})"
+    changes = part.changes()
+    chain = part.chain
+
+    def same_row(u, w):
+        return bool(chain[u] == chain[w])
+
+    groups = [g for g in part.groups if g.size]
+    reason = span_audit.component_finding(groups, p, same_row) if len(groups) > 1 else None
+    if reason is not None:
+        return f"values: {reason}"
+    units = [u for u in part.units if u.size]
+    if len(units) > 1 or (units and units[0].size < max(3, p)):
+        reason = span_audit.component_finding(units, max(3, p), lambda u, w: False) \
+            if len(units) > 1 else f"a unit's sum of squares covers {units[0].size} value(s)"
+        if reason is not None:
+            return f"squares: {reason}"
+    return determined(groups, units, part.n, changes)
