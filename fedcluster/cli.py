@@ -19,7 +19,7 @@ from typing import Literal, get_args, get_origin
 
 import numpy as np
 
-from fedcluster.client_app import disclosure_ledger
+from fedcluster.client_app.release import ledger as disclosure_ledger
 from fedcluster.client_app.data.site_data import SiteDataError
 from fedcluster.common.config import ConfigError, RunConfig, kebab_keys
 from fedcluster.strategies.errors import FederationError

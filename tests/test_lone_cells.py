@@ -9,7 +9,7 @@ cells: where a group holds one present cell of a feature, that
 is one row's value, exactly. Shown first against a site without the rule (it reads
 hundreds of single values from the clinical demo), then against the real site, where a
 feature's present cells in a group number 0 or at least p_site
-(``site_groups.withhold_lone_cells``): the attack finds no group with 1 to p_site - 1
+(``release/lone_cells.withhold_lone_cells``): the attack finds no group with 1 to p_site - 1
 present cells, so every sum it reads is of p_site or more values.
 """
 

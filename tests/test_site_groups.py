@@ -238,6 +238,10 @@ DATA_PACKAGE = "fedcluster.client_app.data"
 ROW_MODULES = {DATA_PACKAGE, "fedcluster.client_app.site_check"}
 TASK_MODULES = ["tasks", "site_statistics", "site_profile", "task_runner", "task_io",
                 "local_kmeans", "private_tasks"]
+#: Where values leave a site (the release step and its rules): no module of it holds rows.
+RELEASE_MODULES = ["release.gate", "release.floor", "release.spreads", "release.dominance",
+                   "release.lone_cells",
+                   "release.span_audit", "release.versions_audit", "release.ledger"]
 
 
 def _holds_rows(module: str) -> bool:
@@ -288,6 +292,12 @@ def test_no_task_module_reaches_the_modules_that_hold_rows(module):
     reached = _reach(f"fedcluster.client_app.{module}")
     assert not {m for m in reached if _holds_rows(m)}, module
     assert "SiteData" not in _imports(module), module
+
+
+@pytest.mark.parametrize("module", RELEASE_MODULES)
+def test_no_module_of_the_release_package_reaches_the_modules_that_hold_rows(module):
+    reached = _reach(f"fedcluster.client_app.{module}")
+    assert not {m for m in reached if _holds_rows(m)}, module
 
 
 def test_the_boundary_check_sees_an_import_of_the_data_layer():

@@ -11,7 +11,8 @@ import pytest
 
 import fedcluster
 from fedcluster import cli
-from fedcluster.client_app import disclosure_ledger, privacy_budget
+from fedcluster.client_app import privacy_budget
+from fedcluster.client_app.release import ledger as disclosure_ledger
 from fedcluster.common import privacy, protocol
 from fedcluster.client_app.node_config import ConfigError, parse_node_config
 from fedcluster.simulation import run_in_process, site_nodes

@@ -17,7 +17,7 @@ import pytest
 import fedcluster
 import flower_processes as fp
 from fedcluster import cli
-from fedcluster.client_app import disclosure_ledger
+from fedcluster.client_app.release import ledger as disclosure_ledger
 from fedcluster.common import privacy
 from test_deployment import write_site_csv
 from test_site_policy import APP_DIR

@@ -42,7 +42,9 @@ from fedcluster.common import secure_codec as secure
 from fedcluster.client_app import site_policy
 from fedcluster.common.config import run_config_defaults
 from fedcluster.client_app.node_config import ConfigError, NodeConfig, parse_node_config
-from fedcluster.client_app import disclosure_ledger, private_tasks, privacy_budget
+from fedcluster.client_app import private_tasks, privacy_budget
+from fedcluster.client_app.release import gate
+from fedcluster.client_app.release import ledger as disclosure_ledger
 from fedcluster.client_app.data import group_table
 from fedcluster.client_app.private_rows import PrivateRows
 from fedcluster.client_app.data.site_data import (
@@ -355,20 +357,15 @@ class SiteClient(NumPyClient):
                 reply = run_task(groups, [np.asarray(a) for a in parameters], dict(config),
                                  self.node.min_cluster_size, noise_seed=self._noise_seed(config),
                                  private_rows=rows)
-            answer = self._answer(task, config, groups, reply)
             from_rows = self._site.rows_fingerprint()[:16] if rho is not None else None
-            if secure.SECURE_PARAM in config:
+
+            def write(**fields):
                 self._disclose(task, config, groups=groups_digest, rows=from_rows, dp_rho=rho,
-                               budget=budget,
-                               secure={"terms": json.loads(str(config[secure.SECURE_PARAM]))["terms"],
-                                       "length": int(sum(np.size(a) for a in answer[0]))})
-            else:
-                self._disclose(task, config, groups=groups_digest, rows=from_rows, n_rows=answer[1],
-                               values=disclosure_ledger.values_of(
-                                   reply.arrays, reply.evaluation and reply.evaluation.arrays),
-                               metrics=answer[2], dp_rho=rho, budget=budget)
-        except (site_policy.PolicyRefusal, SiteDataError, TaskError,
-                secure.SecureAggregationError) as err:
+                               budget=budget, **fields)
+            answer = gate.leave(reply, task, config, groups.n_rows, self.key, write,
+                                self._policy_metrics(task, groups))
+        except (site_policy.PolicyRefusal, disclosure_ledger.LedgerUnwritable, SiteDataError,
+                TaskError, secure.SecureAggregationError) as err:
             log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
             if not isinstance(err, disclosure_ledger.LedgerUnwritable):
                 with contextlib.suppress(disclosure_ledger.LedgerUnwritable):
@@ -381,16 +378,10 @@ class SiteClient(NumPyClient):
         site_policy.count_round(self.state, self.run_id, task)
         return answer
 
-    def _answer(self, task: str, config, site: SiteGroups, reply) -> tuple[list, int, dict]:
-        """What leaves the site for ``reply``: Flower's (arrays, num_examples, metrics)."""
-        if secure.SECURE_PARAM in config:
-            # Secure round: only the encoded terms leave the site, masked by SecAgg+;
-            # num_examples is SecAgg+'s weight factor (1) and no per-site metric is sent.
-            arrays = secure.encode(task, reply.arrays, reply.metrics, site.n_rows,
-                                   str(config[secure.SECURE_PARAM]), reply.terms)
-            return arrays, secure.WEIGHT, {protocol.SITE_KEY: self.key}
-        arrays, metrics = reply.wire()
-        metrics[protocol.SITE_KEY] = self.key
+    def _policy_metrics(self, task: str, site: SiteGroups) -> dict:
+        """The site's own figures a plain reply carries besides its values (policies and
+        provenance, not data)."""
+        metrics = {}
         if self.node.max_rounds is not None and task != "describe":
             # The site's own count (a policy figure, not data), which the server follows
             # (under SecAgg+ the server counts the rounds itself); this reply is the next.
@@ -407,7 +398,7 @@ class SiteClient(NumPyClient):
             # The size of the groups the site answers from (a policy): 1 names a site that
             # opted out and answers from its rows, which the run's outputs say.
             metrics[protocol.GROUP_SIZE] = site.min_size
-        return arrays, site.n_rows, metrics
+        return metrics
 
 
 def _planned_rho(config) -> float | None:

@@ -68,7 +68,7 @@ class NodeConfig(_Strict):
     # whether the site answers only DP tasks.
     dp_budget: tuple[float, float] = Field(DEFAULT_DP_BUDGET)
     require_dp: bool = False
-    # The disclosure ledger (client_app/disclosure_ledger.py): a JSONL file, "off" for none.
+    # The disclosure ledger (client_app/release/ledger.py): a JSONL file, "off" for none.
     ledger_path: str | None = None
     # Set by Flower's simulation engine.
     partition_id: int | None = None

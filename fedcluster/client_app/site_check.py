@@ -103,7 +103,26 @@ def format_groups(groups, cost_lines: list[str] = ()) -> list[str]:
         lines.append(f"{groups.cells_withheld} present cell(s) count as missing: fewer than "
                      f"{groups.min_size} of their column in their group, their sum would rest "
                      "on fewer rows than that")
+    lines += format_spreads(groups.spread_rule)
     return lines + ["", *cost_lines] + format_lineage(groups)
+
+
+def format_spreads(rule: dict | None) -> list[str]:
+    """What the spread rules did to the groups the table made (``release/spreads.py``,
+    ``release/dominance.py``)."""
+    if not rule:
+        return []
+    from fedcluster.client_app.release import dominance, spreads
+
+    return [f"Spreads: no second moment of fewer than {spreads.SPREAD_MIN_ROWS} rows leaves this "
+            f"site. Of the {rule['groups']} groups this table made, {rule['paired']} share their "
+            "spread with a nearby group (a spread unit, its m2 shared), "
+            f"{rule['merged-units']} unit(s) were merged where values tie (a spread that would "
+            f"give cells back); the dominance rule (1 row, {dominance.ESTIMATE_WITHIN:.0%}: a row "
+            f"{dominance.DOMINANT_SD:g} SD out of its group whose unit's spread would place it "
+            f"within {dominance.ESTIMATE_WITHIN:.0%}) withheld {rule['dominated']} spread(s) of "
+            f"a feature, {rule['withheld']} group-feature spread(s) withheld in all (the site's "
+            "pooled spread stands in)"]
 
 
 def format_lineage(groups) -> list[str]:
@@ -181,6 +200,9 @@ def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
               "- training rounds: per cluster (of whole groups) the mean (or sum) and the count "
               "of its members",
               "- evaluation: per cluster its size, coordinate sums, squared norms and SSE",
+              "- Table 1 (profile): per cluster its rows; per feature its present cells, their "
+              "sum, their squared deviations (each group's as it keeps it: its spread unit's, "
+              "of at least 3 rows) and a histogram of its groups' means",
               "(a differentially private run answers from the rows, clipped and noised, "
               "within this site's dp-budget)"]
     return lines

@@ -20,7 +20,7 @@ What a group keeps (per feature, over its present cells):
 
 A feature's present cells in a group number 0 or at least p_site: where a group holds 1
 to p_site - 1 present cells of a feature, those cells count as missing
-(:func:`withhold_lone_cells`, the statistical-disclosure-control literature's local
+(``release/lone_cells.py``, the statistical-disclosure-control literature's local
 suppression). Their sum would be a function of fewer than p_site rows (of one row's
 value, at one present cell), and a coordinator that sends two fills reads it from any
 group's mean (``tests/test_lone_cells.py``).
@@ -46,7 +46,7 @@ import numpy as np
 from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.common.scaling import FeatureTransform
 
-__all__ = ["GroupLabels", "SiteGroups", "TableFacts", "withhold_lone_cells"]
+__all__ = ["GroupLabels", "SiteGroups", "TableFacts"]
 
 
 @dataclass(frozen=True)
@@ -130,10 +130,13 @@ class SiteGroups:
         sha256 of the site's rows: the key of its DP budget (which answers from rows).
     cells_withheld : int
         Present cells counted as missing, fewer than p_site of their feature in their
-        group (:func:`withhold_lone_cells`).
+        group (``release/lone_cells.py``).
     table_ref : versions.TableRef, optional
         The table's place in the site's answered history (a deployed site's file; None:
         data held in memory).
+    spread_rule : dict, optional
+        What the spread rule did to the groups the table made (``release/spreads.py``:
+        ``Spreads.summary``), for ``site check``.
     """
 
     counts: np.ndarray
@@ -150,6 +153,7 @@ class SiteGroups:
     data_fingerprint: str | None = None
     cells_withheld: int = 0
     table_ref: object = None
+    spread_rule: dict | None = None
 
     @property
     def n_groups(self) -> int:
@@ -257,7 +261,7 @@ class SiteGroups:
         sums = np.ascontiguousarray(sums, dtype=np.float64)
         return SiteGroups(self.counts, sums, m2, None, self.source, self.min_size, self.digest,
                           self.feature_names, self.labels, self.table, self.waiting,
-                          self.data_fingerprint)
+                          self.data_fingerprint, self.cells_withheld, self.table_ref)
 
     def clipped(self, lo: np.ndarray, hi: np.ndarray) -> "SiteGroups":
         """The groups with their means clipped into the box [lo, hi] (``data-bounds`` of
@@ -268,7 +272,8 @@ class SiteGroups:
         sums = means if self.singletons else means * self.counts[:, None]
         return SiteGroups(self.counts, np.ascontiguousarray(sums), self.m2, None, self.source,
                           self.min_size, self.digest, self.feature_names, self.labels,
-                          self.table, self.waiting, self.data_fingerprint)
+                          self.table, self.waiting, self.data_fingerprint, self.cells_withheld,
+                          self.table_ref)
 
     def missing_features(self) -> list[int]:
         """The features with a cell the run has not filled (NaN in the sums)."""
@@ -283,24 +288,6 @@ class SiteGroups:
         mask = np.zeros(self.n_groups, dtype=bool)
         mask[order[:taken]] = True
         return mask
-
-
-def withhold_lone_cells(sums: np.ndarray, m2: np.ndarray | None, present: np.ndarray | None,
-                        min_size: int):
-    """The group statistics with each feature's present cells in a group counted as
-    missing where they number 1 to ``min_size`` - 1: (sums, m2, present, cells withheld).
-
-    A group keeps its rows (its count); of such a feature it then keeps no value, and
-    the run's pooled fill stands for the cells, as for any missing cell. The arrays are
-    returned as given where nothing is withheld (a kept table maps them from disk)."""
-    if present is None or min_size <= 1:
-        return sums, m2, present, 0
-    lone = (present > 0) & (present < min_size)
-    withheld = int(present[lone].sum())
-    if not withheld:
-        return sums, m2, present, 0
-    return (np.where(lone, 0.0, sums), None if m2 is None else np.where(lone, 0.0, m2),
-            np.where(lone, 0, present), withheld)
 
 
 #: Per-group arrays derived from a table are computed this many bytes of it at a time.

@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedcluster.client_app.private_tasks import site_bounds
+from fedcluster.client_app.release import floor as floor_rules
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.task_io import (TaskError, TaskReply, in_run_space, received_centroids,
                                            task_param)
@@ -105,15 +106,25 @@ def profile_task(groups: SiteGroups, arrays: protocol.ProfileInputs, params: dic
     if (box := site_bounds(params, d)) is not None:
         run = run.clipped(*box)
     cluster_of_group = kernels.assign(run.means, C)[0]
-    return TaskReply(arrays=site_profile(groups, cluster_of_group, checked["references"],
-                                         checked["lower"], checked["upper"], bins,
-                                         weights, floor, indicators))
+    raw = _profile_sums(groups, cluster_of_group, checked["references"], checked["lower"],
+                        checked["upper"], bins, weights, indicators)
+    return TaskReply(arrays=raw, rules=(_withheld_under_floor(raw),))
+
+
+def _withheld_under_floor(raw: ClusterProfile) -> floor_rules.PerCluster:
+    """The floor's rule of a profile: every cluster under p withheld and flagged whole,
+    an empty one too (as the evaluation flags it): flagging only those of 1..p-1 rows
+    would say which the site holds a few rows of. Nothing else is withheld (the module
+    docstring)."""
+    return floor_rules.PerCluster(raw.counts, ("counts", "rows", "present", "sums", "squares",
+                                               "histograms"), "zero", flag="hidden")
 
 
 def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: np.ndarray,
                  lower: np.ndarray, upper: np.ndarray, bins: int, level_weights: np.ndarray,
                  floor: int, indicators: np.ndarray | None = None) -> ClusterProfile:
-    """The profile of one site's clusters.
+    """The profile of one site's clusters as it leaves the site: :func:`_profile_sums`
+    with the floor's rule applied (what ``profile_task`` and the release step give).
 
     Parameters
     ----------
@@ -140,6 +151,16 @@ def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: n
     -------
     ClusterProfile
     """
+    raw = _profile_sums(groups, cluster_of_group, references, lower, upper, bins,
+                        level_weights, indicators)
+    return floor_rules.apply(TaskReply(arrays=raw, rules=(_withheld_under_floor(raw),)), floor)[0]
+
+
+def _profile_sums(groups: SiteGroups, cluster_of_group: np.ndarray, references: np.ndarray,
+                  lower: np.ndarray, upper: np.ndarray, bins: int, level_weights: np.ndarray,
+                  indicators: np.ndarray | None = None) -> ClusterProfile:
+    """Per cluster of whole groups: its rows, and per encoded feature its present cells,
+    their sum, squared deviations about ``references`` and histogram (nothing withheld)."""
     k, d = references.shape
     labels = np.asarray(cluster_of_group, dtype=np.int64)
     counts = np.bincount(labels, weights=groups.counts, minlength=k).astype(np.int64)
@@ -177,13 +198,5 @@ def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: n
     present = np.rint(present).astype(np.int64)
     histograms = np.rint(histograms).astype(np.int64).reshape(k, d, bins)
     rows = np.repeat(counts[:, None], d, axis=1)
-    # Every cluster under the floor is withheld and flagged whole, an empty one too (as
-    # the evaluation flags it): flagging only those of 1..p-1 rows would say which the
-    # site holds a few rows of. Nothing else is withheld here (the module docstring).
-    hide = np.repeat((counts < floor)[:, None], d, axis=1)
-    for term in (rows, present, sums, squares):
-        term[hide] = 0
-    histograms[hide] = 0
-    counts[counts < floor] = 0
     return ClusterProfile(counts, rows, present, sums, squares, histograms,
-                          hide.astype(np.int64))
+                          np.zeros((k, d), dtype=np.int64))

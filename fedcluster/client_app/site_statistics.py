@@ -1,6 +1,6 @@
 """Site tasks that report over ALL the site's groups, never per cluster: its description,
 the imputation statistics, the scaling statistics and the bounding box. Each is refused
-by a site with fewer rows than the privacy floor (``task_io.refuse_under_floor``).
+by a site with fewer rows than the privacy floor (``release/gate.admit``).
 
 ``describe``
     Size, width and feature names, so the server can check that sites agree; a table
@@ -26,47 +26,44 @@ import json
 
 import numpy as np
 
+from fedcluster.client_app.release.floor import Counts, PerCluster, SmallCells
 from fedcluster.client_app.site_groups import SiteGroups
-from fedcluster.client_app.task_io import TaskError, TaskReply, refuse_under_floor
+from fedcluster.client_app.task_io import TaskError, TaskReply
 from fedcluster.common import protocol, scaling
 from fedcluster.common.imputation import imputation_plan, site_missing_stats
 
 
-def _count(value: int, floor: int) -> int | str:
-    """A count as a site reports it: ``"<p"`` when it is 1..p-1."""
-    return f"<{floor}" if 0 < value < floor else int(value)
-
-
 def describe(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
-    refuse_under_floor(site, floor, "it cannot join")
     names = list(site.feature_names) if site.feature_names is not None else []
     metrics = {"n-features": site.n_features, "feature-names": json.dumps(names)}
     if site.table is not None:
         if site.table.schema_hash:  # (none: a table read without an agreed schema)
             metrics[protocol.SCHEMA_HASH] = site.table.schema_hash
-        metrics[protocol.ROWS_DROPPED] = json.dumps(_count(site.table.rows_dropped, floor))
+        metrics[protocol.ROWS_DROPPED] = json.dumps(int(site.table.rows_dropped))
         metrics[protocol.CELLS_MISSING] = json.dumps(
-            {name: _count(n, floor) for name, n in site.table.cells_missing.items()})
-    return TaskReply(metrics=metrics)
+            {name: int(n) for name, n in site.table.cells_missing.items()})
+    return TaskReply(metrics=metrics, rules=(Counts((protocol.ROWS_DROPPED, protocol.CELLS_MISSING)),))
 
 
 def impute_stats(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """The imputation round: per encoded feature, sums, counts and histograms of the
-    present cells (never a row), from the site's own schema."""
-    refuse_under_floor(site, floor, "it sends no imputation statistics")
+    present cells (never a row), from the site's own schema: a feature of fewer present
+    cells than the floor withheld whole, a bin under it read 0 (the release step)."""
     if site.table is None:
         raise TaskError(f"{site.source}: the run imputes missing cells, but this site's "
                         "table is not read through a schema (node-config 'schema-path')")
     plan = imputation_plan(site.table.schema)
     present = site.counts[:, None] if site.present is None else site.present
     present = np.broadcast_to(present, site.sums.shape)
-    return TaskReply(arrays=protocol.MissingStats(*site_missing_stats(present, site.sums, plan, floor)))
+    sums, counts, histograms = site_missing_stats(present, site.sums, plan, 1)
+    return TaskReply(arrays=protocol.MissingStats(sums, counts, histograms),
+                     rules=(PerCluster(counts, ("sums", "counts", "histograms"), "zero"),
+                            SmallCells("histograms")))
 
 
 def stats(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
     """The statistics round: per-feature aggregates over ALL rows (never a row), refused
     by a site with fewer rows than the privacy floor."""
-    refuse_under_floor(site, floor, "it sends no statistics")
     kind = params.get("scale")
     if kind == "standard":
         if site.singletons:
@@ -79,5 +76,4 @@ def stats(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
 
 
 def bounds(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
-    refuse_under_floor(site, floor, "it sends no bounds")
     return TaskReply(arrays=protocol.Range(*scaling.site_range(site.means)))

@@ -1,5 +1,6 @@
 """What every site task reads and sends: its parameters, the server's centroids, its
-reply, its refusal (:class:`TaskError`) and the privacy floor applied to what it reports."""
+reply (with the rules its figures are released by: ``release/floor.py``) and its
+refusal (:class:`TaskError`)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,17 @@ class TaskReply:
     """What a site sends back: its arrays (aggregates), as the task's named reply type of
     ``common/protocol.py``, and scalar metrics; ``terms``, when set, are the sums a secure
     round takes instead of those derived from the arrays (``secure_codec.site_terms``;
-    distributed DP's noisy linear statistics)."""
+    distributed DP's noisy linear statistics). A task's reply carries ``rules``, which
+    of its figures rest on which rows (``release/floor.py``); the release step
+    (``release/gate.py``) applies them and attaches the reply's ``basis``."""
 
     arrays: tuple = protocol.NoArrays()
     metrics: dict[str, Scalar] = field(default_factory=dict)
     terms: dict[str, np.ndarray] | None = None
     # ``evaluate-too``: the evaluation of the received centroids, sent after this reply
     evaluation: "TaskReply | None" = None
+    rules: tuple = ()
+    basis: dict | None = None
 
     def wire(self) -> tuple[list[np.ndarray], dict]:
         """The (arrays, metrics) that travel: this reply's, then its evaluation's."""
@@ -78,31 +83,3 @@ def received_centroids(centroids: np.ndarray | None, site: SiteGroups) -> np.nda
     if not np.all(np.isfinite(C)):
         raise TaskError("the centroids sent by the server are not all finite")
     return np.ascontiguousarray(C)
-
-
-def refuse_under_floor(site: SiteGroups, floor: int, what: str = "") -> None:
-    """The one refusal of a task that reports over ALL the site's rows (statistics,
-    bounds, its size, GTV's own centroids): a site with fewer rows than the floor sends
-    nothing (``what`` says what it withholds)."""
-    if site.n_rows < floor:
-        raise TaskError(f"{site.source}: has {site.n_rows} rows, fewer than the privacy floor "
-                        f"{floor}: at least {floor} are needed (min-cluster-size)"
-                        + (f"; {what}" if what else ""))
-
-
-def apply_privacy_floor(
-    counts: np.ndarray, centroids: np.ndarray, fallback: np.ndarray, floor: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Withhold every cluster with fewer than ``floor`` local members.
-
-    Its count becomes 0 and its centroid row is replaced by ``fallback`` (what the server
-    sent, which carries no information about the site). Clusters with 0 members are
-    untouched apart from that replacement, so a withheld cluster is indistinguishable
-    from an empty one.
-    """
-    counts = np.asarray(counts, dtype=np.int64).copy()
-    centroids = np.array(centroids, dtype=np.float64, copy=True)
-    hidden = counts < floor
-    counts[hidden] = 0
-    centroids[hidden] = fallback[hidden]
-    return counts, centroids

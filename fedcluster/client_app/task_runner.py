@@ -1,13 +1,15 @@
 """The site's task dispatch: the task a message names, run on the site's groups in the
 run's space (its fill and scaling; ``data-bounds`` clips the groups' means) with the
 floor max(server's p, site's p), or, under DP, its private version on the site's
-clipped rows (``private_rows.py``)."""
+clipped rows (``private_rows.py``); admitted and screened by the release step
+(``release/gate.py``), which applies the floor's rules to what it sends."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from fedcluster.client_app import private_tasks
+from fedcluster.client_app.release import gate
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.task_io import TaskError, TaskReply, in_run_space, task_param
 from fedcluster.client_app.tasks import TASKS
@@ -46,18 +48,20 @@ def run_task(groups: SiteGroups, arrays: list[np.ndarray], params: dict, site_fl
                             f"{which} and the run sent no value to impute them with")
     dp = private_tasks.task_privacy(params, groups.n_features)
     box = private_tasks.site_bounds(params, groups.n_features) if name != "describe" else None
-    reply = None
+    reply, private = None, False
     with small_work.few_passes(is_few_pass_task(name, params)):
         if dp is not None:
             rng = np.random.default_rng(noise_seed)
             rows = lambda: _clipped(private_rows, transform, box)  # noqa: E731
             reply = private_tasks.run_private(name, groups, rows, arrays, params, floor, dp, rng)
+            private = reply is not None
         if reply is None:
             if box is not None and name not in RAW_TABLE_TASKS:  # data-bounds: clipped means
                 groups = groups.clipped(*box)
+            gate.admit(name, groups, floor)
             reply = TASKS[name](groups, arrays, params, floor)
     reply.metrics.setdefault("n-rows", groups.n_rows)
-    return reply
+    return gate.screen(reply, name, floor, groups, private)
 
 
 def _clipped(private_rows, transform: str | None, box):

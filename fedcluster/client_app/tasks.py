@@ -8,8 +8,9 @@ returns a :class:`TaskReply` of AGGREGATES only (centroids or sums, counts, scal
 metrics), each a function of the groups' statistics. With p_site = 1 every group is a
 row and every task the row-level algorithm of its paper.
 
-The privacy floor p is applied in one place (``task_io.apply_privacy_floor``): a
-cluster with fewer than p local members is not reported (its count is sent as 0 and its
+The privacy floor p is not applied here: a task says which of its figures rest on which
+rows (``release/floor.py``'s rules) and the release step applies them (``release/gate.py``):
+a cluster with fewer than p local members is not reported (its count is sent as 0 and its
 centroid row replaced by what the server sent, or dropped where rows are optional).
 
 Tasks (the ``task`` config key):
@@ -68,9 +69,8 @@ from fedcluster.client_app.group_weights import (
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.site_profile import profile_task
 from fedcluster.client_app.site_statistics import bounds, describe, impute_stats, stats
-from fedcluster.client_app.task_io import (
-    TaskError, TaskReply, apply_privacy_floor, received_centroids, refuse_under_floor, task_param,
-)
+from fedcluster.client_app.release.floor import Labels, PerCluster
+from fedcluster.client_app.task_io import TaskError, TaskReply, received_centroids, task_param
 
 
 def _min_groups(params) -> int:
@@ -106,8 +106,9 @@ def local_kmeans_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRep
     centroids, counts = local.local_kmeans(groups.means, k_local, seed, weights=weights,
                                            scatter=scatter, variances=variances)
     counts = in_rows(counts)
-    keep = (counts >= floor) & ~_too_few_groups(groups, centroids, counts, min_groups)
-    return TaskReply(arrays=protocol.ClusterMeans(centroids[keep], counts[keep]))
+    too_few = _too_few_groups(groups, centroids, counts, min_groups)
+    return TaskReply(arrays=protocol.ClusterMeans(centroids, counts),
+                     rules=(PerCluster(counts, ("centroids", "counts"), "drop", also=too_few),))
 
 
 def _continue_lloyd(groups: SiteGroups, C, sums, counts, local_iters: int, tol: float):
@@ -134,12 +135,11 @@ def lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     local_C, last_counts = _continue_lloyd(groups, C, sums, weights, local_iters, tol)
     weights = in_rows(weights)
     # A cluster is reported only if both its weight and the member set of its reported
-    # mean reach the floor.
-    last_counts = np.where((weights < floor) | _too_few_groups(groups, C, weights, min_groups),
-                           0, last_counts)
-    hidden_counts, local_C = apply_privacy_floor(last_counts, local_C, C, floor)
-    weights = np.where(hidden_counts == 0, 0, weights).astype(np.int64)
-    reply = TaskReply(arrays=protocol.ClusterMeans(local_C, weights), metrics={"sse": float(sse)})
+    # mean reach the floor (a withheld one shows the centroid the server sent).
+    reply = TaskReply(arrays=protocol.ClusterMeans(local_C, weights), metrics={"sse": float(sse)},
+                      rules=(PerCluster(np.minimum(weights, last_counts), ("centroids", "counts"),
+                                        "fallback", {"centroids": C},
+                                        _too_few_groups(groups, C, weights, min_groups)),))
     if params.get(protocol.EVALUATE_TOO):
         # the evaluation of the RECEIVED centroids, exactly as an evaluate round would send it
         reply.evaluation = evaluate(groups, protocol.Centroids(arrays.centroids), params, floor)
@@ -173,11 +173,14 @@ def minibatch_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
         else:
             lam = spread_minibatch_epoch(groups.means, order, in_groups, gamma, beta,
                                          weights, variances, scatter)
-    lam, gamma = apply_privacy_floor(in_rows(lam), gamma, C, floor)
+    lam = in_rows(lam)
+    rules = (PerCluster(lam, ("centroids", "counts"), "fallback", {"centroids": C}),)
     if protocol.FAR_ROWS in params:  # where the server re-seeds a dead cluster
         far = farthest_groups(groups, C, task_param(params, protocol.FAR_ROWS, int), floor)
-        return TaskReply(arrays=protocol.ClusterMeansAndFar(gamma, lam, *far), metrics=metrics)
-    return TaskReply(arrays=protocol.ClusterMeans(gamma, lam), metrics=metrics)
+        rules += (PerCluster(far[1], ("far_means", "far_counts"), "zero"),)
+        return TaskReply(arrays=protocol.ClusterMeansAndFar(gamma, lam, *far), metrics=metrics,
+                         rules=rules)
+    return TaskReply(arrays=protocol.ClusterMeans(gamma, lam), metrics=metrics, rules=rules)
 
 
 def farthest_groups(groups: SiteGroups, C: np.ndarray, rows: int,
@@ -194,12 +197,15 @@ def farthest_groups(groups: SiteGroups, C: np.ndarray, rows: int,
     return mean[None, :], np.array([count], dtype=np.int64)
 
 
-def _means_of_kept(groups: SiteGroups, seeds: np.ndarray, floor: int) -> TaskReply:
-    """Means and sizes of the clusters of ``seeds`` that have at least ``floor`` rows."""
+def _means_of_kept(groups: SiteGroups, seeds: np.ndarray) -> TaskReply:
+    """Means and sizes of the clusters of ``seeds`` (those under the floor, and empty
+    ones, left out by the release step)."""
     sums, counts, _ = kernels.lloyd_stats(groups.means, seeds, *kernel_weights(groups))
-    keep = (counts >= floor) & (counts > 0)
-    means = sums[keep] / counts[keep, None]
-    return TaskReply(arrays=protocol.ClusterMeans(means, counts[keep].astype(np.int64)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = sums / np.where(counts > 0, counts, 1)[:, None]
+    counts = counts.astype(np.int64)
+    return TaskReply(arrays=protocol.ClusterMeans(means, counts),
+                     rules=(PerCluster(counts, ("centroids", "counts"), "drop", also=counts == 0),))
 
 
 def kmeanspp_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
@@ -216,7 +222,7 @@ def kmeanspp_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
         seeds = np.asarray(groups.means[np.sort(picked)], dtype=np.float64)
     else:
         raise TaskError(f"unknown seeding {method!r}; use 'kmeans++' or 'random'")
-    return _means_of_kept(groups, seeds, floor)
+    return _means_of_kept(groups, seeds)
 
 
 def prune_lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
@@ -233,9 +239,8 @@ def prune_lloyd_task(groups: SiteGroups, arrays, params, floor: int) -> TaskRepl
         kept = counts > 0
         C, sums, counts = C[kept], sums[kept], counts[kept]
     local_C, counts = _continue_lloyd(groups, C, sums, counts, local_iters, tol)
-    keep = counts >= floor
-    return TaskReply(arrays=protocol.ClusterMeans(local_C[keep], counts[keep]),
-                     metrics={"sse": float(sse)})
+    return TaskReply(arrays=protocol.ClusterMeans(local_C, counts), metrics={"sse": float(sse)},
+                     rules=(PerCluster(counts, ("centroids", "counts"), "drop"),))
 
 
 def fcm_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
@@ -255,14 +260,13 @@ def fcm_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
         sums, weights, hard = fuzzy_kernels.fcm_stats(groups.means, centres, m, kernel_weights(groups)[0],
                                                       spread)
         centres = local.update_centroids(centres, sums, weights)
-    hidden = hard < floor
-    weights[hidden] = 0.0
-    centres[hidden] = C[hidden]
+    # A centre whose hard cluster is under the floor shows the one the server sent.
+    rules = (PerCluster(hard, ("centres", "weights"), "fallback", {"centres": C}),)
     # The site's J_m of the received centres, a sum over all its groups like lloyd's SSE:
     # the server stops when it stalls (FFCM's rounds converge only linearly).
     objective = fuzzy_kernels.fcm_objective(groups.means, C, m, kernel_weights(groups)[0], spread)
     return TaskReply(arrays=protocol.FuzzyCentres(centres, weights),
-                     metrics={"fuzzy-objective": objective})
+                     metrics={"fuzzy-objective": objective}, rules=rules)
 
 
 def gtv_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
@@ -280,7 +284,6 @@ def gtv_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     tol = task_param(params, "tol", float)
     if alpha < 0 or local_iters < 1 or tol < 0:
         raise TaskError(f"bad gtv parameters: alpha {alpha}, local-iters {local_iters}, tol {tol}")
-    refuse_under_floor(groups, floor, "it keeps no centroids of its own")
     weights, scatter, variances = split_weights(groups)
     first_round = arrays.own is None
     if first_round:
@@ -315,8 +318,8 @@ def gtv_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
         W[~moved] = (groups.means * groups.counts[:, None]).sum(axis=0) / groups.n_rows
         _, counts, sse, gtv = update(W)
     counts = in_rows(counts)
-    counts = np.where(counts >= floor, counts, 0)
-    return TaskReply(arrays=protocol.ClusterMeans(W, counts), metrics={"sse": float(sse), "gtv": float(gtv)})
+    return TaskReply(arrays=protocol.ClusterMeans(W, counts), metrics={"sse": float(sse), "gtv": float(gtv)},
+                     rules=(PerCluster(counts, ("counts",), "zero"),))
 
 
 def evaluate_sets_task(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
@@ -373,13 +376,12 @@ def evaluate(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
     # 1..p-1 members would tell the server which clusters the site holds a few rows of.
     # The flag then says no more than the zero count (it exists so that the report can
     # say "<p" rather than 0).
-    hidden = counts < floor if floor > 1 else np.zeros(counts.shape, dtype=bool)
     # Davies-Bouldin's distances, measured to C: the server uses them when the pooled
     # means are C (a converged run) and spares the second pass (strategies/base.py).
     distances, _ = kernels.distance_to_means(groups.means, C, C, weights)
-    counts[hidden], sums[hidden], sqnorms[hidden], distances[hidden] = 0, 0.0, 0.0, 0.0
     reply = TaskReply(
-        arrays=protocol.Evaluation(counts, sums, sqnorms, hidden.astype(np.int64), distances),
+        arrays=protocol.Evaluation(counts, sums, sqnorms, np.zeros(counts.shape, dtype=np.int64),
+                                   distances),
         # floor: the site's effective privacy floor (a policy, not data), so that the
         # server can say what a hidden size is under ("<p" with the site's own p).
         metrics={"sse": float(sse), "silhouette-sum": float(silhouette), "floor": int(floor),
@@ -387,6 +389,8 @@ def evaluate(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
                  # groups (whatever the centroids): Calinski-Harabasz's within-cluster
                  # dispersion needs it, and no per-cluster figure carries a group's
                  "group-scatter": float(groups.scatter.sum())},
+        rules=(PerCluster(counts, ("counts", "sums", "sqnorms", "distances"), "zero",
+                          from_two=True, flag="hidden"),),
     )
     if "fuzzifier" in params:
         m = task_param(params, "fuzzifier", float)
@@ -397,13 +401,9 @@ def evaluate(groups: SiteGroups, arrays, params, floor: int) -> TaskReply:
         reply.metrics["partition-sum"] = partition_sum
     if groups.labels is not None:
         table = groups.labels.contingency(kernels.assign(groups.means, C)[0], C.shape[0])
-        table[table < floor] = 0
-        # A label with no cell at or above the floor is left out: its row would be zeros
-        # (no metric changes), but its name would tell that the site holds rows of it.
-        shown = table.any(axis=1)
-        reply.arrays = reply.arrays._replace(contingency=table[shown])
-        names = [name for name, keep in zip(groups.labels.names, shown) if keep]
-        reply.metrics["label-names"] = json.dumps(names)
+        reply.arrays = reply.arrays._replace(contingency=table)
+        reply.metrics["label-names"] = json.dumps(list(groups.labels.names))
+        reply.rules += (Labels("contingency", "label-names"),)
     return reply
 
 
@@ -413,8 +413,8 @@ def evaluate_distances(groups: SiteGroups, arrays, params, floor: int) -> TaskRe
     C = received_centroids(arrays.centroids, groups)
     means = received_centroids(arrays.means, groups)
     distances, counts = kernels.distance_to_means(groups.means, C, means, kernel_weights(groups)[0])
-    distances[counts < floor] = 0.0
-    return TaskReply(arrays=protocol.Distances(distances))
+    return TaskReply(arrays=protocol.Distances(distances),
+                     rules=(PerCluster(counts, ("distances",), "zero"),))
 
 
 TaskFn = Callable[[SiteGroups, list, dict, int], TaskReply]

@@ -25,8 +25,11 @@ __all__ = ["GROUPS_FORMAT", "entry_key", "lineage_path", "read_arrays", "table_d
            "write_entry"]
 
 # v2: groups ordered by a hash of their statistics (v1: by their means), each sum taken
-# in row order (group_stats.py): a v1 entry is grouped again.
-GROUPS_FORMAT = "fedcluster-site-groups-v2"
+# in row order (group_stats.py): a v1 entry is grouped again. v3: the m2 column is what
+# the site may release (release/spreads.py: spread units, the dominance rule), not each
+# group's own: a v2 entry is not read (its kept groups are computed again from their rows,
+# the rule applied).
+GROUPS_FORMAT = "fedcluster-site-groups-v3"
 
 
 def digest_start(min_size: int):

@@ -92,6 +92,16 @@ class Spreads:
                 for position in members.tolist():
                     self.merged[position] = members
 
+    def summary(self) -> dict:
+        """What the rule did to this table's groups, as ``site check`` shows it: the
+        2-row groups paired, the units merged (values that tie), the (group, feature)
+        spreads withheld, of them the dominance rule's."""
+        merged = {tuple(unit.tolist()) for unit in self.merged.values()}
+        return {"groups": int(self.order.size),
+                "paired": int(np.count_nonzero(self.partner >= 0)),
+                "merged-units": len(merged),
+                "withheld": int(self.withheld_cells), "dominated": int(self.dominated)}
+
     def unit_heads(self) -> np.ndarray:
         """(G,) each position's unit named by its smallest position."""
         heads = np.where(self.partner >= 0, np.minimum(np.arange(self.partner.size), self.partner),

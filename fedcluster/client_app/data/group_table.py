@@ -46,7 +46,8 @@ from fedcluster.client_app.data import group_entries, group_spreads, group_stats
 from fedcluster.client_app.data.group_stats import group_statistics
 from fedcluster.client_app.data.grouping import group_rows, grouping_scale
 from fedcluster.client_app.data.site_data import SiteData, SiteDataError, release_pages
-from fedcluster.client_app.site_groups import GroupLabels, SiteGroups, withhold_lone_cells
+from fedcluster.client_app.release.lone_cells import withhold_lone_cells
+from fedcluster.client_app.site_groups import GroupLabels, SiteGroups
 from fedcluster.client_app.data.versions import joining, row_keys
 
 __all__ = ["build", "group_statistics", "grouping_scale", "row_hashes", "rows_as_groups",
@@ -80,9 +81,10 @@ def _labels_of_groups(site: SiteData, group_of_row: np.ndarray) -> GroupLabels |
 
 
 def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, waiting: int,
-            digest: str | None = None, table_ref=None, rows_dropped: int | None = None):
+            digest: str | None = None, table_ref=None, rows_dropped: int | None = None,
+            spread_rule: dict | None = None):
     """The SiteGroups of a group table as made or kept: a feature's present cells fewer
-    than p_site in a group count as missing (``site_groups.withhold_lone_cells``; applied
+    than p_site in a group count as missing (``release/lone_cells.py``; applied
     here, on every table handed to tasks, kept ones made before the rule included); the
     table's facts (missing cells, rows dropped) as the groups keep them."""
     digest = digest or group_entries.table_digest(counts, sums, m2, present, labels, min_size)
@@ -93,7 +95,7 @@ def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, wa
                                 else rows_dropped)
     return SiteGroups(counts, sums, m2, present, site.source, min_size, digest,
                       site.feature_names, labels, facts, waiting, site.fingerprint,
-                      withheld, table_ref)
+                      withheld, table_ref, spread_rule)
 
 
 def rows_as_groups(site: SiteData) -> SiteGroups:
@@ -197,7 +199,9 @@ def build(site: SiteData, min_size: int) -> tuple[SiteGroups, np.ndarray]:
     """The group table of ``site`` (the grouping's groups, in canonical order), in
     memory, and each row's group (-1: waiting)."""
     table, group_of_row = _fresh(site, min_size)
-    return _groups(site, min_size, *table.held(), table.labels, table.waiting), group_of_row
+    rule = None if table.spreads is None else table.spreads.summary()
+    return _groups(site, min_size, *table.held(), table.labels, table.waiting,
+                   spread_rule=rule), group_of_row
 
 
 # ------------------------------------------------------------------ where tables are kept
@@ -286,7 +290,7 @@ def _read_entry(base: Path, site: SiteData, store_dir: Path):
     ref = versions.TableRef(str(store_dir), number, str(meta["lineage"]))
     groups = _groups(site, int(meta["min-size"]), parts["counts"], parts["sums"], parts["m2"],
                      parts.get("present"), labels, int(meta["waiting"]), str(meta["digest"]), ref,
-                     int(meta.get("rows-dropped", 0)))
+                     int(meta.get("rows-dropped", 0)), meta.get("spreads"))
     grouped = None if groups.waiting == 0 else np.asarray(parts["row-groups"]) >= 0
     return groups, grouped
 
@@ -321,8 +325,10 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
     dropped = versions.dropped_groups(site.dropped_keys, None if plan.base is None else
                                       store.table_dropped(plan.base["n"]), min_size)
     rows_dropped = int(dropped.shape[0])
+    spread_rule = None if table.spreads is None else table.spreads.summary()
     group_entries.write_entry(directory / key, table, min_size, group_of_row, content,
-                              {"table": number, "lineage": lineage, "rows-dropped": rows_dropped})
+                              {"table": number, "lineage": lineage, "rows-dropped": rows_dropped,
+                               "spreads": spread_rule})
     new = store.add_groups(plan.new_members.take(order), min_size)
     if table.spreads is not None:  # each new group's spread unit, named by one of its groups
         store.set_units(new, new[table.spreads.unit_heads()])

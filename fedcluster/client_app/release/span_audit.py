@@ -27,7 +27,7 @@ their newest group was made, and nothing has joined them since):
 
 And the same for each feature's values over the instances whose cell is present and
 the groups that report the feature (a group's present cells of a feature number 0 or at
-least its p, ``site_groups.withhold_lone_cells``): a coordinator may know which cells are
+least its p, ``release/lone_cells.withhold_lone_cells``): a coordinator may know which cells are
 missing, and a missing cell is then a known zero.
 
 How it stays fast: instances in exactly the same groups (an ATOM) are indistinguishable

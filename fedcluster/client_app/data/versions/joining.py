@@ -50,9 +50,15 @@ def join_units(Z: np.ndarray, unit: np.ndarray, lost: np.ndarray, fresh_Z: np.nd
                 room[g] = max(room[g] - unit_rows[u], 0)
                 break
     made = group_means.shape[0]
-    for wounded in (True, False):  # groups of whole units among those left (none large)
-        left = np.flatnonzero((joined < 0) & (unit_lost == wounded) & (unit_rows <= 2 * min_size))
-        per_group = min_size if wounded else \
+    # groups of whole units among those left (none large), each kind apart: units that
+    # lost a row (p of them), units withdrawn for a raised p only, and units whose rows
+    # are all there but in new versions (corrected) with those corrected in the same
+    # features (p of them): in a feature none of its rows changed a corrected unit holds
+    # its earlier group's values, so with a unit of another kind it would give that one's
+    # alone, and with one corrected elsewhere a correction in a feature only it changed
+    for kind in [LOST, WHOLE] + sorted(set(unit_lost[unit_lost >= CHANGED].tolist())):
+        left = np.flatnonzero((joined < 0) & (unit_lost == kind) & (unit_rows <= 2 * min_size))
+        per_group = max(min_size, 3) if kind != WHOLE else \
             max(2, -(-min_size // int(unit_rows[left].min()))) if left.size else 2
         if left.size >= max(per_group, 2):
             of_unit = group_rows(np.ascontiguousarray(unit_means[left]), per_group)
@@ -64,6 +70,10 @@ def join_units(Z: np.ndarray, unit: np.ndarray, lost: np.ndarray, fresh_Z: np.nd
 #: How many of the nearest new groups a withdrawn group's rows may join (the nearest
 #: with room).
 NEAREST_GROUPS = 16
+#: What befell a unit's earlier group: all its rows are there (withdrawn for a raised p
+#: only), some rows are gone, some rows are there only as new versions (corrected; with
+#: the code of the features they changed added: ``next_version._changed_kinds``).
+WHOLE, LOST, CHANGED = 0, 1, 2
 
 
 def nearest_groups(points: np.ndarray, centres: np.ndarray, k: int):

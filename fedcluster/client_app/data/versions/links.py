@@ -6,8 +6,9 @@ VALUES, and a corrected row's unchanged cells are the same values in every versi
   instance keeps, not to read any (65,536 values a cell; collisions only make the audit
   stricter: two cells taken for one value).
 - **Links.** A new instance is linked to the earlier instance it may be a version of
-  (:func:`link_new_rows`): with an id column, the latest instance with its id; without
-  one, the row that left (in no version since) sharing most cells with it, one to one
+  (:func:`link_new_rows`), among the rows of the lineage it continues that left: with an
+  id column, the latest with its id; without one, the one sharing most cells with it,
+  one to one
   (most cells first; cells shared by many rows that left, as a category's level is,
   count for nothing). A row corrected in one cell of four shares three.
 - **Values.** Per feature, a linked pair whose cell hashes are equal holds one value
@@ -51,30 +52,31 @@ def cell_hashes(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def link_new_rows(store, new: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def link_new_rows(store, new: np.ndarray, gone: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(new instances, the earlier instance each may be a version of), for the ``new``
-    instances of a version (``live``: every instance of the version).
+    instances of a version.
 
     Parameters
     ----------
     store : lineage.Store
-        The site's store (its instances' ids, cell hashes, groups and links).
-    new, live : int arrays
-        The version's new instances, and all of its instances (with an id column the
-        store holds each instance's id).
+        The site's store (its instances' ids, cell hashes and links).
+    new : int array
+        The version's new instances.
+    gone : int array
+        The instances of the lineage the version continues that are no longer in the
+        data (the rows that left; with an id column the store holds each one's id).
     """
     new = np.asarray(new, dtype=np.int64)
-    if new.size == 0 or store.n_groups == 0:
+    gone = np.asarray(gone, dtype=np.int64)
+    if new.size == 0 or gone.size == 0:
         return new[:0], new[:0]
-    grouped = np.zeros(store.n_instances, dtype=bool)
-    grouped[store.members] = True
-    gone = grouped.copy()
-    gone[np.asarray(live, dtype=np.int64)] = False
+    left = np.zeros(store.n_instances, dtype=bool)
+    left[gone] = True
+    if store.ids is not None:
+        return _by_id(store, new, left)
     taken = np.zeros(store.n_instances, dtype=bool)
     taken[store.link[store.link >= 0]] = True
-    if store.ids is not None:
-        return _by_id(store, new, gone)
-    candidates = np.flatnonzero(gone & ~taken)
+    candidates = np.flatnonzero(left & ~taken)
     if candidates.size == 0:
         return new[:0], new[:0]
     return _by_cells(store.cell_hashes(new), store.cell_hashes(candidates), new, candidates)

@@ -8,20 +8,22 @@ The rule (docs/explanation/privacy-model.md, "Versions"):
 2. **Kept.** A group of the base whose rows are all still there (the same instances:
    ``row_keys.py``) stays, its statistics bit for bit. A group that lost or changed a
    row is WITHDRAWN whole (as is one under a raised p): its other rows wait.
-3. **New.** The waiting rows that were never in a group (new rows) are grouped among
-   themselves (``grouping.group_rows``); the other waiting rows (of a withdrawn group,
-   or held back before) join them a former group at a time, each to the new group
-   nearest to it that has room (at most 2p such rows a group, or one larger former
-   group alone); the others make groups of whole former groups of at most 2p rows each
-   (p of them where those lost rows; else at least two, and p rows); a unit that makes
-   no group waits. A former group's rows always move together, so an instance's groups
-   form a chain, which the audit checks by a minimum cut.
-4. **Audit.** Before the version answers anything, the exact span audit
-   (``span_audit.audit``) checks every table ever made (each counts as answered from),
-   with the new groups: no combination isolates fewer than p rows, and no one-row
-   change. In a component that fails, the new groups' rows that were in a group before
-   wait (they are HELD BACK: a later version, with more new rows around them, tries
-   again), and their fresh rows stay a group if they are at least p.
+3. **New.** The waiting rows that were never in a group and are no new version of a
+   row that was (``links.py``) are grouped among themselves (``grouping.group_rows``);
+   the other waiting rows (of a withdrawn group, with the new versions of its rows, or
+   held back before) join them a former group at a time, each to the new group nearest
+   to it that has room (at most 2p such rows a group, or one larger former group alone);
+   the others make groups of whole former groups of at most 2p rows each, of one kind
+   (max(p, 3) of those that lost rows, or of those corrected in the same features; at
+   least two and p rows of those withdrawn for a raised p: ``joining.py``); a unit that
+   makes no group waits. A former group's rows always move together.
+4. **Audits.** Before the version answers anything, its new groups and their spread units
+   go through the audits (``audited.py``): every table ever made (each counts as
+   answered from), over row versions (``release/span_audit.py``) and over the cells'
+   values, sums and sums of squares together (``value_audit.py``,
+   ``release/versions_audit.py``). In a component that fails, the new groups' rows with
+   a history wait (they are HELD BACK: a later version, with more new rows around them,
+   tries again), and their fresh rows stay a group if they are at least p.
 
 What this costs is counted per version (the table's record in the store, shown by
 ``fedcluster site check``): rows kept, withdrawn, waiting, held back.
@@ -34,8 +36,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedcluster.client_app.release import span_audit
-from fedcluster.client_app.data.versions import value_audit
+from fedcluster.client_app.data.versions import joining, links
+from fedcluster.client_app.data.versions.audited import audited
 from fedcluster.client_app.data.versions.lineage import Store
 
 __all__ = ["GroupMembers", "Plan", "plan_version"]
@@ -132,6 +134,15 @@ def _base(store: Store, live: np.ndarray) -> dict | None:
     return best
 
 
+def _lineage_instances(store: Store, lineage: str) -> np.ndarray:
+    """Every instance in a table of ``lineage``."""
+    tables = [t["n"] for t in store.lineage_tables(lineage)]
+    if not tables:
+        return np.zeros(0, dtype=np.int64)
+    groups = np.unique(np.concatenate([store.table_groups(n) for n in tables]))
+    return np.unique(_csr(store, groups)[1])
+
+
 def _all_live(store: Store, groups: np.ndarray, live: np.ndarray) -> np.ndarray:
     """Per group, whether every one of its instances is live."""
     if groups.size == 0:
@@ -142,7 +153,7 @@ def _all_live(store: Store, groups: np.ndarray, live: np.ndarray) -> np.ndarray:
 
 
 def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waiting, attach,
-                 present=None, new_lineage: str = "", pair=None) -> Plan:
+                 present=None, new_lineage: str = "", pair=None, new_instances=None) -> Plan:
     """Group a version's rows by the rule of the module docstring.
 
     Parameters
@@ -167,6 +178,9 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
     pair : callable (list of row arrays) -> (m,) int64, optional
         The spread partners of groups of those rows (``release/spreads.py``): the
         new groups' units, which the audit judges with them, pair the groups alone.
+    new_instances : int array, optional
+        The version's instances new to the store, linked here to the rows of the
+        lineage it continues that left (``links.py``).
     """
     n = instance_of_row.size
     live = np.zeros(store.n_instances, dtype=bool)
@@ -175,6 +189,10 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
     row_of[instance_of_row] = np.arange(n)
     base = _base(store, live)
     lineage = new_lineage if base is None else base["lineage"]
+    if base is not None and new_instances is not None:
+        gone = _lineage_instances(store, lineage)
+        gone = gone[~live[gone]]
+        store.set_links(*links.link_new_rows(store, new_instances, gone))
     store.see(instance_of_row, len(store.tables), store.lineage_code(lineage),
               None if base is None else base["n"])
     group_of_row = np.full(n, -1, dtype=np.int64)
@@ -196,8 +214,8 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
     new_members = _new_groups(store, instance_of_row, group_of_row, group_waiting, attach)
     findings: list[str] = []
     pair_rows = None if pair is None else (lambda groups: pair([row_of[m] for m in groups]))
-    new_members, held, units = _audited(store, list(new_members), p, present, findings,
-                                        pair_rows)
+    new_members, held, units = audited(store, list(new_members), p, present, findings,
+                                       pair_rows)
     new_members = GroupMembers.of(new_members)
     group_of_row[row_of[new_members.members]] = kept.size + np.repeat(
         np.arange(len(new_members), dtype=np.int64), new_members.sizes)
@@ -243,10 +261,41 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
     units = np.unique(unit)
     live = np.zeros(store.n_instances, dtype=bool)
     live[instance_of_row] = True
-    lost = ~_all_live(store, units, live)  # the unit's earlier group lost or changed a row
-    attached = attach(earlier, unit, lost[np.searchsorted(units, unit)], fresh[grouped],
+    # what befell the unit's earlier group: a row gone, or only new versions of rows
+    versioned = live.copy()
+    versioned[store.link[live[:store.link.size] & (store.link >= 0)]] = True
+    kind = np.where(_all_live(store, units, live), joining.WHOLE,
+                    np.where(_all_live(store, units, versioned), joining.CHANGED, joining.LOST))
+    kind = _changed_kinds(store, units, kind, live)
+    attached = attach(earlier, unit, kind[np.searchsorted(units, unit)], fresh[grouped],
                       labels[grouped])
     return _split(np.concatenate([labels, attached]), instance_of_row[np.concatenate([fresh, earlier])])
+
+
+def _changed_kinds(store: Store, units: np.ndarray, kind: np.ndarray, live: np.ndarray) -> np.ndarray:
+    """A corrected unit's kind told apart by the features its corrections changed
+    (``joining.CHANGED`` + a code of the set): units corrected in the same features may
+    make a group of whole units (each feature's change then a sum of p changes), others
+    may not (in a feature only one of them changed, the union gives that change alone)."""
+    changed = np.flatnonzero(kind == joining.CHANGED)
+    if changed.size == 0:
+        return kind
+    later = np.full(store.n_instances, -1, dtype=np.int64)
+    linked = np.flatnonzero(live[:store.link.size] & (store.link >= 0))
+    later[store.link[linked]] = linked
+    offsets, members = _csr(store, units[changed])
+    gone = members[~live[members]]
+    differs = store.cell_hashes(gone) != store.cell_hashes(later[gone])
+    owner = np.repeat(np.arange(changed.size), np.diff(offsets))[~live[members]]
+    masks: dict[int, set] = {}
+    for u, row in zip(owner.tolist(), differs):
+        masks.setdefault(u, set()).update(np.flatnonzero(row).tolist())
+    codes: dict[tuple, int] = {}
+    out = kind.copy()
+    for u in range(changed.size):
+        key = tuple(sorted(masks.get(u, set())))
+        out[changed[u]] = joining.CHANGED + codes.setdefault(key, len(codes))
+    return out
 
 
 def _split(labels: np.ndarray, instances: np.ndarray) -> GroupMembers:
@@ -260,103 +309,6 @@ def _split(labels: np.ndarray, instances: np.ndarray) -> GroupMembers:
     return GroupMembers(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), instances[order])
 
 
-#: Rounds of audit and hold-back before every new group with a history is held back.
-AUDIT_ROUNDS = 4
-
-
-def _last_units(store: Store) -> np.ndarray:
-    """Each instance's spread unit in the last group it was in, or the one its earlier
-    version was in (a corrected row's unchanged cells are there: ``links.py``); -1: none."""
-    last = np.full(store.n_instances, -1, dtype=np.int64)
-    if store.n_groups:
-        np.maximum.at(last, store.members, np.repeat(np.arange(store.n_groups), np.diff(store.offsets)))
-    unit = np.where(last >= 0, store.unit[np.maximum(last, 0)], -1)
-    linked = np.flatnonzero((unit < 0) & (store.link >= 0))
-    unit[linked] = unit[store.link[linked]]
-    return unit
-
-
-def _spread_units(groups: list[np.ndarray], last_unit: np.ndarray, pair) -> np.ndarray:
-    """The new groups' spread units (``release/spreads.py``), each labelled by its first
-    group: new groups holding rows of one earlier unit share a unit (its m2 was released
-    whole: a unit of them all says no more than it and the new rows); the groups left
-    alone are paired by ``pair`` (their rows' means), a small one with a near one."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    n = len(groups)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    owner = np.repeat(np.arange(n), [m.size for m in groups])
-    old = last_unit[np.concatenate(groups)]
-    had = old >= 0
-    # groups sharing an earlier unit: joined through a node per earlier unit
-    units, slot = np.unique(old[had], return_inverse=True)
-    graph = coo_matrix((np.ones(int(had.sum()), dtype=np.int8), (owner[had], n + slot)),
-                       shape=(n + units.size, n + units.size))
-    label = connected_components(graph, directed=False)[1][:n]
-    first = np.full(int(label.max()) + 1, n, dtype=np.int64)
-    np.minimum.at(first, label, np.arange(n))
-    labels = first[label]
-    alone = np.flatnonzero(np.bincount(labels, minlength=n)[labels] == 1)
-    if pair is not None and alone.size:
-        partner = np.asarray(pair([groups[j] for j in alone.tolist()]), dtype=np.int64)
-        mates = np.where(partner >= 0, alone[np.maximum(partner, 0)], alone)
-        labels[alone] = np.minimum(alone, mates)
-    return labels
-
-
-def _audited(store: Store, candidates: list[np.ndarray], p: int, present, findings: list,
-             pair=None):
-    """The new groups that pass the audits, how many rows they held back, and the new
-    groups' spread units (None: nothing of the history touched, the table makes them).
-
-    Two audits: the instances' (``span_audit``: every row version an unknown) and the
-    values' (``value_audit``: linked versions' unchanged cells one value, with the spread
-    units' sums of squares). In a failing component, each new group's rows with a history
-    (in a group before, or a version of a row that was) are held back, and its fresh rows
-    stay a group if they are at least p; the audits run again on what is left (the spread
-    units change with it), until they pass."""
-    history = np.zeros(store.n_instances, dtype=bool)
-    if store.n_groups:
-        history[store.members] = True
-    history[store.link >= 0] = True
-    if not any(history[m].any() for m in candidates):
-        return candidates, 0, None
-    last_unit = _last_units(store)
-
-    def pairing(groups):
-        return _spread_units(groups, last_unit, pair)
-
-    def fresh_part(members):
-        fresh = members[~history[members]]
-        return fresh if fresh.size >= p else None
-
-    held = 0
-    for _ in range(AUDIT_ROUNDS):
-        units = pairing(candidates)
-        failing = _failures(store, candidates, units, p, present)
-        if not failing:
-            return candidates, held, units
-        findings.extend(reason for _, reason in failing)
-        out = set().union(*(set(local.tolist()) for local, _ in failing))
-        kept = []
-        for j, members in enumerate(candidates):
-            part = fresh_part(members) if j in out else members
-            if part is not None:
-                kept.append(part)
-            held += int(members.size - (0 if part is None else part.size))
-        candidates = kept
-    # still failing: only fresh rows stay (groups of them alone are their own components)
-    final = []
-    for members in candidates:
-        part = fresh_part(members)
-        if part is not None:
-            final.append(part)
-        held += int(members.size - (0 if part is None else part.size))
-    return final, held, pairing(final)
-
-
 def _csr(store: Store, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, members) of ``groups`` alone, in their order."""
     groups = np.asarray(groups, dtype=np.int64)
@@ -364,30 +316,6 @@ def _csr(store: Store, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     index = np.repeat(store.offsets[groups] - offsets[:-1], sizes) + np.arange(int(offsets[-1]))
     return offsets, store.members[index]
-
-
-def _failures(store: Store, new: list[np.ndarray], units: np.ndarray, p: int, present):
-    """(indices into ``new``, reason) of the audits' failing components (every group the
-    store holds, and the ``new`` ones): the instances' audit, then the values'."""
-    if not new:
-        return []
-    answered = store.disclosed_groups()
-    old_offsets, old_members = _csr(store, answered)
-    sizes = np.array([m.size for m in new], dtype=np.int64)
-    offsets = np.concatenate([old_offsets, old_offsets[-1] + np.cumsum(sizes)])
-    members = np.concatenate([old_members, *new]).astype(np.int64)
-    min_size = np.concatenate([store.group_p[answered], np.full(len(new), p)]).astype(np.int64)
-    n_old = answered.size
-    reports = None
-    if present is not None:
-        def reports(groups):
-            return np.array([present(members[offsets[g]:offsets[g + 1]]).sum(axis=0) >= min_size[g]
-                             for g in np.asarray(groups).tolist()])
-    findings = span_audit.audit(offsets, members, store.n_instances,
-                                np.arange(n_old, n_old + len(new)), min_size, p,
-                                store.same_row(), present, reports)
-    out = [(f.groups - n_old, f.reason) for f in findings]
-    return out + value_audit.failures(store, new, units, p, present)
 
 
 def lineage_name(digest: str) -> str:

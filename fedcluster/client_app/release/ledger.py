@@ -12,6 +12,11 @@ A line (keys in kebab case):
 ``groups``
     The first 16 hex digits of the sha256 of the group table the reply came from
     (``site_groups.py``: every plain reply is a function of it), when loaded.
+``basis``
+    What the reply is as a function of the site's data (``gate.basis``): the table (its
+    digest, and its number in the site's answered history, whose store holds each of
+    its groups' rows and spread units), p_site, and which of the table's statistics
+    (``counts``, ``sums``, ``spreads``), or under DP the site's rows, clipped and noised.
 ``rows``
     A differentially private reply (from the site's clipped rows): the first 16 hex
     digits of the rows' sha256, the key of the site's privacy budget.
@@ -40,31 +45,17 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.client_app import site_files
-from fedcluster.client_app.site_policy import PolicyRefusal
-from fedcluster.common import protocol
 
-class LedgerUnwritable(PolicyRefusal):
+class LedgerUnwritable(RuntimeError):
     """The ledger cannot be written: the site then answers no task (nothing leaves it
-    unrecorded)."""
+    unrecorded); the ClientApp refuses the task with this message, as it refuses by its
+    policy."""
 
 
 #: The node-config value that turns the ledger off.
 OFF = "off"
 #: The default file name in a site's cache directory.
 DEFAULT_NAME = "disclosure-ledger.jsonl"
-
-
-def values_of(reply_arrays, evaluation=None) -> dict:
-    """A reply's named arrays (a protocol NamedTuple, or None) as JSON-ready lists, and
-    those of the evaluation it carries (``evaluate-too``) under ``evaluation-`` names."""
-    if reply_arrays is None:
-        return {}
-    values = {}
-    for prefix, arrays in (("", reply_arrays), (protocol.EVALUATION_PREFIX, evaluation)):
-        if arrays is not None:
-            values.update({prefix + name: np.asarray(value).tolist()
-                           for name, value in arrays._asdict().items() if value is not None})
-    return values
 
 
 def entry(**fields) -> dict:
