@@ -75,6 +75,8 @@ class Spreads:
     withheld: dict = field(default_factory=dict)
     typical: np.ndarray | None = None
     dominated: int = 0
+    _leaf: np.ndarray | None = None
+    _leaves: list | None = None
 
     @property
     def withheld_cells(self) -> int:
@@ -266,16 +268,28 @@ class Spreads:
         return out
 
     def _nearest(self, points: np.ndarray, heads: list[int]) -> list[int]:
-        """For each unit head, the nearest group of another unit (-1: none)."""
+        """For each unit head, the nearest group of another unit (-1: none), looked for
+        in the head's leaf of median splits of the groups (``spreads.LEAF_GROUPS`` of
+        them), else among all groups (a leaf of one unit)."""
+        if self._leaf is None:
+            self._leaf = np.empty(points.shape[0], dtype=np.int64)
+            self._leaves = spreads._leaves(points, np.arange(points.shape[0]), spreads.LEAF_GROUPS)
+            for k, leaf in enumerate(self._leaves):
+                self._leaf[leaf] = k
         out = []
-        norms = (points * points).sum(axis=1)
         for head in heads:
             unit = set(self.unit_of(head).tolist())
-            d2 = norms - 2.0 * points @ points[head] + norms[head]
-            d2[list(unit)] = np.inf
-            near = int(np.argmin(d2)) if np.isfinite(d2).any() else -1
+            near = self._nearest_in(points, self._leaves[self._leaf[head]], head, unit)
+            if near < 0:
+                near = self._nearest_in(points, np.arange(points.shape[0]), head, unit)
             out.append(near)
         return out
+
+    @staticmethod
+    def _nearest_in(points: np.ndarray, among: np.ndarray, head: int, unit: set) -> int:
+        d2 = ((points[among] - points[head]) ** 2).sum(axis=1)
+        d2[np.isin(among, list(unit))] = np.inf
+        return int(among[np.argmin(d2)]) if np.isfinite(d2).any() else -1
 
     def _dominance(self, found: list) -> None:
         """Withhold the units' spreads the dominance rule flags (``release/dominance.py``)."""

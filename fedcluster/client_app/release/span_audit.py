@@ -231,7 +231,7 @@ def _smallest_cut(member_lists: list[np.ndarray], reports=None, present=None) ->
 
 
 def component_finding(member_lists: list[np.ndarray], p: int, same_row, reports=None,
-                      present=None) -> str | None:
+                      present=None, chains: bool = True) -> str | None:
     """Why a component's row space breaks the promise (module docstring), or None.
 
     A vector c over the atoms lies in the row space exactly when it is a linear
@@ -252,8 +252,11 @@ def component_finding(member_lists: list[np.ndarray], p: int, same_row, reports=
     reports, present : optional
         For one feature's values: which groups report it (a bool per list), and the
         instances with a present cell (an array); the others count as known.
+    chains : bool
+        Try the minimum cut first (the lists may form chains, as the versions rule makes
+        groups); False: straight to the atoms (spread units, which do not).
     """
-    if p >= 3:
+    if p >= 3 and chains:
         cut = _smallest_cut(member_lists, reports, present)
         if cut is not None:  # the groups form chains (module docstring): exact by a cut
             return None if cut >= p else \

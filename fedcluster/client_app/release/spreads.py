@@ -46,8 +46,11 @@ __all__ = ["EQUAL_WITHIN", "LEAF_GROUPS", "SPREAD_MIN_ROWS", "ZERO_WITHIN", "pai
 SPREAD_MIN_ROWS = 3
 #: The groups of one leaf of the pairing's median splits (paired by nearest, inside).
 LEAF_GROUPS = 64
-#: Spreads this close (relative) count as equal (:func:`unit_reveals`).
-EQUAL_WITHIN = 1e-6
+#: Spreads this close (relative) count as equal (:func:`unit_reveals`): ties of values
+#: recorded to a few digits are exact to rounding (1e-16), while in continuous data a
+#: closer coincidence is a chance of about 1 in 30,000 a feature, which a coordinator
+#: cannot tell from the rest.
+EQUAL_WITHIN = 1e-9
 #: A spread per cell under (this x the feature's scale)^2 is 0 (equal values' rounding).
 ZERO_WITHIN = 1e-12
 

@@ -27,9 +27,10 @@ and checks, exactly where it is exact:
    value is determined (up to finitely many choices, a pair's order included: a sum
    and a sum of squares pin two values) exactly when its direction lies in the row space
    of the Jacobian [A; 2 B diag(x)] (at a generic x: the implicit function theorem), so
-   the audit computes that row space at random x modulo a prime (twice, a value judged
-   determined if either says so). The decision depends on which cells are in which
-   group and unit, never on their values, so it tells a coordinator nothing.
+   the audit computes that row space at random x modulo a prime (a point where it is
+   smaller than the generic one, which could hide a determined value, has a chance under
+   (rank + 1) / PRIME). The decision depends on which cells are in which group and unit,
+   never on their values, so it tells a coordinator nothing.
 
 Where it is conservative: a unit whose spread was merged or withheld counts as released;
 two cells whose 16-bit hashes collide count as one value; a component of more than
@@ -86,10 +87,13 @@ def _null_space_mod(matrix: np.ndarray) -> np.ndarray:
 
 
 def determined(first: list[np.ndarray], second: list[np.ndarray], n: int,
-               changes: list[tuple[int, int]], trials: int = 2) -> str | None:
+               changes: list[tuple[int, int]], trials: int = 1) -> str | None:
     """Whether the sums over ``first`` (index arrays into n values) and the sums of
     squares over ``second`` determine a value or the difference of a pair in ``changes``
-    (module docstring, 3); why, or None."""
+    (module docstring, 3); why, or None. At a random point the row space can only be
+    smaller than the generic one, which finds more determined (never fewer) unless the
+    point falls where a maximal minor vanishes: at most (rank + 1) / PRIME, under 1e-6
+    here; ``trials`` more points make it that to the power ``trials``."""
     if not second:
         return None  # sums alone: 1 above (no value isolated) says all
     rng = np.random.default_rng(0x51A7)  # fixed: the decision depends on no value
@@ -150,8 +154,10 @@ def _runs(sorted_values: np.ndarray):
     return [(int(a), int(b)) for a, b in zip(starts, stops) if b - a > 1]
 
 
-def component_finding(part: Component, p: int) -> str | None:
-    """Why a component breaks the promise over values (module docstring, 1-3), or None."""
+def component_finding(part: Component, p: int, sums: bool = True) -> str | None:
+    """Why a component breaks the promise over values (module docstring, 1-3), or None
+    (``sums`` False: its values are its row versions, whose sums the instances' audit has
+    judged already; 2 and 3 only)."""
     if part.n > MAX_VALUES:
         return f"too many values to audit together ({part.n} > {MAX_VALUES})"
     changes = part.changes()
@@ -161,12 +167,13 @@ def component_finding(part: Component, p: int) -> str | None:
         return bool(chain[u] == chain[w])
 
     groups = [g for g in part.groups if g.size]
-    reason = span_audit.component_finding(groups, p, same_row) if len(groups) > 1 else None
+    reason = span_audit.component_finding(groups, p, same_row) \
+        if sums and len(groups) > 1 else None
     if reason is not None:
         return f"values: {reason}"
     units = [u for u in part.units if u.size]
     if len(units) > 1 or (units and units[0].size < max(3, p)):
-        reason = span_audit.component_finding(units, max(3, p), lambda u, w: False) \
+        reason = span_audit.component_finding(units, max(3, p), lambda u, w: False, chains=False) \
             if len(units) > 1 else f"a unit's sum of squares covers {units[0].size} value(s)"
         if reason is not None:
             return f"squares: {reason}"

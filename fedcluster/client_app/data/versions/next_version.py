@@ -135,12 +135,9 @@ def _base(store: Store, live: np.ndarray) -> dict | None:
 
 
 def _lineage_instances(store: Store, lineage: str) -> np.ndarray:
-    """Every instance in a table of ``lineage``."""
-    tables = [t["n"] for t in store.lineage_tables(lineage)]
-    if not tables:
-        return np.zeros(0, dtype=np.int64)
-    groups = np.unique(np.concatenate([store.table_groups(n) for n in tables]))
-    return np.unique(_csr(store, groups)[1])
+    """Every instance seen in a table of ``lineage`` (as ``Store.see`` keeps it)."""
+    code = store.lineage_code(lineage)
+    return np.flatnonzero((store.seen[:, 0] >= 0) & (store.seen[:, 2] == code))
 
 
 def _all_live(store: Store, groups: np.ndarray, live: np.ndarray) -> np.ndarray:

@@ -35,26 +35,33 @@ def _components(offsets, members, n_groups, n_instances, links, units) -> np.nda
 
 
 def _values(instances: np.ndarray, links: np.ndarray, hashes: np.ndarray, present: np.ndarray):
-    """Per feature, each instance's value (an index: linked instances whose cell keeps
-    its bits share one) and each instance's row (linked instances share it)."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
+    """Per feature, each instance's value (the index of the earliest instance holding it:
+    linked instances whose cell keeps its bits share one), each instance's row (linked
+    instances share it), and whether any instance here is linked to another here."""
     n = instances.size
-    where = {int(i): k for k, i in enumerate(instances.tolist())}
-    pairs = [(k, where[int(links[i])]) for k, i in enumerate(instances.tolist())
-             if links[i] >= 0 and int(links[i]) in where]
-    a = np.array([x for x, _ in pairs], dtype=np.int64)
-    b = np.array([y for _, y in pairs], dtype=np.int64)
+    where = np.full(int(instances.max()) + 1 if n else 0, -1, dtype=np.int64)
+    where[instances] = np.arange(n)
+    target = links[instances]
+    inside = (target >= 0) & (target < where.size)
+    inside[inside] = where[target[inside]] >= 0
+    a = np.flatnonzero(inside)
+    b = where[target[a]]
 
-    def classes(keep: np.ndarray) -> np.ndarray:
-        graph = coo_matrix((np.ones(int(keep.sum()), dtype=np.int8), (a[keep], b[keep])), shape=(n, n))
-        return connected_components(graph, directed=False)[1]
+    def roots(keep: np.ndarray) -> np.ndarray:
+        parent = np.arange(n)
+        parent[a[keep]] = b[keep]  # a later version points at the earlier (chains)
+        while True:
+            up = parent[parent]
+            if np.array_equal(up, parent):
+                return parent
+            parent = up
 
-    chain = classes(np.ones(a.size, dtype=bool))
-    per_feature = [classes((hashes[a, j] == hashes[b, j]) & present[a, j] & present[b, j])
+    chain = roots(np.ones(a.size, dtype=bool))
+    if a.size == 0:
+        return None, chain, False
+    per_feature = [roots((hashes[a, j] == hashes[b, j]) & present[a, j] & present[b, j])
                    for j in range(hashes.shape[1])]
-    return per_feature, chain
+    return per_feature, chain, True
 
 
 def failures(store, new: list[np.ndarray], units: np.ndarray, p: int, present) -> list:
@@ -104,7 +111,9 @@ def failures(store, new: list[np.ndarray], units: np.ndarray, p: int, present) -
 
 
 def _judge(store, groups, instances, offsets, members, units, group_p, links, floor, present):
-    """Why one component fails, feature by feature (each distinct pattern once), or None."""
+    """Why one component fails, feature by feature (each distinct pattern once), or None.
+    Without a link inside the component its values are its instances, whose sums the
+    instances' audit (``release/span_audit``) has judged: the sums of squares then."""
     width = max(store.cell_width, 1)
     cells = np.ones((instances.size, width), dtype=bool) if present is None \
         else np.asarray(present(instances), dtype=bool)
@@ -114,14 +123,18 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
         fitted = np.zeros((instances.size, width), dtype=np.uint16)
         fitted[:, :min(width, hashes.shape[1])] = hashes[:, :min(width, hashes.shape[1])]
         hashes = fitted
-    per_feature, chain = _values(instances, links, hashes, cells)
+    per_feature, chain, linked = _values(instances, links, hashes, cells)
     local = {g: np.searchsorted(instances, members[offsets[g]:offsets[g + 1]]) for g in groups.tolist()}
     by_unit: dict[int, list[int]] = {}
     for g in groups.tolist():
         by_unit.setdefault(int(units[g]), []).append(g)
     seen = set()
     for j in range(width):
-        value = per_feature[j]
+        value = chain if per_feature is None else per_feature[j]
+        key = (value.tobytes(), cells[:, j].tobytes())
+        if key in seen:
+            continue
+        seen.add(key)
         group_lists, unit_lists = [], []
         for members_of in by_unit.values():
             unit_cells = []
@@ -132,25 +145,14 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
                     unit_cells.append(value[here])
             if unit_cells:
                 unit_lists.append(np.unique(np.concatenate(unit_cells)))
-        key = (value.tobytes(), cells[:, j].tobytes())
-        if key in seen:
-            continue
-        seen.add(key)
         used = np.unique(np.concatenate(group_lists)) if group_lists else np.zeros(0, np.int64)
-        remap = {v: k for k, v in enumerate(used.tolist())}
+        remap = np.full(value.size, -1, dtype=np.int64)
+        remap[used] = np.arange(used.size)
         part = versions_audit.Component(
-            [np.array([remap[v] for v in g.tolist()], dtype=np.int64) for g in group_lists],
-            [np.array([remap[v] for v in u.tolist() if v in remap], dtype=np.int64) for u in unit_lists],
-            used.size, _chain_of(used, value, chain))
-        reason = versions_audit.component_finding(part, floor)
+            [remap[g] for g in group_lists],
+            [remap[u][remap[u] >= 0] for u in unit_lists],
+            used.size, chain[used] if used.size else used)
+        reason = versions_audit.component_finding(part, floor, sums=linked)
         if reason is not None:
             return f"feature {j}: {reason}"
     return None
-
-
-def _chain_of(used: np.ndarray, value: np.ndarray, chain: np.ndarray) -> np.ndarray:
-    """Each used value's row (the chain of the instances holding it)."""
-    first = {}
-    for k, v in enumerate(value.tolist()):
-        first.setdefault(v, chain[k])
-    return np.array([first[v] for v in used.tolist()], dtype=np.int64)
