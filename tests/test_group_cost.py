@@ -38,21 +38,34 @@ def kmeans(points, k, weights=None, init=None) -> np.ndarray:
     return model.fit(points, sample_weight=weights).cluster_centers_
 
 
-def group_means(X: np.ndarray, group_of_row: np.ndarray, p: int, fill: np.ndarray):
+def group_means(X: np.ndarray, group_of_row: np.ndarray, p: int, fill: np.ndarray,
+                kept_m2: np.ndarray | None = None):
     """The groups' means as a run sees them, their sizes and per-feature variances, from
     the group ids: a feature's present cells in a group kept where they number at least p
-    (else all of them count as missing), every missing cell at ``fill``."""
+    (else all of them count as missing), every missing cell at ``fill``. ``kept_m2``: the
+    squared deviations of each group's kept present cells as the site releases them (the
+    spread rule shares a unit's spread among its groups: ``release/spreads.py``, tested on
+    its own); the filled cells' part is added here (m filled cells of value f among n add
+    c m / n (mean_present - f)^2); None: the groups' own, from the rows."""
     n_groups = group_of_row.max() + 1
     sizes = np.bincount(group_of_row, minlength=n_groups).astype(float)
     missing = np.isnan(X)
     present = np.zeros((n_groups, X.shape[1]))
     np.add.at(present, group_of_row, (~missing).astype(float))
-    seen = np.where(missing | (present < p)[group_of_row], fill, X)  # each cell as a run sees it
+    withheld = missing | (present < p)[group_of_row]
+    seen = np.where(withheld, fill, X)  # each cell as a run sees it
     sums = np.zeros((n_groups, X.shape[1]))
     np.add.at(sums, group_of_row, seen)
     means = sums / sizes[:, None]
-    m2 = np.zeros_like(sums)
-    np.add.at(m2, group_of_row, (seen - means[group_of_row]) ** 2)
+    if kept_m2 is None:
+        m2 = np.zeros_like(sums)
+        np.add.at(m2, group_of_row, (seen - means[group_of_row]) ** 2)
+        return means, sizes, m2 / sizes[:, None]
+    kept = np.where(present >= p, present, 0.0)
+    present_sums = np.zeros_like(sums)
+    np.add.at(present_sums, group_of_row, np.where(withheld, 0.0, X))
+    gap = np.where(kept > 0, present_sums / np.maximum(kept, 1.0) - fill, 0.0)
+    m2 = kept_m2 + kept * (sizes[:, None] - kept) / sizes[:, None] * gap * gap
     return means, sizes, m2 / sizes[:, None]
 
 
@@ -93,8 +106,9 @@ def expected_table(X, site_p, k_values, max_rows=None, site=None):
         if p == 1:
             n_groups.append(n)
             continue
-        _, group_of_row = group_table.build(site, p)
-        means, sizes, variances = group_means(X, group_of_row, p, fill)
+        groups, group_of_row = group_table.build(site, p)
+        means, sizes, variances = group_means(X, group_of_row, p, fill,
+                                              np.asarray(groups.m2) if p >= 3 else None)
         n_groups.append(len(sizes))
         if max_rows:
             chosen = np.sort(rng.choice(len(sizes), round(len(sizes) * max_rows / n),

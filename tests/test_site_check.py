@@ -62,7 +62,8 @@ def test_the_check_reports_the_groups_and_rows_waiting(tmp_path, schema_path, ca
     os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     assert main(["site", "check", str(data), "--schema", str(schema_path),
                  "--cache-dir", str(cache)]) == 0
-    assert "1 new row(s) wait, in no group, until there are 2" in capsys.readouterr().out
+    assert ("1 row(s) wait, in no group (no task uses them): new rows until there are 2 of "
+            "them") in capsys.readouterr().out
     assert main(["site", "check", str(data), "--schema", str(schema_path),
                  "--min-cluster-size", "1"]) == 0
     assert "this site answers from its 41 rows" in capsys.readouterr().out

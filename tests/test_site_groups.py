@@ -499,8 +499,13 @@ def test_scattered_rows_of_a_mapped_site_are_read_a_span_at_a_time(monkeypatch, 
     X = rng.normal(size=(5000, 3))
     np.save(tmp_path / "site.npy", X)
     mapped = np.load(tmp_path / "site.npy", mmap_mode="r")
-    monkeypatch.setattr(group_table, "CHUNK_ROWS", 64)  # about 80 spans
+    from fedcluster.client_app import mapped_pages
+
+    released = []
+    real = mapped_pages.release_pages
+    monkeypatch.setattr(mapped_pages, "release_pages", lambda A: released.append(1) or real(A))
     rows = np.sort(rng.choice(5000, 700, replace=False))
-    assert np.array_equal(group_table._rows_of(mapped, rows), X[rows])
-    assert np.array_equal(group_table._rows_of(mapped, rows[::-1]), X[rows[::-1]])  # any order
-    assert group_table._rows_of(mapped, rows[:0]).shape == (0, 3)
+    assert np.array_equal(mapped_pages.rows_in_spans(mapped, rows, 64), X[rows])  # about 80 spans
+    assert len(released) >= 50  # a span at a time, each dropped
+    assert np.array_equal(mapped_pages.rows_in_spans(mapped, rows[::-1], 64), X[rows[::-1]])  # any order
+    assert mapped_pages.rows_in_spans(mapped, rows[:0], 64).shape == (0, 3)

@@ -98,7 +98,8 @@ class Record:
             sets = [sorted(index[self.instances[i][j]] for i in self.groups[g]) for g in numbers]
             units: dict[int, set] = {}
             for g, members in zip(numbers, sets):
-                units.setdefault(int(self.unit[g]), set()).update(members)
+                if self.unit[g] >= 0:  # (-1: its spread withheld, no sum of squares)
+                    units.setdefault(int(self.unit[g]), set()).update(members)
             atoms = [(1, s) for s in sets] + [(2, sorted(u)) for u in units.values()]
             small = [u for u in units.values() if 0 < len(u) < 3]
             single += [("unit of", len(u)) for u in small]  # a sum of squares of < 3 values
@@ -244,3 +245,42 @@ def test_the_independent_audit_finds_what_it_must():
     _, changes = audit({0: row(0, 1, 2), 1: [(0, 1)] + row(1, 2)}, {})  # row 0 corrected
     assert changes == [((0, 0, 0), (0, 0, 1))]
     assert audit({0: row(0, 1), 1: row(2, 3)}, {1: 0}) == ([], [])  # a unit of 4 values
+
+
+@pytest.mark.parametrize("with_id", [False, True])
+def test_rows_corrected_in_the_same_feature_regroup_and_give_nothing(tmp_path, with_id):
+    """Corrections in one feature of six rows of six groups, no new row: the six
+    withdrawn groups, each whole with its corrected row, make groups of three
+    (``joining.py``: a sum of three or more changes; every other feature a sum of sums
+    released before), answered from at once; nothing a coordinator reads from the
+    totals, the groups or their spreads gives a value or a change (this test's own
+    audit). Then one row corrected in feature 1 and one in feature 2: each group's
+    change alone, they wait."""
+    table = CellTable(blobs(300, seed=7), with_id=with_id)
+    site, path = _site(tmp_path, {}, f"same-{with_id}")
+    site.server_floor = 1
+    record, totals, groups = Record(), [], []
+
+    def version() -> None:
+        table.write(path)
+        totals.append(moments(site))
+        groups.append(every_group(site, len(table.X)))
+        record.add_version(site, table)
+
+    version()
+    first = site.table_now()
+    assert first.waiting == 0
+    for row in (0, 50, 100, 150, 200, 250):
+        table.correct(row, 0, 0.5)
+    version()
+    regrouped = site.table_now()
+    assert regrouped.waiting == 0 and regrouped.n_rows == 300
+    assert regrouped.n_groups < first.n_groups  # six withdrawn groups became two or three
+    table.correct(10, 1, 0.5)
+    table.correct(60, 2, -0.5)
+    version()
+    assert 4 <= site.table_now().waiting <= 18  # two whole former groups (of 2 to 9 rows)
+    candidates = totals_attack(totals[0], totals[1]) + totals_attack(totals[1], totals[2])
+    assert recovered(candidates, record.values) == set()
+    assert recovered(group_attack(groups), record.values) == set()
+    assert record.findings() == ([], [])

@@ -200,8 +200,7 @@ class SiteClient(NumPyClient):
                     "rows, not from groups (an explicit opt-out of the site-groups promise: a "
                     "coordinator can isolate single rows)", self.key)
             if self._groups.waiting:
-                log(logging.INFO, "site %s: %d new row(s) wait, in no group, until there are "
-                    "%d", self.key, self._groups.waiting, self._groups.min_size)
+                log(logging.INFO, "site %s: %s", self.key, group_table.waiting_text(self._groups))
         return self._groups
 
     def _noise_seed(self, config) -> list[int] | None:

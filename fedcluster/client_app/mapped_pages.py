@@ -29,3 +29,18 @@ def release_pages(X: np.ndarray) -> None:
     mapping = read_only_mapping(X)
     if mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
         mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def rows_in_spans(X: np.ndarray, rows: np.ndarray, span: int) -> np.ndarray:
+    """``X[rows]`` (``rows`` ascending), read a span of at most ``span`` rows of the file
+    at a time, a memory-mapped array's pages dropped after each: a few rows scattered over
+    a large file would otherwise map all of it (the kernel reads ahead around every page
+    it faults in)."""
+    out = np.empty((len(rows), X.shape[1]), dtype=X.dtype)
+    at = 0
+    while at < len(rows):
+        stop = max(at + 1, int(np.searchsorted(rows, rows[at] + span)))
+        out[at:stop] = X[rows[at:stop]]
+        release_pages(X)
+        at = stop
+    return out

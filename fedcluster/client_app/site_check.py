@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app.data import group_cost
+from fedcluster.client_app.data import group_cost, group_table
 from fedcluster.client_app.data.group_cost import GroupCostTable
 from fedcluster.client_app.data.table_files import read_table
 from fedcluster.common.imputation import imputation_plan
@@ -97,8 +97,7 @@ def format_groups(groups, cost_lines: list[str] = ()) -> list[str]:
                                            for s, n in zip(sizes, how_many)),
              f"group table sha256 {groups.digest[:16]} (the disclosure ledger names it)"]
     if groups.waiting:
-        lines.append(f"{groups.waiting} new row(s) wait, in no group, until there are "
-                     f"{groups.min_size} (no task uses them before)")
+        lines.append(group_table.waiting_text(groups))
     if groups.cells_withheld:
         lines.append(f"{groups.cells_withheld} present cell(s) count as missing: fewer than "
                      f"{groups.min_size} of their column in their group, their sum would rest "
@@ -114,6 +113,9 @@ def format_spreads(rule: dict | None) -> list[str]:
         return []
     from fedcluster.client_app.release import dominance, spreads
 
+    if not rule['groups']:  # a version that kept its groups and grouped nothing anew
+        return [f"Spreads: no second moment of fewer than {spreads.SPREAD_MIN_ROWS} rows leaves "
+                "this site (this version made no new group; its kept groups keep their spreads)"]
     return [f"Spreads: no second moment of fewer than {spreads.SPREAD_MIN_ROWS} rows leaves this "
             f"site. Of the {rule['groups']} groups this table made, {rule['paired']} share their "
             "spread with a nearby group (a spread unit, its m2 shared), "

@@ -62,6 +62,9 @@ class Spreads:
         a unit merging could not mend).
     typical : (d,) float
         The site's pooled spread per degree of freedom (what a withheld spread becomes).
+    alone : set
+        Positions in no unit (the versions audit's -1: old rows that would give part of
+        an earlier unit's sum of squares): their spreads withheld in every feature.
     """
 
     order: np.ndarray
@@ -75,6 +78,7 @@ class Spreads:
     withheld: dict = field(default_factory=dict)
     typical: np.ndarray | None = None
     dominated: int = 0
+    alone: set = field(default_factory=set)
     _leaf: np.ndarray | None = None
     _leaves: list | None = None
 
@@ -83,9 +87,14 @@ class Spreads:
         return sum(len(f) for f in self.withheld.values())
 
     def _take_units(self, labels: np.ndarray) -> None:
-        """Units given as a label per position: pairs as partners, larger ones merged."""
-        order = np.argsort(labels, kind="stable")
-        edges = np.flatnonzero(np.diff(labels[order])) + 1
+        """Units given as a label per position: pairs as partners, larger ones merged;
+        -1 a position in no unit, its spread withheld in every feature."""
+        for position in np.flatnonzero(labels < 0).tolist():
+            self.alone.add(position)
+            self.withheld[position] = list(range(self.m2.shape[1]))
+        positions = np.flatnonzero(labels >= 0)
+        order = positions[np.argsort(labels[positions], kind="stable")]
+        edges = np.flatnonzero(np.diff(labels[order])) + 1 if order.size else np.zeros(0, np.int64)
         for unit in np.split(order, edges):
             if unit.size == 2:
                 self.partner[unit[0]], self.partner[unit[1]] = unit[1], unit[0]
@@ -105,11 +114,12 @@ class Spreads:
                 "withheld": int(self.withheld_cells), "dominated": int(self.dominated)}
 
     def unit_heads(self) -> np.ndarray:
-        """(G,) each position's unit named by its smallest position."""
+        """(G,) each position's unit named by its smallest position (-1: in none)."""
         heads = np.where(self.partner >= 0, np.minimum(np.arange(self.partner.size), self.partner),
                          np.arange(self.partner.size))
         for position, unit in self.merged.items():
             heads[position] = int(unit.min())
+        heads[list(self.alone)] = -1
         return heads
 
     def unit_of(self, position: int) -> np.ndarray:
@@ -265,7 +275,7 @@ class Spreads:
         for lo in range(0, self.order.size, CHUNK_GROUPS):
             released = self._block(lo, min(self.order.size, lo + CHUNK_GROUPS))[3]
             out.extend((lo + np.flatnonzero(~released.all(axis=1))).tolist())
-        return out
+        return [p for p in out if p not in self.alone]
 
     def _nearest(self, points: np.ndarray, heads: list[int]) -> list[int]:
         """For each unit head, the nearest group of another unit (-1: none), looked for
@@ -279,6 +289,7 @@ class Spreads:
         out = []
         for head in heads:
             unit = set(self.unit_of(head).tolist())
+            unit |= self.alone  # (never merged: their spreads are withheld)
             near = self._nearest_in(points, self._leaves[self._leaf[head]], head, unit)
             if near < 0:
                 near = self._nearest_in(points, np.arange(points.shape[0]), head, unit)
@@ -305,6 +316,8 @@ class Spreads:
         cells = self._cells(groups)[np.arange(groups.size), features]
         for g, p, f, peak, n in zip(groups.tolist(), position[groups].tolist(), features.tolist(),
                                     peaks.tolist(), cells.tolist()):
+            if p in self.alone:
+                continue
             unit = self.unit_of(p)
             unit_m2 = float(np.asarray(self.m2[self.order[unit], f]).sum())
             if n > 0 and bool(dominance.dominated(np.array([peak]), unit_m2, np.array([n]))[0]):

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.client_app import site_files
+from fedcluster.client_app.mapped_pages import rows_in_spans
 from fedcluster.client_app.data import group_entries, group_spreads, group_stats, versions
 from fedcluster.client_app.data.group_stats import group_statistics
 from fedcluster.client_app.data.grouping import group_rows, grouping_scale
@@ -117,21 +118,6 @@ def rows_as_groups(site: SiteData) -> SiteGroups:
 
 
 # ------------------------------------------------------------------ what the grouping sees
-def _rows_of(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``X[rows]`` (``rows`` ascending), read a span of at most CHUNK_ROWS rows of the file
-    at a time, a memory-mapped site's pages dropped after each: a few rows scattered over a
-    large file would otherwise map all of it (the kernel reads ahead around every page
-    it faults in)."""
-    out = np.empty((len(rows), X.shape[1]), dtype=X.dtype)
-    at = 0
-    while at < len(rows):
-        stop = max(at + 1, int(np.searchsorted(rows, rows[at] + CHUNK_ROWS)))
-        out[at:stop] = X[rows[at:stop]]
-        release_pages(X)
-        at = stop
-    return out
-
-
 @contextlib.contextmanager
 def _grouping_rows(site: SiteData, rows: np.ndarray | None = None, scratch: Path | None = None):
     """The rows the grouping sees (``rows``: those rows of the site, ascending): a missing
@@ -149,7 +135,7 @@ def _grouping_rows(site: SiteData, rows: np.ndarray | None = None, scratch: Path
     def chunks():  # in file order, a memory-mapped site's pages dropped after each
         for start in range(0, n, CHUNK_ROWS):
             yield start, np.asarray(X[start:start + CHUNK_ROWS] if rows is None
-                                    else _rows_of(X, rows[start:start + CHUNK_ROWS]))
+                                    else rows_in_spans(X, rows[start:start + CHUNK_ROWS], CHUNK_ROWS))
             release_pages(X)
 
     means = None
@@ -314,7 +300,7 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
                                       np.asarray(parts["row-hashes"]), np.asarray(parts["row-groups"]),
                                       int(meta["min-size"]), entry, has_missing)
     plan, _ = versions.plan_for(store, site.X, keys, site.row_ids, min_size,
-                                lambda rows: _grouped(site, min_size, rows, directory),
+                                lambda rows, size=min_size: _grouped(site, size, rows, directory),
                                 lambda rows, unit, lost, fresh, labels: _join_units(
                                     site, rows, unit, lost, fresh, labels, min_size),
                                 has_missing, versions.lineage_name(key),
@@ -331,7 +317,8 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
                                "spreads": spread_rule})
     new = store.add_groups(plan.new_members.take(order), min_size)
     if table.spreads is not None:  # each new group's spread unit, named by one of its groups
-        store.set_units(new, new[table.spreads.unit_heads()])
+        heads = table.spreads.unit_heads()
+        store.set_units(new, np.where(heads >= 0, new[np.maximum(heads, 0)], -1))
     kept = store.table_groups(plan.base["n"])[plan.kept] if plan.base is not None else new[:0]
     store.add_table(np.concatenate([kept, new]), {"entry": key, "lineage": lineage, "p": min_size,
                                                   **plan.record, "rows-dropped": rows_dropped,
@@ -411,3 +398,11 @@ def _kept_columns(site: SiteData, plan, directory: Path, kept_of_row: np.ndarray
     logger.warning("%s: the base table's entry %s is gone: the kept groups' statistics are "
                    "computed again from their rows", site.source, plan.base["entry"])
     return group_stats.kept_again(site.X, kept_of_row, int(plan.kept.size), min_size)
+
+
+def waiting_text(groups: SiteGroups) -> str:
+    """What the site says of its rows in no group (its log, ``site check``)."""
+    return (f"{groups.waiting} row(s) wait, in no group (no task uses them): new rows until "
+            f"there are {groups.min_size} of them, the other rows of a withdrawn group and "
+            f"corrected rows until {joining.host_size(groups.min_size)} new rows come to take "
+            "them in (versions of the data)")

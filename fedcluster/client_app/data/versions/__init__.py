@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedcluster.client_app.mapped_pages import rows_in_spans
 from fedcluster.client_app.data.versions import links, next_version, row_keys
 from fedcluster.client_app.data.versions.dropped_rows import dropped_groups
 from fedcluster.client_app.data.versions.lineage import Store, TableRef
@@ -40,8 +41,8 @@ def _present_rows(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """(len(rows), d) bool: the rows' present cells, read a chunk at a time."""
     out = np.empty((rows.size, X.shape[1]), dtype=bool)
     for start in range(0, rows.size, row_keys.CHUNK_ROWS):
-        out[start:start + row_keys.CHUNK_ROWS] = ~np.isnan(
-            np.asarray(X[rows[start:start + row_keys.CHUNK_ROWS]]))
+        out[start:start + row_keys.CHUNK_ROWS] = ~np.isnan(rows_in_spans(
+            X, rows[start:start + row_keys.CHUNK_ROWS], row_keys.CHUNK_ROWS))
     return out
 
 

@@ -2,9 +2,7 @@
 (``next_version.py`` makes the groups; this module judges them and pairs them).
 
 The new groups' spread units (``release/spreads.py``) are made here, before the audits,
-so that the audits judge the units the table will keep: new groups holding rows of one
-earlier unit share a unit, and a unit with a history adds at least 3 fresh values to its
-sum of squares (:func:`spread_units`). Then the instances' audit (``release/span_audit``)
+so that the audits judge the units the table will keep (:func:`spread_units`). Then the instances' audit (``release/span_audit``)
 and the values' (``value_audit.py``, ``release/versions_audit``); in a failing component
 each new group's rows with a history are held back and the rest audited again
 (:func:`audited`).
@@ -16,7 +14,7 @@ import numpy as np
 
 from fedcluster.client_app.data.versions import value_audit
 from fedcluster.client_app.data.versions.lineage import Store
-from fedcluster.client_app.release import span_audit
+from fedcluster.client_app.release import span_audit, spreads
 
 __all__ = ["AUDIT_ROUNDS", "audited", "spread_units"]
 
@@ -41,60 +39,76 @@ def _last_units(store: Store) -> np.ndarray:
     if store.n_groups:
         np.maximum.at(last, store.members, np.repeat(np.arange(store.n_groups), np.diff(store.offsets)))
     unit = np.where(last >= 0, store.unit[np.maximum(last, 0)], -1)
-    linked = np.flatnonzero((unit < 0) & (store.link >= 0))
-    unit[linked] = unit[store.link[linked]]
-    return unit
+    while True:  # along a chain of versions
+        linked = np.flatnonzero((unit < 0) & (store.link >= 0))
+        linked = linked[unit[store.link[linked]] >= 0]
+        if linked.size == 0:
+            return unit
+        unit[linked] = unit[store.link[linked]]
+
+
+def _unit_sizes(last_unit: np.ndarray) -> dict:
+    """Per earlier spread unit, how many instances it holds (their last unit: a row that
+    went is counted too, as the unit it was last in)."""
+    had = last_unit >= 0
+    units, counts = np.unique(last_unit[had], return_counts=True)
+    return dict(zip(units.tolist(), counts.tolist()))
 
 
 def spread_units(groups: list[np.ndarray], last_unit: np.ndarray, history: np.ndarray,
-                  pair) -> np.ndarray:
+                 pair) -> np.ndarray:
     """The new groups' spread units (``release/spreads.py``), each labelled by its first
-    group: new groups holding rows of one earlier unit share a unit (its m2 was released
-    whole: a unit of them all says no more than it and the new rows); such a unit with
-    fewer than 3 fresh rows (no history), and the groups left alone, are paired by
-    ``pair`` (by the means of their fresh rows), a small one with a near one: a unit that
-    holds an earlier unit's rows must add at least 3 fresh values to its sum of squares,
-    or the two sums of squares would differ by 2 values' (which, with their sum, pin them)."""
+    group:
+
+    - a group of fresh rows only: paired with a near one of its kind by ``pair`` (their
+      means), as a first version's groups are;
+    - a group with rows answered from before and fresh rows (``joining.py`` gives it at
+      least max(p, 3)): a unit of its own (its fresh values' sum of squares is in no
+      other unit, so no combination of units gives its old values' alone);
+    - a group of old rows only (whole former groups: after a raised p, or corrected ones):
+      one unit with every other such group that holds rows of one earlier unit (that
+      unit's m2 was released whole: a unit of them all says no more than it), where it
+      holds every row of each earlier unit it touches and at least 3 rows; else -1, its
+      spread withheld."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
-
-    from fedcluster.client_app.release.spreads import SPREAD_MIN_ROWS
 
     n = len(groups)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     owner = np.repeat(np.arange(n), [m.size for m in groups])
     members = np.concatenate(groups)
-    old = last_unit[members]
-    had = old >= 0
-    # groups sharing an earlier unit: joined through a node per earlier unit
-    units, slot = np.unique(old[had], return_inverse=True)
-    graph = coo_matrix((np.ones(int(had.sum()), dtype=np.int8), (owner[had], n + slot)),
-                       shape=(n + units.size, n + units.size))
-    label = connected_components(graph, directed=False)[1][:n]
-    first = np.full(int(label.max()) + 1, n, dtype=np.int64)
-    np.minimum.at(first, label, np.arange(n))
-    labels = first[label]
-    fresh_rows = np.bincount(labels[owner], weights=~history[members], minlength=n)
-    with_history = np.bincount(labels[owner], weights=history[members], minlength=n) > 0
-    size = np.bincount(labels, minlength=n)
-    heads = np.flatnonzero((size[np.arange(n)] > 0) & (labels == np.arange(n)))
-    # the units to pair: groups alone without a history, and units with one but fewer
-    # than 3 fresh rows (represented by their fresh rows, or all their rows if none)
-    needy = heads[(~with_history[heads] & (size[heads] == 1))
-                  | (with_history[heads] & (fresh_rows[heads] < SPREAD_MIN_ROWS))]
-    if pair is not None and needy.size:
-        rows = []
-        for h in needy.tolist():
-            mine = np.concatenate([groups[j] for j in np.flatnonzero(labels == h)])
-            fresh = mine[~history[mine]]
-            rows.append(fresh if (with_history[h] and fresh.size) else mine)
-        partner = np.asarray(pair(rows), dtype=np.int64)
-        mates = np.where(partner >= 0, needy[np.maximum(partner, 0)], needy)
-        joined = np.minimum(needy, mates)
-        relabel = np.arange(n)
-        relabel[needy] = joined
-        labels = relabel[labels]
+    fresh = np.bincount(owner, weights=~history[members], minlength=n)
+    labels = np.arange(n)
+    old_only = np.flatnonzero(fresh == 0)
+    if old_only.size:
+        mine = np.isin(owner, old_only)
+        old = last_unit[members[mine]]
+        had = old >= 0
+        units, slot = np.unique(old[had], return_inverse=True)
+        graph = coo_matrix((np.ones(int(had.sum()), dtype=np.int8), (owner[mine][had], n + slot)),
+                           shape=(n + units.size, n + units.size))
+        label = connected_components(graph, directed=False)[1][:n]
+        first = np.full(int(label.max()) + 1, n, dtype=np.int64)
+        np.minimum.at(first, label[old_only], old_only)
+        labels[old_only] = first[label[old_only]]
+        # a unit of them must hold every row of each earlier unit it touches, else its sum
+        # of squares less those units' would be of the rows it holds of one: withheld
+        total = _unit_sizes(last_unit)
+        counted: dict = {}
+        for label, unit in zip(labels[owner[mine][had]].tolist(), old[had].tolist()):
+            counted[label, unit] = counted.get((label, unit), 0) + 1
+        short = {label for (label, unit), count in counted.items() if count < total.get(unit, 0)}
+        # and hold the rows a sum of squares needs (``release/spreads.py``)
+        rows = np.bincount(labels[old_only], weights=[groups[j].size for j in old_only.tolist()],
+                           minlength=n)
+        short |= set(np.flatnonzero((rows > 0) & (rows < spreads.SPREAD_MIN_ROWS)).tolist())
+        labels[old_only[np.isin(labels[old_only], list(short))]] = -1
+    fresh_only = np.flatnonzero(fresh == np.array([m.size for m in groups]))
+    if pair is not None and fresh_only.size:
+        partner = np.asarray(pair([groups[j] for j in fresh_only.tolist()]), dtype=np.int64)
+        mates = np.where(partner >= 0, fresh_only[np.maximum(partner, 0)], fresh_only)
+        labels[fresh_only] = np.minimum(fresh_only, mates)
     return labels
 
 
@@ -109,10 +123,7 @@ def audited(store: Store, candidates: list[np.ndarray], p: int, present, finding
     (in a group before, or a version of a row that was) are held back, and its fresh rows
     stay a group if they are at least p; the audits run again on what is left (the spread
     units change with it), until they pass."""
-    history = np.zeros(store.n_instances, dtype=bool)
-    if store.n_groups:
-        history[store.members] = True
-    history[store.link >= 0] = True
+    history = value_audit.with_history(store)
     if not any(history[m].any() for m in candidates):
         return candidates, 0, None
     last_unit = _last_units(store)

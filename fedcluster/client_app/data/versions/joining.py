@@ -1,9 +1,11 @@
 """Where the rows of a withdrawn group go in a new version (``next_version.py``).
 
-A withdrawn group's other rows (a UNIT) move together, so that an instance's groups form
-a chain (what keeps the audit a minimum cut, ``span_audit.py``): to the nearest group of
-new rows with room for them, else into a group of whole units, else they wait. Pure
-numpy on the rows as the grouping measures them (``group_table.py`` hands them in).
+A withdrawn group's other rows, with the new versions of its corrected rows (a UNIT),
+move together: to the nearest group of at least max(p, 3) fresh rows with room for them
+(:func:`join_units`, which says why that is safe), else they make groups of whole units
+where that discloses nothing new (groups withdrawn for a raised p; groups corrected in
+the same features), else they wait. Pure numpy on the rows as the grouping measures them
+(``group_table.py`` hands them in).
 """
 
 from __future__ import annotations
@@ -12,21 +14,37 @@ import numpy as np
 
 from fedcluster.client_app.data.grouping import group_rows
 
-__all__ = ["NEAREST_GROUPS", "join_units", "nearest_groups"]
+__all__ = ["NEAREST_GROUPS", "host_size", "join_units", "nearest_groups"]
 
 
 def join_units(Z: np.ndarray, unit: np.ndarray, lost: np.ndarray, fresh_Z: np.ndarray,
                labels: np.ndarray, min_size: int) -> np.ndarray:
     """For each row (``Z``: the rows as the grouping measures them), the group its unit
-    (the rows of one ``unit`` label, together) joins: of the groups of the fresh rows
-    (``fresh_Z``, their group ``labels``), among the unit's :data:`NEAREST_GROUPS`
-    nearest, the nearest with room for it (a group takes at most 2 ``min_size`` such
-    rows, or one unit larger than that alone; the large units choose first, then the
-    nearest); else a group of whole units of at most 2 ``min_size`` rows each, made among
-    those left (``group_rows`` on their means: ``min_size`` units where they ``lost``
-    rows, else at least two and enough for ``min_size`` rows), numbered after the fresh
-    groups; else -1 (a larger unit waits for a fresh group: among other units it would
-    make ever larger groups)."""
+    (the rows of one ``unit`` label, together: a former group's rows, the new versions of
+    its corrected rows among them) joins.
+
+    A HOST is a group of the fresh rows (``fresh_Z``, their group ``labels``) of at least
+    :func:`host_size` rows. Each unit joins, among its :data:`NEAREST_GROUPS` nearest
+    hosts, the nearest with room for it (a host takes at most :data:`HOST_ROOM` x
+    ``min_size`` such rows, or one unit larger than that alone; the large units choose
+    first, then the nearest).
+    A unit that finds none waits (-1), but units of groups withdrawn only for a raised p
+    (``lost`` :data:`WHOLE`: every row there as it was), which make groups of whole units
+    among themselves (at least two, and enough for ``min_size`` rows: a union of groups
+    already answered from), and CORRECTED units (:data:`CHANGED` + the code of the
+    features changed), which make groups of max(p, 3) whole units of one code; numbered
+    after the fresh groups.
+
+    Why the host's fresh rows (release/versions_audit.py): in every feature the new
+    group's values are its units' (values answered from before: a corrected row's
+    unchanged cells are its old ones) and at least max(p, 3) fresh values that are in no
+    other group. Any combination of everything released that uses the new group's sum
+    or sum of squares carries its fresh values' sum or sum of squares, which nothing else
+    holds: it isolates at least max(p, 3) of them, and it determines no value (a sum and
+    a sum of squares over 3 or more unknowns found nowhere else cancel from no
+    combination). A unit moves whole, so that each earlier group reaches one new group
+    only: the instances' audit (``release/span_audit.py``), which has no such shortcut,
+    then meets small components."""
 
     def means(labels_, values):
         n = int(labels_.max()) + 1 if labels_.size else 0
@@ -36,43 +54,78 @@ def join_units(Z: np.ndarray, unit: np.ndarray, lost: np.ndarray, fresh_Z: np.nd
 
     units, first, unit_of_row = np.unique(unit, return_index=True, return_inverse=True)
     unit_means, unit_rows = means(unit_of_row, Z), np.bincount(unit_of_row)
-    unit_lost = lost[first]
+    unit_kind = lost[first]
     group_means = means(labels, fresh_Z)
     joined = np.full(units.size, -1, dtype=np.int64)
-    room = np.full(group_means.shape[0], 2 * min_size)
-    candidates, distance = nearest_groups(unit_means, group_means, NEAREST_GROUPS)
-    large = unit_rows > 2 * min_size
-    # the large units first (each takes a fresh group alone), then the nearest first
-    for u in np.lexsort((distance[:, 0] if distance.size else np.zeros(units.size), ~large)).tolist():
-        for g in candidates[u].tolist():
-            if room[g] == 2 * min_size or (not large[u] and unit_rows[u] <= room[g]):
-                joined[u] = g
-                room[g] = max(room[g] - unit_rows[u], 0)
-                break
+    hosts = np.flatnonzero(np.bincount(labels, minlength=group_means.shape[0])
+                           >= host_size(min_size)) if labels.size else np.zeros(0, np.int64)
+    room = np.full(group_means.shape[0], HOST_ROOM * min_size)
+    candidates, distance = nearest_groups(unit_means, group_means[hosts], NEAREST_GROUPS)
+    candidates = hosts[candidates] if hosts.size else candidates
+    large = unit_rows > HOST_ROOM * min_size
+    nearest = distance[:, 0] if distance.size else np.zeros(units.size)
+
+    def host(among: np.ndarray) -> None:
+        """The large units first (each takes a host alone), then the nearest first."""
+        for u in among[np.lexsort((nearest[among], ~large[among]))].tolist():
+            for g in candidates[u].tolist():
+                if room[g] == HOST_ROOM * min_size or (not large[u] and unit_rows[u] <= room[g]):
+                    joined[u] = g
+                    room[g] = max(room[g] - unit_rows[u], 0)
+                    break
+
+    # the units that lost a row first, to their nearest hosts, else the nearest host with
+    # room wherever it is; then the corrected ones (which may make groups of their own)
+    host(np.flatnonzero(unit_kind <= LOST))
+    waiting = np.flatnonzero((joined < 0) & ~large & (unit_kind == LOST))
+    if waiting.size and hosts.size:
+        far, _ = nearest_groups(unit_means[waiting], group_means[hosts], hosts.size)
+        for u, order in zip(waiting.tolist(), hosts[far].tolist()):
+            for g in order:
+                if unit_rows[u] <= room[g]:
+                    joined[u] = g
+                    room[g] -= unit_rows[u]
+                    break
+    host(np.flatnonzero(unit_kind >= CHANGED))
     made = group_means.shape[0]
-    # groups of whole units among those left (none large), each kind apart: units that
-    # lost a row (p of them), units withdrawn for a raised p only, and units whose rows
-    # are all there but in new versions (corrected) with those corrected in the same
-    # features (p of them): in a feature none of its rows changed a corrected unit holds
-    # its earlier group's values, so with a unit of another kind it would give that one's
-    # alone, and with one corrected elsewhere a correction in a feature only it changed
-    for kind in [LOST, WHOLE] + sorted(set(unit_lost[unit_lost >= CHANGED].tolist())):
-        left = np.flatnonzero((joined < 0) & (unit_lost == kind) & (unit_rows <= 2 * min_size))
-        per_group = max(min_size, 3) if kind != WHOLE else \
-            max(2, -(-min_size // int(unit_rows[left].min()))) if left.size else 2
-        if left.size >= max(per_group, 2):
-            of_unit = group_rows(np.ascontiguousarray(unit_means[left]), per_group)
+    left = np.flatnonzero((joined < 0) & (unit_kind == WHOLE) & (unit_rows <= 2 * min_size))
+    per_group = max(2, -(-min_size // int(unit_rows[left].min()))) if left.size else 2
+    if left.size >= per_group:
+        of_unit = group_rows(np.ascontiguousarray(unit_means[left]), per_group)
+        joined[left] = np.where(of_unit >= 0, of_unit + made, -1)
+        made += int(of_unit.max()) + 1 if (of_unit >= 0).any() else 0
+    # corrected units that found no host: groups of max(p, 3) whole units corrected in the
+    # same features (in the others their values are their former groups', so the new
+    # group's sums are those groups'; in those features its sum is of 3 or more changes)
+    for kind in sorted(set(unit_kind[unit_kind >= CHANGED].tolist())):
+        left = np.flatnonzero((joined < 0) & (unit_kind == kind))
+        if left.size >= host_size(min_size):
+            of_unit = group_rows(np.ascontiguousarray(unit_means[left]), host_size(min_size))
             joined[left] = np.where(of_unit >= 0, of_unit + made, -1)
             made += int(of_unit.max()) + 1 if (of_unit >= 0).any() else 0
     return joined[unit_of_row]
 
 
+def host_size(min_size: int) -> int:
+    """The fewest fresh rows a group that takes rows answered from before must hold
+    (``release/spreads.SPREAD_MIN_ROWS`` and p: module docstring)."""
+    from fedcluster.client_app.release.spreads import SPREAD_MIN_ROWS
+
+    return max(int(min_size), SPREAD_MIN_ROWS)
+
+
 #: How many of the nearest new groups a withdrawn group's rows may join (the nearest
 #: with room).
 NEAREST_GROUPS = 16
-#: What befell a unit's earlier group: all its rows are there (withdrawn for a raised p
-#: only), some rows are gone, some rows are there only as new versions (corrected; with
-#: the code of the features they changed added: ``next_version._changed_kinds``).
+#: A host takes at most this many times p rows answered from before: enough to take in
+#: the rows of the groups a version withdraws when it appends a third as many rows (the
+#: fresh rows' values keep the host safe however many it takes; the limit keeps groups
+#: small, for the quality of the means a run clusters).
+HOST_ROOM = 3
+#: What befell a unit's earlier group: all its rows are there as they were (withdrawn for
+#: a raised p only), some rows are gone, or its rows are all there, some only as new
+#: versions (corrected; the code of the features they changed added:
+#: ``next_version._changed_kinds``).
 WHOLE, LOST, CHANGED = 0, 1, 2
 
 

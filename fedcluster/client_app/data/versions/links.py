@@ -7,17 +7,17 @@ VALUES, and a corrected row's unchanged cells are the same values in every versi
   stricter: two cells taken for one value).
 - **Links.** A new instance is linked to the earlier instance it may be a version of
   (:func:`link_new_rows`), among the rows of the lineage it continues that left: with an
-  id column, the latest with its id; without one, the one sharing most cells with it,
-  one to one
+  id column, the latest with its id; without one, the one sharing most cells with it, at
+  least half of them, one to one
   (most cells first; cells shared by many rows that left, as a category's level is,
   count for nothing). A row corrected in one cell of four shares three.
 - **Values.** Per feature, a linked pair whose cell hashes are equal holds one value
   (``release/versions_audit.py`` merges them); where they differ, the difference is a
   one-row change, which the audit keeps out of reach too.
 
-What this does not catch: without an id column, a correction that changes every cell
-of a row (nothing left to match), or one whose unchanged cells are all as common as a
-category's levels.
+What this does not catch: without an id column, a correction that changes half a row's
+cells or more (what it leaves is then audited as new values), or one whose unchanged
+cells are mostly as common as a category's levels.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 
 from fedcluster.client_app.data.group_stats import mix
 from fedcluster.client_app.data.versions import row_keys
-from fedcluster.client_app.mapped_pages import release_pages
+from fedcluster.client_app.mapped_pages import rows_in_spans
 
 __all__ = ["COMMON_CELL", "cell_hashes", "link_new_rows"]
 
@@ -42,9 +42,8 @@ def cell_hashes(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
     out = np.zeros((rows.size, X.shape[1]), dtype=np.uint16)
     salt = (np.arange(X.shape[1], dtype=np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
     for start in range(0, rows.size, row_keys.CHUNK_ROWS):
-        block = np.ascontiguousarray(np.asarray(X[rows[start:start + row_keys.CHUNK_ROWS]],
-                                                dtype=np.float64))
-        release_pages(X)
+        block = np.ascontiguousarray(rows_in_spans(X, rows[start:start + row_keys.CHUNK_ROWS],
+                                                   row_keys.CHUNK_ROWS), dtype=np.float64)
         bits = mix(block.view(np.uint64) ^ salt[None, :])
         hashed = (bits >> np.uint64(48)).astype(np.uint16)
         hashed[np.isnan(block)] = 0
@@ -111,6 +110,8 @@ def _by_cells(fresh_cells: np.ndarray, gone_cells: np.ndarray, fresh: np.ndarray
             if matches and len(matches) <= COMMON_CELL:
                 for b in matches:
                     shared[a, b] = shared.get((a, b), 0) + 1
+    enough = max(1, -(-fresh_cells.shape[1] // 2))  # half the cells (chance meets 1 in 65,536)
+    shared = {ab: n for ab, n in shared.items() if n >= enough}
     if not shared:
         return fresh[:0], fresh[:0]
     order = sorted(shared, key=lambda ab: (-shared[ab], ab[1], ab[0]))

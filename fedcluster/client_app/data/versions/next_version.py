@@ -7,16 +7,17 @@ The rule (docs/explanation/privacy-model.md, "Versions"):
    lineage.
 2. **Kept.** A group of the base whose rows are all still there (the same instances:
    ``row_keys.py``) stays, its statistics bit for bit. A group that lost or changed a
-   row is WITHDRAWN whole (as is one under a raised p): its other rows wait.
+   row is WITHDRAWN whole (as is one under a raised p): its other rows, with the new
+   versions of its changed rows, wait as one unit.
 3. **New.** The waiting rows that were never in a group and are no new version of a
    row that was (``links.py``) are grouped among themselves (``grouping.group_rows``);
    the other waiting rows (of a withdrawn group, with the new versions of its rows, or
-   held back before) join them a former group at a time, each to the new group nearest
-   to it that has room (at most 2p such rows a group, or one larger former group alone);
-   the others make groups of whole former groups of at most 2p rows each, of one kind
-   (max(p, 3) of those that lost rows, or of those corrected in the same features; at
-   least two and p rows of those withdrawn for a raised p: ``joining.py``); a unit that
-   makes no group waits. A former group's rows always move together.
+   held back before) join them a former group at a time, each to the nearest group of
+   at least max(p, 3) fresh rows that has room (at most 3p such rows a group, or one
+   larger former group alone: ``joining.py``, which says why this is safe); the others
+   make groups of whole former groups where that discloses nothing new (withdrawn for a
+   raised p; corrected in the same features), or wait. A former group's rows always
+   move together.
 4. **Audits.** Before the version answers anything, its new groups and their spread units
    go through the audits (``audited.py``): every table ever made (each counts as
    answered from), over row versions (``release/span_audit.py``) and over the cells'
@@ -161,12 +162,13 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
         Each row's instance.
     p : int
         The site's ``min-cluster-size``.
-    group_waiting : callable (rows or None) -> (m,) int64
-        The grouping of those rows (ascending; None: every row), -1 for a row that waits.
+    group_waiting : callable (rows or None, size=p) -> (m,) int64
+        The grouping of those rows (ascending; None: every row) in groups of at least
+        ``size`` rows, -1 for a row that waits.
     attach : callable (rows, their units, whether each one's unit lost a row, fresh rows,
             their groups) -> (m,) int64
         For each of ``rows``, the group its unit (the rows of one earlier group) joins: a
-        group of the fresh rows (the nearest with room, 2p rows each), else a group of
+        group of the fresh rows (the nearest with room, 3p rows each), else a group of
         units (numbered after the fresh rows' groups), else -1.
     present : callable (instances) -> (m, d) bool, optional
         The instances' present cells (None: no cell is missing).
@@ -208,7 +210,7 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
                        "withdrawn-groups": int(withdrawn.size),
                        "withdrawn-rows": int(sizes[withdrawn].sum()),
                        "gone-rows": int(np.count_nonzero(~live[base_members]))})
-    new_members = _new_groups(store, instance_of_row, group_of_row, group_waiting, attach)
+    new_members = _new_groups(store, instance_of_row, group_of_row, group_waiting, attach, p)
     findings: list[str] = []
     pair_rows = None if pair is None else (lambda groups: pair([row_of[m] for m in groups]))
     new_members, held, units = audited(store, list(new_members), p, present, findings,
@@ -222,19 +224,15 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
 
 
 def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndarray,
-                group_waiting, attach) -> list[np.ndarray]:
+                group_waiting, attach, p: int = 2) -> list[np.ndarray]:
     """The waiting rows' groups, as instance lists: the FRESH rows (never in a group, and
-    no version of a row that was) are grouped among themselves; the other waiting rows (of withdrawn groups, or held back)
-    go in UNITS, the rows of one earlier group together, each unit to the fresh group
-    nearest to it that has room (at most 2p such rows a group). A unit's sum, subtracted
-    from its earlier group's, then leaves that group's rows that went together with fresh
-    rows; and each earlier group reaches one new group only, which keeps the audit's
-    components small. The units that find no room make groups of whole units among
-    themselves, which the audit judges: units whose earlier group lost or changed a row
-    at least p of them (a combination of such a group and the earlier ones leaves at
-    least one gone row per unit); units of groups withdrawn only for a raised p at least
-    two, and enough for p rows (a union of earlier groups discloses nothing new). Units
-    that make no group wait."""
+    no version of a row that was) are grouped among themselves; the other waiting rows
+    (of withdrawn groups, with the new versions of their rows, or held back) are in
+    UNITS, the rows of one earlier group together, each unit to the nearest fresh group
+    of at least max(p, 3) rows that has room (``joining.join_units``; each earlier group
+    reaches one new group only, which keeps the instances' audit's components small);
+    units withdrawn for a raised p, or corrected in the same features, that find no room
+    make groups of whole units among themselves; the others wait."""
     waiting = np.flatnonzero(group_of_row < 0)
     if waiting.size == 0:
         return []
@@ -245,20 +243,27 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
         np.maximum.at(last_group, members, np.repeat(disclosed, np.diff(offsets)))
     # a new version of a row (``links.py``: its unchanged cells are the old one's values)
     # moves with the rows of the old one's group, as one of them
-    linked = np.flatnonzero((last_group < 0) & (store.link >= 0))
-    last_group[linked] = last_group[store.link[linked]]
+    while True:  # (along a chain of versions: a row corrected twice)
+        linked = np.flatnonzero((last_group < 0) & (store.link >= 0))
+        linked = linked[last_group[store.link[linked]] >= 0]
+        if linked.size == 0:
+            break
+        last_group[linked] = last_group[store.link[linked]]
     unit = last_group[instance_of_row[waiting]]
     old = unit >= 0
     if not old.any():
         labels = group_waiting(None if waiting.size == group_of_row.size else waiting)
         return _split(labels, instance_of_row[waiting])
     fresh, earlier, unit = waiting[~old], waiting[old], unit[old]
-    labels = group_waiting(fresh) if fresh.size else np.zeros(0, dtype=np.int64)
+    # fresh rows that units wait for are grouped at a host's size (``joining.host_size``)
+    labels = group_waiting(fresh, joining.host_size(p)) if fresh.size \
+        else np.zeros(0, dtype=np.int64)
     grouped = labels >= 0
     units = np.unique(unit)
     live = np.zeros(store.n_instances, dtype=bool)
     live[instance_of_row] = True
-    # what befell the unit's earlier group: a row gone, or only new versions of rows
+    # what befell the unit's earlier group: every row there as it was, some only as new
+    # versions (corrected: told apart by the features the corrections changed), or a row gone
     versioned = live.copy()
     versioned[store.link[live[:store.link.size] & (store.link >= 0)]] = True
     kind = np.where(_all_live(store, units, live), joining.WHOLE,
@@ -272,8 +277,7 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
 def _changed_kinds(store: Store, units: np.ndarray, kind: np.ndarray, live: np.ndarray) -> np.ndarray:
     """A corrected unit's kind told apart by the features its corrections changed
     (``joining.CHANGED`` + a code of the set): units corrected in the same features may
-    make a group of whole units (each feature's change then a sum of p changes), others
-    may not (in a feature only one of them changed, the union gives that change alone)."""
+    make a group of whole units (``joining.join_units``), others may not."""
     changed = np.flatnonzero(kind == joining.CHANGED)
     if changed.size == 0:
         return kind

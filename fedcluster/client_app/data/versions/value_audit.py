@@ -17,7 +17,7 @@ import numpy as np
 
 from fedcluster.client_app.release import versions_audit
 
-__all__ = ["failures"]
+__all__ = ["failures", "with_history"]
 
 
 def _components(offsets, members, n_groups, n_instances, links, units) -> np.ndarray:
@@ -27,8 +27,9 @@ def _components(offsets, members, n_groups, n_instances, links, units) -> np.nda
 
     group_of_edge = np.repeat(np.arange(n_groups), np.diff(offsets))
     linked = np.flatnonzero(links >= 0)
-    rows = np.concatenate([group_of_edge, n_groups + linked, np.arange(n_groups)])
-    cols = np.concatenate([n_groups + members, n_groups + links[linked], units])
+    in_unit = np.flatnonzero(units >= 0)  # (-1: a group whose spread was withheld)
+    rows = np.concatenate([group_of_edge, n_groups + linked, in_unit])
+    cols = np.concatenate([n_groups + members, n_groups + links[linked], units[in_unit]])
     size = n_groups + n_instances
     graph = coo_matrix((np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=(size, size))
     return connected_components(graph, directed=False)[1][:n_groups]
@@ -86,7 +87,8 @@ def failures(store, new: list[np.ndarray], units: np.ndarray, p: int, present) -
     sizes = np.array([m.size for m in new], dtype=np.int64)
     offsets = np.concatenate([store.offsets, store.offsets[-1] + np.cumsum(sizes)])
     members = np.concatenate([store.members, *new]).astype(np.int64)
-    units = np.concatenate([store.unit[:n_old], n_old + np.asarray(units, dtype=np.int64)])
+    units = np.asarray(units, dtype=np.int64)
+    units = np.concatenate([store.unit[:n_old], np.where(units >= 0, n_old + units, -1)])
     group_p = np.concatenate([store.group_p, np.full(len(new), p)]).astype(np.int64)
     links = store.link
     component = _components(offsets, members, n_old + len(new), store.n_instances, links, units)
@@ -98,16 +100,124 @@ def failures(store, new: list[np.ndarray], units: np.ndarray, p: int, present) -
     order = np.argsort(component, kind="stable")
     starts = np.searchsorted(component[order], np.unique(component[n_old:]))
     counts = np.bincount(component)
+    shown = _hosted(store, new, np.where(units[n_old:] >= 0, units[n_old:] - n_old, -1), p, present)
     for c, start in zip(np.unique(component[n_old:]).tolist(), starts.tolist()):
         groups = order[start:start + int(counts[c])]
         instances = np.unique(np.concatenate([members[offsets[g]:offsets[g + 1]] for g in groups]))
         if groups.min() >= n_old and (owners[instances] == 1).all() and not linked[instances].any():
             continue  # one version's own groups and units
+        if shown[groups[groups >= n_old] - n_old].all():
+            continue  # every new group carries fresh values of its own (``_hosted``)
         reason = _judge(store, groups, instances, offsets, members, units, group_p, links,
                         min(p, int(group_p[groups].min())), present)
         if reason is not None:
             out.append((groups[groups >= n_old] - n_old, reason))
     return out
+
+
+def with_history(store) -> np.ndarray:
+    """Per instance, whether any of its values was answered from: it was in a group, or
+    it is a later version of one that was (following the links: a corrected waiting row
+    whose first version was never grouped has no history)."""
+    history = np.zeros(store.n_instances, dtype=bool)
+    if store.n_groups:
+        history[store.members] = True
+    linked = np.flatnonzero(store.link >= 0)
+    while linked.size:  # along each chain of versions, from the earliest
+        gained = linked[history[store.link[linked]] & ~history[linked]]
+        if gained.size == 0:
+            break
+        history[gained] = True
+    return history
+
+
+def _hosted(store, new: list[np.ndarray], units: np.ndarray, p: int, present) -> np.ndarray:
+    """Per new group, whether it is safe whatever the rest (``joining.join_units``):
+    fresh rows only, in a unit of such groups; a unit of its own whose fresh rows (in no
+    group before, no version of a row that was) hold at least max(p, 3) present cells of
+    every feature; or old rows only that :func:`_rebuilds` finds safe. Its sum and sum
+    of squares then carry, in each feature, fresh values that nothing else holds (a
+    combination that uses either cannot cancel them: a sum and a sum of squares over 3 or
+    more unknowns found nowhere else, so it isolates at least max(p, 3) of them and
+    determines nothing), or sums the site released before; the family without it was
+    judged before."""
+    from fedcluster.client_app.data.versions.joining import host_size
+
+    history = with_history(store)
+    need = host_size(p)
+    fresh_only = np.array([not history[m].any() for m in new])
+    out = np.zeros(len(new), dtype=bool)
+    former = None
+    for j, members in enumerate(new):
+        mates = np.flatnonzero(units == units[j]) if units[j] >= 0 else np.array([j])
+        if fresh_only[j]:
+            out[j] = fresh_only[mates].all()
+            continue
+        fresh = members[~history[members]]
+        if fresh.size == 0:
+            former = _former(store) if former is None else former
+            out[j] = _rebuilds(store, members, need, present, *former)
+            continue
+        if mates.size != 1 or fresh.size < need:
+            continue
+        cells = np.ones((fresh.size, 1), dtype=bool) if present is None \
+            else np.asarray(present(fresh), dtype=bool)
+        out[j] = bool((cells.sum(axis=0) >= need).all())
+    return out
+
+
+def _former(store) -> tuple[np.ndarray, np.ndarray]:
+    """Per instance, how many groups hold it and the last of them (-1: none)."""
+    group_of = np.repeat(np.arange(store.n_groups), np.diff(store.offsets))
+    last = np.full(store.n_instances, -1, dtype=np.int64)
+    np.maximum.at(last, store.members, group_of)
+    return np.bincount(store.members, minlength=store.n_instances), last
+
+
+def _rebuilds(store, members: np.ndarray, need: int, present, owners, last) -> bool:
+    """Whether a group of old rows only (``joining.py``: whole former groups, after a
+    raised p or corrected in the same features) is safe whatever the rest: its rows,
+    each itself or a later version of a row of an earlier group (its ORIGIN), are every
+    row of the earlier groups they come from; and in each feature either no row changed
+    (bits or presence) and each of those groups reported the feature or had no present
+    cell of it (the new sum is then the sum of sums released before), or at least
+    ``need`` rows hold a new present value (found in no other group: the argument of
+    the fresh rows). Its spread unit holds whole earlier units or is withheld
+    (``audited.spread_units``)."""
+    link = store.link
+    origin = members.astype(np.int64)
+    for _ in range(members.size + 1):  # back along each chain of versions to a grouped one
+        up = np.flatnonzero((owners[origin] == 0) & (origin < link.size))
+        up = up[link[origin[up]] >= 0]
+        if up.size == 0:
+            break
+        origin[up] = link[origin[up]]
+    if (owners[origin] == 0).any() or np.unique(origin).size != origin.size:
+        return False
+    groups = np.unique(last[origin])
+    held = store.members_of(groups)
+    if sum(h.size for h in held) != origin.size or not np.isin(np.concatenate(held), origin).all():
+        return False
+    width = max(store.cell_width, 1)
+    now, then = store.cell_hashes(members), store.cell_hashes(origin)
+    cells_now = np.ones((members.size, width), dtype=bool) if present is None \
+        else np.asarray(present(members), dtype=bool)
+    cells_then = np.ones_like(cells_now) if present is None \
+        else np.asarray(present(origin), dtype=bool)
+    if now.shape[1] != width or cells_now.shape[1] != width:
+        return False
+    changed = (now != then) | (cells_now != cells_then)
+    fresh_values = (changed & cells_now).sum(axis=0)
+    moved = changed.any(axis=0)
+    if (moved & (fresh_values < need)).any():
+        return False
+    if moved.all() or present is None:
+        return True
+    for g, rows in zip(groups.tolist(), held):  # unchanged features: sums released before
+        count = np.asarray(present(rows), dtype=bool)[:, ~moved].sum(axis=0)
+        if ((count > 0) & (count < store.group_p[g])).any():
+            return False
+    return True
 
 
 def _judge(store, groups, instances, offsets, members, units, group_p, links, floor, present):
@@ -126,8 +236,8 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
     per_feature, chain, linked = _values(instances, links, hashes, cells)
     local = {g: np.searchsorted(instances, members[offsets[g]:offsets[g + 1]]) for g in groups.tolist()}
     by_unit: dict[int, list[int]] = {}
-    for g in groups.tolist():
-        by_unit.setdefault(int(units[g]), []).append(g)
+    for g in groups.tolist():  # (a group in no unit: its sums only, its spread withheld)
+        by_unit.setdefault(int(units[g]) if units[g] >= 0 else -1 - g, []).append(g)
     seen = set()
     for j in range(width):
         value = chain if per_feature is None else per_feature[j]
@@ -136,14 +246,14 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
             continue
         seen.add(key)
         group_lists, unit_lists = [], []
-        for members_of in by_unit.values():
+        for unit, members_of in by_unit.items():
             unit_cells = []
             for g in members_of:
                 here = local[g][cells[local[g], j]]
                 if here.size >= group_p[g]:  # a group reports a feature of p cells or more
                     group_lists.append(np.unique(value[here]))
                     unit_cells.append(value[here])
-            if unit_cells:
+            if unit_cells and unit >= 0:
                 unit_lists.append(np.unique(np.concatenate(unit_cells)))
         used = np.unique(np.concatenate(group_lists)) if group_lists else np.zeros(0, np.int64)
         remap = np.full(value.size, -1, dtype=np.int64)
