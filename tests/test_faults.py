@@ -115,8 +115,8 @@ def test_corrupt_replies_are_dropped_with_reasons(bed, tmp_path):
     shutil.copy(APP_DIR / "README.md", app)
     pyproject = (APP_DIR / "pyproject.toml").read_text()
     assert 'clientapp = "fedcluster.client_app:app"' in pyproject
-    # (fab-exclude names folders this app does not have, which `flwr build` refuses)
-    pyproject = re.sub(r"(?m)^fab-exclude = .*\n", "", pyproject)
+    # (fab-include names the package folder, which this app does not have)
+    pyproject = re.sub(r"(?m)^fab-include = .*\n", "", pyproject)
     (app / "pyproject.toml").write_text(pyproject.replace(
         'clientapp = "fedcluster.client_app:app"', 'clientapp = "corrupting_client:app"'))
     (app / "corrupting_client.py").write_text(CORRUPTING_CLIENT)
