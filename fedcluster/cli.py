@@ -198,10 +198,23 @@ def cmd_site_ledger(args: argparse.Namespace) -> int:
 
 
 def cmd_site_check(args: argparse.Namespace) -> int:
-    from fedcluster.client_app.site_check import check
+    from fedcluster.client_app.site_check import (check, checked_node_config,
+                                                  read_as_the_site_will, with_node_config)
     from fedcluster.common.schema import load_schema, parse_units
 
     units = list(args.units or [])
+    node = checked_node_config(args.node_config) if args.node_config else None
+    if node is not None:
+        vars(args).update(with_node_config(vars(args), node))
+        if args.data is None and not units:
+            return 0  # a node config without data to check: valid is all there is to say
+        if args.schema is None and node.data_path is not None:
+            print(read_as_the_site_will(node))
+            return 0
+    if args.schema is None:
+        raise ValueError("site check needs the schema (--schema SCHEMA, or schema-path in "
+                         "--node-config)")
+    args.min_cluster_size = 2 if args.min_cluster_size is None else args.min_cluster_size
     if args.data is None:  # `--units a=x FILE`: --units took the file too
         if not units or "=" in units[-1]:
             raise ValueError("site check needs the data file (fedcluster site check DATA "
@@ -359,10 +372,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "its database's URL (node config data-url)")
     for key in SQL_KEYS:  # node config keys data-query, data-query-file, data-table
         check.add_argument("--" + key.replace("_", "-"), help="with a URL: node config key")
-    check.add_argument("--schema", required=True, help="the schema file (.toml or .json)")
+    check.add_argument("--schema", default=None,
+                       help="the schema file (.toml or .json); default: --node-config's "
+                            "schema-path")
+    check.add_argument("--node-config", default=None, metavar="CONFIG",
+                       help="a SuperNode's --node-config ('key=value ...' or a .toml): "
+                            "validated, then its data checked as the flags would")
     check.add_argument("--units", nargs="*", metavar="COLUMN=UNIT",
                        help="the unit a column of this file is in, when its header does not say")
-    check.add_argument("--min-cluster-size", type=int, default=2, metavar="P",
+    check.add_argument("--min-cluster-size", type=int, default=None, metavar="P",
                        help="this site's own floor p_site (node config min-cluster-size): the "
                             "size of the groups it answers from; default 2")
     check.add_argument("--cache-dir", default=None, metavar="DIR",

@@ -182,3 +182,21 @@ def test_the_hash_is_of_the_content_not_the_layout(tmp_path, schema):
     (tmp_path / "site.csv").write_text("age,dose\n1,2\n")
     with pytest.raises(SchemaError, match=r"site\.csv: a schema file is \.toml or \.json, not '\.csv'"):
         load_schema(tmp_path / "site.csv")
+
+
+def test_the_schema_reference_lists_the_texts_that_count_as_missing():
+    """docs/reference/schema.md names every text a reader takes for a missing cell, and
+    one it does not (a numeric column then names the row, the column and the text)."""
+    import re
+    from pathlib import Path
+
+    from fedcluster.common.schema import MISSING_TOKENS
+    from fedcluster.common.table_encoding import SiteDataError, _parsed
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "schema.md").read_text()
+    section = page.split("## Missing cells", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([^`]+)`", section.split("(case as written")[0]))
+    assert named == set(MISSING_TOKENS) - {""} and "empty" in section
+    assert np.isnan(_parsed([f" {t} " for t in MISSING_TOKENS], "f.csv", "x", 0)).all()
+    with pytest.raises(SiteDataError, match=r"f.csv: row 1, column 'x': 'na' is not a number"):
+        _parsed(["na"], "f.csv", "x", 0)

@@ -147,3 +147,57 @@ def test_the_tutorial_shows_what_site_check_prints(tmp_path, monkeypatch):
         assert (code == 0) == ("|| true" not in block.code), block.where
         shown += 1
     assert shown == 7
+
+
+def test_a_node_config_is_checked_before_a_supernode_starts_with_it(tmp_path, schema_path,
+                                                                     capsys):
+    """`--node-config` takes the text `flower-supernode --node-config` takes, validates it
+    as the site's ClientApp will (an unknown key names the key meant), and checks the file
+    it names as the flags would."""
+    data = tmp_path / "site.csv"
+    data.write_text(GOOD)
+    assert main(["site", "check", "--node-config",
+                 f'data-file="{data}" schema-path="{schema_path}"']) == 2
+    err = capsys.readouterr().err
+    assert "unknown node-config key 'data-file' (did you mean 'data-path'?)" in err
+    assert main(["site", "check", "--node-config", 'min-cluster-size=0']) == 2
+    assert "min-cluster-size" in capsys.readouterr().err
+    node = f'data-path="{data}" schema-path="{schema_path}" min-cluster-size=3'
+    assert main(["site", "check", "--node-config", node, "--no-cost-table"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("node config: valid (data-path, min-cluster-size, schema-path)\n")
+    assert main(["site", "check", str(data), "--schema", str(schema_path), "--min-cluster-size",
+                 "3", "--no-cost-table"]) == 0
+    assert out.split("\n", 1)[1] == capsys.readouterr().out  # the same report as the flags
+    assert main(["site", "check", "--node-config", 'site-id="a" ledger-path="off"']) == 0
+    assert capsys.readouterr().out == "node config: valid (ledger-path, site-id)\n"
+    # without a schema: the file read as the site will read it, its own cache untouched
+    plain = tmp_path / "plain.csv"
+    plain.write_text("a,b,c\n1,2,3\n4,5,6\n7,8,9\n")
+    cache = tmp_path / "site-cache"
+    assert main(["site", "check", "--node-config",
+                 f'data-path="{plain}" cache-dir="{cache}" columns="a,c"']) == 0
+    out = capsys.readouterr().out
+    assert f"{plain}: 3 rows, 2 features, read as the site will read them" in out
+    assert not cache.exists()
+
+
+def test_the_deployment_tutorial_shows_what_the_node_config_check_prints(tmp_path, monkeypatch,
+                                                                         capsys):
+    import shlex
+
+    from test_docs import ROOT, blocks
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDCLUSTER_CACHE_DIR", str(tmp_path / "cache"))
+    found = blocks(ROOT / "docs" / "tutorials" / "first-deployment.md")
+    shown = 0
+    for block, after in zip(found, found[1:]):
+        if block.code.startswith("fedcluster partition"):
+            assert main(shlex.split(block.code.strip())[1:]) == 0
+        elif "site check --node-config" in block.code:
+            capsys.readouterr()
+            assert main(shlex.split(block.code.strip())[1:]) == 0
+            assert capsys.readouterr().out.rstrip("\n") == after.code.rstrip("\n"), block.where
+            shown += 1
+    assert shown == 1

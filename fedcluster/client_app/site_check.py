@@ -269,3 +269,49 @@ def check(path, schema: Schema, declared_units: dict[str, str] | None = None,
     """The report of ``fedcluster site check``, as text (:func:`report`, which takes the
     same arguments, ``cost``, ``cost_k`` and ``cost_scale`` among them)."""
     return report(path, schema, declared_units, floor, cache_dir, **cost_options).text
+
+
+def checked_node_config(text: str):
+    """The node config ``flower-supernode --node-config TEXT`` would start with, parsed as
+    Flower parses it and validated as the site's ClientApp will (a ConfigError names the
+    key, and an unknown one the key meant); prints that it is valid."""
+    import click
+    from flwr.common.config import parse_config_args
+
+    from fedcluster.client_app.node_config import parse_node_config
+
+    try:
+        values = parse_config_args([text])
+    except click.ClickException as err:
+        raise ValueError(f"--node-config: {err.message}") from None
+    node = parse_node_config(values)
+    print(f"node config: valid ({', '.join(sorted(values)) or 'no keys: every default'})")
+    return node
+
+
+def read_as_the_site_will(node) -> str:
+    """A node config without a schema: its data file read as the site's ClientApp will
+    read it (columns, label, id), its cache made in a scratch directory (nothing of the
+    site's own cache or history is written); what was read."""
+    import tempfile
+
+    from fedcluster.client_app.app import load_site
+    from fedcluster.common.config import run_config_defaults
+
+    with tempfile.TemporaryDirectory(prefix="fedcluster-check-") as scratch:
+        site, _ = load_site(node.model_copy(update={"cache_dir": scratch}),
+                            run_config_defaults())
+        rows, features = site.X.shape
+    return (f"{node.data_path}: {rows} rows, {features} features, read as the site will read "
+            "them (no schema-path: --schema checks the file against the agreed schema)")
+
+
+def with_node_config(given: dict, node) -> dict:
+    """The check's settings (``given``: the command's, None where not given), each taken
+    from the node config where not given."""
+    from_node = {"data": node.data_path or node.data_url, "schema": node.schema_path,
+                 "min_cluster_size": node.min_cluster_size, "cache_dir": node.cache_dir,
+                 "data_query": node.data_query, "data_query_file": node.data_query_file,
+                 "data_table": node.data_table}
+    return {key: value if given.get(key) is None else given[key]
+            for key, value in from_node.items()}

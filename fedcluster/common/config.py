@@ -343,6 +343,25 @@ class RunConfig(_Strict):
         return [self.seed + i for i in range(self.n_init)]
 
 
+#: Words people write for the ones the config keys use ('data-file' is 'data-path').
+_SAME_WORD = {"file": "path", "filename": "path", "filepath": "path", "folder": "dir",
+              "directory": "dir", "cache": "cache-dir", "schema": "schema-path",
+              "data": "data-path", "ledger": "ledger-path", "id": "id-column",
+              "label": "label-column", "url": "data-url", "query": "data-query"}
+
+
+def _closest(key: str, known: list[str]) -> list[str]:
+    """The known key an unknown one most likely meant: the same words with the configs'
+    own for people's (:data:`_SAME_WORD`), else the closest spelling."""
+    words = key.lower().replace("_", "-").split("-")
+    for reworded in ("-".join(_SAME_WORD.get(w, w) for w in words),
+                     "-".join(words[:-1] + [_SAME_WORD.get(words[-1], words[-1])]),
+                     _SAME_WORD.get(key.lower(), "")):
+        if reworded in known and reworded != key:
+            return [reworded]
+    return difflib.get_close_matches(key, known, n=1)
+
+
 def _format(err: ValidationError, what: str, model: type | None = None) -> str:
     """The errors of a validation, each naming its key (an unknown key with the known one
     it is closest to, when ``model`` says which there are)."""
@@ -354,7 +373,7 @@ def _format(err: ValidationError, what: str, model: type | None = None) -> str:
         if not key:  # a check across keys (model validator)
             lines.append(f"{what}: {e['msg'].removeprefix('Value error, ')}")
         elif e["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(key, known, n=1)
+            close = _closest(key, known)
             lines.append(f"unknown {what} key '{key}'"
                          + (f" (did you mean '{close[0]}'?)" if close else ""))
         else:
