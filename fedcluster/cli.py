@@ -198,22 +198,20 @@ def cmd_site_ledger(args: argparse.Namespace) -> int:
 
 
 def cmd_site_check(args: argparse.Namespace) -> int:
-    from fedcluster.client_app.site_check import (check, checked_node_config,
-                                                  read_as_the_site_will, with_node_config)
+    from fedcluster.client_app import site_check
     from fedcluster.common.schema import load_schema, parse_units
 
     units = list(args.units or [])
-    node = checked_node_config(args.node_config) if args.node_config else None
+    node = site_check.checked_node_config(args.node_config) if args.node_config else None
     if node is not None:
-        vars(args).update(with_node_config(vars(args), node))
+        vars(args).update(site_check.with_node_config(vars(args), node))
         if args.data is None and not units:
             return 0  # a node config without data to check: valid is all there is to say
         if args.schema is None and node.data_path is not None:
-            print(read_as_the_site_will(node))
+            print(site_check.read_as_the_site_will(node))
             return 0
     if args.schema is None:
-        raise ValueError("site check needs the schema (--schema SCHEMA, or schema-path in "
-                         "--node-config)")
+        raise ValueError("site check needs the schema (--schema, or --node-config's schema-path)")
     args.min_cluster_size = 2 if args.min_cluster_size is None else args.min_cluster_size
     if args.data is None:  # `--units a=x FILE`: --units took the file too
         if not units or "=" in units[-1]:
@@ -228,8 +226,9 @@ def cmd_site_check(args: argparse.Namespace) -> int:
         from fedcluster.client_app.data.sql_source import sql_source
 
         data = sql_source(data, args.data_query, args.data_query_file, args.data_table)
-    print(check(data, load_schema(args.schema), units, args.min_cluster_size, args.cache_dir,
-                cost=not args.no_cost_table, cost_k=args.cost_k, cost_scale=args.cost_scale))
+    print(site_check.check(data, load_schema(args.schema), units, args.min_cluster_size,
+                           args.cache_dir, cost=not args.no_cost_table, cost_k=args.cost_k,
+                           cost_scale=args.cost_scale, history=args.history))
     return 0
 
 
@@ -383,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--min-cluster-size", type=int, default=None, metavar="P",
                        help="this site's own floor p_site (node config min-cluster-size): the "
                             "size of the groups it answers from; default 2")
+    check.add_argument("--history", metavar="NAME", help="the node config's history (named)")
     check.add_argument("--cache-dir", default=None, metavar="DIR",
                        help="the site's cache-dir (node config): report the groups the site "
                             "keeps there (after its file grew: the rows waiting too); "

@@ -48,7 +48,7 @@ from fedcluster.client_app.release import ledger as disclosure_ledger
 from fedcluster.client_app.data import group_table
 from fedcluster.client_app.private_rows import PrivateRows
 from fedcluster.client_app.data.site_data import (
-    SiteData, SiteDataError, default_cache_dir, load_partition, load_site_file,
+    SiteData, SiteDataError, default_cache_dir, in_history, load_partition, load_site_file,
 )
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.data.schema_table import load_plain_table, load_schema_table
@@ -189,6 +189,7 @@ class SiteClient(NumPyClient):
                     self._site = load_sql_site(self.node, self.run_config, self.state, self.run_id)
                 else:
                     self._site, self._provenance = load_site(self.node, self.run_config)
+                self._site = in_history(self._site, self.node.history)
                 cache = self._site_dir()
                 self._groups, self._grouped = group_table.site_groups(
                     self._site, self.node.min_cluster_size, cache)

@@ -70,13 +70,15 @@ class NodeConfig(_Strict):
     require_dp: bool = False
     # The disclosure ledger (client_app/release/ledger.py): a JSONL file, "off" for none.
     ledger_path: str | None = None
+    # A named answered history (a study of its own; None: one per way of reading the data).
+    history: str | None = None
     # Set by Flower's simulation engine.
     partition_id: int | None = None
     num_partitions: int | None = None
 
     @field_validator("site_id", "data_path", "label_column", "cache_dir", "id_column", "ledger_path",
                      "schema_path", "data_url", "data_query", "data_query_file", "data_table",
-                     "data_password_file", mode="before")
+                     "data_password_file", "history", mode="before")
     @classmethod
     def _text(cls, value: Any) -> str | None:
         return None if value is None or value == "" else str(value)

@@ -225,7 +225,8 @@ def site_cost(site, floor: int, k_values: tuple[int, ...], cost_scale: str,
 
 def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
            floor: int = 2, cache_dir: str | Path | None = None, *, cost: bool = True,
-           cost_k=group_cost.DEFAULT_K_VALUES, cost_scale: str = "standard") -> SiteCheckReport:
+           cost_k=group_cost.DEFAULT_K_VALUES, cost_scale: str = "standard",
+           history: str | None = None) -> SiteCheckReport:
     """The findings of ``fedcluster site check`` (``SiteDataError`` when the file does not
     fit); ``path``: the file, or a database's query (``sql_source.SqlSource``);
     ``floor``: the site's own floor p_site (its groups' size; the run's default 2).
@@ -234,10 +235,12 @@ def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
     ``cost``: compute the cost table (``data/group_cost.py``) for ``cost_k`` (k values,
     or text as ``"2-10"``) in the space ``cost_scale`` (``"standard"`` or ``"none"``),
     from the site's rows here: at ``floor`` the groups reported, at the other p the
-    groups the site would make of these rows."""
+    groups the site would make of these rows. ``history``: the site's named history (node
+    config ``history``)."""
     from fedcluster.client_app.data import group_table
     from fedcluster.client_app.data.schema_table import encode_site_columns, load_schema_table
     from fedcluster.client_app.data.sql_source import SqlSource
+    from fedcluster.client_app.data.site_data import in_history
     from fedcluster.client_app.data.sql_table import Reading, load_sql_table, read_sql_columns
 
     if cost:  # a bad k or scale fails before the file is read
@@ -256,6 +259,7 @@ def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
         site = load_schema_table(path, schema, units=declared_units, cache_dir=cache_dir)
     else:
         site = encode_site_columns(header, columns, schema, source, declared_units)[0]
+    site = in_history(site, history)
     groups, _ = group_table.site_groups(site, floor, cache_dir)
     cost_table, cost_lines = site_cost(site, floor, cost_k, cost_scale, groups) if cost \
         else (None, [])
@@ -312,6 +316,6 @@ def with_node_config(given: dict, node) -> dict:
     from_node = {"data": node.data_path or node.data_url, "schema": node.schema_path,
                  "min_cluster_size": node.min_cluster_size, "cache_dir": node.cache_dir,
                  "data_query": node.data_query, "data_query_file": node.data_query_file,
-                 "data_table": node.data_table}
+                 "data_table": node.data_table, "history": node.history}
     return {key: value if given.get(key) is None else given[key]
             for key, value in from_node.items()}

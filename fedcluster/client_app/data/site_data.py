@@ -200,6 +200,15 @@ def reading_key(*choices) -> str:
     return hashlib.sha256("\0".join([CACHE_FORMAT, *map(repr, choices)]).encode()).hexdigest()
 
 
+def in_history(site: "SiteData", name: str | None) -> "SiteData":
+    """``site`` with its answered history named ``name`` (node config ``history``: a
+    study of its own, whose groups are not audited against another history's); None:
+    the default, one history per way of reading the data."""
+    if not name or site.reading is None:
+        return site
+    return dataclasses.replace(site, reading=reading_key(site.reading, "history", name))
+
+
 def cache_key(path: str | os.PathLike, label_column: str | None = None,
               columns: tuple[str, ...] | None = None, id_column: str | None = None) -> str:
     """Cache key of a data file: sha256 of its real path, size and mtime (ns), and of the
