@@ -11,6 +11,9 @@
 #   FEDCLUSTER_CACHE_DIR=~/.cache/fedcluster  where the parsed data file is cached
 #   FEDCLUSTER_TRUSTED_ENTITIES=    a trusted-entities YAML file: run only apps signed by
 #                                   one of its keys (docs/how-to/signed-apps.md)
+#   FEDCLUSTER_CONNECT_WAIT=600     seconds the SuperNode keeps trying to reach the SuperLink
+#                                   (at start, or after losing it) before it gives up with
+#                                   Flower's message and a non-zero exit; empty: forever
 set -euo pipefail
 
 if [ "$#" -ne 5 ]; then
@@ -33,8 +36,14 @@ if [ -n "${FEDCLUSTER_TRUSTED_ENTITIES:-}" ]; then
     trust=(--trusted-entities "$FEDCLUSTER_TRUSTED_ENTITIES")
 fi
 
+wait_limit=()
+if [ -n "${FEDCLUSTER_CONNECT_WAIT-600}" ]; then
+    wait_limit=(--max-wait-time "${FEDCLUSTER_CONNECT_WAIT-600}")
+fi
+
 exec flower-supernode \
     --superlink "$3" \
+    ${wait_limit[@]+"${wait_limit[@]}"} \
     --root-certificates "$4" \
     --auth-supernode-private-key "$5" \
     --host 127.0.0.1 \

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -147,6 +149,31 @@ def test_tls_authenticated_run_across_hosts(federation):
     np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
     assert "Uvicorn running on https://0.0.0.0:8000" in fed.link.log_text()  # TLS
     assert sorted(model.metrics["per-site"]) == SITES
+
+
+def test_a_site_that_cannot_reach_the_superlink_gives_up_with_a_message(federation):
+    """deploy/start-site.sh bounds the SuperNode's retries (FEDCLUSTER_CONNECT_WAIT): a
+    SuperLink address where nothing listens ends the site with Flower's message and a
+    non-zero exit, not retries forever."""
+    site = SITES[0]
+    argv = [*federation.net.exec_prefix(site), "bash", str(DEPLOY / "start-site.sh"), site,
+            str(federation.creds.parent / "unused.csv"), f"{federation.net.address['superlink']}:9",
+            str(federation.creds / "ca.crt"), str(federation.creds / "sites" / site)]
+    (federation.creds.parent / "unused.csv").write_text("a,b\n1,2\n3,4\n")
+    log = federation.creds.parent / "gives-up.log"
+    started = time.monotonic()
+    with log.open("w") as out:  # (a file, not a pipe: the SuperNode's helpers may hold one)
+        proc = subprocess.Popen(argv, env={**federation.bed.env, "FEDCLUSTER_CONNECT_WAIT": "3",
+                                           "FEDCLUSTER_SITE_PORT": "9199"},
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=90)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert code != 0
+    assert "could not establish a connection to the SuperLink" in log.read_text()
+    assert time.monotonic() - started < 60
 
 
 def test_unregistered_site_is_refused(federation):
