@@ -19,15 +19,6 @@ from fedcluster.client_app.release import span_audit, spreads
 __all__ = ["AUDIT_ROUNDS", "audited", "spread_units"]
 
 
-def _csr(store: Store, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, members) of ``groups`` alone, in their order."""
-    groups = np.asarray(groups, dtype=np.int64)
-    sizes = store.offsets[groups + 1] - store.offsets[groups]
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    index = np.repeat(store.offsets[groups] - offsets[:-1], sizes) + np.arange(int(offsets[-1]))
-    return offsets, store.members[index]
-
-
 #: Rounds of audit and hold-back before every new group with a history is held back.
 AUDIT_ROUNDS = 4
 
@@ -166,7 +157,7 @@ def _failures(store: Store, new: list[np.ndarray], units: np.ndarray, p: int, pr
     if not new:
         return []
     answered = store.disclosed_groups()
-    old_offsets, old_members = _csr(store, answered)
+    old_offsets, old_members = store.members_csr(answered)
     sizes = np.array([m.size for m in new], dtype=np.int64)
     offsets = np.concatenate([old_offsets, old_offsets[-1] + np.cumsum(sizes)])
     members = np.concatenate([old_members, *new]).astype(np.int64)

@@ -185,6 +185,14 @@ class Store:
     def members_of(self, groups: np.ndarray) -> list[np.ndarray]:
         return [self.members[self.offsets[g]:self.offsets[g + 1]] for g in np.asarray(groups).tolist()]
 
+    def members_csr(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, members) of ``groups`` alone, in their order."""
+        groups = np.asarray(groups, dtype=np.int64)
+        sizes = self.offsets[groups + 1] - self.offsets[groups]
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        index = np.repeat(self.offsets[groups] - offsets[:-1], sizes) + np.arange(int(offsets[-1]))
+        return offsets, self.members[index]
+
     def disclosed_groups(self) -> np.ndarray:
         """Every group of every table (each counts as answered from): every group the
         store holds, since a group is added with its table."""

@@ -128,7 +128,7 @@ def _base(store: Store, live: np.ndarray) -> dict | None:
     best, best_overlap = None, 0
     for record in store.heads().values():
         groups = store.table_groups(record["n"])
-        overlap = int(np.count_nonzero(live[_csr(store, groups)[1]]))
+        overlap = int(np.count_nonzero(live[store.members_csr(groups)[1]]))
         if overlap > best_overlap or (overlap == best_overlap and best is not None
                                       and overlap and record["n"] > best["n"]):
             best, best_overlap = record, overlap
@@ -145,7 +145,7 @@ def _all_live(store: Store, groups: np.ndarray, live: np.ndarray) -> np.ndarray:
     """Per group, whether every one of its instances is live."""
     if groups.size == 0:
         return np.zeros(0, dtype=bool)
-    offsets, members = _csr(store, groups)
+    offsets, members = store.members_csr(groups)
     dead = (~live[members]).astype(np.int64)
     return np.add.reduceat(dead, offsets[:-1]) == 0  # (every group has a member)
 
@@ -204,7 +204,7 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
         kept = np.flatnonzero(whole & (sizes >= p))
         for position, g in enumerate(base_groups[kept].tolist()):
             group_of_row[row_of[store.members[store.offsets[g]:store.offsets[g + 1]]]] = position
-        base_members = _csr(store, base_groups)[1]
+        base_members = store.members_csr(base_groups)[1]
         withdrawn = np.flatnonzero(~np.isin(np.arange(base_groups.size), kept))
         record.update({"kept-groups": int(kept.size), "kept-rows": int(np.count_nonzero(group_of_row >= 0)),
                        "withdrawn-groups": int(withdrawn.size),
@@ -239,7 +239,7 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
     disclosed = store.disclosed_groups()
     last_group = np.full(store.n_instances, -1, dtype=np.int64)
     if disclosed.size:
-        offsets, members = _csr(store, disclosed)
+        offsets, members = store.members_csr(disclosed)
         np.maximum.at(last_group, members, np.repeat(disclosed, np.diff(offsets)))
     # a new version of a row (``links.py``: its unchanged cells are the old one's values)
     # moves with the rows of the old one's group, as one of them
@@ -284,7 +284,7 @@ def _changed_kinds(store: Store, units: np.ndarray, kind: np.ndarray, live: np.n
     later = np.full(store.n_instances, -1, dtype=np.int64)
     linked = np.flatnonzero(live[:store.link.size] & (store.link >= 0))
     later[store.link[linked]] = linked
-    offsets, members = _csr(store, units[changed])
+    offsets, members = store.members_csr(units[changed])
     gone = members[~live[members]]
     differs = store.cell_hashes(gone) != store.cell_hashes(later[gone])
     owner = np.repeat(np.arange(changed.size), np.diff(offsets))[~live[members]]
@@ -308,15 +308,6 @@ def _split(labels: np.ndarray, instances: np.ndarray) -> GroupMembers:
     order = np.lexsort((instances, labels))
     sizes = np.bincount(labels, minlength=int(labels.max()) + 1)
     return GroupMembers(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), instances[order])
-
-
-def _csr(store: Store, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, members) of ``groups`` alone, in their order."""
-    groups = np.asarray(groups, dtype=np.int64)
-    sizes = store.offsets[groups + 1] - store.offsets[groups]
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    index = np.repeat(store.offsets[groups] - offsets[:-1], sizes) + np.arange(int(offsets[-1]))
-    return offsets, store.members[index]
 
 
 def lineage_name(digest: str) -> str:
