@@ -1,19 +1,25 @@
-"""The dominance rule on spreads (``client_app/release/dominance.py``): what it flags.
+"""The dominance rules (``client_app/release/dominance.py``): what they flag.
 
 A unit's spread (``release/spreads.py``) is withheld in a feature when one of its rows
 stands at least ``DOMINANT_SD`` of the feature's standard deviations from its group's
 mean and the unit's spread puts that row within ``ESTIMATE_WITHIN`` of its distance
-from the mean. Two measurements, on the quality bench's data sets (z-scored, 5 sites,
-IID, ``bench/quality.py``), at p_site 2, 3 and 5:
+from the mean (the rule on spreads); from p_site ``MEANS_FROM_P`` a group's sum of a
+feature is withheld (the site's mean stands in) when one of its rows stands at least
+``DOMINANT_SD`` SDs from the site's mean and n x mean - (n - 1) x the site's mean puts
+it within ``ESTIMATE_WITHIN`` of that distance (the p% rule on means). Two measurements,
+on the quality bench's data sets (z-scored, 5 sites, IID, ``bench/quality.py``), at
+p_site 2, 3 and 5:
 
-1. **False flags**: on the sets as they are, the share of each site's rows whose spread
-   is withheld in some feature (their unit flagged), and of the (row, feature) cells;
+1. **False flags**: on the sets as they are, the share of each site's rows whose mean or
+   spread is withheld in some feature (their group or unit flagged), and of the (row,
+   feature) cells;
 2. **Outliers caught**: one row per site moved ``--sd`` standard deviations out in one
    feature (a row drawn at random, the feature too, seeded), the share of those rows
-   whose unit's spread is withheld in that feature, and the coordinator's best estimate
-   of the moved value (the spread's: mean + sqrt(m2 (n - 1) / n) with what the site
-   keeps; the mean's: n x mean - (n - 1) x the site's mean), off by how much of the
-   value (median and smallest over the sets), with the rule and without it.
+   whose group's mean or unit's spread is withheld in that feature, and the
+   coordinator's best estimate of the moved value (the spread's: mean + sqrt(m2 (n - 1)
+   / n) with what the site keeps; the mean's: n x mean - (n - 1) x the site's mean; the
+   site's mean where the group's mean is withheld), off by how much of the value
+   (smallest over the sites), with the rules and without them.
 
 Usage::
 
@@ -46,17 +52,24 @@ SETS = ("iris", "wine", "cancer", "digits", "a1", "s1", "s2", "s3", "s4", "unbal
 
 def _table(X: np.ndarray, p: int):
     table, group_of_row = group_table._fresh(SiteData(X, None, None, "site"), p)
-    counts, sums, m2, _ = table.held()
-    return table.spreads, group_of_row, counts, sums, m2
+    counts, sums, m2, present = table.held()
+    if present is None:
+        present = np.repeat(counts[:, None], X.shape[1], axis=1)
+    return table.spreads, group_of_row, counts, sums, m2, present
 
 
-def _flags(spreads, group_of_row: np.ndarray, width: int, dominance_only: bool = True) -> np.ndarray:
-    """(n, d) bool: each row's cells whose unit's spread the dominance rule withheld (or,
-    ``dominance_only`` False, whose unit's spread is not released at all: a unit that
-    gives cells back and could not be mended counts too)."""
-    flagged = np.zeros((group_of_row.size, width), dtype=bool)
+def _flags(spreads, group_of_row: np.ndarray, present: np.ndarray,
+           dominance_only: bool = True) -> np.ndarray:
+    """(n, d) bool: each row's cells whose group's sum the rule on means withheld or
+    whose unit's spread the dominance rule withheld (or, ``dominance_only`` False, whose
+    unit's spread is not released at all: a unit that gives cells back and could not be
+    mended counts too)."""
+    flagged = np.zeros((group_of_row.size, present.shape[1]), dtype=bool)
     if spreads is None:
         return flagged
+    grouped = group_of_row >= 0
+    for position, features in spreads.replaced.items():
+        flagged[np.ix_(group_of_row == position, features)] = True
     if dominance_only:
         for position, features in spreads.withheld.items():
             rows = group_of_row == position
@@ -64,15 +77,14 @@ def _flags(spreads, group_of_row: np.ndarray, width: int, dominance_only: bool =
         return flagged
     released = np.concatenate([spreads._block(lo, min(lo + 4096, spreads.order.size))[3]
                                for lo in range(0, spreads.order.size, 4096)])
-    grouped = group_of_row >= 0
-    flagged[grouped] = ~released[group_of_row[grouped]]
+    flagged[grouped] |= ~released[group_of_row[grouped]]
     return flagged
 
 
 def false_flags(X: np.ndarray, p: int) -> tuple[float, float]:
     """(share of rows, share of cells) whose spread the rule withholds."""
-    spreads, group_of_row, *_ = _table(X, p)
-    flags = _flags(spreads, group_of_row, X.shape[1])
+    spreads, group_of_row, *_, present = _table(X, p)
+    flags = _flags(spreads, group_of_row, present)
     return float(flags.any(axis=1).mean()), float(flags.mean())
 
 
@@ -84,13 +96,19 @@ def planted(X: np.ndarray, p: int, sd: float, seed: int) -> tuple[bool, float]:
     row, j = int(rng.integers(len(X))), int(rng.integers(X.shape[1]))
     mean, spread = X[:, j].mean(), X[:, j].std()
     X[row, j] = mean + sd * (spread if spread > 0 else 1.0)
-    spreads, group_of_row, counts, sums, m2 = _table(X, p)
-    flags = _flags(spreads, group_of_row, X.shape[1], dominance_only=False)
+    spreads, group_of_row, counts, sums, m2, present = _table(X, p)
+    flags = _flags(spreads, group_of_row, present, dominance_only=False)
     g = group_of_row[row]
-    n, m, v = counts[g], sums[g, j] / counts[g], m2[g, j]
-    site_mean = sums[:, j].sum() / counts.sum()
+    n, v = present[g, j], m2[g, j]
+    site_mean = X[:, j].mean()  # (describe gives it; the bench takes the rows')
     truth = X[row, j]
-    estimates = (m + np.sqrt(max(v, 0.0) * (n - 1) / n), n * m - (n - 1) * site_mean)
+    estimates = [site_mean]  # (nothing released of the row's group in the feature)
+    replaced = spreads is not None and j in spreads.replaced.get(int(g), [])
+    if n > 0 and not replaced:
+        m = sums[g, j] / n
+        estimates += [n * m - (n - 1) * site_mean]
+        if not flags[row, j]:  # a spread released for the group in the feature
+            estimates += [m + np.sqrt(max(v, 0.0) * (n - 1) / n)]
     error = min(abs(e - truth) for e in estimates) / abs(truth - site_mean)
     return bool(flags[row, j]), float(error)
 
@@ -118,28 +136,33 @@ def main() -> None:
                     hit, error = planted(S, p, sd, 100 * s + p)
                     caught.append(hit)
                     errors.append(error)
-                    original = dominance.dominated
+                    original = dominance.dominated, dominance.dominated_means
                     dominance.dominated = lambda peak, unit_m2, cells: np.zeros(np.shape(peak), bool)
+                    dominance.dominated_means = lambda means, *_: np.zeros(np.shape(means), bool)
                     try:
                         bare.append(planted(S, p, sd, 100 * s + p)[1])
                     finally:
-                        dominance.dominated = original
+                        dominance.dominated, dominance.dominated_means = original
                 row[sd] = (float(np.mean(caught)), errors, bare)
             rows.append(row)
             print(name, p, {k: v for k, v in row.items() if k not in args.sd},
                   {sd: (row[sd][0], round(min(row[sd][1]), 3)) for sd in args.sd}, flush=True)
-    lines = ["## The dominance rule on spreads: false flags and outliers caught (dominance)", "",
+    lines = ["## The dominance rules on spreads and means: false flags and outliers caught "
+             "(dominance)", "",
              f"Made by `python bench/dominance.py {' '.join(sys.argv[1:])}` on "
              f"{time.strftime('%Y-%m-%d')}; {report.machine()}.", "",
-             f"{len(args.sets)} data sets (z-scored), 5 sites IID (seed 0); the rule: "
-             f"a row at least {dominance.DOMINANT_SD:g} SD from its group's mean whose unit's "
-             f"spread puts it within {dominance.ESTIMATE_WITHIN:.0%} of that distance. "
-             "False flags: the mean over the sites of the share of rows (cells) whose "
-             "spread is withheld. Planted: one row per site moved out in one feature; "
-             "caught: the share of the five whose spread is withheld there; error: the "
-             "best of the coordinator's two estimates (spread, mean), off by this share "
-             "of the row's distance from the site's mean (smallest of the five), with "
-             "the rule and without it.", ""]
+             f"{len(args.sets)} data sets (z-scored), 5 sites IID (seed 0); the rules: "
+             f"on spreads, a row at least {dominance.DOMINANT_SD:g} SD from its group's mean "
+             f"whose unit's spread puts it within {dominance.ESTIMATE_WITHIN:.0%} of that "
+             f"distance; on means (from p_site {dominance.MEANS_FROM_P}), a row at least "
+             f"{dominance.DOMINANT_SD:g} SD from the site's mean that its group's mean puts "
+             f"within {dominance.ESTIMATE_WITHIN:.0%}, the other rows taken at the site's "
+             "mean. False flags: the mean over the sites of the share of rows (cells) whose "
+             "group's mean or unit's spread is withheld. Planted: one row per site moved out "
+             "in one feature; caught: the share of the five whose mean or spread is "
+             "withheld there; error: the best of the coordinator's estimates (spread, mean, "
+             "the site's mean), off by this share of the row's distance from the site's "
+             "mean (smallest of the five), with the rules and without them.", ""]
     for p in args.p:
         head = "| set | rows flagged | cells flagged | " + " | ".join(
             f"{sd:g} SD: caught / error (rule) / error (no rule)" for sd in args.sd) + " |"

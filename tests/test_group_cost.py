@@ -22,6 +22,7 @@ from threadpoolctl import threadpool_limits
 from fedcluster.cli import main
 from spread_reference import split_stats
 from fedcluster.client_app.data import group_cost as gc
+from fedcluster.client_app.release import dominance
 from fedcluster.client_app.data.grouping import group_rows, grouping_scale
 from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.site_groups import TableFacts
@@ -38,16 +39,45 @@ def kmeans(points, k, weights=None, init=None) -> np.ndarray:
     return model.fit(points, sample_weight=weights).cluster_centers_
 
 
+def means_rule(X: np.ndarray, group_of_row: np.ndarray, judged: np.ndarray | None = None):
+    """The p% rule on means (``release/dominance.py``), from the rows: which (group,
+    feature) a row dominates (at least DOMINANT_SD of the feature's SD from the site's
+    mean, the group's other rows' summed deviations under ESTIMATE_WITHIN of its own),
+    and the mean that stands in (the feature's over the cells of no flagged group)."""
+    n_groups = group_of_row.max() + 1
+    present = ~np.isnan(X)
+    values = np.where(present, X, 0.0)
+    mean = values.sum(axis=0) / present.sum(axis=0)
+    sd = np.sqrt((values ** 2).sum(axis=0) / present.sum(axis=0) - mean ** 2)
+    deviation = np.where(present, X - mean, 0.0)
+    total = np.zeros((n_groups, X.shape[1]))
+    np.add.at(total, group_of_row, deviation)
+    rest = total[group_of_row] - deviation  # each row's group's other rows
+    dominates = present & (np.abs(deviation) >= dominance.DOMINANT_SD * sd) & \
+        (np.abs(rest) < dominance.ESTIMATE_WITHIN * np.abs(deviation))
+    flagged = np.zeros((n_groups, X.shape[1]), dtype=bool)
+    np.logical_or.at(flagged, group_of_row, dominates)
+    if judged is not None:  # (a schema's numeric columns: group_table.judged_features)
+        flagged &= judged[None, :]
+    kept = present & ~flagged[group_of_row]
+    return flagged, np.where(kept, X, 0.0).sum(axis=0) / np.maximum(kept.sum(axis=0), 1)
+
+
 def group_means(X: np.ndarray, group_of_row: np.ndarray, p: int, fill: np.ndarray,
-                kept_m2: np.ndarray | None = None):
+                kept_m2: np.ndarray | None = None, judged: np.ndarray | None = None):
     """The groups' means as a run sees them, their sizes and per-feature variances, from
     the group ids: a feature's present cells in a group kept where they number at least p
     (else all of them count as missing), every missing cell at ``fill``. ``kept_m2``: the
     squared deviations of each group's kept present cells as the site releases them (the
     spread rule shares a unit's spread among its groups: ``release/spreads.py``, tested on
     its own); the filled cells' part is added here (m filled cells of value f among n add
-    c m / n (mean_present - f)^2); None: the groups' own, from the rows."""
+    c m / n (mean_present - f)^2); None: the groups' own, from the rows. A group's
+    present cells of a feature whose sum the p% rule on means withholds are at the
+    mean that stands in (:func:`means_rule`; from p = ``MEANS_FROM_P``)."""
     n_groups = group_of_row.max() + 1
+    if p >= dominance.MEANS_FROM_P:
+        flagged, stand_in = means_rule(X, group_of_row, judged)
+        X = np.where(flagged[group_of_row] & ~np.isnan(X), stand_in, X)
     sizes = np.bincount(group_of_row, minlength=n_groups).astype(float)
     missing = np.isnan(X)
     present = np.zeros((n_groups, X.shape[1]))
@@ -108,7 +138,8 @@ def expected_table(X, site_p, k_values, max_rows=None, site=None):
             continue
         groups, group_of_row = group_table.build(site, p)
         means, sizes, variances = group_means(X, group_of_row, p, fill,
-                                              np.asarray(groups.m2) if p >= 3 else None)
+                                              np.asarray(groups.m2) if p >= 3 else None,
+                                              group_table.judged_features(site))
         n_groups.append(len(sizes))
         if max_rows:
             chosen = np.sort(rng.choice(len(sizes), round(len(sizes) * max_rows / n),

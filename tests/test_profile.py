@@ -15,7 +15,7 @@ from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.site_groups import TableFacts
 from fedcluster.client_app.site_profile import site_profile
 from fedcluster.common import profile
-from test_site_groups import as_the_groups_keep_them, with_kept_spreads
+from test_site_groups import as_the_groups_keep_them, with_kept_means, with_kept_spreads
 
 LEVELS = ("a", "b", "c")
 VARIABLES = [profile.Variable("age", "numeric", (0,), "years"),
@@ -53,7 +53,8 @@ def _run(sites, p_site, floor):
             groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(X))
         else:
             groups, group_of_row = group_table.build(data, p_site)
-            X = as_the_groups_keep_them(X, group_of_row, p_site)  # what the groups keep
+            X = with_kept_means(as_the_groups_keep_them(X, group_of_row, p_site), group_of_row,
+                                groups)  # what the groups keep
             # the numeric columns' spreads as kept (a level's count is a sum: exact)
             X[:, :2] = with_kept_spreads(X[:, :2], group_of_row, np.asarray(groups.m2)[:, :2])
         means = np.nan_to_num(groups.means[:, :2], nan=5.0)

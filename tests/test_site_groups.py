@@ -40,6 +40,28 @@ def as_the_groups_keep_them(X: np.ndarray, group_of_row: np.ndarray, p_site: int
     return np.where(grouped[:, None] & lone[np.maximum(group_of_row, 0)], np.nan, X)
 
 
+def with_kept_means(X: np.ndarray, group_of_row: np.ndarray, groups) -> np.ndarray:
+    """Rows whose groups have the means the site keeps (``groups``: its SiteGroups): where
+    the p% rule on means stood the site's mean in for a group's sum (release/dominance.py),
+    the group's present cells shifted to that mean; elsewhere the rows as they are."""
+    out = np.array(X, dtype=np.float64, copy=True)
+    sums = np.asarray(groups.sums)
+    cells = np.asarray(groups.present) if groups.present is not None else \
+        np.repeat(np.asarray(groups.counts)[:, None], X.shape[1], axis=1)
+    order = np.argsort(group_of_row, kind="stable")
+    starts = np.searchsorted(group_of_row[order], np.arange(len(cells) + 1))
+    for g in range(len(cells)):
+        rows = order[starts[g]:starts[g + 1]]
+        for j in np.flatnonzero(cells[g] > 0):
+            present = rows[~np.isnan(X[rows, j])]
+            if present.size != cells[g, j]:  # (the lone-cell rule's: counted missing)
+                continue
+            kept = sums[g, j] / cells[g, j]
+            if not np.isclose(X[present, j].mean(), kept, rtol=1e-12, atol=1e-12):
+                out[present, j] += kept - X[present, j].mean()
+    return out
+
+
 def with_kept_spreads(X: np.ndarray, group_of_row: np.ndarray, kept_m2: np.ndarray) -> np.ndarray:
     """Rows whose groups have the spreads the site keeps (``kept_m2``: (G, d), its table's
     m2, a unit's share or a withheld spread's stand-in: release/spreads.py): each group's

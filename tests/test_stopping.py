@@ -70,13 +70,16 @@ def outliers_sites():
 
 @pytest.fixture
 def own_spreads(monkeypatch):
-    """The dominance rule off (release/dominance.py): the groups holding the far outliers
-    then split by their own spread, the federation that made these runs cycle (with the
-    rule on, their spreads are the site's pooled one and these runs settle sooner)."""
+    """The dominance rules off (release/dominance.py): the groups holding the far outliers
+    then keep their means and split by their own spread, the federation that made these
+    runs cycle (with the rules on, their means and spreads are the site's and these runs
+    settle sooner)."""
     from fedcluster.client_app.release import dominance
 
     monkeypatch.setattr(dominance, "dominated",
                         lambda peak, unit_m2, cells: np.zeros(np.shape(peak), dtype=bool))
+    monkeypatch.setattr(dominance, "dominated_means",
+                        lambda means, *_: np.zeros(np.shape(means), dtype=bool))
 
 
 def test_gtv_on_split_groups_stops_when_its_score_cycles(outliers_sites, own_spreads):

@@ -28,7 +28,7 @@ from fedcluster.common.clinical_demo import write_clinical
 from fedcluster.common.schema import load_schema
 from fedcluster.simulation import record_parts, run_in_process
 from fedcluster.strategies.validation import Expect, ReplyError, cluster_profile
-from test_site_groups import as_the_groups_keep_them, with_kept_spreads
+from test_site_groups import as_the_groups_keep_them, with_kept_means, with_kept_spreads
 from test_table1_small_cells import audit, check_truth, secure_tolerance, truth
 
 K = 4
@@ -65,8 +65,9 @@ def _pooled_rows(result, schema_path, files, p_site, tmp_path):
             groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(X))
         else:
             groups, group_of_row = group_table.build(data, p_site)
-            X = with_kept_spreads(as_the_groups_keep_them(X, group_of_row, p_site), group_of_row,
-                                  np.asarray(groups.m2))
+            X = with_kept_means(as_the_groups_keep_them(X, group_of_row, p_site), group_of_row,
+                                groups)
+            X = with_kept_spreads(X, group_of_row, np.asarray(groups.m2))
         kept = group_of_row >= 0
         means = groups.in_run_space(result.model.scaling).means
         cluster = kernels.assign(means, result.centroids)[0][group_of_row[kept]]

@@ -39,7 +39,7 @@ from fedcluster.common import kernels, profile, secure_codec
 from fedcluster.common.clinical_demo import write_clinical
 from fedcluster.common.schema import load_schema
 from fedcluster.simulation import run_in_process
-from test_site_groups import as_the_groups_keep_them, with_kept_spreads
+from test_site_groups import as_the_groups_keep_them, with_kept_means, with_kept_spreads
 
 FLOORS = (5, 10, 11)
 KS = (6, 8, 10)
@@ -91,7 +91,8 @@ def tables(demo):
                     kept = group_of_row >= 0
                     cluster = kernels.assign(g.in_run_space(model.scaling).means,
                                              model.centroids)[0][group_of_row[kept]]
-                    X = with_kept_spreads(as_the_groups_keep_them(d.X, group_of_row, p),
+                    X = with_kept_spreads(with_kept_means(
+                        as_the_groups_keep_them(d.X, group_of_row, p), group_of_row, g),
                                           group_of_row, np.asarray(g.m2))[kept]
                     parts.append((f"H{i + 1}", X, cluster))
                 out[p, k, secure] = model, parts

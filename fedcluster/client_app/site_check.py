@@ -102,11 +102,11 @@ def format_groups(groups, cost_lines: list[str] = ()) -> list[str]:
         lines.append(f"{groups.cells_withheld} present cell(s) count as missing: fewer than "
                      f"{groups.min_size} of their column in their group, their sum would rest "
                      "on fewer rows than that")
-    lines += format_spreads(groups.spread_rule)
+    lines += format_spreads(groups.spread_rule, groups.min_size)
     return lines + ["", *cost_lines] + format_lineage(groups)
 
 
-def format_spreads(rule: dict | None) -> list[str]:
+def format_spreads(rule: dict | None, min_size: int) -> list[str]:
     """What the spread rules did to the groups the table made (``release/spreads.py``,
     ``release/dominance.py``)."""
     if not rule:
@@ -124,7 +124,16 @@ def format_spreads(rule: dict | None) -> list[str]:
             f"{dominance.DOMINANT_SD:g} SD out of its group whose unit's spread would place it "
             f"within {dominance.ESTIMATE_WITHIN:.0%}) withheld {rule['dominated']} spread(s) of "
             f"a feature, {rule['withheld']} group-feature spread(s) withheld in all (the site's "
-            "pooled spread stands in)"]
+            "pooled spread stands in)",
+            f"Means: the p% rule on means ({dominance.ESTIMATE_WITHIN:.0%}: a row "
+            f"{dominance.DOMINANT_SD:g} SD from the site's mean that its group's mean would "
+            f"place within {dominance.ESTIMATE_WITHIN:.0%}, the group's other rows taken at the "
+            f"site's mean; from p_site {dominance.MEANS_FROM_P}) "
+            + (f"withheld {rule.get('dominated-means', 0)} group sum(s) of a feature (the "
+               "site's mean of the feature stands in for it, and its unit's spread is withheld)"
+               if min_size >= dominance.MEANS_FROM_P else
+               f"does not apply at this site's p_site {min_size}: a group's mean places a row "
+               "far out to within its group's other rows' distance from the site's mean")]
 
 
 def format_lineage(groups) -> list[str]:

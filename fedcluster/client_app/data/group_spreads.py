@@ -20,7 +20,7 @@ import numpy as np
 from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.client_app.release import dominance, spreads
 
-__all__ = ["Spreads", "candidates", "pair_rows", "pooled", "site_moments"]
+__all__ = ["Spreads", "candidates", "kept_moments", "pair_rows", "pooled", "site_moments"]
 
 #: Groups per chunk of a pass over the table.
 CHUNK_GROUPS = 1 << 14
@@ -30,20 +30,54 @@ PAIRING_WIDTH = 16
 
 
 def site_moments(counts: np.ndarray, sums: np.ndarray, absent: np.ndarray | None,
-                 squares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 squares: np.ndarray, base: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(d,) (d,): the mean and standard deviation of each feature over the grouped rows'
-    present cells (from its sum of squares: yardsticks for the rule, not released)."""
+    present cells (from its sum of squares: yardsticks for the rules, not released);
+    ``base``: (cells, sums, squares) per feature of groups kept from an earlier table
+    (:func:`kept_moments`), counted in."""
     n = float(counts.sum()) - (0.0 if absent is None else absent.sum(axis=0, dtype=np.float64))
+    total, squares = sums.sum(axis=0), np.asarray(squares, dtype=np.float64)
+    if base is not None:
+        n, total, squares = n + base[0], total + base[1], squares + base[2]
     n = np.maximum(n, 1.0)
-    mean = sums.sum(axis=0) / n
+    mean = total / n
     return mean, np.sqrt(np.maximum(squares / n - mean * mean, 0.0))
 
 
-def candidates(peak: np.ndarray, sd: np.ndarray, lo: int) -> tuple[np.ndarray, ...]:
-    """The cells of groups ``lo..`` (``peak``: their largest squared deviations) whose row
-    stands out of its group (``dominance.stand_out``): (groups, features, peaks)."""
-    group, feature = np.nonzero(dominance.stand_out(peak, sd))
-    return group + lo, feature, peak[group, feature]
+def candidates(extremes: tuple, sd: np.ndarray, lo: int) -> tuple[np.ndarray, ...]:
+    """The cells of groups ``lo..`` (``extremes``: their largest and smallest deviations
+    from their group's mean) whose row stands out of its group
+    (``dominance.stand_out``): (groups, features, squared deviations)."""
+    found = []
+    for at in range(0, extremes[0].shape[0], CHUNK_GROUPS):  # (temporaries of a chunk)
+        high, low = extremes[0][at:at + CHUNK_GROUPS], extremes[1][at:at + CHUNK_GROUPS]
+        peak = np.maximum(high * high, low * low)
+        group, feature = np.nonzero(dominance.stand_out(peak, sd))
+        found.append((group + lo + at, feature, peak[group, feature]))
+    if not found:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    return tuple(np.concatenate(part) for part in zip(*found))
+
+
+def kept_moments(kept: dict, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cells, sums, squares) per feature of a version's kept groups (their columns as
+    pieces): their share of the version's moments, the squares from the released m2 and
+    the groups' means (close to the rows' own: a yardstick, not a release)."""
+    cells_total, sums_total, squares = np.zeros(width), np.zeros(width), np.zeros(width)
+    (n, counts_of), = kept["counts"]
+    present = kept.get("present")
+    for lo in range(0, n, CHUNK_GROUPS):
+        hi = min(n, lo + CHUNK_GROUPS)
+        counts = np.asarray(counts_of(lo, hi))
+        cells = np.repeat(counts[:, None], width, axis=1) if present is None \
+            else np.asarray(present[0][1](lo, hi))
+        sums = np.asarray(kept["sums"][0][1](lo, hi))
+        m2 = np.asarray(kept["m2"][0][1](lo, hi))
+        cells_total += cells.sum(axis=0)
+        sums_total += sums.sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            squares += np.where(cells > 0, m2 + sums * sums / np.maximum(cells, 1), 0.0).sum(axis=0)
+    return cells_total, sums_total, squares
 
 
 @dataclass
@@ -78,6 +112,8 @@ class Spreads:
     withheld: dict = field(default_factory=dict)
     typical: np.ndarray | None = None
     dominated: int = 0
+    dominated_means: int = 0
+    replaced: dict = field(default_factory=dict)  # position -> features: sums stood in for
     alone: set = field(default_factory=set)
     _leaf: np.ndarray | None = None
     _leaves: list | None = None
@@ -111,7 +147,8 @@ class Spreads:
         return {"groups": int(self.order.size),
                 "paired": int(np.count_nonzero(self.partner >= 0)),
                 "merged-units": len(merged),
-                "withheld": int(self.withheld_cells), "dominated": int(self.dominated)}
+                "withheld": int(self.withheld_cells), "dominated": int(self.dominated),
+                "dominated-means": int(self.dominated_means)}
 
     def unit_heads(self) -> np.ndarray:
         """(G,) each position's unit named by its smallest position (-1: in none)."""
@@ -177,11 +214,13 @@ class Spreads:
     # ------------------------------------------------------------ making the record
     @classmethod
     def of(cls, order, counts, sums, absent, m2, moments: tuple, found: list, min_size: int,
-           prior: tuple | None = None, units: np.ndarray | None = None) -> "Spreads":
+           prior: tuple | None = None, units: np.ndarray | None = None,
+           means_flagged: tuple | None = None) -> "Spreads":
         """The rule's record of a table made of these groups (their statistics in group
         order; ``moments``: :func:`site_moments`; ``found``: :func:`candidates` of each
         window; ``units``: a unit label per group number, where the versions audit
-        judged them)."""
+        judged them; ``means_flagged``: the (groups, features) whose sum the p% rule on
+        means replaced, ``group_means.stand_in_means``)."""
         width = m2.shape[1]
         mean, sd = moments
         record = cls(order, counts, absent, m2, min_size, np.full(order.size, -1, np.int64),
@@ -194,6 +233,7 @@ class Spreads:
             record.partner = spreads.spread_partners(points, counts[order])
         record._mend(lambda: record._points(sums, sd) if points is None else points)
         record._dominance(found)
+        record._withhold_means(means_flagged)
         total, dof = np.zeros(width), np.zeros(width)
         if prior is not None:
             total, dof = total + prior[0], dof + prior[1]
@@ -301,6 +341,20 @@ class Spreads:
         d2 = ((points[among] - points[head]) ** 2).sum(axis=1)
         d2[np.isin(among, list(unit))] = np.inf
         return int(among[np.argmin(d2)]) if np.isfinite(d2).any() else -1
+
+    def _withhold_means(self, flagged: tuple | None) -> None:
+        """Withhold the spreads of the units of the groups whose sum the p% rule on means
+        replaced (their own m2 is about values the table no longer gives)."""
+        if flagged is None or flagged[0].size == 0:
+            return
+        position = np.empty(self.order.size, dtype=np.int64)
+        position[self.order] = np.arange(self.order.size)
+        self.dominated_means = int(flagged[0].size)
+        for p, f in zip(position[flagged[0]].tolist(), flagged[1].tolist()):
+            self.replaced.setdefault(p, []).append(f)
+            members = [p] if p in self.alone else self.unit_of(p).tolist()
+            for member in members:
+                self.withheld[member] = sorted(set(self.withheld.get(member, [])) | {f})
 
     def _dominance(self, found: list) -> None:
         """Withhold the units' spreads the dominance rule flags (``release/dominance.py``)."""

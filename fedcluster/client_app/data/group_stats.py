@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.client_app.mapped_pages import release_pages
+from fedcluster.client_app.release import dominance
 from fedcluster.client_app.site_groups import GroupLabels
 
 __all__ = ["DTYPES", "Table", "canonical_order", "group_m2", "group_statistics", "group_sums",
@@ -110,13 +111,14 @@ def group_sums(X: np.ndarray, group_of_row: np.ndarray, n_groups: int,
 
 def group_m2(X: np.ndarray, group_of_row: np.ndarray, places: np.ndarray, counts: np.ndarray,
              sums: np.ndarray, absent: np.ndarray | None, lo: int, hi: int,
-             peak: np.ndarray | None = None) -> np.ndarray:
+             extremes: tuple | None = None) -> np.ndarray:
     """(hi - lo, d): per feature, the squared deviations of the present cells of groups
     ``lo..hi-1`` from their group's mean (``sums`` / present cells), summed in row order.
     One pass over ``X`` in file order, which takes the rows of those groups alone (a
     table larger than memory should hold is made a window of groups at a time).
-    ``peak`` (hi - lo, d), when given, gets each group's largest squared deviation per
-    feature (what the dominance rule judges, ``release/dominance.py``)."""
+    ``extremes`` ((hi - lo, d), (hi - lo, d)), when given, get each group's largest and
+    smallest deviation of a present cell per feature (what the dominance rules judge,
+    ``release/dominance.py``)."""
     n, d = X.shape
     m2 = np.zeros((hi - lo, d))
     for r0 in range(0, n, STATS_ROWS):
@@ -133,8 +135,9 @@ def group_m2(X: np.ndarray, group_of_row: np.ndarray, places: np.ndarray, counts
                 deviation = rows - np.where(present > 0, sums[groups] / np.maximum(present, 1), 0.0)
             deviation[np.isnan(rows)] = 0.0
         _in_steps(at, groups, deviation * deviation, m2, lo)
-        if peak is not None:
-            np.maximum.at(peak, groups - lo, deviation * deviation)
+        if extremes is not None:
+            np.maximum.at(extremes[0], groups - lo, deviation)
+            np.minimum.at(extremes[1], groups - lo, deviation)
         release_pages(X)
     return m2
 
@@ -262,7 +265,8 @@ DTYPES = {"counts": np.int64, "sums": np.float64, "m2": np.float64, "present": n
 
 
 def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Path | None,
-            min_size: int = 1, prior: tuple | None = None, units: np.ndarray | None = None):
+            min_size: int = 1, prior: tuple | None = None, units: np.ndarray | None = None,
+            base: tuple | None = None, judged: np.ndarray | None = None):
     """The statistics of groups 0..n_groups-1 as a table's columns, in canonical order,
     the order, and the spread rule's record (:class:`group_spreads.Spreads`; None at
     ``min_size`` 1, which keeps every group's own m2). With ``scratch`` (a directory) the
@@ -271,8 +275,13 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
     (``release/spreads.py``): its units' shared m2, the dominance rule's withheld spreads
     at the site's pooled one (``prior``: (m2 sum, degrees of freedom) per feature of
     groups already kept, pooled too; ``units``: the groups' spread units as the versions
-    audit judged them, a label per group number, else the rule pairs them)."""
-    from fedcluster.client_app.data import group_spreads
+    audit judged them, a label per group number, else the rule pairs them; ``base``: the
+    (cells, sums, squares) per feature of a version's kept groups, so that the rules
+    measure rows against the whole version's moments; ``judged``: the features the rule
+    on means judges, None all). The p% rule on means replaces
+    its flagged groups' sums (``group_spreads.stand_in_means``) and withholds their
+    units' spreads."""
+    from fedcluster.client_app.data import group_means, group_spreads
 
     width = X.shape[1]
     squares = np.zeros(width)
@@ -281,9 +290,10 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
     def present(ids):
         return None if absent is None else counts[ids, None] - absent[ids]
 
-    moments = group_spreads.site_moments(counts, sums, absent, squares) if min_size >= 2 else None
+    moments = group_spreads.site_moments(counts, sums, absent, squares, base) \
+        if min_size >= 2 else None
     sd = None if moments is None else moments[1]
-    candidates = []
+    candidates, flagged = [], []
     window = max(1, n_groups if scratch is None else M2_WINDOW_BYTES // (8 * width))
     keys = np.empty(n_groups, dtype=np.uint64)
     with contextlib.ExitStack() as stack:
@@ -293,17 +303,29 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
         for lo in range(0, n_groups, window):
             hi = min(n_groups, lo + window)
             m2 = None  # the last window goes before the next is made
-            peak = None if sd is None else np.zeros((hi - lo, width))
-            m2 = group_m2(X, group_of_row, places, counts, sums, absent, lo, hi, peak)
+            extremes = None if sd is None else (np.zeros((hi - lo, width)), np.zeros((hi - lo, width)))
+            m2 = group_m2(X, group_of_row, places, counts, sums, absent, lo, hi, extremes)
             keys[lo:hi] = stats_keys(counts[lo:hi], sums[lo:hi], m2, present(slice(lo, hi)))
-            if peak is not None:
-                candidates.append(group_spreads.candidates(peak, sd, lo))
+            if extremes is not None:
+                if min_size >= dominance.MEANS_FROM_P:
+                    flagged.append(group_means.dominant_means(counts, sums, absent, extremes,
+                                                              lo, moments, judged))
+                candidates.append(group_spreads.candidates(extremes, sd, lo))
             if spill is not None:
                 spill.write(m2)
         del places
         if spill is not None:
             spill.flush()
             m2 = np.memmap(spill, dtype=np.float64, mode="r", shape=(n_groups, width))
+    means_flagged = None
+    if flagged:
+        means_flagged = tuple(np.concatenate(part) for part in zip(*flagged))
+        group_means.stand_in_means(counts, sums, absent, means_flagged)
+        changed = np.unique(means_flagged[0])  # keyed again, by the sums the table gives
+        if changed.size:
+            keys[changed] = stats_keys(counts[changed], sums[changed], np.array(m2[changed]),
+                                       present(changed))
+            release_pages(m2)
 
     def bits_of(ids):
         rows = np.array(m2[ids])
@@ -315,7 +337,7 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
     m2_piece = piece(m2, order)
     if sd is not None:
         spreads = group_spreads.Spreads.of(order, counts, sums, absent, m2, moments, candidates,
-                                           min_size, prior, units)
+                                           min_size, prior, units, means_flagged)
         m2_piece = (n_groups, spreads.take)
     columns = {"counts": [piece(counts, order)], "sums": [piece(sums, order)],
                "m2": [m2_piece], "present": None}
@@ -324,18 +346,25 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
     return columns, order, spreads
 
 
-def kept_again(X: np.ndarray, kept_of_row: np.ndarray, n_kept: int, min_size: int) -> dict:
+def kept_again(X: np.ndarray, kept_of_row: np.ndarray, n_kept: int, min_size: int,
+               judged: np.ndarray | None = None) -> dict:
     """The kept groups' columns recomputed from their rows, in their order (their base
     table's entry is gone), the spread rule applied among themselves."""
-    from fedcluster.client_app.data import group_spreads
+    from fedcluster.client_app.data import group_means, group_spreads
 
     squares = np.zeros(X.shape[1])
     counts, sums, absent, places = group_sums(X, kept_of_row, n_kept, squares)
-    peak = np.zeros((n_kept, X.shape[1]))
-    m2 = group_m2(X, kept_of_row, places, counts, sums, absent, 0, n_kept, peak)
+    extremes = (np.zeros((n_kept, X.shape[1])), np.zeros((n_kept, X.shape[1])))
+    m2 = group_m2(X, kept_of_row, places, counts, sums, absent, 0, n_kept, extremes)
     moments = group_spreads.site_moments(counts, sums, absent, squares)
+    flagged = None
+    if min_size >= dominance.MEANS_FROM_P:
+        flagged = group_means.dominant_means(counts, sums, absent, extremes, 0, moments,
+                                               judged)
+        group_means.stand_in_means(counts, sums, absent, flagged)
     record = group_spreads.Spreads.of(np.arange(n_kept), counts, sums, absent, m2, moments,
-                                      [group_spreads.candidates(peak, moments[1], 0)], min_size)
+                                      [group_spreads.candidates(extremes, moments[1], 0)], min_size,
+                                      means_flagged=flagged)
     present = None if absent is None else counts[:, None] - absent
     return {"counts": [piece(counts)], "sums": [piece(sums)], "m2": [(n_kept, record.take)],
             "present": None if present is None else [piece(present)]}

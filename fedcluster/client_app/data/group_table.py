@@ -51,8 +51,8 @@ from fedcluster.client_app.release.lone_cells import withhold_lone_cells
 from fedcluster.client_app.site_groups import GroupLabels, SiteGroups
 from fedcluster.client_app.data.versions import joining, row_keys
 
-__all__ = ["build", "group_statistics", "grouping_scale", "row_hashes", "rows_as_groups",
-           "site_groups"]
+__all__ = ["build", "group_statistics", "grouping_scale", "judged_features", "row_hashes",
+           "rows_as_groups", "site_groups"]
 
 logger = logging.getLogger(__name__)
 #: Rows per chunk of a pass over the rows (row hashes, fill means): bounds the
@@ -79,6 +79,22 @@ def _labels_of_groups(site: SiteData, group_of_row: np.ndarray) -> GroupLabels |
     key = group_of_row[grouped] * len(names) + codes[grouped]
     pairs, count = np.unique(key, return_counts=True)
     return GroupLabels(pairs // len(names), pairs % len(names), count.astype(np.int64), names)
+
+
+def judged_features(site: SiteData) -> np.ndarray | None:
+    """(d,) bool: the features the p% rule on means judges (``release/dominance.py``):
+    a schema's numeric columns (a level's indicator sums to a count, which Table 1's
+    small-cell rule protects; a stood-in mean would not be one), every column without a
+    schema (None)."""
+    schema = None if site.table is None else site.table.schema
+    if schema is None:
+        return None
+    judged = []
+    for column in schema.features:
+        judged += [column.type == "numeric"] if column.type == "numeric" \
+            else [False] * len(column.categories)
+        judged += [False] if column.missing_indicator else []
+    return np.array(judged, dtype=bool) if len(judged) == site.n_features else None
 
 
 def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, waiting: int,
@@ -175,7 +191,7 @@ def _fresh(site: SiteData, min_size: int, scratch: Path | None = None):
     group_of_row = _grouped(site, min_size, scratch=scratch)
     n_groups = int(group_of_row.max()) + 1 if group_of_row.size else 0
     columns, order, spreads = group_stats.ordered(site.X, group_of_row, n_groups, scratch,
-                                                  min_size)
+                                                  min_size, judged=judged_features(site))
     group_of_row = group_stats.relabel(group_of_row, order)
     return group_stats.Table(columns, site.n_features, _labels_of_groups(site, group_of_row),
                              int(np.count_nonzero(group_of_row < 0)), spreads), group_of_row
@@ -365,13 +381,15 @@ def _version_table(site: SiteData, plan, directory: Path, min_size: int):
     group in it, and the new groups' canonical order."""
     group_of_row, n_kept = plan.group_of_row, int(plan.kept.size)
     new_of_row = np.where(group_of_row >= n_kept, group_of_row - n_kept, -1)
-    kept, prior = None, None
+    kept, prior, base = None, None, None
     if n_kept:
         kept = _kept_columns(site, plan, directory, np.where(group_of_row < n_kept, group_of_row, -1),
                              min_size)
         prior = group_spreads.pooled(kept, site.n_features, min_size)
+        base = group_spreads.kept_moments(kept, site.n_features)
     columns, order, spreads = group_stats.ordered(site.X, new_of_row, len(plan.new_members),
-                                                  directory, min_size, prior, plan.units)
+                                                  directory, min_size, prior, plan.units, base,
+                                                  judged_features(site))
     group_of_row = np.where(group_of_row >= n_kept, group_stats.relabel(new_of_row, order) + n_kept,
                             group_of_row)
     if n_kept:
@@ -397,7 +415,8 @@ def _kept_columns(site: SiteData, plan, directory: Path, kept_of_row: np.ndarray
                 for name in ("counts", "sums", "m2", "present")}
     logger.warning("%s: the base table's entry %s is gone: the kept groups' statistics are "
                    "computed again from their rows", site.source, plan.base["entry"])
-    return group_stats.kept_again(site.X, kept_of_row, int(plan.kept.size), min_size)
+    return group_stats.kept_again(site.X, kept_of_row, int(plan.kept.size), min_size,
+                                  judged_features(site))
 
 
 def waiting_text(groups: SiteGroups) -> str:
