@@ -23,7 +23,7 @@ from fedcluster.client_app.release import dominance, spreads
 __all__ = ["Spreads", "candidates", "kept_moments", "pair_rows", "pooled", "site_moments"]
 
 #: Groups per chunk of a pass over the table.
-CHUNK_GROUPS = 1 << 14
+CHUNK_GROUPS = 1 << 12
 #: The pairing compares groups by at most this many coordinates (a fixed projection of
 #: their standardised means when the table is wider): it decides who shares a spread.
 PAIRING_WIDTH = 16
