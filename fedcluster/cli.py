@@ -199,37 +199,8 @@ def cmd_site_ledger(args: argparse.Namespace) -> int:
 
 def cmd_site_check(args: argparse.Namespace) -> int:
     from fedcluster.client_app import site_check
-    from fedcluster.common.schema import load_schema, parse_units
 
-    units = list(args.units or [])
-    node = site_check.checked_node_config(args.node_config) if args.node_config else None
-    if node is not None:
-        vars(args).update(site_check.with_node_config(vars(args), node))
-        if args.data is None and not units:
-            return 0  # a node config without data to check: valid is all there is to say
-        if args.schema is None and node.data_path is not None:
-            print(site_check.read_as_the_site_will(node))
-            return 0
-    if args.schema is None:
-        raise ValueError("site check needs the schema (--schema, or --node-config's schema-path)")
-    args.min_cluster_size = 2 if args.min_cluster_size is None else args.min_cluster_size
-    if args.data is None:  # `--units a=x FILE`: --units took the file too
-        if not units or "=" in units[-1]:
-            raise ValueError("site check needs the data file (fedcluster site check DATA "
-                             "--schema SCHEMA)")
-        args.data = units.pop()
-    units = parse_units(units, "--units")
-    if args.min_cluster_size < 1:
-        raise ValueError("--min-cluster-size must be >= 1")
-    data = args.data
-    if "://" in data:  # a database (node config data-url) and what to read from it
-        from fedcluster.client_app.data.sql_source import sql_source
-
-        data = sql_source(data, args.data_query, args.data_query_file, args.data_table)
-    print(site_check.check(data, load_schema(args.schema), units, args.min_cluster_size,
-                           args.cache_dir, cost=not args.no_cost_table, cost_k=args.cost_k,
-                           cost_scale=args.cost_scale, history=args.history))
-    return 0
+    return site_check.command(args)
 
 
 def cmd_app_sign(args: argparse.Namespace) -> int:
@@ -385,8 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--history", metavar="NAME", help="the node config's history (named)")
     check.add_argument("--cache-dir", default=None, metavar="DIR",
                        help="the site's cache-dir (node config): report the groups the site "
-                            "keeps there (after its file grew: the rows waiting too); "
-                            "without it, the groups are made here alone")
+                            "would answer from next (its history there: the rows waiting "
+                            "too), on a scratch copy; without it, made here alone")
+    check.add_argument("--record", action="store_true", help="write the table into the "
+                       "site's history in --cache-dir (it then counts as answered from)")
     check.add_argument("--cost-k", default="2-10", metavar="K",
                        help="the k of the cost table (what the groups at this site's p and at "
                             "2, 5, 10 cost its own k-means): LO-HI, a list 3,5,8 or one k; "

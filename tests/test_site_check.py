@@ -48,7 +48,7 @@ def test_the_check_reports_the_groups_and_rows_waiting(tmp_path, schema_path, ca
     data.write_text("\n".join([header, *more]) + "\n")
     cache = tmp_path / "cache"
     assert main(["site", "check", str(data), "--schema", str(schema_path),
-                 "--cache-dir", str(cache)]) == 0
+                 "--cache-dir", str(cache), "--record"]) == 0  # as the site answering
     out = capsys.readouterr().out
     groups_line = next(line for line in out.splitlines() if line.startswith("Groups"))
     assert "min-cluster-size p_site = 2" in groups_line and "groups of at least 2 rows" in groups_line
@@ -67,6 +67,39 @@ def test_the_check_reports_the_groups_and_rows_waiting(tmp_path, schema_path, ca
     assert main(["site", "check", str(data), "--schema", str(schema_path),
                  "--min-cluster-size", "1"]) == 0
     assert "this site answers from its 41 rows" in capsys.readouterr().out
+
+
+def test_the_check_writes_nothing_to_the_history_unless_asked(tmp_path, schema_path, capsys):
+    """Without --record the check works on a scratch copy of the site's history: the
+    history's files are the same bytes after it, and a second check of other rows still
+    shows them as the first version; with --record the table joins the history (the next
+    check shows it as version 1)."""
+    header, *rows = GOOD.strip().splitlines()
+    rng = np.random.default_rng(4)
+    more = [f"a,never,{rng.uniform(4, 10):.2f},{rng.integers(20, 80)},p{i}" for i in range(30)]
+    data, cache = tmp_path / "site.csv", tmp_path / "cache"
+    data.write_text("\n".join([header, *more]) + "\n")
+
+    def history() -> dict:
+        root = cache / "groups"
+        return {} if not root.exists() else {
+            str(path.relative_to(root)): path.read_bytes()
+            for path in sorted(root.rglob("*")) if path.is_file()}
+
+    def check(*extra) -> str:
+        assert main(["site", "check", str(data), "--schema", str(schema_path), "--cache-dir",
+                     str(cache), "--no-cost-table", *extra]) == 0
+        return capsys.readouterr().out
+
+    before = history()
+    assert "1 (this one) | 30 |" in check() and history() == before
+    data.write_text("\n".join([header, *more[:-2]]) + "\n")  # two patients withdraw
+    assert "1 (this one) | 28 |" in check() and history() == before
+    check("--record")
+    assert history() != before
+    data.write_text("\n".join([header, *more]) + "\n")
+    out = check()
+    assert "1 | 28 |" in out and "2 (this one) | 30 |" in out
 
 
 @pytest.mark.parametrize("body, message", [

@@ -429,7 +429,7 @@ def test_site_check_shows_the_versions_and_what_the_audit_held_back(tmp_path):
     schema.write_text(SCHEMA.replace('missing = "impute-mean"', "").replace('missing = "drop-row"', ""))
     table, path, cache = Table(blobs(200), with_id=False), tmp_path / "site.csv", tmp_path / "cache"
     table.write(path)
-    check(path, load_schema(schema), cache_dir=cache)
+    check(path, load_schema(schema), cache_dir=cache, record=True)  # as the site answering
     table.delete([3, 4, 5])
     table.write(path)
     report = check(path, load_schema(schema), cache_dir=cache)

@@ -15,6 +15,9 @@ as data (the text and the cost table); :func:`check`, the text.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,7 +238,7 @@ def site_cost(site, floor: int, k_values: tuple[int, ...], cost_scale: str,
 def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
            floor: int = 2, cache_dir: str | Path | None = None, *, cost: bool = True,
            cost_k=group_cost.DEFAULT_K_VALUES, cost_scale: str = "standard",
-           history: str | None = None) -> SiteCheckReport:
+           history: str | None = None, record: bool = False) -> SiteCheckReport:
     """The findings of ``fedcluster site check`` (``SiteDataError`` when the file does not
     fit); ``path``: the file, or a database's query (``sql_source.SqlSource``);
     ``floor``: the site's own floor p_site (its groups' size; the run's default 2).
@@ -245,7 +248,9 @@ def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
     or text as ``"2-10"``) in the space ``cost_scale`` (``"standard"`` or ``"none"``),
     from the site's rows here: at ``floor`` the groups reported, at the other p the
     groups the site would make of these rows. ``history``: the site's named history (node
-    config ``history``)."""
+    config ``history``). ``record``: the table made here is written to the site's history
+    in ``cache_dir`` (it then counts as answered from, as when the site answers); else the
+    check works on a scratch copy of that history and writes nothing to it."""
     from fedcluster.client_app.data import group_table
     from fedcluster.client_app.data.schema_table import encode_site_columns, load_schema_table
     from fedcluster.client_app.data.sql_source import SqlSource
@@ -269,12 +274,29 @@ def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
     else:
         site = encode_site_columns(header, columns, schema, source, declared_units)[0]
     site = in_history(site, history)
-    groups, _ = group_table.site_groups(site, floor, cache_dir)
-    cost_table, cost_lines = site_cost(site, floor, cost_k, cost_scale, groups) if cost \
-        else (None, [])
-    text = format_survey(source, len(columns[0]), seen, table, schema, floor, groups, cost_lines)
+    with _history_to_use(cache_dir, record) as groups_dir:
+        groups, _ = group_table.site_groups(site, floor, groups_dir)
+        cost_table, cost_lines = site_cost(site, floor, cost_k, cost_scale, groups) if cost \
+            else (None, [])
+        text = format_survey(source, len(columns[0]), seen, table, schema, floor, groups,
+                             cost_lines)
     note = cost_lines[0] if cost and cost_table is None else None
     return SiteCheckReport(text, cost_table, note)
+
+
+@contextlib.contextmanager
+def _history_to_use(cache_dir, record: bool):
+    """Where the check keeps the groups it makes: the site's own ``cache_dir`` when asked
+    to ``record``; else a scratch copy of its answered history (``<cache-dir>/groups``),
+    so the check sees what the site would answer from next and writes nothing to it."""
+    if cache_dir is None or record:
+        yield cache_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="fedcluster-check-") as scratch:
+        if (Path(cache_dir) / "groups").is_dir():
+            shutil.copytree(Path(cache_dir) / "groups", Path(scratch) / "groups",
+                            ignore=shutil.ignore_patterns("*.lock", "*.tmp"))
+        yield scratch
 
 
 def check(path, schema: Schema, declared_units: dict[str, str] | None = None,
@@ -328,3 +350,40 @@ def with_node_config(given: dict, node) -> dict:
                  "data_table": node.data_table, "history": node.history}
     return {key: value if given.get(key) is None else given[key]
             for key, value in from_node.items()}
+
+
+def command(args) -> int:
+    """``fedcluster site check`` from its parsed arguments (``cli.py``): prints the
+    report, or the node config's check; returns the exit code."""
+    from fedcluster.common.schema import load_schema, parse_units
+
+    units = list(args.units or [])
+    node = checked_node_config(args.node_config) if args.node_config else None
+    if node is not None:
+        vars(args).update(with_node_config(vars(args), node))
+        if args.data is None and not units:
+            return 0  # a node config without data to check: valid is all there is to say
+        if args.schema is None and node.data_path is not None:
+            print(read_as_the_site_will(node))
+            return 0
+    if args.schema is None:
+        raise ValueError("site check needs the schema (--schema, or --node-config's schema-path)")
+    args.min_cluster_size = 2 if args.min_cluster_size is None else args.min_cluster_size
+    if args.data is None:  # `--units a=x FILE`: --units took the file too
+        if not units or "=" in units[-1]:
+            raise ValueError("site check needs the data file (fedcluster site check DATA "
+                             "--schema SCHEMA)")
+        args.data = units.pop()
+    units = parse_units(units, "--units")
+    if args.min_cluster_size < 1:
+        raise ValueError("--min-cluster-size must be >= 1")
+    data = args.data
+    if "://" in data:  # a database (node config data-url) and what to read from it
+        from fedcluster.client_app.data.sql_source import sql_source
+
+        data = sql_source(data, args.data_query, args.data_query_file, args.data_table)
+    print(check(data, load_schema(args.schema), units, args.min_cluster_size,
+                           args.cache_dir, cost=not args.no_cost_table, cost_k=args.cost_k,
+                           cost_scale=args.cost_scale, history=args.history,
+                           record=args.record))
+    return 0
