@@ -311,3 +311,30 @@ def test_integer_codes_with_nulls_match_the_schemas_levels(tmp_path):
     np.testing.assert_array_equal(table.X[[0, 1, 3], 1:], [[1, 0, 0], [0, 1, 0], [0, 0, 1]])
     assert np.isnan(table.X[2, 1:]).all()  # the null: missing, imputed later
     assert table.labels.tolist() == ["7", "", "7", "8", "8"]
+
+
+def test_a_cells_error_names_its_data_row_and_the_files_line(tmp_path):
+    """A quoted cell over two lines and a blank line before the bad row: the error names
+    the data row (as a run counts rows) and the line it starts on (as an editor does),
+    from the site's load and from `fedcluster site check`; a Parquet file keeps the row."""
+    from fedcluster.client_app.data.schema_table import load_schema_table
+    from fedcluster.client_app.site_check import check
+
+    path = tmp_path / "site.csv"
+    path.write_text('patient_id,glucose,age,visits,bmi,smoking,cohort\n'
+                    'p1,90,40,2,22.5,"never",a\n'
+                    '\n'
+                    'p2,95,41,3,23.0,"former\nsmoker",b\n'
+                    'p3,5000x,42,1,24.0,never,a\n')
+    assert table_files.data_row_line(path, 1) == 2
+    assert table_files.data_row_line(path, 3) == 6 and table_files.data_row_line(path, 4) is None
+    message = (r"row 3, column 'glucose': '5000x' .*\(data row 3 starts on line 6 of "
+               r"site\.csv\)")
+    with pytest.raises(SiteDataError, match=message):
+        load_schema_table(path, SCHEMA, cache_dir=tmp_path / "cache")
+    with pytest.raises(SiteDataError, match=message):
+        check(path, SCHEMA, cost=False)
+    parquet = tmp_path / "site.parquet"
+    pq.write_table(pa.table({"glucose": ["90", "5000x"]}), parquet)
+    error = table_files.with_file_line(SiteDataError("x: row 2, column 'glucose': bad"), parquet)
+    assert str(error) == "x: row 2, column 'glucose': bad"

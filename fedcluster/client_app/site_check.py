@@ -25,7 +25,8 @@ import numpy as np
 
 from fedcluster.client_app.data import group_cost, group_table
 from fedcluster.client_app.data.group_cost import GroupCostTable
-from fedcluster.client_app.data.table_files import read_table
+from fedcluster.client_app.data.site_data import SiteDataError
+from fedcluster.client_app.data.table_files import read_table, with_file_line
 from fedcluster.common.imputation import imputation_plan
 from fedcluster.common.schema import MISSING_TOKENS, Schema, schema_hash
 from fedcluster.common.table_encoding import (
@@ -266,7 +267,10 @@ def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
     database = isinstance(path, SqlSource)
     source = path.source if database else str(path)
     header, columns = read_sql_columns(path) if database else read_table(path)
-    seen, table = survey(header, columns, schema, source, declared_units)
+    try:
+        seen, table = survey(header, columns, schema, source, declared_units)
+    except SiteDataError as err:
+        raise err if database else with_file_line(err, path) from None
     if cache_dir is not None and database:  # the version a site would read now
         site = load_sql_table(Reading(path, schema, declared_units), cache_dir=cache_dir)
     elif cache_dir is not None:

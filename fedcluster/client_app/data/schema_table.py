@@ -30,7 +30,7 @@ import numpy as np
 from fedcluster.client_app.data import site_data
 from fedcluster.client_app.data.site_data import SiteData, SiteDataError
 from fedcluster.client_app.site_groups import TableFacts
-from fedcluster.client_app.data.table_files import read_table
+from fedcluster.client_app.data.table_files import read_table, with_file_line
 from fedcluster.client_app.data.tables import encode_labels
 from fedcluster.client_app.data.versions.row_keys import id_keys
 from fedcluster.common import kernels
@@ -53,7 +53,10 @@ def encode_site_table(path: Path, schema: Schema, units: dict[str, str] | None,
                       digest: str) -> tuple[SiteData, dict]:
     """Read and encode the file (no cache): the site's data and the facts to cache."""
     header, columns = read_table(path)
-    return encode_site_columns(header, columns, schema, str(path), units, digest)
+    try:
+        return encode_site_columns(header, columns, schema, str(path), units, digest)
+    except SiteDataError as err:
+        raise with_file_line(err, path) from None
 
 
 def encode_site_columns(header: list[str], columns: list, schema: Schema, source: str,

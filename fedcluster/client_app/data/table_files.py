@@ -23,6 +23,8 @@ naming the column and its type.
 from __future__ import annotations
 
 import csv
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +79,42 @@ def read_table(path: str | Path) -> tuple[list[str], list]:
     if not rows:
         raise SiteDataError(f"{path}: has a header row but no data rows")
     return [h.strip() for h in header], [list(col) for col in zip(*rows)]
+
+
+def data_row_line(path: str | os.PathLike, data_row: int) -> int | None:
+    """The line of a CSV/TSV file on which its data row ``data_row`` (1-based, blank lines
+    not counted, as :func:`read_table` counts them) starts; None for another file, or a
+    row the file does not have."""
+    path = Path(path)
+    delimiter = DELIMITERS.get(path.suffix.lower())
+    if delimiter is None or data_row < 1:
+        return None
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f, delimiter=delimiter)
+            next(reader, None)  # the header
+            seen, before = 0, reader.line_num
+            for record in reader:
+                if record:
+                    seen += 1
+                    if seen == data_row:
+                        return before + 1
+                before = reader.line_num
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    return None
+
+
+def with_file_line(error: SiteDataError, path: str | os.PathLike) -> SiteDataError:
+    """``error`` (a cell's, naming its data row: "row N, column ...") with the line of
+    the file that row starts on, for an operator who opens the file in an editor: a
+    quoted cell over several lines or a blank line makes the two differ."""
+    match = re.search(r"\brow (\d+), column ", str(error))
+    line = None if match is None else data_row_line(path, int(match.group(1)))
+    if line is None:
+        return error
+    return SiteDataError(f"{error} (data row {match.group(1)} starts on line {line} of "
+                         f"{Path(path).name})")
 
 
 def _kind(path: Path, name: str, arrow_type) -> str:
