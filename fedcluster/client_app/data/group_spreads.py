@@ -20,7 +20,7 @@ import numpy as np
 from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.client_app.release import dominance, spreads
 
-__all__ = ["Spreads", "candidates", "kept_moments", "pair_rows", "pooled", "site_moments"]
+__all__ = ["Spreads", "candidates", "kept_summary", "pair_rows", "site_moments"]
 
 #: Groups per chunk of a pass over the table.
 CHUNK_GROUPS = 1 << 12
@@ -34,7 +34,7 @@ def site_moments(counts: np.ndarray, sums: np.ndarray, absent: np.ndarray | None
     """(d,) (d,): the mean and standard deviation of each feature over the grouped rows'
     present cells (from its sum of squares: yardsticks for the rules, not released);
     ``base``: (cells, sums, squares) per feature of groups kept from an earlier table
-    (:func:`kept_moments`), counted in."""
+    (:func:`kept_summary`), counted in."""
     n = float(counts.sum()) - (0.0 if absent is None else absent.sum(axis=0, dtype=np.float64))
     total, squares = sums.sum(axis=0), np.asarray(squares, dtype=np.float64)
     if base is not None:
@@ -57,27 +57,6 @@ def candidates(extremes: tuple, sd: np.ndarray, lo: int) -> tuple[np.ndarray, ..
     if not found:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
     return tuple(np.concatenate(part) for part in zip(*found))
-
-
-def kept_moments(kept: dict, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(cells, sums, squares) per feature of a version's kept groups (their columns as
-    pieces): their share of the version's moments, the squares from the released m2 and
-    the groups' means (close to the rows' own: a yardstick, not a release)."""
-    cells_total, sums_total, squares = np.zeros(width), np.zeros(width), np.zeros(width)
-    (n, counts_of), = kept["counts"]
-    present = kept.get("present")
-    for lo in range(0, n, CHUNK_GROUPS):
-        hi = min(n, lo + CHUNK_GROUPS)
-        counts = np.asarray(counts_of(lo, hi))
-        cells = np.repeat(counts[:, None], width, axis=1) if present is None \
-            else np.asarray(present[0][1](lo, hi))
-        sums = np.asarray(kept["sums"][0][1](lo, hi))
-        m2 = np.asarray(kept["m2"][0][1](lo, hi))
-        cells_total += cells.sum(axis=0)
-        sums_total += sums.sum(axis=0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            squares += np.where(cells > 0, m2 + sums * sums / np.maximum(cells, 1), 0.0).sum(axis=0)
-    return cells_total, sums_total, squares
 
 
 @dataclass
@@ -411,10 +390,14 @@ def pair_rows(X: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ kept groups
-def pooled(kept: dict, width: int, min_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(m2 sum, degrees of freedom) per feature of a version's kept groups (``kept``: their
-    columns as pieces, their m2 the released one): pooled into the new groups' ``typical``."""
+def kept_summary(kept: dict, width: int, min_size: int) -> tuple[tuple, tuple]:
+    """A version's kept groups (``kept``: their columns as pieces, their m2 the released
+    one), in one pass: (m2 sum, degrees of freedom) per feature, pooled into the new
+    groups' ``typical``; and (cells, sums, squares) per feature, their share of the
+    version's moments (``site_moments``' ``base``: the squares from the released m2 and
+    the groups' means, close to the rows' own: a yardstick, not a release)."""
     total, dof = np.zeros(width), np.zeros(width)
+    cells_total, sums_total, squares = np.zeros(width), np.zeros(width), np.zeros(width)
     (n, counts_of), = kept["counts"]
     present = kept.get("present")
     for lo in range(0, n, CHUNK_GROUPS):
@@ -422,8 +405,13 @@ def pooled(kept: dict, width: int, min_size: int) -> tuple[np.ndarray, np.ndarra
         counts = np.asarray(counts_of(lo, hi))
         cells = np.repeat(counts[:, None], width, axis=1) if present is None \
             else np.asarray(present[0][1](lo, hi))
-        cells = np.where(cells >= min_size, cells, 0)
+        sums = np.asarray(kept["sums"][0][1](lo, hi))
         m2 = np.asarray(kept["m2"][0][1](lo, hi))
+        cells_total += cells.sum(axis=0)
+        sums_total += sums.sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            squares += np.where(cells > 0, m2 + sums * sums / np.maximum(cells, 1), 0.0).sum(axis=0)
+        cells = np.where(cells >= min_size, cells, 0)
         total += np.where(cells > 0, m2, 0.0).sum(axis=0)
         dof += np.maximum(cells - 1.0, 0.0).sum(axis=0)
-    return total, dof
+    return (total, dof), (cells_total, sums_total, squares)

@@ -385,8 +385,7 @@ def _version_table(site: SiteData, plan, directory: Path, min_size: int):
     if n_kept:
         kept = _kept_columns(site, plan, directory, np.where(group_of_row < n_kept, group_of_row, -1),
                              min_size)
-        prior = group_spreads.pooled(kept, site.n_features, min_size)
-        base = group_spreads.kept_moments(kept, site.n_features)
+        prior, base = group_spreads.kept_summary(kept, site.n_features, min_size)
     columns, order, spreads = group_stats.ordered(site.X, new_of_row, len(plan.new_members),
                                                   directory, min_size, prior, plan.units, base,
                                                   judged_features(site))
