@@ -200,3 +200,25 @@ def test_the_schema_reference_lists_the_texts_that_count_as_missing():
     assert np.isnan(_parsed([f" {t} " for t in MISSING_TOKENS], "f.csv", "x", 0)).all()
     with pytest.raises(SiteDataError, match=r"f.csv: row 1, column 'x': 'na' is not a number"):
         _parsed(["na"], "f.csv", "x", 0)
+
+
+def test_a_schema_names_its_own_missing_texts_and_keeps_its_hash_without(schema):
+    """``missing-tokens``: the cell texts a schema reads as missing instead of the default
+    list (an empty cell always is); a schema without the key hashes as before it existed
+    (its canonical JSON has no such key), one with it has another hash."""
+    data = schema.model_dump(mode="json", by_alias=True)
+    assert "missing-tokens" in data and data["missing-tokens"] is None
+    own = parse_schema({**data, "missing-tokens": ["-", "?"]})
+    assert schema_hash(own) != schema_hash(schema)
+    canonical = {k: v for k, v in data.items() if k != "missing-tokens"}
+    assert schema_hash(parse_schema(canonical)) == schema_hash(schema)
+    header, columns = table(("p1", "-", "40", "?", "a"), ("p2", "", "50", "never", "b"),
+                            ("p3", "90", "60", "former", "a"))
+    encoded = encode_table(header, columns, own, "site.csv")
+    glucose = encoded.X[:, encoded.names.index("glucose")]
+    assert np.isnan(glucose[:2]).all() and glucose[2] == 90.0  # "-" and "" are missing
+    assert np.isnan(encoded.X[0, encoded.names.index("smoking=never")])  # "?" too
+    # "NA" is no longer missing under this schema: a numeric column names it
+    header, columns = table(("p1", "NA", "40", "never", "a"), ("p2", "80", "50", "never", "b"))
+    with pytest.raises(SiteDataError, match=r"site\.csv: row 1, column 'glucose': 'NA' is not a number"):
+        encode_table(header, columns, own, "site.csv")

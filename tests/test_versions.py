@@ -436,9 +436,10 @@ def test_site_check_shows_the_versions_and_what_the_audit_held_back(tmp_path):
     lines = report.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("Versions of this data"))
     first, second = lines[at + 2].split(" | "), lines[at + 3].split(" | ")
-    assert first[0] == "1" and second[0] == "2 (this one)" and second[1] == "197"
-    withdrawn = int(second[3].split()[0])
-    assert 1 <= withdrawn <= 3 and int(second[2]) < 197  # kept: the rows of untouched groups
+    assert first[0] == "1" and second[0] == "2 (this one)" and second[3] == "197"
+    assert first[1] == second[1] == str(path)  # the file each version was read from
+    withdrawn = int(second[5].split()[0])
+    assert 1 <= withdrawn <= 3 and int(second[4].split()[0]) < 197  # kept: untouched groups' rows
 
 
 def test_a_raised_min_cluster_size_merges_earlier_groups_whole(tmp_path):

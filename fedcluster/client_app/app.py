@@ -39,7 +39,7 @@ from flwr.common.logger import log
 from fedcluster.client_app.secure_mod import secure_mod
 from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
-from fedcluster.client_app import site_policy
+from fedcluster.client_app import row_account, site_policy
 from fedcluster.common.config import run_config_defaults
 from fedcluster.client_app.node_config import ConfigError, NodeConfig, parse_node_config
 from fedcluster.client_app import private_tasks, privacy_budget
@@ -200,8 +200,8 @@ class SiteClient(NumPyClient):
                 log(logging.WARNING, "site %s: min-cluster-size = 1: this site answers from its "
                     "rows, not from groups (an explicit opt-out of the site-groups promise: a "
                     "coordinator can isolate single rows)", self.key)
-            if self._groups.waiting:
-                log(logging.INFO, "site %s: %s", self.key, group_table.waiting_text(self._groups))
+            if self._groups.waiting:  # (the coordinator is told too: describe's counts)
+                log(logging.WARNING, "site %s: %s", self.key, row_account.waiting_text(self._groups))
         return self._groups
 
     def _noise_seed(self, config) -> list[int] | None:

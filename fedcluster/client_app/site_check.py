@@ -23,12 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster.client_app import row_account
 from fedcluster.client_app.data import group_cost, group_table
 from fedcluster.client_app.data.group_cost import GroupCostTable
 from fedcluster.client_app.data.site_data import SiteDataError
 from fedcluster.client_app.data.table_files import read_table, with_file_line
 from fedcluster.common.imputation import imputation_plan
-from fedcluster.common.schema import MISSING_TOKENS, Schema, schema_hash
+from fedcluster.common.schema import Schema, schema_hash
 from fedcluster.common.table_encoding import (
     EncodedTable, cell_text, encode_table, match_columns, numeric_values,
 )
@@ -52,7 +53,7 @@ def survey(header: list[str], columns: list[list[str]], schema: Schema, source: 
            declared_units: dict[str, str] | None = None) -> tuple[list[ColumnSurvey], EncodedTable]:
     """Per feature column, its counts; and the table encoded (``SiteDataError`` as a run's)."""
     where = match_columns(header, schema, source, declared_units)
-    missing_tokens = frozenset(MISSING_TOKENS)
+    missing_tokens = schema.missing_cells
     out = []
     for column in schema.features:
         j, unit = where[column.name]
@@ -67,7 +68,8 @@ def survey(header: list[str], columns: list[list[str]], schema: Schema, source: 
                 bucket[c] = bucket.get(c, 0) + 1
         else:  # parsed and converted as a run does (its errors, too)
             seen.unit = unit or column.unit
-            values = numeric_values(columns[j], column, unit, source, header[j])
+            values = numeric_values(columns[j], column, unit, source, header[j],
+                                    missing=missing_tokens)
             seen.missing = int(np.isnan(values).sum())
             if column.range is not None:
                 lo, hi = column.range
@@ -101,7 +103,7 @@ def format_groups(groups, cost_lines: list[str] = ()) -> list[str]:
                                            for s, n in zip(sizes, how_many)),
              f"group table sha256 {groups.digest[:16]} (the disclosure ledger names it)"]
     if groups.waiting:
-        lines.append(group_table.waiting_text(groups))
+        lines.append(row_account.waiting_text(groups))
     if groups.cells_withheld:
         lines.append(f"{groups.cells_withheld} present cell(s) count as missing: fewer than "
                      f"{groups.min_size} of their column in their group, their sum would rest "
@@ -150,15 +152,19 @@ def format_lineage(groups) -> list[str]:
         return []
     tables = [t for t in Store.read_tables(ref.store) if t["lineage"] == ref.lineage]
     lines = ["Versions of this data (every table counts as answered from): a new version keeps "
-             "the groups whose rows are all there, withdraws whole a group that lost or changed "
-             "a row (its other rows join new groups when they can), groups new rows, and holds "
-             "back what the audit finds would isolate fewer rows than the groups' size",
-             "version | rows | kept rows | withdrawn groups (their rows) | new groups | "
-             "rows in no group | held back by the audit"]
+             "the groups of any earlier version whose rows are all there, withdraws whole a "
+             "group that lost or changed a row (its other rows join new groups when they can), "
+             "groups new rows, and holds back what the audit finds would isolate fewer rows "
+             "than the groups' size",
+             "version | file | made | rows | kept rows (of other versions) | withdrawn groups "
+             "(their rows) | new groups | rows in no group | held back by the audit"]
     for i, t in enumerate(tables):
         mark = " (this one)" if t["n"] == ref.number else ""
-        lines.append(f"{i + 1}{mark} | {t.get('rows', '-')} | "
-                     f"{t.get('kept-rows', '-')} | {t.get('withdrawn-groups', 0)} "
+        reused = t.get("reused-rows", 0)
+        kept = "-" if "kept-rows" not in t and not reused else \
+            f"{t.get('kept-rows', 0) + reused}" + (f" ({reused})" if reused else "")
+        lines.append(f"{i + 1}{mark} | {t.get('file', '-')} | {str(t.get('made', '-'))[:10]} | "
+                     f"{t.get('rows', '-')} | {kept} | {t.get('withdrawn-groups', 0)} "
                      f"({t.get('withdrawn-rows', 0)}) | {t.get('new-groups', '-')} | "
                      f"{t.get('waiting', 0)} | {t.get('held-back', 0)}")
         for finding in sorted(set(t.get("findings", [])))[:3]:
@@ -204,7 +210,8 @@ def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
              "withheld or sent as \"<p\"):",
              f"- describe: the rows in its groups, {table.X.shape[1]} features and their "
              "names, the schema's hash, the rows dropped and the missing cells per column "
-             "(counts, as its groups keep them: they move between versions by whole groups)"]
+             "(counts, as its groups keep them: they move between versions by whole groups), "
+             "and the rows in no group and held back by the audit (counts of rows)"]
     if plan.needed:
         lines.append("- impute_stats (once): per imputed column the sum and count of its "
                      "present cells" + (f"; for {', '.join(medians)} a histogram over the "

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -137,6 +137,9 @@ class SiteGroups:
     spread_rule : dict, optional
         What the spread rule did to the groups the table made (``release/spreads.py``:
         ``Spreads.summary``), for ``site check``.
+    held_back : int
+        Of the ``waiting`` rows, those the versions audit held back
+        (``data/versions/audited.py``), and ``held_back_why``, the audit's first finding.
     """
 
     counts: np.ndarray
@@ -154,6 +157,8 @@ class SiteGroups:
     cells_withheld: int = 0
     table_ref: object = None
     spread_rule: dict | None = None
+    held_back: int = 0
+    held_back_why: str = ""
 
     @property
     def n_groups(self) -> int:
@@ -259,9 +264,7 @@ class SiteGroups:
                 m2 = _in_blocks(lambda rows: filled_m2[rows] / (transform.factor * transform.factor),
                                 m2.shape, filled_m2)
         sums = np.ascontiguousarray(sums, dtype=np.float64)
-        return SiteGroups(self.counts, sums, m2, None, self.source, self.min_size, self.digest,
-                          self.feature_names, self.labels, self.table, self.waiting,
-                          self.data_fingerprint, self.cells_withheld, self.table_ref)
+        return replace(self, sums=sums, m2=m2, present=None, spread_rule=None)
 
     def clipped(self, lo: np.ndarray, hi: np.ndarray) -> "SiteGroups":
         """The groups with their means clipped into the box [lo, hi] (``data-bounds`` of
@@ -270,10 +273,7 @@ class SiteGroups:
         let a coordinator choosing the box read single values)."""
         means = np.clip(self.means, lo, hi)
         sums = means if self.singletons else means * self.counts[:, None]
-        return SiteGroups(self.counts, np.ascontiguousarray(sums), self.m2, None, self.source,
-                          self.min_size, self.digest, self.feature_names, self.labels,
-                          self.table, self.waiting, self.data_fingerprint, self.cells_withheld,
-                          self.table_ref)
+        return replace(self, sums=np.ascontiguousarray(sums), present=None, spread_rule=None)
 
     def missing_features(self) -> list[int]:
         """The features with a cell the run has not filled (NaN in the sums)."""

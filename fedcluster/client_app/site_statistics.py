@@ -36,6 +36,14 @@ from fedcluster.common.imputation import imputation_plan, site_missing_stats
 def describe(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
     names = list(site.feature_names) if site.feature_names is not None else []
     metrics = {"n-features": site.n_features, "feature-names": json.dumps(names)}
+    # every usable row accounted for (counts of rows, not of values): in groups
+    # (num_examples), waiting, held back by the versions audit (and why); (a table asked
+    # directly, not its groups, has none waiting)
+    waiting, held = getattr(site, "waiting", 0), getattr(site, "held_back", 0)
+    metrics[protocol.ROWS_WAITING] = waiting - held
+    metrics[protocol.ROWS_HELD_BACK] = held
+    if held:
+        metrics[protocol.HELD_BACK_WHY] = site.held_back_why
     if site.table is not None:
         if site.table.schema_hash:  # (none: a table read without an agreed schema)
             metrics[protocol.SCHEMA_HASH] = site.table.schema_hash

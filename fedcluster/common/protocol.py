@@ -262,7 +262,7 @@ DP_TASKS = tuple(name for name, task in TASKS.items() if task.private)
 #: The scalar metrics a reply may carry (besides ``num_examples``, the site's rows).
 METRICS = {
     "describe": ("n-features", "feature-names", "max-rounds", "schema-hash", "rows-dropped",
-                 "cells-missing", "group-size"),
+                 "cells-missing", "group-size", "rows-waiting", "rows-held-back", "held-back-why"),
     "lloyd": ("sse",), "prune_lloyd": ("sse",), "minibatch": ("sse",), "gtv": ("sse", "gtv"),
     "fcm": ("fuzzy-objective",),
     "evaluate": ("sse", "silhouette-sum", "group-scatter", "all-sq-dist", "partition-sum", "floor",
@@ -277,6 +277,12 @@ GROUP_SIZE = "group-size"
 #: A table read through a schema describes itself with the schema's hash and, as JSON
 #: counts ("<p" under the floor), the rows it dropped and its missing cells per column.
 SCHEMA_HASH, ROWS_DROPPED, CELLS_MISSING = "schema-hash", "rows-dropped", "cells-missing"
+#: A site's describe reply accounts for every usable row of its data (besides the rows
+#: it answers from, ``num_examples``, and those a schema dropped, ``rows-dropped``): those
+#: in no group yet (new rows fewer than its p, rows of a withdrawn group), those the
+#: versions audit held back and the audit's reason. Counts of rows, never of values
+#: (docs/explanation/privacy-model.md).
+ROWS_WAITING, ROWS_HELD_BACK, HELD_BACK_WHY = "rows-waiting", "rows-held-back", "held-back-why"
 #: Every task carries the server's round number; a DP task also the run's planned spend
 #: (rho-zCDP, for the site's ``dp-budget``) besides its own ``dp-rho``.
 ROUND, DP_RHO, DP_RHO_PLANNED = "round", "dp-rho", "dp-rho-planned"

@@ -141,8 +141,17 @@ class Schema(_Strict):
 
     columns: tuple[Column, ...] = Field(min_length=1)
     missing: MissingPolicy = "error"
+    #: The cell texts read as missing (after stripping spaces; None: :data:`MISSING_TOKENS`).
+    missing_tokens: tuple[str, ...] | None = None
     #: The bins of an impute-median column's histogram over its range (``imputation.py``).
     median_bins: int = Field(DEFAULT_MEDIAN_BINS, ge=2, le=100_000)
+
+    @property
+    def missing_cells(self) -> frozenset[str]:
+        """The cell texts this schema reads as missing (``missing-tokens``, else
+        :data:`MISSING_TOKENS`); an empty cell always is."""
+        tokens = MISSING_TOKENS if self.missing_tokens is None else self.missing_tokens
+        return frozenset(tokens) | {""}
 
     @model_validator(mode="after")
     def _unique(self) -> "Schema":
@@ -265,8 +274,10 @@ def load_schema(path: str | Path) -> Schema:
 def schema_hash(schema: Schema) -> str:
     """sha256 of the schema's canonical JSON (the validated content, not the file's
     layout): two sites agree exactly when their hashes are equal."""
-    canonical = json.dumps(schema.model_dump(mode="json", by_alias=True), sort_keys=True,
-                           separators=(",", ":"))
+    content = schema.model_dump(mode="json", by_alias=True)
+    if content.get("missing-tokens") is None:  # (a schema without it hashes as before it was)
+        content.pop("missing-tokens", None)
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

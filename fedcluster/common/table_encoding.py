@@ -117,15 +117,16 @@ def _factor(column: Column, unit: str | None, source: str) -> tuple[float, float
 
 
 def numeric_values(cells, column: Column, unit, source: str, header: str,
-                   first_row: int = 0) -> np.ndarray:
+                   first_row: int = 0, missing: frozenset = _MISSING) -> np.ndarray:
     """A numeric column's cells parsed and converted to the schema's unit (NaN: missing),
     before its range is applied. A numpy array of numbers (a Parquet column, a database's)
     is taken whole, NaN missing; ``first_row``: the table's rows before these cells (a
-    table read in chunks names its rows from 1 all the same)."""
+    table read in chunks names its rows from 1 all the same; ``missing``: the cell texts
+    read as missing, the schema's ``missing_cells``)."""
     if isinstance(cells, np.ndarray) and cells.dtype.kind in "iuf":
         values = cells.astype(np.float64)  # a copy: the conversion below is in place
     else:
-        values = _parsed(cells, source, header, first_row)
+        values = _parsed(cells, source, header, first_row, missing)
     infinite = np.isinf(values)
     if infinite.any():
         i = int(np.flatnonzero(infinite)[0])
@@ -135,14 +136,15 @@ def numeric_values(cells, column: Column, unit, source: str, header: str,
     return values * factor + offset
 
 
-def _parsed(cells, source: str, header: str, first_row: int) -> np.ndarray:
+def _parsed(cells, source: str, header: str, first_row: int,
+            missing: frozenset = _MISSING) -> np.ndarray:
     values = np.full(len(cells), np.nan)
     for i, cell in enumerate(cells):
         if isinstance(cell, (float, int, np.floating, np.integer)) and not isinstance(cell, bool):
             values[i] = float(cell)
             continue
         text = "" if cell is None else str(cell).strip()
-        if text in _MISSING:
+        if text in missing:
             continue
         try:
             if "_" in text:  # float() takes '1_000'; a table's reader must not
@@ -154,8 +156,9 @@ def _parsed(cells, source: str, header: str, first_row: int) -> np.ndarray:
     return values
 
 
-def _numeric(cells, column: Column, unit, source: str, header: str, first_row: int) -> np.ndarray:
-    values = numeric_values(cells, column, unit, source, header, first_row)
+def _numeric(cells, column: Column, unit, source: str, header: str, first_row: int,
+             missing: frozenset = _MISSING) -> np.ndarray:
+    values = numeric_values(cells, column, unit, source, header, first_row, missing)
     if column.range is not None:
         lo, hi = column.range
         outside = ~np.isnan(values) & ((values < lo) | (values > hi))
@@ -169,12 +172,13 @@ def _numeric(cells, column: Column, unit, source: str, header: str, first_row: i
     return values
 
 
-def _categorical(cells, column: Column, source: str, header: str, first_row: int) -> np.ndarray:
+def _categorical(cells, column: Column, source: str, header: str, first_row: int,
+                 missing: frozenset = _MISSING) -> np.ndarray:
     levels = {level: j for j, level in enumerate(column.categories)}
     onehot = np.zeros((len(cells), len(levels)))
     for i, cell in enumerate(cells):
         text = cell_text(cell)
-        if text in _MISSING:
+        if text in missing:
             onehot[i] = np.nan
             continue
         j = levels.get(text)
@@ -221,9 +225,10 @@ def encode_table(header: list[str], columns: list, schema: Schema, source: str,
         j, unit = where[column.name]
         cells = columns[j]
         if column.type == "numeric":
-            block = _numeric(cells, column, unit, source, header[j], first_row)[:, None]
+            block = _numeric(cells, column, unit, source, header[j], first_row,
+                             schema.missing_cells)[:, None]
         else:
-            block = _categorical(cells, column, source, header[j], first_row)
+            block = _categorical(cells, column, source, header[j], first_row, schema.missing_cells)
         missing = np.isnan(block).any(axis=1)
         policy = schema.policy(column)
         if policy == "error" and missing.any():

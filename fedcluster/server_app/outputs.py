@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster.strategies import site_rows
 from fedcluster.strategies.metrics import METRIC_NAMES
 from fedcluster.common.model import Model
 
@@ -34,6 +35,10 @@ HISTORY_COLUMNS = [
     "failures",
     # the sites whose replies the round used, e.g. 0-3,7,9-12
     "answered",
+    # the rows those replies came from, and the usable rows of those sites they did not
+    # (waiting in no group, held back by the versions audit: model.json's site-rows)
+    "rows-answered",
+    "rows-not-answered",
     # differential privacy only: the epsilon spent so far
     "dp-epsilon-spent",
     # GTV only (empty otherwise)
@@ -107,6 +112,7 @@ def summary_table(metrics: dict) -> str:
             lines.append(f"    site {key}: {report['n-rows']} rows, score {report['score']:.6g}, sizes [{sizes}]")
         if len(per_site) > MAX_SITE_LINES:
             lines.append(f"    ... {len(per_site) - MAX_SITE_LINES} more in model.json")
+    lines += rows_lines(metrics.get("site-rows", {}))
     lines += table_lines(metrics.get("table"))
     lines.append("  (the score and the metrics are those of the sites' groups, each in one cluster whole;")
     lines.append("   a site's predict labels its rows one by one, which scores at most that)")
@@ -135,6 +141,26 @@ def summary_table(metrics: dict) -> str:
             "data set from its name)"
         )
     return "\n".join(lines)
+
+
+def rows_lines(accounts: dict) -> list[str]:
+    """The summary's account of the sites' rows (``site-rows``): how many of their usable
+    rows they answered from and, per site that did not answer from all, why."""
+    if not accounts:
+        return []
+    usable = sum(int(r["usable"]) for r in accounts.values())
+    answered = sum(int(r["answered"]) for r in accounts.values())
+    short = {key: r for key, r in accounts.items() if site_rows.not_answered(r)}
+    if not short:
+        return [f"  rows answered from: all {answered} usable rows of the {len(accounts)} sites"]
+    lines = [f"  rows answered from: {answered} of {usable} usable rows "
+             f"({100 * answered / max(usable, 1):.1f}%); {len(short)} site(s) answered from "
+             "fewer than all theirs:"]
+    for key, rows in list(short.items())[:MAX_SITE_LINES]:
+        lines.append(f"    WARNING site {key} {site_rows.short_text(rows)}")
+    if len(short) > MAX_SITE_LINES:
+        lines.append(f"    ... {len(short) - MAX_SITE_LINES} more in model.json (site-rows)")
+    return lines
 
 
 def participation_lines(participation: dict | None) -> list[str]:

@@ -21,6 +21,7 @@ from fedcluster.common.protocol import TASKS
 from fedcluster.common.schema import parse_schema, schema_hash
 from fedcluster.server_app.profile_plots import plot_profile, plot_sites
 from fedcluster.server_app.table1 import read_table1, table1_html
+from fedcluster.strategies import site_rows
 
 esc = html.escape
 
@@ -44,7 +45,7 @@ img { max-width: 100%; height: auto; border: 1px solid #ddd; }
 
 # Metrics with their own section (or too large for the metrics table).
 NESTED = ("per-site", "rejected-sites", "site-failures", "sites-answering-from-rows",
-          "sites-at-max-rounds", "table", "cluster-sizes")
+          "sites-at-max-rounds", "table", "cluster-sizes", "site-rows")
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -168,6 +169,11 @@ def _convergence(run_dir: Path) -> str:
 def _sites_section(metrics: dict) -> str:
     out = ["<h2>Sites: rejected, failed, answering from rows</h2>"]
     items = []
+    accounts = metrics.get("site-rows", {})
+    for key, rows in accounts.items():
+        if site_rows.not_answered(rows):
+            items.append(f'<li class="warning">site {esc(str(key))} '
+                         f"{esc(site_rows.short_text(rows))}</li>")
     for key, reason in metrics.get("rejected-sites", {}).items():
         items.append(f"<li>site {esc(str(key))} was rejected: {esc(_text(reason))}</li>")
     for key, events in metrics.get("site-failures", {}).items():
@@ -180,8 +186,17 @@ def _sites_section(metrics: dict) -> str:
     for key, limit in metrics.get("sites-at-max-rounds", {}).items():
         items.append(f"<li>site {esc(str(key))} reached its own max-rounds = "
                      f"{esc(_text(limit))} and was not asked after that</li>")
+    if accounts:
+        usable = sum(int(r["usable"]) for r in accounts.values())
+        answered = sum(int(r["answered"]) for r in accounts.values())
+        out.append(f"<p>The sites answered from {answered} of their {usable} usable rows"
+                   f" ({100 * answered / max(usable, 1):.1f}%).</p>")
+    everything = accounts and not any(site_rows.not_answered(r) for r in accounts.values())
     out.append(f"<ul>{''.join(items)}</ul>" if items else
-               "<p>No site was rejected or failed; every site answered from its groups.</p>")
+               "<p>No site was rejected or failed; every site answered from all its usable "
+               "rows, in its groups.</p>" if everything else
+               "<p>No site was rejected or failed (this model.json does not say how many of "
+               "its rows each site answered from).</p>")
     return "\n".join(out)
 
 

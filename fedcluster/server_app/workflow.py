@@ -227,6 +227,8 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: dict |
         # Sites that opted out of groups (min-cluster-size = 1) and answered from rows.
         "sites-answering-from-rows": [site.key for site in strategy.ordered_sites()
                                       if site.answers_from_rows],
+        # every site's rows: answered from, waiting, held back (strategies/site_rows.py)
+        "site-rows": {site.key: site.rows for site in strategy.ordered_sites() if site.rows},
         **private.accounting(config, strategy.history, strategy.box, strategy.bounds_from_data),
     }
     if (schema := run_schema(config.schema_file)) is not None or config.missing != "error":

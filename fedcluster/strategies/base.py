@@ -264,7 +264,7 @@ class ClusteringStrategy(Strategy):
         self.round_failures = failed
         row = self.reduce_round(server_round, plan, replies)
         row.update({"round": server_round + self.round_offset, "repetition": self.repetition,
-                    "task": plan.label, **sites.participation(keys, replies, failed, in_sum)})
+                    "task": plan.label, **sites.participation(keys, replies, failed, in_sum, self.sites)})
         self.history.append(row)
         row.update(private.round_accounting(self.config, self.history))
         out = [] if self.centroids is None else [self.centroids]

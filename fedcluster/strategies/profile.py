@@ -32,6 +32,7 @@ import numpy as np
 
 from fedcluster.common import profile, protocol
 from fedcluster.common.schema import DEFAULT_MEDIAN_BINS, run_schema
+from fedcluster.strategies import site_rows
 from fedcluster.strategies.task_plan import TaskPlan
 
 #: The phases of the profile: the range round (when needed), then the profile round.
@@ -232,6 +233,13 @@ def table1_of(strategy) -> dict | None:
                      "SDs and counts are those of the rows, but for a value alone in its group "
                      "(fewer than min-cluster-size of its column), which counts as missing.")
     notes += strategy.profile_table["notes"]
+    accounts = [site.rows for site in strategy.ordered_sites() if site.rows]
+    if (short := sum(site_rows.not_answered(rows) for rows in accounts)):
+        usable = sum(rows["usable"] for rows in accounts)
+        notes.append(f"The sites answered from {usable - short} of their {usable} usable rows: "
+                     f"{short} were in no group or held back by the versions audit (run "
+                     "summary and model.json, site-rows); Table 1 describes the rows answered "
+                     "from.")
     if strategy.profile_note:
         notes.append(strategy.profile_note[0].upper() + strategy.profile_note[1:] + ".")
     return {"rows": strategy.profile_table["rows"], "floor": floor(strategy),

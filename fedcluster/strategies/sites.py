@@ -23,7 +23,7 @@ from fedcluster.common import protocol, scaling
 from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE
 from fedcluster.common.schema import encoded_kinds, run_schema
 
-from fedcluster.strategies import aggregate, private
+from fedcluster.strategies import aggregate, private, site_rows
 from fedcluster.strategies.errors import FederationError, SiteFailure
 from fedcluster.strategies.validation import Reply, ReplyError, check_reply
 
@@ -49,6 +49,8 @@ class Site:
     # The size of the groups the site answers from (its own min-cluster-size; None: it
     # did not say). 1: the site opted out and answers from its rows.
     group_size: int | None = None
+    # Its rows accounted for: answered from, waiting, held back (``site_rows.account``).
+    rows: dict = field(default_factory=dict)
 
     @property
     def answers_from_rows(self) -> bool:
@@ -116,7 +118,9 @@ def admit(strategy, replies: list[Reply]) -> None:
                 max_rounds=declared_max_rounds(r),
                 table=table_facts(r),
                 group_size=declared_group_size(r),
+                rows=site_rows.account(r),
             )
+            site_rows.warn(r.site_key, strategy.sites[r.site_key].rows)
             continue
         log(logging.ERROR, "site %s rejected: %s", r.site_key, strategy.rejected[r.site_key])
     check_feature_names(strategy)
@@ -178,6 +182,8 @@ def readmit(strategy, replies: list[Reply]) -> None:
             # A resumed run is a new run to the site: its count starts again.
             site.max_rounds, site.rounds_answered = declared_max_rounds(r), 0
             site.group_size = declared_group_size(r)
+            site.rows = site_rows.account(r)
+            site_rows.warn(r.site_key, site.rows)
             seen.add(r.site_key)
             continue
         strategy.rejected[r.site_key] = reason
@@ -269,17 +275,23 @@ def check_replies(strategy, server_round: int, plan, keys: dict[int, str],
 
 
 def participation(keys: dict[int, str], replies: list[Reply], failed: list[str],
-                  in_sum: list[str]) -> dict:
+                  in_sum: list[str], admitted: dict | None = None) -> dict:
     """A round's history columns on who was asked and who answered: counts, the
     reasons of the failures, and ``answered``, the keys of the sites whose valid replies
     the round used (those in a secure round's sum, ``in_sum``) as :func:`key_list`
-    writes them. ``sites-offline`` and ``sites-late`` are the simulated absences
+    writes them; the rows those replies came from, and the usable rows of those sites
+    they did not (``admitted``: the sites, their rows accounted for: ``site_rows.py``).
+    ``sites-offline`` and ``sites-late`` are the simulated absences
     (``server_app/availability.py`` sets them; 0 here)."""
     answered = sum(r.n_sites for r in replies)
     names = [r.site_key for r in replies if r.n_sites == 1] + list(in_sum)
+    admitted = admitted or {}
     return {"sites-asked": len(keys), "sites-answered": answered,
             "sites-failed": len(keys) - answered, "sites-offline": 0, "sites-late": 0,
-            "failures": "; ".join(failed), "answered": key_list(names)}
+            "failures": "; ".join(failed), "answered": key_list(names),
+            "rows-answered": sum(r.n_rows for r in replies),
+            "rows-not-answered": sum(site_rows.not_answered(admitted[key].rows)
+                                     for key in names if key in admitted)}
 
 
 def key_list(keys) -> str:

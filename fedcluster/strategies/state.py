@@ -232,8 +232,12 @@ class Decoder:
             if cls is None:
                 raise StateError(f"{path}: {data['name']!r} is not a state dataclass")
             names = {f.name for f in dataclasses.fields(cls)}
+            # (a field added since the checkpoint was written takes its default)
+            defaulted = {f.name for f in dataclasses.fields(cls)
+                         if f.default is not dataclasses.MISSING
+                         or f.default_factory is not dataclasses.MISSING}
             fields = data["fields"]
-            if set(fields) != names:
+            if not set(fields) <= names or names - set(fields) - defaulted:
                 raise StateError(f"{path}: {data['name']} fields {sorted(fields)}, "
                                  f"expected {sorted(names)}")
             return cls(**{k: self.decode(v, f"{path}.{k}") for k, v in fields.items()})

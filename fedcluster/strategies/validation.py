@@ -113,6 +113,10 @@ def validate(
         max_rounds = metrics.get("max-rounds", 1)
         if not isinstance(max_rounds, int) or isinstance(max_rounds, bool) or max_rounds < 1:
             raise ReplyError(f"max-rounds {max_rounds!r} is not a positive integer")
+        for key in (protocol.ROWS_WAITING, protocol.ROWS_HELD_BACK):
+            count = metrics.get(key, 0)
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ReplyError(f"{key} {count!r} is not a non-negative integer")
         return protocol.NoArrays()
     if expect.task not in protocol.TASKS:
         raise ReplyError(f"no validation rule for task {expect.task!r}")

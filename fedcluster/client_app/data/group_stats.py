@@ -32,7 +32,7 @@ from fedcluster.client_app.release import dominance
 from fedcluster.client_app.site_groups import GroupLabels
 
 __all__ = ["DTYPES", "Table", "canonical_order", "group_m2", "group_statistics", "group_sums",
-           "mix", "ordered", "piece", "relabel", "row_places", "spread", "stats_keys",
+           "joined", "mix", "ordered", "piece", "relabel", "row_places", "spread", "stats_keys",
            "write_column"]
 
 #: Rows per chunk of a pass over the rows: bounds its temporaries to a few
@@ -239,6 +239,20 @@ def spread(counts: tuple, width: int) -> tuple:
     their count on every feature."""
     rows, take = counts
     return rows, lambda lo, hi: np.repeat(take(lo, hi)[:, None], width, axis=1)
+
+
+def joined(pieces: list) -> tuple:
+    """One piece of these pieces, one after another (rows lo..hi taken from each piece
+    they fall in: a chunk at a time, as every piece is)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    starts = np.concatenate([[0], np.cumsum([rows for rows, _ in pieces])]).astype(np.int64)
+
+    def take(lo, hi):
+        parts = [pieces[i][1](max(lo, starts[i]) - starts[i], min(hi, starts[i + 1]) - starts[i])
+                 for i in range(len(pieces)) if lo < starts[i + 1] and starts[i] < hi]
+        return np.concatenate(parts) if parts else pieces[0][1](0, 0)
+    return int(starts[-1]), take
 
 
 @dataclass

@@ -99,7 +99,7 @@ def judged_features(site: SiteData) -> np.ndarray | None:
 
 def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, waiting: int,
             digest: str | None = None, table_ref=None, rows_dropped: int | None = None,
-            spread_rule: dict | None = None):
+            spread_rule: dict | None = None, held_back: tuple = (0, "")):
     """The SiteGroups of a group table as made or kept: a feature's present cells fewer
     than p_site in a group count as missing (``release/lone_cells.py``; applied
     here, on every table handed to tasks, kept ones made before the rule included); the
@@ -112,7 +112,7 @@ def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, wa
                                 else rows_dropped)
     return SiteGroups(counts, sums, m2, present, site.source, min_size, digest,
                       site.feature_names, labels, facts, waiting, site.fingerprint,
-                      withheld, table_ref, spread_rule)
+                      withheld, table_ref, spread_rule, *held_back)
 
 
 def rows_as_groups(site: SiteData) -> SiteGroups:
@@ -292,7 +292,8 @@ def _read_entry(base: Path, site: SiteData, store_dir: Path):
     ref = versions.TableRef(str(store_dir), number, str(meta["lineage"]))
     groups = _groups(site, int(meta["min-size"]), parts["counts"], parts["sums"], parts["m2"],
                      parts.get("present"), labels, int(meta["waiting"]), str(meta["digest"]), ref,
-                     int(meta.get("rows-dropped", 0)), meta.get("spreads"))
+                     int(meta.get("rows-dropped", 0)), meta.get("spreads"),
+                     (int(meta.get("held-back", 0)), str(meta.get("held-back-why", ""))))
     grouped = None if groups.waiting == 0 else np.asarray(parts["row-groups"]) >= 0
     return groups, grouped
 
@@ -317,10 +318,12 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
                                       int(meta["min-size"]), entry, has_missing)
     plan, _ = versions.plan_for(store, site.X, keys, site.row_ids, min_size,
                                 lambda rows, size=min_size: _grouped(site, size, rows, directory),
-                                lambda rows, unit, lost, fresh, labels: _join_units(
-                                    site, rows, unit, lost, fresh, labels, min_size),
+                                lambda rows, unit, lost, fresh, labels, lost_units: _join_units(
+                                    site, rows, unit, lost, fresh, labels, min_size, lost_units),
                                 has_missing, versions.lineage_name(key),
-                                lambda groups: group_spreads.pair_rows(site.X, groups))
+                                lambda groups: group_spreads.pair_rows(site.X, groups),
+                                lambda record: group_entries.read_arrays(
+                                    directory / record["entry"]) is not None)
     table, group_of_row, order = _version_table(site, plan, directory, min_size)
     lineage = plan.lineage
     number = len(store.tables)
@@ -330,13 +333,14 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
     spread_rule = None if table.spreads is None else table.spreads.summary()
     group_entries.write_entry(directory / key, table, min_size, group_of_row, content,
                               {"table": number, "lineage": lineage, "rows-dropped": rows_dropped,
-                               "spreads": spread_rule})
+                               "spreads": spread_rule, "held-back": plan.record["held-back"],
+                               "held-back-why": plan.findings[0] if plan.record["held-back"] else ""})
     new = store.add_groups(plan.new_members.take(order), min_size)
     if table.spreads is not None:  # each new group's spread unit, named by one of its groups
         heads = table.spreads.unit_heads()
         store.set_units(new, np.where(heads >= 0, new[np.maximum(heads, 0)], -1))
-    kept = store.table_groups(plan.base["n"])[plan.kept] if plan.base is not None else new[:0]
-    store.add_table(np.concatenate([kept, new]), {"entry": key, "lineage": lineage, "p": min_size,
+    store.add_table(np.concatenate([plan.kept, new]), {"entry": key, "lineage": lineage, "p": min_size,
+                                                       "file": str(site.source),
                                                   **plan.record, "rows-dropped": rows_dropped,
                                                   "findings": plan.findings[:8]}, dropped)
     store.save()
@@ -345,13 +349,16 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
         logger.info("%s: a new version of the data: %d groups kept, %d withdrawn, %d new; %d "
                     "rows waiting", site.source, record["kept-groups"], record["withdrawn-groups"],
                     record["new-groups"], record["waiting"])
+    if record["reused-groups"]:
+        logger.info("%s: %d group(s) of earlier tables reused whole (%d rows)", site.source,
+                    record["reused-groups"], record["reused-rows"])
     if record["held-back"]:
         logger.warning("%s: the versions audit held back %d row(s) (%s); they wait for a later "
                        "version", site.source, record["held-back"], plan.findings[0])
 
 
 def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, lost: np.ndarray,
-                fresh: np.ndarray, labels: np.ndarray, min_size: int) -> np.ndarray:
+                fresh: np.ndarray, labels: np.ndarray, min_size: int, lost_units: int) -> np.ndarray:
     """``versions.joining.join_units`` on the rows as the grouping measures them (a
     missing cell at its feature's site mean; ``grouping_scale``)."""
     together = np.concatenate([rows, fresh])
@@ -360,7 +367,8 @@ def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, lost: np.nda
         scale = grouping_scale(X)
         Z = np.empty((together.size, X.shape[1]))
         Z[order] = np.asarray(X) * (1.0 if scale is None else scale)
-    return joining.join_units(Z[:rows.size], unit, lost, Z[rows.size:], labels, min_size)
+    return joining.join_units(Z[:rows.size], unit, lost, Z[rows.size:], labels, min_size,
+                              lost_units)
 
 
 def _earlier_release(directory: Path, site: SiteData, min_size: int):
@@ -405,22 +413,25 @@ def _version_table(site: SiteData, plan, directory: Path, min_size: int):
 
 def _kept_columns(site: SiteData, plan, directory: Path, kept_of_row: np.ndarray,
                   min_size: int) -> dict:
-    """The kept groups' columns, from the base table's entry (bit for bit); recomputed
-    from their rows, with a warning, where that entry is gone."""
-    read = group_entries.read_arrays(directory / plan.base["entry"])
-    if read is not None:
-        parts = read[1]
-        return {name: None if name not in parts else [group_stats.piece(parts[name], plan.kept)]
-                for name in ("counts", "sums", "m2", "present")}
-    logger.warning("%s: the base table's entry %s is gone: the kept groups' statistics are "
-                   "computed again from their rows", site.source, plan.base["entry"])
+    """The kept groups' columns, from the entries of the tables they were kept from (bit
+    for bit); recomputed from their rows, with a warning, where such an entry is gone."""
+    reads = [(group_entries.read_arrays(directory / table["entry"]), positions)
+             for table, positions in plan.kept_from]
+    gone = [table["entry"] for (read, _), (table, _) in zip(reads, plan.kept_from) if read is None]
+    if not gone:
+        width = site.n_features
+        pieces = {name: [] for name in ("counts", "sums", "m2", "present")}
+        for (_, parts), positions in reads:
+            for name in ("counts", "sums", "m2"):
+                pieces[name].append(group_stats.piece(parts[name], positions))
+            pieces["present"].append(group_stats.piece(parts["present"], positions)
+                                     if "present" in parts
+                                     else group_stats.spread(pieces["counts"][-1], width))
+        if all("present" not in parts for (_, parts), _ in reads):
+            pieces["present"] = None
+        return {name: None if column is None else [group_stats.joined(column)]
+                for name, column in pieces.items()}
+    logger.warning("%s: the entry %s of a table the kept groups come from is gone: their "
+                   "statistics are computed again from their rows", site.source, gone[0])
     return group_stats.kept_again(site.X, kept_of_row, int(plan.kept.size), min_size,
                                   judged_features(site))
-
-
-def waiting_text(groups: SiteGroups) -> str:
-    """What the site says of its rows in no group (its log, ``site check``)."""
-    return (f"{groups.waiting} row(s) wait, in no group (no task uses them): new rows until "
-            f"there are {groups.min_size} of them, the other rows of a withdrawn group and "
-            f"corrected rows until {joining.host_size(groups.min_size)} new rows come to take "
-            "them in (versions of the data)")

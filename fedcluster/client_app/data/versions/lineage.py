@@ -168,10 +168,14 @@ class Store:
     def tables(self) -> list[dict]:
         return self.meta["tables"]
 
-    def table_groups(self, number: int) -> np.ndarray:
-        """The groups of table ``number``, in its order."""
+    def table_groups(self, number: int, keep: bool = True) -> np.ndarray:
+        """The groups of table ``number``, in its order (``keep=False``: read mapped and
+        not kept in memory, for a pass over every table)."""
         if number not in self._tables:
-            self._tables[number] = np.array(np.load(self.directory / f"table-{number}.npy"))
+            path = self.directory / f"table-{number}.npy"
+            if not keep:
+                return np.load(path, mmap_mode="r")
+            self._tables[number] = np.array(np.load(path))
         return self._tables[number]
 
     def table_dropped(self, number: int) -> np.ndarray | None:

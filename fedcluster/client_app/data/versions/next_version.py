@@ -8,16 +8,20 @@ The rule (docs/explanation/privacy-model.md, "Versions"):
 2. **Kept.** A group of the base whose rows are all still there (the same instances:
    ``row_keys.py``) stays, its statistics bit for bit. A group that lost or changed a
    row is WITHDRAWN whole (as is one under a raised p): its other rows, with the new
-   versions of its changed rows, wait as one unit.
+   versions of its changed rows, wait as one unit. Then a group of ANY other table of
+   the history, newest table first, whose rows are all there and none kept already,
+   stays too (REUSED: answering from a group answered from before, bit for bit, adds
+   nothing a coordinator could combine; two overlapping files read in turn by one
+   history hold back no row an earlier group covers).
 3. **New.** The waiting rows that were never in a group and are no new version of a
    row that was (``links.py``) are grouped among themselves (``grouping.group_rows``);
    the other waiting rows (of a withdrawn group, with the new versions of its rows, or
    held back before) join them a former group at a time, each to the nearest group of
    at least max(p, 3) fresh rows that has room (at most 3p such rows a group, or one
    larger former group alone: ``joining.py``, which says why this is safe); the others
-   make groups of whole former groups where that discloses nothing new (withdrawn for a
-   raised p; corrected in the same features), or wait. A former group's rows always
-   move together.
+   make groups of whole former groups (withdrawn for a raised p; corrected in the same
+   features; that lost rows, max(p, 3) of them a group), which the audit judges, or
+   wait. A former group's rows always move together.
 4. **Audits.** Before the version answers anything, its new groups and their spread units
    go through the audits (``audited.py``): every table ever made (each counts as
    answered from), over row versions (``release/span_audit.py``) and over the cells'
@@ -27,7 +31,7 @@ The rule (docs/explanation/privacy-model.md, "Versions"):
    tries again), and their fresh rows stay a group if they are at least p.
 
 What this costs is counted per version (the table's record in the store, shown by
-``fedcluster site check``): rows kept, withdrawn, waiting, held back.
+``fedcluster site check``): rows kept, reused, withdrawn, waiting, held back.
 """
 
 from __future__ import annotations
@@ -94,10 +98,13 @@ class Plan:
     Attributes
     ----------
     group_of_row : (n,) int64
-        Each row's group: 0..K-1 the kept groups (in the base table's order), K.. the new
-        groups (numbered as ``new_members``), -1 waiting.
+        Each row's group: 0..K-1 the kept groups (as ``kept``), K.. the new groups
+        (numbered as ``new_members``), -1 waiting.
     kept : (K,) int64
-        The kept groups' positions in the base table.
+        The kept groups (the store's numbers), table by table as ``kept_from``.
+    kept_from : list of (dict, (m,) int64)
+        Where their statistics are: per table they are kept from (its record), their
+        positions in it (``_kept_groups``).
     new_members : GroupMembers
         Each new group's instances.
     base : dict or None
@@ -121,6 +128,7 @@ class Plan:
     record: dict = field(default_factory=dict)
     findings: list = field(default_factory=list)
     units: np.ndarray | None = None
+    kept_from: list = field(default_factory=list)
 
 
 def _base(store: Store, live: np.ndarray) -> dict | None:
@@ -150,8 +158,51 @@ def _all_live(store: Store, groups: np.ndarray, live: np.ndarray) -> np.ndarray:
     return np.add.reduceat(dead, offsets[:-1]) == 0  # (every group has a member)
 
 
+def _kept_groups(store: Store, live: np.ndarray, p: int, base: dict | None,
+                 readable) -> list[tuple[dict, np.ndarray]]:
+    """The groups a version keeps whole, per table: (its record, their positions in it).
+
+    A group qualifies when its instances are all ``live`` and it has at least ``p``; the
+    tables are taken in the order of the rows their qualifying groups cover (most first;
+    on a tie the base, then the newest), each giving its groups that share no instance
+    with a group taken before. A table other than the base gives none unless its
+    statistics are ``readable`` (the base's are recomputed where they are gone). One pass
+    over the store's groups (each group once, however many tables kept it), then each
+    table's list of groups, read mapped, not kept."""
+    if store.n_groups == 0:
+        return []
+    sizes = np.diff(store.offsets)
+    qualifies = (np.add.reduceat((~live[store.members]).astype(np.int64), store.offsets[:-1]) == 0) \
+        & (sizes >= p)
+    order = []
+    for record in store.tables:
+        is_base = base is not None and record["n"] == base["n"]
+        if not is_base and base is not None and readable is not None and not readable(record):
+            continue
+        groups = store.table_groups(record["n"], keep=False)
+        covered = int(sizes[groups][qualifies[groups]].sum()) if groups.size else 0
+        if covered:
+            order.append(((-covered, not is_base, -record["n"]), record))
+    taken = np.zeros(store.n_instances, dtype=bool)
+    chosen = np.zeros(store.n_groups, dtype=bool)
+    out = []
+    for _, record in sorted(order, key=lambda item: item[0]):
+        groups = store.table_groups(record["n"], keep=False)
+        candidates = np.flatnonzero(qualifies[groups] & ~chosen[groups])
+        if candidates.size == 0:
+            continue
+        offsets, members = store.members_csr(np.asarray(groups[candidates]))
+        free = np.add.reduceat(taken[members].astype(np.int64), offsets[:-1]) == 0
+        if free.any():
+            taken[members[np.repeat(free, np.diff(offsets))]] = True
+            chosen[groups[candidates[free]]] = True
+            out.append((record, candidates[free]))
+    return out
+
+
 def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waiting, attach,
-                 present=None, new_lineage: str = "", pair=None, new_instances=None) -> Plan:
+                 present=None, new_lineage: str = "", pair=None, new_instances=None,
+                 readable=None) -> Plan:
     """Group a version's rows by the rule of the module docstring.
 
     Parameters
@@ -180,6 +231,9 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
     new_instances : int array, optional
         The version's instances new to the store, linked here to the rows of the
         lineage it continues that left (``links.py``).
+    readable : callable (table record) -> bool, optional
+        Whether a table's statistics can still be read (its entry is there): only such a
+        table's groups are reused (None: every table's).
     """
     n = instance_of_row.size
     live = np.zeros(store.n_instances, dtype=bool)
@@ -195,47 +249,65 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
     store.see(instance_of_row, len(store.tables), store.lineage_code(lineage),
               None if base is None else base["n"])
     group_of_row = np.full(n, -1, dtype=np.int64)
-    kept = np.zeros(0, dtype=np.int64)
     record = {"rows": n, "base": None if base is None else base["n"]}
+    kept_from = _kept_groups(store, live, p, base, readable)
+    kept = np.concatenate([np.zeros(0, dtype=np.int64)] + [
+        store.table_groups(table["n"])[positions] for table, positions in kept_from])
+    offsets, members = store.members_csr(kept)
+    group_of_row[row_of[members]] = np.repeat(np.arange(kept.size), np.diff(offsets))
+    from_base = [pos for table, pos in kept_from if base is not None and table["n"] == base["n"]]
+    base_rows = 0
     if base is not None:
         base_groups = store.table_groups(base["n"])
         sizes = store.offsets[base_groups + 1] - store.offsets[base_groups]
         whole = _all_live(store, base_groups, live)
-        kept = np.flatnonzero(whole & (sizes >= p))
-        for position, g in enumerate(base_groups[kept].tolist()):
-            group_of_row[row_of[store.members[store.offsets[g]:store.offsets[g + 1]]]] = position
-        base_members = store.members_csr(base_groups)[1]
-        withdrawn = np.flatnonzero(~np.isin(np.arange(base_groups.size), kept))
-        record.update({"kept-groups": int(kept.size), "kept-rows": int(np.count_nonzero(group_of_row >= 0)),
+        base_kept = from_base[0] if from_base else np.zeros(0, dtype=np.int64)
+        base_rows = int(sizes[base_kept].sum())
+        withdrawn = np.flatnonzero(~(whole & (sizes >= p)))
+        record.update({"kept-groups": int(base_kept.size), "kept-rows": base_rows,
                        "withdrawn-groups": int(withdrawn.size),
                        "withdrawn-rows": int(sizes[withdrawn].sum()),
-                       "gone-rows": int(np.count_nonzero(~live[base_members]))})
-    new_members = _new_groups(store, instance_of_row, group_of_row, group_waiting, attach, p)
-    findings: list[str] = []
+                       "gone-rows": int(np.count_nonzero(~live[store.members_csr(base_groups)[1]]))})
+    record.update({"reused-groups": int(kept.size) - int(sum(pos.size for pos in from_base)),
+                   "reused-rows": int(np.count_nonzero(group_of_row >= 0)) - base_rows})
     pair_rows = None if pair is None else (lambda groups: pair([row_of[m] for m in groups]))
-    new_members, held, units = audited(store, list(new_members), p, present, findings,
-                                       pair_rows)
+    best = None
+    # units that lost rows and found no host make groups of whole units, the fewest units
+    # a group first, more while the audits hold any back (``joining.lost_group_units``)
+    for lost_units in joining.lost_group_units(p):
+        candidates, lost_alone = _new_groups(store, instance_of_row, group_of_row,
+                                             group_waiting, attach, p, lost_units)
+        findings: list[str] = []
+        passed, held, units = audited(store, list(candidates), p, present, findings, pair_rows)
+        answered = sum(m.size for m in passed)
+        if best is None or answered > best[0]:
+            best = (answered, passed, held, units, findings)
+        if held == 0 or not lost_alone:
+            break
+    _, new_members, held, units, findings = best
     new_members = GroupMembers.of(new_members)
     group_of_row[row_of[new_members.members]] = kept.size + np.repeat(
         np.arange(len(new_members), dtype=np.int64), new_members.sizes)
     record.update({"new-groups": len(new_members), "held-back": held,
                    "waiting": int(np.count_nonzero(group_of_row < 0))})
-    return Plan(group_of_row, kept, new_members, base, lineage, record, findings, units)
+    return Plan(group_of_row, kept, new_members, base, lineage, record, findings, units, kept_from)
 
 
 def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndarray,
-                group_waiting, attach, p: int = 2) -> list[np.ndarray]:
+                group_waiting, attach, p: int = 2, lost_units: int = 0) -> tuple[list, bool]:
     """The waiting rows' groups, as instance lists: the FRESH rows (never in a group, and
     no version of a row that was) are grouped among themselves; the other waiting rows
     (of withdrawn groups, with the new versions of their rows, or held back) are in
     UNITS, the rows of one earlier group together, each unit to the nearest fresh group
     of at least max(p, 3) rows that has room (``joining.join_units``; each earlier group
     reaches one new group only, which keeps the instances' audit's components small);
-    units withdrawn for a raised p, or corrected in the same features, that find no room
-    make groups of whole units among themselves; the others wait."""
+    units withdrawn for a raised p, or corrected in the same features, or (``lost_units``
+    of them a group) that lost rows, that find no room make groups of whole units among
+    themselves; the others wait. Also returns whether units that lost rows made such a
+    group."""
     waiting = np.flatnonzero(group_of_row < 0)
     if waiting.size == 0:
-        return []
+        return [], False
     disclosed = store.disclosed_groups()
     last_group = np.full(store.n_instances, -1, dtype=np.int64)
     if disclosed.size:
@@ -253,7 +325,7 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
     old = unit >= 0
     if not old.any():
         labels = group_waiting(None if waiting.size == group_of_row.size else waiting)
-        return _split(labels, instance_of_row[waiting])
+        return _split(labels, instance_of_row[waiting]), False
     fresh, earlier, unit = waiting[~old], waiting[old], unit[old]
     # fresh rows that units wait for are grouped at a host's size (``joining.host_size``)
     labels = group_waiting(fresh, joining.host_size(p)) if fresh.size \
@@ -269,9 +341,12 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
     kind = np.where(_all_live(store, units, live), joining.WHOLE,
                     np.where(_all_live(store, units, versioned), joining.CHANGED, joining.LOST))
     kind = _changed_kinds(store, units, kind, live)
-    attached = attach(earlier, unit, kind[np.searchsorted(units, unit)], fresh[grouped],
-                      labels[grouped])
-    return _split(np.concatenate([labels, attached]), instance_of_row[np.concatenate([fresh, earlier])])
+    kind_of_row = kind[np.searchsorted(units, unit)]
+    attached = attach(earlier, unit, kind_of_row, fresh[grouped], labels[grouped], lost_units)
+    hosts = int(labels.max()) + 1 if labels.size else 0
+    lost_alone = bool(np.any((kind_of_row == joining.LOST) & (attached >= hosts)))
+    return (_split(np.concatenate([labels, attached]), instance_of_row[np.concatenate([fresh, earlier])]),
+            lost_alone)
 
 
 def _changed_kinds(store: Store, units: np.ndarray, kind: np.ndarray, live: np.ndarray) -> np.ndarray:
