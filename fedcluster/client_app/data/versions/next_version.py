@@ -166,38 +166,45 @@ def _kept_groups(store: Store, live: np.ndarray, p: int, base: dict | None,
     tables are taken in the order of the rows their qualifying groups cover (most first;
     on a tie the base, then the newest), each giving its groups that share no instance
     with a group taken before. A table other than the base gives none unless its
-    statistics are ``readable`` (the base's are recomputed where they are gone). One pass
-    over the store's groups (each group once, however many tables kept it), then each
-    table's list of groups, read mapped, not kept."""
+    statistics are ``readable`` (the base's are recomputed where they are gone; asked only
+    of a table that would give groups). One pass over the store's groups (each group once,
+    however many tables kept it), then each table's list of groups (a large history's read
+    mapped, one table at a time)."""
     if store.n_groups == 0:
         return []
     sizes = np.diff(store.offsets)
     qualifies = (np.add.reduceat((~live[store.members]).astype(np.int64), store.offsets[:-1]) == 0) \
         & (sizes >= p)
+    # (a small history's tables are kept in memory; a large one's read mapped, one at a time)
+    keep = store.n_groups < KEEP_TABLES_BELOW
     order = []
     for record in store.tables:
         is_base = base is not None and record["n"] == base["n"]
-        if not is_base and base is not None and readable is not None and not readable(record):
-            continue
-        groups = store.table_groups(record["n"], keep=False)
+        groups = store.table_groups(record["n"], keep=keep)
         covered = int(sizes[groups][qualifies[groups]].sum()) if groups.size else 0
         if covered:
-            order.append(((-covered, not is_base, -record["n"]), record))
+            order.append(((-covered, not is_base, -record["n"]), record, is_base))
     taken = np.zeros(store.n_instances, dtype=bool)
     chosen = np.zeros(store.n_groups, dtype=bool)
     out = []
-    for _, record in sorted(order, key=lambda item: item[0]):
-        groups = store.table_groups(record["n"], keep=False)
+    for _, record, is_base in sorted(order, key=lambda item: item[0]):
+        groups = store.table_groups(record["n"], keep=keep)
         candidates = np.flatnonzero(qualifies[groups] & ~chosen[groups])
         if candidates.size == 0:
             continue
         offsets, members = store.members_csr(np.asarray(groups[candidates]))
         free = np.add.reduceat(taken[members].astype(np.int64), offsets[:-1]) == 0
-        if free.any():
-            taken[members[np.repeat(free, np.diff(offsets))]] = True
-            chosen[groups[candidates[free]]] = True
-            out.append((record, candidates[free]))
+        if not free.any() or (not is_base and base is not None and readable is not None
+                              and not readable(record)):
+            continue
+        taken[members[np.repeat(free, np.diff(offsets))]] = True
+        chosen[groups[candidates[free]]] = True
+        out.append((record, candidates[free]))
     return out
+
+
+#: Below this many groups in the history, :func:`_kept_groups` keeps the tables it reads.
+KEEP_TABLES_BELOW = 1 << 20
 
 
 def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waiting, attach,
