@@ -8,11 +8,12 @@ The rule (docs/explanation/privacy-model.md, "Versions"):
 2. **Kept.** A group of the base whose rows are all still there (the same instances:
    ``row_keys.py``) stays, its statistics bit for bit. A group that lost or changed a
    row is WITHDRAWN whole (as is one under a raised p): its other rows, with the new
-   versions of its changed rows, wait as one unit. Then a group of ANY other table of
-   the history, newest table first, whose rows are all there and none kept already,
-   stays too (REUSED: answering from a group answered from before, bit for bit, adds
-   nothing a coordinator could combine; two overlapping files read in turn by one
-   history hold back no row an earlier group covers).
+   versions of its changed rows, wait as one unit. A group of ANY other table of the
+   history whose rows are all there stays too (REUSED: answering from a group answered
+   from before, bit for bit, adds nothing a coordinator could combine; two overlapping
+   files read in turn by one history hold back no row an earlier group covers); where
+   groups of two tables overlap, the table covering more of the version's rows keeps
+   its groups (then the base, then the newest: ``_kept_groups``).
 3. **New.** The waiting rows that were never in a group and are no new version of a
    row that was (``links.py``) are grouped among themselves (``grouping.group_rows``);
    the other waiting rows (of a withdrawn group, with the new versions of its rows, or
@@ -20,8 +21,8 @@ The rule (docs/explanation/privacy-model.md, "Versions"):
    at least max(p, 3) fresh rows that has room (at most 3p such rows a group, or one
    larger former group alone: ``joining.py``, which says why this is safe); the others
    make groups of whole former groups (withdrawn for a raised p; corrected in the same
-   features; that lost rows, max(p, 3) of them a group), which the audit judges, or
-   wait. A former group's rows always move together.
+   features; in a version with no host at all, that lost rows: ``joining.lost_group_units``
+   of them a group), which the audit judges, or wait. A former group's rows always move together.
 4. **Audits.** Before the version answers anything, its new groups and their spread units
    go through the audits (``audited.py``): every table ever made (each counts as
    answered from), over row versions (``release/span_audit.py``) and over the cells'
