@@ -4,7 +4,8 @@
   ``[tool.flwr.app.config]`` and with ``RunConfig`` / ``NodeConfig`` (keys and defaults,
   types included);
 - every ```bash and ```python block is either run here, in a temporary directory, block
-  after block in page order, or marked on the line just before it with
+  after block in page order (the tutorials of ``WALKED`` one after another in one folder,
+  in tests/test_tutorial_walk.py), or marked on the line just before it with
   ``<!-- run by PATH[, PATH ...] -->`` (the files that exercise it; each must exist) or
   ``<!-- not run here: REASON -->`` (docs/index.md, "Conventions of these pages");
 - the README's Python example runs as it is, and its test command is CI's;
@@ -257,8 +258,11 @@ def run_block(block: Block, cwd: Path, namespace: dict) -> None:
             run_bash(line, cwd, block.where)
 
 
+# the tutorials a newcomer walks in order, in one folder: tests/test_tutorial_walk.py
+WALKED = ("docs/tutorials/first-simulation.md", "docs/tutorials/hospital-tables.md",
+          "docs/tutorials/omop-cohort.md", "docs/tutorials/first-deployment.md")
 RUN_HERE = {rel(page): [b for b in blocks(page) if b.language in CHECKED_LANGUAGES
-                        and b.marker is None] for page in PAGES}
+                        and b.marker is None] for page in PAGES if rel(page) not in WALKED}
 
 
 @pytest.mark.parametrize("page", [p for p, found in RUN_HERE.items() if found])

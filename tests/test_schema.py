@@ -222,3 +222,50 @@ def test_a_schema_names_its_own_missing_texts_and_keeps_its_hash_without(schema)
     header, columns = table(("p1", "NA", "40", "never", "a"), ("p2", "80", "50", "never", "b"))
     with pytest.raises(SiteDataError, match=r"site\.csv: row 1, column 'glucose': 'NA' is not a number"):
         encode_table(header, columns, own, "site.csv")
+
+
+def test_a_column_whose_rows_name_their_units_is_converted_row_by_row(schema):
+    """``unit-column`` (issue 55: an OMOP cohort's units): each row's value converted
+    from the unit its row names; a present value in a unit the column does not convert,
+    or with none, is an error naming the row, column, unit and the units accepted (never
+    pooled as the schema's unit); a header unit beside it is a contradiction; a schema
+    without the key hashes as before it existed."""
+    import hashlib
+
+    data = schema.model_dump(mode="json", by_alias=True)
+    legacy = json.loads(json.dumps(data))
+    legacy.pop("missing-tokens")
+    for column in legacy["columns"]:
+        assert column.pop("unit-column") is None
+    canonical = json.dumps(legacy, sort_keys=True, separators=(",", ":"))
+    assert schema_hash(schema) == hashlib.sha256(canonical.encode()).hexdigest()
+    data["columns"][1]["unit-column"] = "glucose unit"
+    mixed = parse_schema(data)
+    assert schema_hash(mixed) != schema_hash(schema)
+    header = ("patient_id", "glucose", "age", "smoking", "outcome", "glucose unit")
+    header_, columns = table(("p1", "12", "40", "never", "a", "mmol/L"),
+                             ("p2", "99", "50", "never", "b", "mg/dL"),
+                             ("p3", "", "60", "former", "a", ""), header=header)
+    encoded = encode_table(header_, columns, mixed, "site.csv")
+    glucose = encoded.X[:, encoded.names.index("glucose")]
+    assert glucose[0] == 12 * 18.0 and glucose[1] == 99.0 and np.isnan(glucose[2])
+    # the same table under the schema without unit-column would pool 12 mmol/L as mg/dL
+    plain = encode_table(header_, columns, schema, "site.csv")
+    plain = plain.X[:, plain.names.index("glucose")]
+    assert plain[0] == 12.0
+    for unit, expect in (("mg/L", r"5\.5 is in 'mg/L' \(1 row\(s\) in that unit\), which the "
+                                  r"schema does not convert for 'glucose' \(accepted units: "
+                                  r"mg/dL, mmol/L"),
+                         ("", r"5\.5 has no unit in column 'glucose unit'")):
+        _, bad = table(("p1", "5.5", "40", "never", "a", unit),
+                       ("p2", "99", "50", "never", "b", "mg/dL"), header=header)
+        with pytest.raises(SiteDataError, match=r"site\.csv: row 1, column 'glucose': " + expect):
+            encode_table(header_, bad, mixed, "site.csv")
+    with pytest.raises(SiteDataError, match=r"'glucose unit', which is not in the file"):
+        encode_table(*table(("p1", "5.5", "40", "never", "a")), mixed, "site.csv")
+    with pytest.raises(SiteDataError, match=r"gives one unit \('mmol/L'\) for the schema's "
+                                            r"'glucose', whose rows name their own"):
+        encode_table(["patient_id", "glucose [mmol/L]", *header[2:]], columns, mixed, "site.csv")
+    data["columns"][1]["unit-column"] = "age"
+    with pytest.raises(SchemaError, match=r"unit-column 'age' is a column of the schema"):
+        parse_schema(data, "schema.toml")

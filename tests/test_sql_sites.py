@@ -17,7 +17,8 @@
   message naming the key, the run goes on without them, and no password is in any
   output, log, ledger, cache or file.
 
-One PostgreSQL server for the module (about 1 s to start).
+One PostgreSQL server for the module (about 1 s to start); the tutorial's test starts its
+own, as a newcomer's (deploy/make-site-databases.sh makes its roles and databases).
 """
 
 from __future__ import annotations
@@ -215,24 +216,111 @@ def test_the_cohort_query_gives_the_demo_table_back(tmp_path):
         assert got["smoking status"] == [omop_demo.SMOKING[s][1].lower() if s else ""
                                          for s in want["smoking"]]
         for lab, (_, name, _) in omop_demo.LABS.items():  # the latest before the index date
-            np.testing.assert_array_equal(np.asarray(got[name], dtype=float), want[lab], lab)
+            units = np.asarray([u or "" for u in got[omop_demo.unit_column(lab)]])
+            present = ~np.isnan(want[lab])
+            assert (units[present] != "").all() and (units[~present] == "").all()
+            values = np.asarray(got[name], dtype=float)
+            own = units == clinical_demo._LABS[lab][0]
+            np.testing.assert_array_equal(values[own], want[lab][own], lab)
+            if lab in clinical_demo.OTHER_UNITS:  # glucose and creatinine: both units
+                other, factor = clinical_demo.OTHER_UNITS[lab]
+                assert 0.15 < (units[present] == other).mean() < 0.45, lab
+                np.testing.assert_allclose(values[units == other] * factor,
+                                           want[lab][units == other], rtol=1e-9)
+            else:
+                assert own[present].all(), lab
     # the schema reads the cohort; Table 1's names are the concepts'
     schema = (tmp_path / "schema.toml").read_text()
     assert '"Glucose [Mass/volume] in Serum or Plasma"' in schema
 
 
-def test_the_omop_tutorial_runs_on_postgres(pg, tmp_path, monkeypatch):
-    """The tutorial's PostgreSQL block, on the throwaway server (its host and port for
-    the tutorial's localhost:5432); the cohort it reads is the SQLite one's, cell by cell."""
+def test_the_cohort_converts_each_rows_unit_or_refuses_one_it_does_not_know(tmp_path):
+    """Issue 55: glucose and creatinine come in two units; the schema's unit-column
+    converts each row from its own (the encoded cohort equals the demo's values, in the
+    schema's units), and a latest value in a unit the schema does not convert fails the
+    site's start naming the column, the row and the unit, in site check and a run alike."""
+    import sqlite3
+
+    from fedcluster.common.datasets import SiteDataError
+    from fedcluster.common.schema import load_schema
+
+    _cli("partition", "--dataset", "clinical", "--format", "omop", "--num-sites", "2",
+         "--seed", "3", "--out", str(tmp_path))
+    schema = load_schema(tmp_path / "schema.toml")
+    db = tmp_path / "site-0.db"
+    node = {"data-url": f"sqlite:///{db}", "data-query-file": str(tmp_path / "cohort.sql"),
+            "schema-path": str(tmp_path / "schema.toml")}
+    data = load_sql_table(sql_reading(parse_node_config(node)), cache_dir=tmp_path / "cache")
+    want = clinical_demo._generate(2, 3)[0].columns
+    names = schema.feature_names()
+    for lab, (_, name, _) in omop_demo.LABS.items():
+        np.testing.assert_allclose(np.asarray(data.X)[:, names.index(name)], want[lab],
+                                   rtol=1e-9, err_msg=lab)
+    as_text = " ".join(f'{key}="{value}"' for key, value in node.items())
+    checked = _cli("site", "check", "--node-config", as_text)
+    glucose = omop_demo.LABS["glucose"][1]
+    (line,) = [ln for ln in checked.splitlines() if ln.startswith(glucose + " |")]
+    assert re.search(r"mg/dL \d+, mmol/L \d+ \(per row: glucose_unit\)", line), line
+    # the latest glucose of one person, recorded in mg/L: not a unit the schema converts
+    with sqlite3.connect(db) as conn:
+        person, measurement = conn.execute(
+            "SELECT person_id, measurement_id FROM measurement WHERE measurement_concept_id = ? "
+            "AND measurement_date <= ? ORDER BY person_id, measurement_date DESC, "
+            "measurement_id DESC LIMIT 1",
+            (omop_demo.LABS["glucose"][0], omop_demo.INDEX_DATE.isoformat())).fetchone()
+        conn.execute("UPDATE measurement SET unit_concept_id = ? WHERE measurement_id = ?",
+                     (omop_demo.UNITS["mg/L"], measurement))
+    row = person - 1_000_000  # the cohort's rows go by person_id: site 0's i-th is 10^6 + i
+    with pytest.raises(SiteDataError) as refused:
+        load_sql_table(sql_reading(parse_node_config(node)), cache_dir=tmp_path / "cache")
+    message = str(refused.value)
+    assert f"column {glucose!r}" in message and "'mg/L'" in message, message
+    assert "accepted units: mg/dL, mmol/L" in message and f"row {row}," in message, message
+    from fedcluster.cli import main as cli_main
+
+    assert cli_main(["site", "check", "--node-config", as_text]) != 0
+
+
+def test_the_omop_tutorial_runs_on_postgres(tmp_path, monkeypatch):
+    """The tutorial's PostgreSQL section on a server of its own, as a newcomer meets it:
+    deploy/make-site-databases.sh makes the sites' roles and databases (as the server's
+    administrator, the passwords into the password file), then its commands run (the
+    server's host and port for the tutorial's localhost:5432); the cohort it reads is the
+    SQLite one's, cell by cell."""
+    import os
+    import shlex
+    import subprocess
+
+    from pg_server import ADMIN, ADMIN_PASSWORD
     from test_docs import ROOT, blocks, commands
 
     page = ROOT / "docs" / "tutorials" / "omop-cohort.md"
-    (block,) = [b for b in blocks(page) if b.marker == ("run by", "tests/test_sql_sites.py")]
+    setup, block = [b for b in blocks(page) if b.marker == ("run by", "tests/test_sql_sites.py")]
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FEDCLUSTER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    monkeypatch.setenv("PGPASSFILE", str(_pgpass(tmp_path / "pgpass", pg, PASSWORDS)))
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "pgpass"))
+    with pg_server() as pg:
+        (line,) = commands(setup.code)
+        script, *names = shlex.split(line)
+        env = {**os.environ, "PATH": f"{pg.bin}{os.pathsep}{os.environ['PATH']}",
+               "PGPASSWORD": ADMIN_PASSWORD,
+               "ADMIN_PSQL": f"psql -h 127.0.0.1 -p {pg.port} -U {ADMIN}"}
+        made = subprocess.run([str(ROOT / script), "--host", "127.0.0.1", "--port", str(pg.port),
+                               *names], env=env, capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+        assert made.stdout.count("site database") == 3 == len(names)
+        again = subprocess.run([str(ROOT / script), "--port", str(pg.port), "site1"], env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode == 1 and "exists already" in again.stderr
+        assert (tmp_path / "pgpass").stat().st_mode & 0o777 == 0o600
+        _the_tutorials_postgres_block(pg, block, tmp_path)
+
+
+def _the_tutorials_postgres_block(pg, block, tmp_path) -> None:
     import shlex
+
+    from test_docs import commands
 
     lines = commands(block.code)
     assert [line.split()[1] for line in lines] == ["partition", "site", "simulate"]

@@ -16,6 +16,7 @@ as data (the text and the cost table); :func:`check`, the text.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from fedcluster.client_app.data.table_files import read_table, with_file_line
 from fedcluster.common.imputation import imputation_plan
 from fedcluster.common.schema import Schema, schema_hash
 from fedcluster.common.table_encoding import (
-    EncodedTable, cell_text, encode_table, match_columns, numeric_values,
+    EncodedTable, RowUnits, cell_text, encode_table, match_columns, numeric_values, row_units,
 )
 
 
@@ -67,10 +68,16 @@ def survey(header: list[str], columns: list[list[str]], schema: Schema, source: 
                 bucket = seen.levels if c in column.categories else seen.unlisted
                 bucket[c] = bucket.get(c, 0) + 1
         else:  # parsed and converted as a run does (its errors, too)
-            seen.unit = unit or column.unit
-            values = numeric_values(columns[j], column, unit, source, header[j],
+            units = row_units(unit, columns)
+            values = numeric_values(columns[j], column, units, source, header[j],
                                     missing=missing_tokens)
             seen.missing = int(np.isnan(values).sum())
+            seen.unit = unit or column.unit
+            if isinstance(unit, RowUnits):  # how many values came in each unit
+                found, counts = np.unique(np.asarray(units, dtype=object)[~np.isnan(values)]
+                                          .astype(str), return_counts=True)
+                seen.unit = (", ".join(f"{u} {n}" for u, n in zip(found, counts))
+                             + f" (per row: {unit.header})")
             if column.range is not None:
                 lo, hi = column.range
                 seen.out_of_range = int(((values < lo) | (values > hi)).sum())
@@ -317,6 +324,10 @@ def check(path, schema: Schema, declared_units: dict[str, str] | None = None,
     return report(path, schema, declared_units, floor, cache_dir, **cost_options).text
 
 
+# Flower's pattern for one key=value of --node-config (flwr.common.config.parse_config_args)
+_KEY_VALUE = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
+
+
 def checked_node_config(text: str):
     """The node config ``flower-supernode --node-config TEXT`` would start with, parsed as
     Flower parses it and validated as the site's ClientApp will (a ConfigError names the
@@ -330,6 +341,12 @@ def checked_node_config(text: str):
         values = parse_config_args([text])
     except click.ClickException as err:
         raise ValueError(f"--node-config: {err.message}") from None
+    if not text.strip().endswith(".toml"):  # what Flower's parser skips without a word
+        ignored = _KEY_VALUE.sub(" ", text).split()
+        if ignored:
+            raise ValueError(f"--node-config: {' '.join(ignored)!r} is not key=value; Flower "
+                             "skips such text without a word, so the SuperNode would start "
+                             "without it (the form: 'key1=\"text\" key2=3 key3=true')")
     node = parse_node_config(values)
     print(f"node config: valid ({', '.join(sorted(values)) or 'no keys: every default'})")
     return node

@@ -5,8 +5,8 @@ docs/tutorials/omop-cohort.md).
 Each site's patients (``clinical_demo.py``) become rows of five CDM tables, with the CDM's
 column names and types: ``person`` (year of birth, gender concept, the patient id as
 ``person_source_value``), ``measurement`` (13 labs and vitals under LOINC-style concept
-ids with their UCUM unit concepts; the latest on or before the index date is the demo's
-value, some have an earlier one, and a few a later one the cohort must not take; a
+ids with their UCUM unit concepts, glucose and creatinine partly in mmol/L and umol/L as
+hospitals record them; the latest on or before the index date is the demo's value, some have an earlier one, and a few a later one the cohort must not take; a
 missing cell of the demo has none), ``observation`` (tobacco smoking status, a concept
 value), ``condition_occurrence`` (the phenotype as a condition; the reference phenotype
 has none) and ``concept`` (every concept used, named).
@@ -14,7 +14,10 @@ has none) and ``concept`` (every concept used, named).
 :func:`cohort_query` turns them back into one row per person, as of the index date
 :data:`INDEX_DATE`: the person id, the condition (the label), age at index, sex and
 smoking status (their concepts' names), and the latest value of each lab, each column
-named by its concept's name, so Table 1 shows the concept names. The query is plain SQL
+named by its concept's name, so Table 1 shows the concept names, with the UCUM code of
+its unit beside it (``glucose_unit``): the schema's ``unit-column`` converts each row
+from its own unit, or refuses the site's table naming the row and the unit it cannot
+convert, so values in two units are never pooled as one. The query is plain SQL
 that SQLite and PostgreSQL both run (a window function, no date arithmetic).
 :func:`cohort_schema_toml` is the cohort's schema. The concept ids are in the style of
 the OMOP vocabulary's (the example's own ``concept`` table names them); they are no
@@ -50,7 +53,10 @@ LABS = {
     "bmi": (3038553, "Body mass index (BMI) [Ratio]", "39156-5"),
 }
 UNITS = {"mg/dL": 8840, "%": 8554, "mg/L": 8751, "g/dL": 8713, "mmol/L": 8753, "mmHg": 8876,
-         "kg/m2": 9531}
+         "kg/m2": 9531, "umol/L": 8749}
+#: The share of a site's glucose and creatinine measurements recorded in the other unit
+#: (``clinical_demo.OTHER_UNITS``).
+OTHER_UNIT_SHARE = 0.3
 GENDERS = {"female": (8532, "FEMALE"), "male": (8507, "MALE")}
 SMOKING_STATUS = (40766362, "Tobacco smoking status", "72166-2")
 SMOKING = {"never": (45879404, "Never smoker"), "former": (45883458, "Former smoker"),
@@ -147,6 +153,7 @@ def _days(rng: np.random.Generator, low: int, high: int) -> dt.timedelta:
 def cdm_rows(site, index: int, seed: int) -> dict[str, list[dict]]:
     """One demo site (``clinical_demo._Site``, values in the schema's units) as CDM rows."""
     rng = np.random.default_rng([seed, index, 46])
+    units_rng = np.random.default_rng([seed, index, 47])  # its own: the dates stay as they were
     cols = site.columns
     rows: dict[str, list[dict]] = {name: [] for name in CDM}
     for i in range(len(cols["patient_id"])):
@@ -161,7 +168,6 @@ def cdm_rows(site, index: int, seed: int) -> dict[str, list[dict]]:
             value = float(cols[lab][i])
             if np.isnan(value):
                 continue
-            unit = clinical_demo._LABS[lab][0]
             latest = INDEX_DATE - _days(rng, 0, 300)
             dated = [(latest, value)]
             if rng.random() < 0.5:  # an earlier value, which the cohort does not take
@@ -169,6 +175,10 @@ def cdm_rows(site, index: int, seed: int) -> dict[str, list[dict]]:
             if rng.random() < 0.1:  # one after the index date, which it must not take
                 dated.append((INDEX_DATE + _days(rng, 1, 200), round(value * rng.uniform(0.8, 1.2), 4)))
             for date, number in dated:
+                unit = clinical_demo._LABS[lab][0]
+                if lab in clinical_demo.OTHER_UNITS and units_rng.random() < OTHER_UNIT_SHARE:
+                    unit, factor = clinical_demo.OTHER_UNITS[lab]  # as the CSV demo writes it
+                    number = float(format(number / factor, ".10g"))
                 rows["measurement"].append({
                     "measurement_id": len(rows["measurement"]) + 1, "person_id": person,
                     "measurement_concept_id": concept, "measurement_date": date,
@@ -219,25 +229,38 @@ def write_omop(urls: list[str], n_sites: int, seed: int) -> list[dict[str, int]]
     return counts
 
 
+def unit_column(lab: str) -> str:
+    """The cohort's column that names the unit of each row's ``lab`` (a UCUM code)."""
+    return f"{lab}_unit"
+
+
 def cohort_query() -> str:
     """The cohort's SELECT (text for ``data-query-file``): one row per person, as of
-    :data:`INDEX_DATE`, each column named as Table 1 shows it."""
+    :data:`INDEX_DATE`, each column named as Table 1 shows it, and each lab's unit (the
+    UCUM code of its ``unit_concept_id``; empty when the concept table has none)."""
     day = INDEX_DATE.isoformat()
     ids = ", ".join(str(concept) for concept, _, _ in LABS.values())
     pivot = ",\n".join(f"    MAX(CASE WHEN measurement_concept_id = {concept} THEN value_as_number "
                        f'END) AS "{name}"' for concept, name, _ in LABS.values())
-    labs = ",\n".join(f'  labs."{name}"' for _, name, _ in LABS.values())
+    pivot += ",\n" + ",\n".join(f"    MAX(CASE WHEN measurement_concept_id = {concept} THEN "
+                                 f"unit_code END) AS {unit_column(lab)}"
+                                 for lab, (concept, _, _) in LABS.items())
+    labs = ",\n".join([*(f'  labs."{name}"' for _, name, _ in LABS.values()),
+                       *(f"  labs.{unit_column(lab)}" for lab in LABS)])
     return f"""-- One row per person of an OMOP CDM v5.4 database, as of the index date {day}:
 -- the person's id and condition (the label, kept at the site), age at index, sex and
 -- smoking status (their concepts' names), and the latest value of each lab on or before
--- the index date (a column per lab, named by its concept: Table 1 shows these names).
+-- the index date (a column per lab, named by its concept: Table 1 shows these names),
+-- and the unit each value is in (the UCUM code of its unit concept: the schema converts
+-- each row from it, and refuses a unit it does not know).
 WITH latest AS (
-  SELECT person_id, measurement_concept_id, value_as_number,
-         ROW_NUMBER() OVER (PARTITION BY person_id, measurement_concept_id
-                            ORDER BY measurement_date DESC, measurement_id DESC) AS recency
-  FROM measurement
-  WHERE measurement_date <= '{day}' AND value_as_number IS NOT NULL
-    AND measurement_concept_id IN ({ids})
+  SELECT m.person_id, m.measurement_concept_id, m.value_as_number, u.concept_code AS unit_code,
+         ROW_NUMBER() OVER (PARTITION BY m.person_id, m.measurement_concept_id
+                            ORDER BY m.measurement_date DESC, m.measurement_id DESC) AS recency
+  FROM measurement m
+  LEFT JOIN concept u ON u.concept_id = m.unit_concept_id
+  WHERE m.measurement_date <= '{day}' AND m.value_as_number IS NOT NULL
+    AND m.measurement_concept_id IN ({ids})
 ), labs AS (
   SELECT person_id,
 {pivot}
@@ -271,7 +294,9 @@ ORDER BY p.person_id
 
 def cohort_schema_toml() -> str:
     """The cohort's schema (TOML): the query's columns, the labs in the demo's units and
-    ranges, missing cells imputed with the pooled mean."""
+    ranges, each converted row by row from the unit its row names (``unit-column``; the
+    other units glucose and creatinine come in), missing cells imputed with the pooled
+    mean."""
     lines = ["# The OMOP cohort of fedcluster/common/omop_demo.py (the query: cohort.sql).",
              'missing = "impute-mean"', ""]
 
@@ -289,7 +314,11 @@ def cohort_schema_toml() -> str:
            "missing-indicator = true")
     for lab, (_, name, _) in LABS.items():
         unit, (lo, hi) = clinical_demo._LABS[lab][:2]
-        column(name, f"unit = {json.dumps(unit)}", f"range = [{lo!r}, {hi!r}]")
+        body = [f"unit = {json.dumps(unit)}", f"unit-column = {json.dumps(unit_column(lab))}"]
+        if lab in clinical_demo.OTHER_UNITS:
+            other, factor = clinical_demo.OTHER_UNITS[lab]
+            body.append(f"units = {{ {json.dumps(other)} = {factor!r} }}")
+        column(name, *body, f"range = [{lo!r}, {hi!r}]")
     return "\n".join(lines)
 
 

@@ -33,7 +33,10 @@ Example (TOML)::
     missing-indicator = true         # adds a 0/1 column "smoking missing"
 
 A site whose file holds a column in another declared unit says so in the header
-(``glucose [mmol/L]`` or ``glucose (mmol/L)``) or in its node config.
+(``glucose [mmol/L]`` or ``glucose (mmol/L)``) or in its node config. A table whose rows
+carry their own units (an OMOP cohort: each measurement's ``unit_concept_id``) names the
+column that holds them: ``unit-column = "glucose_unit"``; each row's value is converted
+by its own unit, and a row in a unit the column does not convert is an error naming it.
 
 Errors: :class:`SchemaError` (the schema file itself; the message names the key) and
 ``SiteDataError`` (a table that does not fit; the message names file, row, column and
@@ -80,7 +83,9 @@ class Column(_Strict):
     ``categories``), ``id`` (dropped before anything else), ``label`` (kept at the site for
     evaluation), ``ignore`` (dropped). ``units`` maps each other accepted unit to the factor
     (and ``unit-offsets`` the offset) that takes a value in it to ``unit``:
-    value_in_unit = value * factor + offset. ``category-weight``: the value of a one-hot
+    value_in_unit = value * factor + offset. ``unit-column``: the table column that names
+    each row's unit (its cells: ``unit`` or a key of ``units``; an empty cell beside a
+    value is an error), for tables whose rows are in mixed units. ``category-weight``: the value of a one-hot
     column's 1 (default 1: two rows in different levels are at squared distance 2, the
     expected squared distance of two random rows on a standardised numeric column,
     whatever the number of levels).
@@ -92,6 +97,7 @@ class Column(_Strict):
     unit: str | None = None
     units: dict[str, float] = {}
     unit_offsets: dict[str, float] = {}
+    unit_column: str | None = None
     range: tuple[float, float] | None = None
     out_of_range: Literal["error", "clip"] = "error"
     categories: tuple[str, ...] = ()
@@ -117,6 +123,11 @@ class Column(_Strict):
             raise ValueError(f"{where}: categories and other are for categorical columns")
         if self.type != "numeric" and (self.units or self.range is not None or self.unit):
             raise ValueError(f"{where}: unit, units and range are for numeric columns")
+        if self.type != "numeric" and self.unit_column is not None:
+            raise ValueError(f"{where}: unit-column is for numeric columns")
+        if self.unit_column is not None and self.unit is None:
+            raise ValueError(f"{where}: unit-column names each row's unit, so the column "
+                             "needs the unit it converts to (unit)")
         if self.units and self.unit is None:
             raise ValueError(f"{where}: units converts to unit, which is not given")
         for unit, factor in self.units.items():
@@ -163,6 +174,11 @@ class Schema(_Strict):
                     raise ValueError(f"the name {name!r} is used by columns {seen[key]!r} and "
                                      f"{column.name!r}")
                 seen[key] = column.name
+        for column in self.columns:
+            if column.unit_column is not None and normalise(column.unit_column) in seen:
+                raise ValueError(f"column {column.name!r}: unit-column "
+                                 f"{column.unit_column!r} is a column of the schema; it names "
+                                 "the table column that holds each row's unit")
         if sum(c.type == "label" for c in self.columns) > 1:
             raise ValueError("more than one column has type 'label'")
         if not any(c.is_feature for c in self.columns):
@@ -275,8 +291,12 @@ def schema_hash(schema: Schema) -> str:
     """sha256 of the schema's canonical JSON (the validated content, not the file's
     layout): two sites agree exactly when their hashes are equal."""
     content = schema.model_dump(mode="json", by_alias=True)
-    if content.get("missing-tokens") is None:  # (a schema without it hashes as before it was)
+    # keys added later hash, when a schema does not use them, as before they were
+    if content.get("missing-tokens") is None:
         content.pop("missing-tokens", None)
+    for column in content["columns"]:
+        if column.get("unit-column") is None:
+            column.pop("unit-column", None)
     canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -9,8 +9,9 @@ data row), column and value:
    schema lists and the file lacks is an error naming it; a file column the schema does
    not list is not read.
 2. **Numeric**: parsed (a cell in :data:`schema.MISSING_TOKENS` is missing), converted
-   from the file's unit to the schema's (``units``), checked against ``range`` (error, or
-   clipped with ``out-of-range = "clip"``).
+   from the file's unit to the schema's (``units``; with ``unit-column``, each row from
+   the unit its row names, an unconvertible or absent one an error), checked against
+   ``range`` (error, or clipped with ``out-of-range = "clip"``).
 3. **Categorical**: one-hot against the schema's levels (``category-weight`` for the 1);
    an unlisted value is an error unless the column has an ``other`` level.
 4. **Missing cells**: ``error`` names the first; ``drop-row`` drops the row; the
@@ -28,6 +29,23 @@ from fedcluster.common.datasets import SiteDataError
 from fedcluster.common.schema import MISSING_TOKENS, Column, Schema, normalise, split_unit
 
 _MISSING = frozenset(MISSING_TOKENS)
+
+
+@dataclass(frozen=True)
+class RowUnits:
+    """A column whose rows name their own units (schema ``unit-column``): the header
+    index and name of the column that holds them (:func:`match_columns`)."""
+
+    index: int
+    header: str
+
+
+def row_units(unit, columns: list) -> str | list[str] | None:
+    """The unit(s) a column's values are in: ``unit`` as :func:`match_columns` found it,
+    with a :class:`RowUnits` replaced by its cells' texts (one per row)."""
+    if isinstance(unit, RowUnits):
+        return [cell_text(c) for c in columns[unit.index]]
+    return unit
 
 
 @dataclass
@@ -99,6 +117,20 @@ def match_columns(header: list[str], schema: Schema, source: str,
             raise SiteDataError(f"{source}: a unit is declared for {name!r}, which is not a "
                                 "column of this file")
         found[name] = (found[name][0], unit)
+    for column in schema.columns:
+        if column.unit_column is None or column.name not in found:
+            continue
+        j, unit = found[column.name]
+        if unit is not None:
+            raise SiteDataError(f"{source}: column {header[j]!r} gives one unit ({unit!r}) for "
+                                f"the schema's {column.name!r}, whose rows name their own in "
+                                f"column {column.unit_column!r} (schema unit-column)")
+        at = [k for k, cell in enumerate(header) if normalise(cell) == normalise(column.unit_column)]
+        if not at:
+            raise SiteDataError(f"{source}: the schema's {column.name!r} takes each row's unit "
+                                f"from column {column.unit_column!r}, which is not in the file "
+                                f"(its columns: {', '.join(header)})")
+        found[column.name] = (j, RowUnits(at[0], header[at[0]]))
     lacking = [c.name for c in schema.columns if c.type != "ignore" and c.name not in found]
     if lacking:
         raise SiteDataError(f"{source}: the schema's column(s) {', '.join(map(repr, lacking))} "
@@ -106,20 +138,51 @@ def match_columns(header: list[str], schema: Schema, source: str,
     return found
 
 
+def _accepted(column: Column) -> str:
+    return ", ".join([column.unit or "(none)", *column.units])
+
+
 def _factor(column: Column, unit: str | None, source: str) -> tuple[float, float]:
     if unit is None or unit == column.unit:
         return 1.0, 0.0
     if unit not in column.units:
-        accepted = ", ".join([column.unit or "(none)", *column.units])
         raise SiteDataError(f"{source}: column {column.name!r} is in {unit!r}, which the schema "
-                            f"does not convert (accepted units: {accepted})")
+                            f"does not convert (accepted units: {_accepted(column)})")
     return column.units[unit], column.unit_offsets.get(unit, 0.0)
+
+
+def _row_factors(values: np.ndarray, units: list[str], column: Column, source: str,
+                 header: str, first_row: int, missing: frozenset):
+    """Per row, the factor and offset that take its value to the schema's unit (schema
+    ``unit-column``); a present value whose unit is absent or not converted is an error
+    naming its row, the unit and how many rows share the problem."""
+    factor, offset = np.ones(values.size), np.zeros(values.size)
+    present = ~np.isnan(values)
+    texts = np.asarray(units, dtype=object)
+    for unit in set(texts[present].tolist()):
+        rows = present & (texts == unit)
+        first = int(np.flatnonzero(rows)[0])
+        where = f"{source}: row {first_row + first + 1}, column {header!r}: {values[first]:g}"
+        if unit in missing:
+            raise SiteDataError(f"{where} has no unit in column {column.unit_column!r} "
+                                f"({int(rows.sum())} such row(s)); the schema converts from "
+                                f"{_accepted(column)}")
+        if unit != column.unit and unit not in column.units:
+            raise SiteDataError(f"{where} is in {unit!r} ({int(rows.sum())} row(s) in that "
+                                f"unit), which the schema does not convert for {column.name!r} "
+                                f"(accepted units: {_accepted(column)}; add it to the column's "
+                                "units with its factor, or leave such rows out of the query)")
+        if unit != column.unit:
+            factor[rows] = column.units[unit]
+            offset[rows] = column.unit_offsets.get(unit, 0.0)
+    return factor, offset
 
 
 def numeric_values(cells, column: Column, unit, source: str, header: str,
                    first_row: int = 0, missing: frozenset = _MISSING) -> np.ndarray:
     """A numeric column's cells parsed and converted to the schema's unit (NaN: missing),
-    before its range is applied. A numpy array of numbers (a Parquet column, a database's)
+    before its range is applied. ``unit``: the file's unit for the column (None: the
+    schema's), or per row (:func:`row_units`). A numpy array of numbers (a Parquet column, a database's)
     is taken whole, NaN missing; ``first_row``: the table's rows before these cells (a
     table read in chunks names its rows from 1 all the same; ``missing``: the cell texts
     read as missing, the schema's ``missing_cells``)."""
@@ -132,7 +195,10 @@ def numeric_values(cells, column: Column, unit, source: str, header: str,
         i = int(np.flatnonzero(infinite)[0])
         raise SiteDataError(f"{source}: row {first_row + i + 1}, column {header!r}: {cells[i]!s} "
                             "is not a finite number")
-    factor, offset = _factor(column, unit, source)
+    if isinstance(unit, list):
+        factor, offset = _row_factors(values, unit, column, source, header, first_row, missing)
+    else:
+        factor, offset = _factor(column, unit, source)
     return values * factor + offset
 
 
@@ -223,7 +289,7 @@ def encode_table(header: list[str], columns: list, schema: Schema, source: str,
         if not column.is_feature:
             continue
         j, unit = where[column.name]
-        cells = columns[j]
+        unit, cells = row_units(unit, columns), columns[j]
         if column.type == "numeric":
             block = _numeric(cells, column, unit, source, header[j], first_row,
                              schema.missing_cells)[:, None]
