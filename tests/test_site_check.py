@@ -185,4 +185,17 @@ def test_a_node_config_is_checked_before_a_supernode_starts_with_it(tmp_path, sc
                  f'data-path="{plain}" cache-dir="{cache}" columns="a,c"']) == 0
     out = capsys.readouterr().out
     assert f"{plain}: 3 rows, 2 features, read as the site will read them" in out
+    assert "every reply is a function of 1 groups of at least 2 rows" in out
     assert not cache.exists()
+    # --record answers from it (its history in cache-dir); a grown file's new row then
+    # waits for a group of its own, which the check shows before the site joins with it
+    config = f'data-path="{plain}" cache-dir="{cache}" columns="a,c"'
+    assert main(["site", "check", "--node-config", config, "--record"]) == 0
+    assert (cache / "groups").is_dir()
+    capsys.readouterr()
+    plain.write_text("a,b,c\n1,2,3\n4,5,6\n7,8,9\n10,11,12\n")
+    before = sorted(p.name for p in (cache / "groups").rglob("*"))
+    assert main(["site", "check", "--node-config", config]) == 0
+    out = capsys.readouterr().out
+    assert "answers from 3 of its 4 usable rows; 1 row(s) wait, in no group" in out, out
+    assert sorted(p.name for p in (cache / "groups").rglob("*")) == before  # nothing written

@@ -352,21 +352,29 @@ def checked_node_config(text: str):
     return node
 
 
-def read_as_the_site_will(node) -> str:
+def read_as_the_site_will(node, record: bool = False) -> str:
     """A node config without a schema: its data file read as the site's ClientApp will
-    read it (columns, label, id), its cache made in a scratch directory (nothing of the
-    site's own cache or history is written); what was read."""
-    import tempfile
-
+    read it (columns, label, id), its parsed cache made in a scratch directory; what was
+    read, and the groups the site would answer from next, with its rows waiting or held
+    back against its answered history (its ``cache-dir``, else the default cache; a
+    scratch copy of it unless ``record``, as :func:`report`)."""
     from fedcluster.client_app.app import load_site
+    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data.site_data import default_cache_dir, in_history
     from fedcluster.common.config import run_config_defaults
 
     with tempfile.TemporaryDirectory(prefix="fedcluster-check-") as scratch:
         site, _ = load_site(node.model_copy(update={"cache_dir": scratch}),
                             run_config_defaults())
+        site = in_history(site, node.history)
         rows, features = site.X.shape
-    return (f"{node.data_path}: {rows} rows, {features} features, read as the site will read "
-            "them (no schema-path: --schema checks the file against the agreed schema)")
+        lines = [f"{node.data_path}: {rows} rows, {features} features, read as the site will "
+                 "read them (no schema-path: --schema checks the file against the agreed "
+                 "schema)", ""]
+        with _history_to_use(node.cache_dir or default_cache_dir(), record) as groups_dir:
+            groups, _ = group_table.site_groups(site, node.min_cluster_size, groups_dir)
+            lines += format_groups(groups)
+    return "\n".join(lines).rstrip("\n")
 
 
 def with_node_config(given: dict, node) -> dict:
@@ -392,7 +400,7 @@ def command(args) -> int:
         if args.data is None and not units:
             return 0  # a node config without data to check: valid is all there is to say
         if args.schema is None and node.data_path is not None:
-            print(read_as_the_site_will(node))
+            print(read_as_the_site_will(node, record=args.record))
             return 0
     if args.schema is None:
         raise ValueError("site check needs the schema (--schema, or --node-config's schema-path)")
