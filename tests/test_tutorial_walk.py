@@ -10,7 +10,12 @@ after it (a block that starts with ``...`` shows the output's last lines; a day 
 YYYY-MM-DD) and exits as the page says (``|| true``: it fails); every run answers from all
 of each site's usable rows (an earlier tutorial's history in the shared cache must not
 hold any back: the case that filed the issue). The steps a page marks run by
-tests/test_deployment.py (real SuperLink and SuperNodes) run there.
+tests/test_deployment.py (real SuperLink and SuperNodes) run there, where the run equals
+the in-process run on the same files and node configs (1e-9, Table 1 included); here the
+hospital-tables page's figures are those of that in-process run, made in the same folder
+with the same default cache: its summary lines, its rounds, its Table 1 excerpts at p 2
+and p 10 and the adjusted Rand indices its prose quotes (p 1, 2 and 10). The same holds
+for first-simulation's listing of a run's files and its Table 1 excerpt.
 """
 
 from __future__ import annotations
@@ -82,4 +87,66 @@ def test_the_tutorials_in_order_in_one_folder(tmp_path, monkeypatch):
                         f"{block.where}: {line}: {site_rows}"
                     runs += 1
         assert shown == SHOWN.get(page, 0), page
+        if page.endswith("first-simulation.md"):
+            _first_simulation_as_printed(found, tmp_path)
+        if page.endswith("hospital-tables.md"):
+            _hospital_runs_as_printed(found, tmp_path)
     assert runs == 4  # first-simulation 2, omop-cohort 2 (the clinical tables, the cohort)
+
+
+def _text_after(found, starts: str, nth: int = 0) -> str:
+    return [b.code for b in found if b.language == "text" and b.code.startswith(starts)][nth]
+
+
+def _every_line_in(excerpt: str, text: str, where: str) -> None:
+    text = text.replace("\u2003", " ")  # (Table 1 indents a level with an em space)
+    lines = set(text.splitlines())
+    missing = [line for line in excerpt.replace("\u2003", " ").splitlines() if line not in lines]
+    assert not missing, (f"{where}: not in the run's output:\n" + "\n".join(missing)
+                         + "\nthe run's:\n" + text)
+
+
+def _first_simulation_as_printed(found, tmp_path) -> None:
+    run = tmp_path / "outputs" / "first"
+    assert _text_after(found, "checkpoint").split() == sorted(p.name for p in run.iterdir())
+    _every_line_in(_text_after(found, "| Characteristic"), (run / "table1.md").read_text(),
+                   "first-simulation's Table 1")
+
+
+def _hospital_runs_as_printed(found, tmp_path) -> None:
+    """The deployment run of the page (its node configs and `flwr run` config), in
+    process: the figures the page prints."""
+    import csv
+
+    from fedcluster.server_app.outputs import table_lines
+    from fedcluster.simulation import run_in_process
+
+    page = (ROOT / "docs" / "tutorials" / "hospital-tables.md").read_text()
+    schema = str(tmp_path / "clinical" / "schema.toml")
+    config = {"n-clusters": 4, "min-sites": 3, "scale": "standard", "schema": schema}
+    (run_line,) = [ln for b in found for ln in commands(b.code) if ln.startswith("flwr run")]
+    assert '--run-config "n-clusters=4 min-sites=3 scale=\\"standard\\" schema=' in run_line
+    ari = {}
+    for floor in (2, 1, 10):  # the page's run, its rows answered from one by one, then p 10
+        nodes = [{"data-path": str(tmp_path / "clinical" / f"site-{i}.csv"), "schema-path": schema,
+                  "site-id": str(i), **({} if floor == 2 else {"min-cluster-size": floor}),
+                  # at p 10 each site with a cache of its own, as the page says
+                  **({"cache-dir": str(tmp_path / "p10-cache" / f"site-{i}")} if floor == 10
+                     else {})}
+                 for i in range(3)]
+        out = tmp_path / f"hospital-p{floor}"
+        result = run_in_process(nodes, {**config, "output-dir": str(out), "run-name": "run"})
+        ari[floor] = f"{result.metrics['ari']:.2f}"
+        table1 = (out / "run" / "table1.md").read_text()
+        if floor == 2:
+            assert "\n".join(table_lines(result.metrics["table"])) == \
+                _text_after(found, "  table schema sha256").rstrip("\n")
+            with open(out / "run" / "history.csv", newline="") as f:
+                rounds = [f"{row['round']},{row['task']}" for row in csv.DictReader(f)]
+            assert ["round,task", *rounds] == _text_after(found, "round,task").split()
+            _every_line_in(_text_after(found, "| Characteristic", 0), table1, "Table 1 at p 2")
+        if floor == 10:
+            _every_line_in(_text_after(found, "| Characteristic", 1), table1, "Table 1 at p 10")
+    assert f"adjusted Rand\nindex {ari[2]} against" in page or f"adjusted Rand index {ari[2]} against" in page, ari
+    assert f"`min-cluster-size=1`, gives {ari[1]})" in page, ari
+    assert f"(adjusted Rand index {ari[10]},\nagainst {ari[2]})" in page, ari

@@ -350,7 +350,8 @@ class SiteClient(NumPyClient):
             self._check_policy(task, config)
             groups = self._load()
             groups_digest = groups.digest[:16]
-            site_policy.check_site_rows(self.node, groups.n_rows, groups.waiting)
+            site_policy.check_site_rows(self.node, groups.n_rows, groups.waiting,
+                                        groups.held_back, groups.held_back_why)
             rows = PrivateRows(self._site.X, self._grouped, groups.source)
             with self._budget_ledger(config) as budget_ledger:
                 rho, budget = self._charge(budget_ledger, task, config)

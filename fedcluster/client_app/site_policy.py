@@ -72,15 +72,25 @@ def check_algorithm(node: NodeConfig, algorithm: str) -> None:
         )
 
 
-def check_site_rows(node: NodeConfig, n_rows: int, waiting: int = 0) -> None:
+def check_site_rows(node: NodeConfig, n_rows: int, waiting: int = 0, held_back: int = 0,
+                    held_back_why: str = "") -> None:
     """Refuse every task of a site with fewer than ``min-site-rows`` rows in groups
-    (``waiting``: its rows in no group yet, fewer than its ``min-cluster-size``).
+    (``waiting``: its rows in no group yet, ``held_back`` of them by the versions audit
+    for ``held_back_why``).
 
     Raises
     ------
     PolicyRefusal
-        Naming the policy, the site's size and the minimum.
+        Naming the policy, the site's size and the minimum; or, where the versions audit
+        held back every row, the audit's finding.
     """
+    if n_rows == 0 and held_back:
+        raise PolicyRefusal(
+            f"the versions audit held back {held_back} of this site's {waiting} usable row(s) "
+            f"({held_back_why}), so it answers nothing: these rows were answered from before "
+            "in other groups (another file of the same columns, or a lower min-cluster-size), "
+            "and no grouping of them found was safe to answer from besides; a later version "
+            "with new rows tries again (docs/explanation/privacy-model.md, Versions)")
     if n_rows + waiting >= node.min_site_rows and n_rows == 0:
         raise PolicyRefusal(
             f"site policy min-cluster-size={node.min_cluster_size}: this site holds {waiting} "
