@@ -5,9 +5,14 @@
 # Usage: deploy/start-superlink.sh CREDENTIALS_DIR STATE_DIR [extra flower-superlink flags]
 # Environment (defaults):
 #   FEDCLUSTER_BIND=0.0.0.0       address the SuperLink listens on
-#   FEDCLUSTER_FLEET_PORT=9092    gRPC Fleet API: the sites connect here (open it to them)
-#   FEDCLUSTER_CONTROL_PORT=8000  Control API (flwr run / flwr supernode register): keep
-#                                 it reachable only from the operator's machine
+#   FEDCLUSTER_FLEET_PORT=9092    Flower 1.39: the gRPC Fleet API, where the sites connect
+#                                 (open it to them)
+#   FEDCLUSTER_CONTROL_PORT=8000  Control API (flwr run / flwr supernode register); under
+#                                 1.39 keep it reachable only from the operator's machine.
+#                                 Flower 1.40 and later serve the Fleet API here too (over
+#                                 HTTP): the sites connect to this port, and a firewall or
+#                                 reverse proxy must let them reach only the Fleet API's
+#                                 paths (docs/how-to/multi-site-tls.md, "Ports")
 set -euo pipefail
 
 if [ "$#" -lt 2 ]; then
@@ -23,6 +28,17 @@ done
 mkdir -p "$state"
 bind=${FEDCLUSTER_BIND:-0.0.0.0}
 
+# The installed Flower decides the layout: 1.39's Fleet API is gRPC on a port of its own
+version=$(flower-superlink --version 2>/dev/null | sed -n 's/^Flower version: \([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
+read -r major minor <<< "${version:-1 39}"
+fleet=()
+if [ "$major" -eq 1 ] && [ "$minor" -lt 40 ]; then
+    fleet=(--fleet-api-type grpc-rere --fleet-api-address "$bind:${FEDCLUSTER_FLEET_PORT:-9092}")
+    echo "Flower $major.$minor: the sites connect to the gRPC Fleet API on port ${FEDCLUSTER_FLEET_PORT:-9092}" >&2
+else
+    echo "Flower $major.$minor: the sites connect to the Fleet API (HTTP) on port ${FEDCLUSTER_CONTROL_PORT:-8000}, the Control API's" >&2
+fi
+
 exec flower-superlink \
     --ssl-ca-certfile "$creds/ca.crt" \
     --ssl-certfile "$creds/server.pem" \
@@ -30,8 +46,7 @@ exec flower-superlink \
     --enable-supernode-auth \
     --database "$state/superlink.db" \
     --disable-runtime-dependency-installation \
-    --fleet-api-type grpc-rere \
-    --fleet-api-address "$bind:${FEDCLUSTER_FLEET_PORT:-9092}" \
+    ${fleet[@]+"${fleet[@]}"} \
     --host "$bind" \
     --port "${FEDCLUSTER_CONTROL_PORT:-8000}" \
     "$@"

@@ -26,6 +26,7 @@ them together for one test.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import re
@@ -53,6 +54,13 @@ SPEEDUPS_DIR = Path(__file__).resolve().parent / "flower_speedups"
 LOG_TAIL_LINES = 60
 CHILD_EXIT_GRACE = 10.0  # seconds Flower's children get to exit after their parent
 SUPERNODE_ID = re.compile(r"SuperNode ID: (\d+)")
+#: The installed Flower, (major, minor). Flower 1.39 serves the Fleet API (the sites'
+#: connection) over gRPC on a port of its own; 1.40 and later over HTTP on the
+#: SuperLink's ``--port``, beside its Control and Runtime APIs (issue 58).
+FLWR_VERSION = tuple(int(part) for part in importlib.metadata.version("flwr").split(".")[:2])
+HTTP_FLEET = FLWR_VERSION >= (1, 40)
+#: The port ``deploy/start-superlink.sh`` serves the sites on, by default.
+DEPLOY_FLEET_PORT = 8000 if HTTP_FLEET else 9092
 SUPEREXEC_STARTED = re.compile(r"Starting Flower SuperExec")
 
 # Processes started by flower_process() that are still running: run_flwr() shows the
@@ -543,11 +551,14 @@ def superlink(
     by ``deploy/make-credentials.sh``) over TLS with its ``server.pem``, else insecure.
 
     Simulation: the Control and Runtime HTTP APIs on one port, Ray behind it.
-    Deployment: the same, plus the gRPC (grpc-rere) Fleet API on a second port.
+    Deployment: the same, plus the Fleet API: under Flower 1.39 gRPC (grpc-rere) on a
+    second port, from 1.40 HTTP on the same port (:data:`HTTP_FLEET`).
     Runtime dependency installation is off: runs use this test's environment.
     """
     if simulation:
         control_port, fleet_port = free_port(), None
+    elif HTTP_FLEET:
+        control_port = fleet_port = free_port()
     else:
         control_port, fleet_port = free_ports(2)
     security = (["--insecure"] if tls is None else
@@ -564,9 +575,9 @@ def superlink(
     ]
     if simulation:
         argv.append("--simulation")
-    else:
+    elif not HTTP_FLEET:
         argv += ["--fleet-api-type", "grpc-rere", "--fleet-api-address", f"127.0.0.1:{fleet_port}"]
-    ready = [control_port] + ([fleet_port] if fleet_port else [])
+    ready = [control_port] + ([fleet_port] if fleet_port not in (None, control_port) else [])
     # Ready once its SuperExec (which will start the ServerApp) is up, too.
     with flower_process(
         name, argv, log_dir=log_dir, env=env, ready_ports=ready, ready_log=SUPEREXEC_STARTED
@@ -590,7 +601,8 @@ def supernode(
     extra_args: Iterable[str] = (),
     root_certificates: Path | None = None,
 ) -> Iterator[FlowerProcess]:
-    """A ``flower-supernode`` connected to ``fleet_address`` (gRPC grpc-rere; over TLS
+    """A ``flower-supernode`` connected to ``fleet_address`` (gRPC grpc-rere under Flower
+    1.39, HTTP from 1.40; over TLS
     trusting ``root_certificates`` when given, else insecure) with its own ClientAppIo port; ready when that port is open and the node logged its
     SuperNode ID (``.ready_match.group(1)``), i.e. the SuperLink has activated it.
     ``extra_args`` are appended to its command line (e.g. ``--trusted-entities FILE``)."""
@@ -599,7 +611,7 @@ def supernode(
         "flower-supernode",
         *(["--insecure"] if root_certificates is None
           else ["--root-certificates", str(root_certificates)]),
-        "--grpc-rere",
+        *([] if HTTP_FLEET else ["--grpc-rere"]),
         "--superlink",
         fleet_address,
         "--host",

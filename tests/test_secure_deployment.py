@@ -76,7 +76,7 @@ class Federation:
 
     def start_site(self, site: str, data: Path, *, wait: bool = True) -> fp.FlowerProcess:
         argv = [*self.net.exec_prefix(site), "bash", str(DEPLOY / "start-site.sh"), site,
-                str(data), f"{self.net.address['superlink']}:9092",
+                str(data), f"{self.net.address['superlink']}:{fp.DEPLOY_FLEET_PORT}",
                 str(self.creds / "ca.crt"), str(self.creds / "sites" / site)]
         proc = self.bed.stack.enter_context(fp.flower_process(
             site, argv, log_dir=self.bed.log_dir, env={**self.bed.env,

@@ -125,7 +125,8 @@ def match_columns(header: list[str], schema: Schema, source: str,
             raise SiteDataError(f"{source}: column {header[j]!r} gives one unit ({unit!r}) for "
                                 f"the schema's {column.name!r}, whose rows name their own in "
                                 f"column {column.unit_column!r} (schema unit-column)")
-        at = [k for k, cell in enumerate(header) if normalise(cell) == normalise(column.unit_column)]
+        at = [k for k, cell in enumerate(header)
+              if normalise(cell) == normalise(column.unit_column)]
         if not at:
             raise SiteDataError(f"{source}: the schema's {column.name!r} takes each row's unit "
                                 f"from column {column.unit_column!r}, which is not in the file "
@@ -159,7 +160,7 @@ def _row_factors(values: np.ndarray, units: list[str], column: Column, source: s
     factor, offset = np.ones(values.size), np.zeros(values.size)
     present = ~np.isnan(values)
     texts = np.asarray(units, dtype=object)
-    for unit in set(texts[present].tolist()):
+    for unit in dict.fromkeys(texts[present].tolist()):  # by first row, so an error names it
         rows = present & (texts == unit)
         first = int(np.flatnonzero(rows)[0])
         where = f"{source}: row {first_row + first + 1}, column {header!r}: {values[first]:g}"
@@ -182,10 +183,10 @@ def numeric_values(cells, column: Column, unit, source: str, header: str,
                    first_row: int = 0, missing: frozenset = _MISSING) -> np.ndarray:
     """A numeric column's cells parsed and converted to the schema's unit (NaN: missing),
     before its range is applied. ``unit``: the file's unit for the column (None: the
-    schema's), or per row (:func:`row_units`). A numpy array of numbers (a Parquet column, a database's)
-    is taken whole, NaN missing; ``first_row``: the table's rows before these cells (a
-    table read in chunks names its rows from 1 all the same; ``missing``: the cell texts
-    read as missing, the schema's ``missing_cells``)."""
+    schema's), or per row (:func:`row_units`). A numpy array of numbers (a Parquet
+    column, a database's) is taken whole, NaN missing; ``first_row``: the table's rows
+    before these cells (a table read in chunks names its rows from 1 all the same;
+    ``missing``: the cell texts read as missing, the schema's ``missing_cells``)."""
     if isinstance(cells, np.ndarray) and cells.dtype.kind in "iuf":
         values = cells.astype(np.float64)  # a copy: the conversion below is in place
     else:
