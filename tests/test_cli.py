@@ -88,6 +88,41 @@ def test_run_writes_a_non_trivial_convergence_png(trained):
     assert len(history) >= 4
 
 
+def test_convergence_numbers_rounds_as_history_csv_and_shows_no_movement_at_0(trained):
+    """Issue 56: convergence.png's x axis is history.csv's round, and a round that moved
+    nothing is plotted at 0 (a log axis floored it at 1e-12 of the largest before)."""
+    import csv
+
+    import matplotlib.pyplot as plt
+
+    from fedcluster.server_app.outputs import convergence_figure
+
+    tmp, _, _ = trained
+    run = tmp / "out" / "r"
+    with open(run / "history.csv", newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["movement"] not in ("", None)
+                and r["task"] not in ("evaluate", "evaluate_distances")]
+    model = fedcluster.Model.load(run / "model.json")
+    last = [r for r in model.history if "movement" in r
+            and r["task"] not in ("evaluate", "evaluate_distances")][-1]
+    assert abs(last["movement"]) < 1e-9  # converged (here: rounding noise); say 0 exactly
+    last["movement"] = 0.0
+    fig = convergence_figure(model)
+    try:
+        (move,) = fig.axes[1].get_lines()
+        assert list(move.get_xdata()) == [int(r["round"]) for r in rows]
+        assert list(move.get_ydata())[:-1] == [float(r["movement"]) for r in rows][:-1]
+        assert move.get_ydata()[-1] == 0.0
+        assert fig.axes[1].get_yscale() == "symlog" and fig.axes[1].get_ylim()[0] == 0
+        # linear below the least real movement: 0 sits on the axis, not at a log floor
+        least = min((float(r["movement"]) for r in rows[:-1]), default=1.0)
+        assert fig.axes[1].yaxis.get_transform().linthresh == least
+        (score,) = fig.axes[0].get_lines()[:1]
+        assert list(score.get_xdata()) == [int(r["round"]) for r in rows]
+    finally:
+        plt.close(fig)
+
+
 def test_a_run_that_cannot_go_on_ends_with_its_reason_not_a_traceback(tmp_path, capsys):
     """Every site refuses (an empty cell, no missing policy): exit 1 with the reason each
     site gave, where the run's FederationError used to escape as a traceback."""

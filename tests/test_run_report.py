@@ -217,6 +217,29 @@ def test_report_is_one_self_contained_page(tmp_path):
         "table1.html", "table1.md"]  # the pictures were drawn elsewhere
 
 
+def test_label_metrics_are_marked_as_needing_labels(tmp_path):
+    """Issue 56: ARI, NMI, accuracy and the like measure agreement with labels a hospital
+    rarely has; report.html puts them apart under that heading and the summary marks each."""
+    from fedcluster.server_app.outputs import summary_table
+    from fedcluster.strategies.metrics import LABEL_NOTE
+
+    run, _ = make_run(tmp_path, with_table=False)
+    model = Model.load(run / "model.json")
+    model.metrics.update({"ari": 0.75, "accuracy": 0.9, "davies-bouldin": 1.5})
+    model.save(run / "model.json")
+    text = write_report(run).read_text()
+    general, labelled = text.split("<h3>Against known labels</h3>")
+    assert "davies-bouldin" in general and "ari" not in general.split("<h2>Metrics</h2>")[1]
+    assert "ari" in labelled.split("<h2>")[0] and "accuracy" in labelled.split("<h2>")[0]
+    assert esc(LABEL_NOTE) in labelled
+    summary = summary_table(model.metrics).splitlines()
+    assert any(line.startswith("  ari (needs labels)") for line in summary)
+    assert any(line.startswith("  davies-bouldin ") for line in summary)
+    assert f"  (needs labels: {LABEL_NOTE})" in summary
+    model.metrics.pop("ari"), model.metrics.pop("accuracy")
+    assert not any("needs labels" in line for line in summary_table(model.metrics).splitlines())
+
+
 def test_report_without_profile_says_so(tmp_path):
     run, _ = make_run(tmp_path, with_table=False)
     text = write_report(run).read_text()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.strategies import site_rows
-from fedcluster.strategies.metrics import METRIC_NAMES
+from fedcluster.strategies.metrics import LABEL_METRICS, LABEL_NOTE, METRIC_NAMES
 from fedcluster.common.model import Model
 
 MAX_SITE_LINES = 20
@@ -79,7 +79,8 @@ def summary_table(metrics: dict) -> str:
         ("rows / sites", f"{metrics.get('n-rows')} / {metrics.get('n-sites')}"),
         ("training rounds", metrics.get("rounds")),
     ]
-    rows += [(name, metrics[name]) for name in METRIC_NAMES[2:] if name in metrics]
+    rows += [(f"{name} (needs labels)" if name in LABEL_METRICS else name, metrics[name])
+             for name in METRIC_NAMES[2:] if name in metrics]
     central = metrics.get("central-score")
     if central is not None:
         on_rows = metrics.get("score-on-rows", metrics["score"])
@@ -91,6 +92,8 @@ def summary_table(metrics: dict) -> str:
     for name, value in rows:
         text = f"{value:.6g}" if isinstance(value, float) else str(value)
         lines.append(f"  {name:<32}{text:>12}")
+    if any(name in metrics for name in LABEL_METRICS):
+        lines.append(f"  (needs labels: {LABEL_NOTE})")
     if "dp-epsilon" in metrics:
         lines.append(
             f"  differential privacy ({metrics.get('dp-mode', 'local')}): epsilon "
@@ -188,8 +191,20 @@ def write_history(path: Path, history: list[dict]) -> None:
 
 
 def plot_convergence(path: Path, model: Model) -> None:
-    """Score and centroid movement per training round, and a picture of the centroids
-    (their 2 features, or the first 2 principal components of the centroids)."""
+    """convergence.png: :func:`convergence_figure`, saved."""
+    import matplotlib.pyplot as plt
+
+    fig = convergence_figure(model)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def convergence_figure(model: Model):
+    """Score and centroid movement per training round, numbered as in history.csv (its
+    ``round``), and a picture of the centroids (their 2 features, or the first 2
+    principal components of the centroids). The movement axis is logarithmic above the
+    smallest movement and linear below it, so a round that moved nothing (converged)
+    shows at 0, as history.csv says."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,27 +213,26 @@ def plot_convergence(path: Path, model: Model) -> None:
     history = model.history
     central = model.metrics.get("central-score")
     fig, (ax_score, ax_move, ax_cent) = plt.subplots(1, 3, figsize=(15, 4.5))
+    moved = []
     for rep in sorted({r["repetition"] for r in history}):
         train = [r for r in history if r["repetition"] == rep and "movement" in r
                  and r["task"] not in ("evaluate", "evaluate_distances")]
         if not train:
             continue
-        xs = range(1, len(train) + 1)
+        xs = [int(r["round"]) for r in train]
         ax_score.plot(xs, [r["score"] for r in train], marker=".", label=f"repetition {rep}")
-        moves = [r["movement"] for r in train]
-        # An exactly-converged last round moves 0: show it at a floor, not at 1e-300.
-        floor = 1e-12 * max([m for m in moves if m > 0], default=1.0)
-        ax_move.semilogy(xs, [max(m, floor) for m in moves], marker=".", label=f"repetition {rep}")
-    if "score" in model.metrics:
-        ax_score.axhline(model.metrics["score"], color="C3", linestyle=":",
-                         label="final score (all sites, evaluated)")
-    if central is not None:
-        ax_score.axhline(central, color="k", linestyle="--",
-                         label="central KMeans (simulation-only check)")
-    ax_score.set(xlabel="training round",
+        moves = [float(r["movement"]) for r in train]
+        moved += [m for m in moves if m > 0]
+        ax_move.plot(xs, moves, marker=".", label=f"repetition {rep}")
+    # linear below the least movement that is not rounding noise (1e-9 of the largest)
+    ax_move.set_yscale("symlog", linthresh=min([m for m in moved if m > 1e-9 * max(moved)],
+                                               default=1.0))
+    ax_move.set_ylim(bottom=0)
+    ax_score.set(xlabel="round (as in history.csv)",
                  ylabel="score = mean squared distance to nearest centroid",
                  title="Score of the centroids each round received")
-    ax_move.set(xlabel="training round", ylabel="||C_t - C_(t-1)||_F (data units)",
+    ax_move.set(xlabel="round (as in history.csv)",
+                ylabel="||C_t - C_(t-1)||_F (data units; log above the least, 0 is 0)",
                 title="Centroid movement (run stops below tol)")
     ax_score.legend(fontsize=8)
     ax_move.legend(fontsize=8)
@@ -241,8 +255,7 @@ def plot_convergence(path: Path, model: Model) -> None:
     fig.suptitle(f"{model.algorithm}: k = {model.n_clusters}, final score "
                  f"{model.metrics.get('score', float('nan')):.6g}")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 #: Table 1's files (``table1.py``, ``profile_plots.py``), written when the run profiled

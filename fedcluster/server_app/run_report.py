@@ -22,6 +22,7 @@ from fedcluster.common.schema import parse_schema, schema_hash
 from fedcluster.server_app.profile_plots import plot_profile, plot_sites
 from fedcluster.server_app.table1 import read_table1, table1_html
 from fedcluster.strategies import site_rows
+from fedcluster.strategies.metrics import LABEL_METRICS, LABEL_NOTE
 
 esc = html.escape
 
@@ -111,10 +112,14 @@ def _what_was_run(model: Model) -> str:
 def _metrics(metrics: dict) -> str:
     scalars = [(k, v) for k, v in metrics.items()
                if k not in NESTED and not isinstance(v, (dict, list))]
+    labelled = [(k, v) for k, v in scalars if k in LABEL_METRICS]
     out = ["<h2>Metrics</h2>",
            '<p class="note">The score is the mean squared distance of a row to its nearest '
            "centroid (in the scaled space when the run scaled); lower is tighter.</p>",
-           _pairs(scalars)]
+           _pairs([(k, v) for k, v in scalars if k not in LABEL_METRICS])]
+    if labelled:
+        out += ["<h3>Against known labels</h3>",
+                f'<p class="note">These metrics: {esc(LABEL_NOTE)}.</p>', _pairs(labelled)]
     if "cluster-sizes" in metrics:
         out.append("<p>Cluster sizes (clusters 0 to k-1): "
                    f"{esc(', '.join(_text(s) for s in metrics['cluster-sizes']))}</p>")

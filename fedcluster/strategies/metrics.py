@@ -21,6 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: The metrics that need the sites' true labels (a ``label-column``): agreement with a
+#: known grouping, which a hospital rarely has; the summary and report.html say so.
+LABEL_METRICS = ("ari", "nmi", "v-measure", "homogeneity", "completeness", "accuracy")
+LABEL_NOTE = ("they need the sites' label column (known classes), which a hospital rarely "
+              "has, and measure agreement with that grouping, not the clustering's quality; "
+              "the other metrics need no labels")
+
 METRIC_NAMES = (
     "score",
     "inertia",
