@@ -292,3 +292,24 @@ def test_report_renders_in_a_headless_browser_offline(tmp_path):
     subprocess.run(base + [f"--screenshot={shot}", "--window-size=1200,2000", report.as_uri()],
                    capture_output=True, timeout=60, check=True)
     assert shot.read_bytes().startswith(PNG) and shot.stat().st_size > 10_000
+
+
+def test_table1_at_k_10_fits_a_1200_pixel_window_in_a_headless_browser(tmp_path):
+    """Issue 56: report.html with Table 1 at k = 10 (digits, 12 columns) reads without
+    sideways scrolling in a 1200-pixel window (it was 1351 pixels wide): measured in the
+    browser by a copy of the page that writes the document's width into its title (the
+    report itself holds no script)."""
+    assert BROWSER is not None, "no chromium-headless-shell or chromium (.ci/run installs it)"
+    assert cli.main(["simulate", "--dataset", "digits", "--num-sites", "3", "--n-clusters", "10",
+                     "--num-rounds", "3", "--output-dir", str(tmp_path), "--run-name", "k10"]) == 0
+    page = (tmp_path / "k10" / "report.html").read_text()
+    assert page.count('<th scope="col"') >= 12 or page.count("Cluster ") >= 10
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", "<script>document.title = "
+                                  "document.documentElement.scrollWidth + ' ' + "
+                                  "window.innerWidth;</script></body>"))
+    dom = subprocess.run([BROWSER, "--no-sandbox", "--headless", "--disable-gpu",
+                          "--window-size=1200,2000", "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    width, window = map(int, re.search(r"<title>(\d+) (\d+)</title>", dom).groups())
+    assert window == 1200 and width <= window, (width, window)

@@ -36,6 +36,9 @@ table { border-collapse: collapse; margin: .8em 0; font-size: .92em; }
 th, td { padding: .25em .7em; text-align: right; border-bottom: 1px solid #e2e2e2; }
 th[scope=row], td.text { text-align: left; }
 thead th { border-bottom: 2px solid #444; vertical-align: bottom; }
+/* Table 1 at k = 10 (12 columns) fits a 1200-pixel window without sideways scrolling */
+table.table1 { font-size: .8em; }
+table.table1 th, table.table1 td { padding: .2em .35em; }
 table.table1 tr.group th { font-weight: bold; padding-top: .6em; }
 table.table1 tr.level th { font-weight: normal; padding-left: 2em; }
 table.table1 tr.row th { font-weight: normal; }
