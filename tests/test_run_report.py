@@ -154,11 +154,19 @@ def test_bad_rows_and_files_are_named(tmp_path):
 
 def test_profile_matrix_and_plots(tmp_path):
     rows = profile_rows()
-    clusters, labels, Z, _ = profile_matrix(rows)
+    clusters, labels, Z, text = profile_matrix(rows)
     assert clusters == ["1", "0"]
     assert labels == ["glucose (mmol/L)", "smoking: never", "smoking: current", "smoking: former"]
     assert Z[0] == pytest.approx([(5.1 - 6.2) / 1.6, (7.812 - 6.2) / 1.6])
     assert np.isnan(Z[3, 1])  # suppressed: blank
+    # issue 56: every cell prints the figure it is coloured by (a level: and its pp below)
+    cells = np.array(text, dtype=object).reshape(Z.shape)
+    for (i, j), z in np.ndenumerate(Z):
+        if np.isnan(z):
+            assert cells[i, j] == ""
+            continue
+        assert float(cells[i, j].split("\n")[0]) == pytest.approx(z, abs=0.05)
+        assert cells[i, j].endswith(" pp") == (i > 0)
     assert plot_profile(rows, tmp_path / "p.png").read_bytes().startswith(PNG)
     assert plot_sites(rows, tmp_path / "s.png").stat().st_size > 5000
     secure = [r for r in rows if r["variable"] != "site"]

@@ -54,8 +54,9 @@ def profile_matrix(rows: list[dict]) -> tuple[list[str], list[str], np.ndarray, 
         a categorical level: the same for its 0/1 indicator, (cluster share - all share)
         / sqrt(share (1 - share)) of all rows, so both read on one scale.
     text : list of str
-        Per cell, row-major: the annotation (the difference; for a level, in percentage
-        points, which a clinician reads directly).
+        Per cell, row-major: the annotation, the figure the cell is coloured by (``Z``,
+        in SD); for a level also, below it, the difference in percentage points, which a
+        clinician reads directly.
     """
     index = _index(rows)
     clusters = cluster_order(rows)
@@ -71,7 +72,7 @@ def profile_matrix(rows: list[dict]) -> tuple[list[str], list[str], np.ndarray, 
                  for c in clusters]
             labels.append(f"{variable} ({unit})" if unit else variable)
             values.append(z)
-            text += ["" if math.isnan(v) else f"{v:+.1f}" for v in z]
+            text += ["" if math.isnan(v) else _signed(v) for v in z]
             continue
         for level in levels:
             share = _num(index.get((ALL, variable, level, "%"))) / 100
@@ -79,8 +80,14 @@ def profile_matrix(rows: list[dict]) -> tuple[list[str], list[str], np.ndarray, 
             diffs = [_num(index.get((c, variable, level, "%"))) / 100 - share for c in clusters]
             labels.append(f"{variable}: {level}")
             values.append([d / spread for d in diffs])
-            text += ["" if math.isnan(d / spread) else f"{round(100 * d):+d} pp" for d in diffs]
+            text += ["" if math.isnan(d / spread)
+                     else f"{_signed(d / spread)}\n{round(100 * d):+d} pp" for d in diffs]
     return clusters, labels, np.array(values, dtype=float).reshape(len(labels), len(clusters)), text
+
+
+def _signed(value: float) -> str:
+    """``+1.2``, ``-0.3``; a value that rounds to 0 reads ``0.0`` (not ``-0.0``)."""
+    return "0.0" if round(value, 1) == 0 else f"{value:+.1f}"
 
 
 def plot_profile(rows: list[dict], path: str | Path) -> Path:
@@ -106,7 +113,8 @@ def plot_profile(rows: list[dict], path: str | Path) -> Path:
     for i in range(len(labels)):
         for j in range(len(clusters)):
             label = text[i * len(clusters) + j]
-            ax.text(j, i, label or "n/a", ha="center", va="center", fontsize=8,
+            ax.text(j, i, label or "n/a", ha="center", va="center",
+                    fontsize=7 if "\n" in label else 8,
                     color="0.4" if not label else ("white" if abs(Z[i, j]) > 1.3 else "black"))
     ax.set_xticks(range(len(clusters)))
     ax.set_xticklabels([f"Cluster {c}\nn {_size_text(sizes.get((c, SIZE, '', 'n')))}"
@@ -117,10 +125,10 @@ def plot_profile(rows: list[dict], path: str | Path) -> Path:
     bar = fig.colorbar(image, ax=ax, shrink=0.8)
     bar.set_label("standardised difference from all rows, in SD\n(numeric: (cluster mean - all "
                   "mean) / all SD;\nlevel: the same for its 0/1 indicator)", fontsize=8)
-    ax.set_title("How each cluster differs from all rows\n(cells: SD for a numeric variable, "
-                 "percentage points for a level;\ngrey n/a: withheld as in Table 1 (<p, "
-                 "suppressed, or a % known only as a range) or not available)", fontsize=9,
-                 pad=34)
+    ax.set_title("How each cluster differs from all rows\n(cells: the colour's figure, in SD of "
+                 "all rows; a level's also in percentage points below it;\ngrey n/a: withheld "
+                 "as in Table 1 (<p, suppressed, or a % known only as a range) or not "
+                 "available)", fontsize=9, pad=34)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
