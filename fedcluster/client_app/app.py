@@ -41,7 +41,9 @@ from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
 from fedcluster.client_app import row_account, site_policy
 from fedcluster.common.config import run_config_defaults
-from fedcluster.client_app.node_config import ConfigError, NodeConfig, parse_node_config
+from fedcluster.client_app.node_config import (
+    ConfigError, NodeConfig, parse_node_config, reading_schema,
+)
 from fedcluster.client_app import private_tasks, privacy_budget
 from fedcluster.client_app.release import gate
 from fedcluster.client_app.release import ledger as disclosure_ledger
@@ -54,7 +56,6 @@ from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.data.schema_table import load_plain_table, load_schema_table
 from fedcluster.client_app.data.sql_table import load_sql_table, sql_reading
 from fedcluster.client_app.task_io import TaskError, task_param
-from fedcluster.common.schema import SchemaError, load_schema
 from fedcluster.client_app.task_runner import run_task
 
 # In-process harness only: ``data-path = "memory://<token>/<i>"`` names arrays that the
@@ -140,20 +141,9 @@ def load_sql_site(node: NodeConfig, run_config: dict, state, run_id: int) -> Sit
 def load_schema_site(node: NodeConfig) -> SiteData:
     """A site whose table is read through the agreed schema (``schema-path``): the
     schema names the id and label columns, so the CSV column keys do not apply."""
-    if node.schema_path is None:
-        raise SiteDataError("node-config key 'units' applies to a table read through a "
-                            "schema; set 'schema-path'")
-    for key, value in (("columns", node.columns), ("id-column", node.id_column),
-                       ("label-column", node.label_column)):
-        if value is not None:
-            raise SiteDataError(f"node-config key '{key}' does not apply with 'schema-path': "
-                                "the schema says which columns are features, id and label")
+    schema = reading_schema(node)  # (called with schema-path or units set)
     if node.data_path is None or node.data_path.startswith(MEMORY_PREFIX):
         raise SiteDataError("node-config key 'schema-path' needs a 'data-path' (the site's table)")
-    try:
-        schema = load_schema(node.schema_path)
-    except SchemaError as err:
-        raise SiteDataError(f"schema-path: {err}") from None
     return load_schema_table(node.data_path, schema, units=node.units, cache_dir=node.cache_dir)
 
 

@@ -203,3 +203,33 @@ def parse_node_config(values: dict[str, Any]) -> NodeConfig:
         return NodeConfig.model_validate(values)
     except ValidationError as err:
         raise ConfigError(_format(err, "node-config", NodeConfig)) from None
+
+
+def reading_schema(node: NodeConfig):
+    """The schema a site reads its table through (``schema-path``; None: without one),
+    its keys checked together, for a file and a database alike: ``units`` needs a
+    schema, and with one the plain keys ``columns``, ``id-column`` and ``label-column``
+    do not apply (the schema says which columns are features, id and label).
+
+    Raises
+    ------
+    SiteDataError
+        Naming the keys that do not go together, or the schema file's problem.
+    """
+    from fedcluster.common.datasets import SiteDataError
+    from fedcluster.common.schema import SchemaError, load_schema
+
+    if node.schema_path is None:
+        if node.units is not None:
+            raise SiteDataError("node-config key 'units' applies to a table read through a "
+                                "schema; set 'schema-path'")
+        return None
+    for key, value in (("columns", node.columns), ("id-column", node.id_column),
+                       ("label-column", node.label_column)):
+        if value is not None:
+            raise SiteDataError(f"node-config key '{key}' does not apply with 'schema-path': "
+                                "the schema says which columns are features, id and label")
+    try:
+        return load_schema(node.schema_path)
+    except SchemaError as err:
+        raise SiteDataError(f"schema-path: {err}") from None

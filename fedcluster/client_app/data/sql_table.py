@@ -272,26 +272,15 @@ def sql_reading(node, missing: str = "error") -> Reading:
         Naming the keys that do not go together, or what ``sql_source.sql_source`` raises.
     """
     from fedcluster.client_app.data.sql_source import sql_source
-    from fedcluster.common.schema import SchemaError, load_schema
+    from fedcluster.client_app.node_config import reading_schema
 
     if node.data_path is not None:
         raise SiteDataError("node-config keys 'data-path' and 'data-url' both name the site's "
                             "data; keep one")
     source = sql_source(node.data_url, node.data_query, node.data_query_file, node.data_table,
                         node.data_password_file, node.data_timeout)
-    if node.schema_path is None:
-        if node.units is not None:
-            raise SiteDataError("node-config key 'units' applies to a table read through a "
-                                "schema; set 'schema-path'")
+    schema = reading_schema(node)
+    if schema is None:
         return Reading(source, label_column=node.label_column, columns=node.columns,
                        id_column=node.id_column, missing=missing)
-    for key, value in (("columns", node.columns), ("id-column", node.id_column),
-                       ("label-column", node.label_column)):
-        if value is not None:
-            raise SiteDataError(f"node-config key '{key}' does not apply with 'schema-path': "
-                                "the schema says which columns are features, id and label")
-    try:
-        schema = load_schema(node.schema_path)
-    except SchemaError as err:
-        raise SiteDataError(f"schema-path: {err}") from None
     return Reading(source, schema, node.units)
