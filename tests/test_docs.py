@@ -225,7 +225,8 @@ def commands(code: str) -> list[str]:
     return out
 
 
-def run_fedcluster(argv: list[str], where: str) -> None:
+def fedcluster_output(argv: list[str]) -> tuple[int, str]:
+    """``fedcluster ARGV`` in this process: its exit code and what it printed."""
     from fedcluster.cli import main
 
     out = io.StringIO()
@@ -234,7 +235,12 @@ def run_fedcluster(argv: list[str], where: str) -> None:
             code = main(argv)
         except SystemExit as stop:  # --help
             code = stop.code or 0
-    assert code == 0, f"{where}: `fedcluster {shlex.join(argv)}` exited {code}:\n{out.getvalue()[-3000:]}"
+    return code, out.getvalue()
+
+
+def run_fedcluster(argv: list[str], where: str) -> None:
+    code, printed = fedcluster_output(argv)
+    assert code == 0, f"{where}: `fedcluster {shlex.join(argv)}` exited {code}:\n{printed[-3000:]}"
 
 
 def run_bash(line: str, cwd: Path, where: str) -> None:

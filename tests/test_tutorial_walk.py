@@ -20,27 +20,13 @@ for first-simulation's listing of a run's files and its Table 1 excerpt.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 import shlex
 
-from test_docs import ROOT, WALKED, blocks, commands, run_bash
-
-from fedcluster.cli import main
+from test_docs import ROOT, WALKED, blocks, commands, fedcluster_output, run_bash
 
 SHOWN = {"docs/tutorials/hospital-tables.md": 7, "docs/tutorials/first-deployment.md": 1}
-
-
-def _fedcluster(argv: list[str]) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        try:
-            code = main(argv)
-        except SystemExit as stop:  # --help
-            code = stop.code or 0
-    return code, out.getvalue()
 
 
 def _compare(printed: str, shown: str, where: str) -> None:
@@ -72,7 +58,7 @@ def test_the_tutorials_in_order_in_one_folder(tmp_path, monkeypatch):
                 if words[0] != "fedcluster" or re.search(r"[|&;<>$`]", line.removesuffix("|| true")):
                     run_bash(line, tmp_path, block.where)
                     continue
-                code, printed = _fedcluster(words[1:])
+                code, printed = fedcluster_output(words[1:])
                 assert (code == 0) == ("|| true" not in line), f"{block.where}: {line}\n{printed}"
                 if words[1:3] == ["site", "check"] and after is not None and after.language == "text":
                     _compare(printed, after.code, block.where)

@@ -112,7 +112,8 @@ def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, wa
                                 else rows_dropped)
     return SiteGroups(counts, sums, m2, present, site.source, min_size, digest,
                       site.feature_names, labels, facts, waiting, site.fingerprint,
-                      withheld, table_ref, spread_rule, *held_back)
+                      withheld, table_ref, spread_rule, held_back=held_back[0],
+                      held_back_why=held_back[1])
 
 
 def rows_as_groups(site: SiteData) -> SiteGroups:
