@@ -187,12 +187,12 @@ def test_a_simulated_site_is_grouped_once_whatever_its_messages(monkeypatch):
     """A built-in partition is the same read-only arrays at every message, so a simulated
     site's groups (kept per array object) are made once per site, not once per message."""
     import fedcluster
-    from fedcluster.client_app.data import group_table
+    from fedcluster.client_app.data import grouped_rows
 
     data._partition_cached.cache_clear()  # arrays no earlier test has grouped
     built = []
-    real = group_table.group_rows
-    monkeypatch.setattr(group_table, "group_rows",
+    real = grouped_rows.group_rows
+    monkeypatch.setattr(grouped_rows, "group_rows",
                         lambda *args, **kwargs: built.append(len(args[0])) or real(*args, **kwargs))
     site = load_partition("blobs", "iid", 0, 3, seed=1)
     again = load_partition("blobs", "iid", 0, 3, seed=1)

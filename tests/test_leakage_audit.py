@@ -66,8 +66,9 @@ COUNT_ARRAYS = {
     "profile": (0, 1),
 }
 # Integer arrays that are not floored: functions of the site's groups (Table 1's present
-# cells and histogram bins; the table's own rule applies to the pooled counts).
-GROUP_COUNT_ARRAYS = {"profile": (2, 5)}
+# cells, histogram bins and present cells withheld by the lone-cell rule; the table's
+# own rule applies to the pooled counts).
+GROUP_COUNT_ARRAYS = {"profile": (2, 5, 7)}
 # which clusters (evaluate) or cells (profile) were withheld
 FLAG_ARRAYS = {"evaluate": (3,), "profile": (6,)}
 MAX_METRIC_TEXT = 200  # characters; feature and label names are short

@@ -6,8 +6,10 @@ local clusters as the site has rows (every group its own cluster), under fills 0
 0.001 (close enough that both list the groups in the same order), give each group's
 missing cells per feature from the difference of its means, and so the sum of its present
 cells: where a group holds one present cell of a feature, that
-is one row's value, exactly. Shown first against a site without the rule (it reads
-hundreds of single values from the clinical demo), then against the real site, where a
+is one row's value, exactly. Shown first against a site without the rule and without
+the merging of groups that keeps present cells in company (``data/present_groups.py``;
+it reads hundreds of single values from the clinical demo), then against the real site,
+where a
 feature's present cells in a group number 0 or at least p_site
 (``release/lone_cells.withhold_lone_cells``): the attack finds no group with 1 to p_site - 1
 present cells, so every sum it reads is of p_site or more values.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedcluster import client_app as client_module
-from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data import group_table, present_groups
 from fedcluster.client_app.data.schema_table import load_schema_table
 from fedcluster.common.clinical_demo import write_clinical
 from fedcluster.common.config import run_config_defaults
@@ -69,9 +71,11 @@ def test_a_coordinator_varying_the_fill_reads_no_lone_present_cell(tmp_path, mon
         return {"data-path": str(path), "schema-path": str(schema), "site-id": "target",
                 "cache-dir": str(tmp_path / cache)}
 
-    # Without the rule: single present cells, each exactly one row's value.
+    # Without the rule (and without the merging that keeps present cells in company,
+    # present_groups.py): single present cells, each exactly one row's value.
     monkeypatch.setattr(group_table, "withhold_lone_cells",
-                        lambda sums, m2, present, size: (sums, m2, present, 0))
+                        lambda sums, m2, present, size: (sums, m2, present, None))
+    monkeypatch.setattr(present_groups, "merge_lone_groups", lambda labels, *_: labels)
     present, sums = read_present_sums(FileSite(node("without")), n_rows, d)
     lone = np.argwhere(present == 1)
     exact = [bool(np.any(np.abs(X[:, j] - sums[i, j]) <= 1e-9)) for i, j in lone]
@@ -80,8 +84,36 @@ def test_a_coordinator_varying_the_fill_reads_no_lone_present_cell(tmp_path, mon
 
     present, sums = read_present_sums(FileSite(node("real")), n_rows, d)
     assert not np.any((present > 0) & (present < 2))  # every sum is of 2 or more values
-    # the rule cost these cells (they count as missing) and nothing more
+    # and no present value is lost for it: the groups were merged to keep them company
     groups, _ = group_table.build(load_schema_table(path, load_schema(schema),
                                                    cache_dir=tmp_path / "reread"), 2)
-    assert groups.cells_withheld == len(lone)
-    assert int(groups.present.sum()) == int((~np.isnan(X)).sum()) - len(lone)
+    assert groups.cells_withheld == 0
+    assert int(groups.present.sum()) == int((~np.isnan(X)).sum())
+
+
+def test_a_column_too_rare_to_mend_is_still_withheld_against_the_attack(tmp_path):
+    """Where a column holds fewer than p_site present cells in the whole site, no merge
+    of groups can give them company (``present_groups.py``): the rule withholds them, and
+    the attack of the test above reads none of them (a glucose recorded for one patient
+    only, against the real ClientApp)."""
+    import csv
+
+    schema, path = write_clinical(tmp_path / "data", n_sites=1, seed=0)
+    with open(path, newline="") as f:
+        header, *rows = list(csv.reader(f))
+    g = next(j for j, name in enumerate(header) if name.startswith("glucose"))
+    kept = next(i for i, row in enumerate(rows) if row[g])
+    for i, row in enumerate(rows):
+        row[g] = row[g] if i == kept else ""
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([header, *rows])
+    data = load_schema_table(path, load_schema(schema), cache_dir=tmp_path / "reread")
+    j = next(k for k, name in enumerate(data.feature_names) if name == "glucose")
+    assert int((~np.isnan(data.X[:, j])).sum()) == 1
+    site = FileSite({"data-path": str(path), "schema-path": str(schema), "site-id": "target",
+                     "cache-dir": str(tmp_path / "cache")})
+    present, sums = read_present_sums(site, *data.X.shape)
+    assert not present[:, j].any()  # the one glucose value is in no sum
+    assert not np.any((present > 0) & (present < 2))
+    groups, _ = group_table.build(data, 2)
+    assert groups.cells_withheld == 1

@@ -49,6 +49,7 @@ def _run(sites, p_site, floor):
     for s, X in enumerate(sites):
         facts = TableFacts(None, "", 0, {"crp": int(np.isnan(X[:, 1]).sum())})
         data = SiteData(X, None, None, f"site {s}", table=facts)
+        absent = np.isnan(X)  # missing in the data
         if p_site == 1:
             groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(X))
         else:
@@ -65,7 +66,11 @@ def _run(sites, p_site, floor):
         labels = cluster[group_of_row]  # each row in its group's cluster
         frame = pd.DataFrame({"age": X[:, 0], "crp": X[:, 1],
                               "ward": np.array(LEVELS)[X[:, 2:].argmax(1)],
-                              "cluster": labels, "site": f"site {s}"})
+                              "cluster": labels, "site": f"site {s}",
+                              # present in the data, withheld by the groups' lone-cell rule
+                              **{f"{name} missing": absent[:, j] for j, name in enumerate(("age", "crp"))},
+                              **{f"{name} withheld": np.isnan(X[:, j]) & ~absent[:, j]
+                                 for j, name in enumerate(("age", "crp"))}})
         labelled.append(frame)
     pooled = profile.pool(list(replies.values()))
     answered = profile.Answered(sum(site_rows.values()), floor, replies, site_rows,
@@ -91,7 +96,11 @@ def test_means_sds_counts_equal_pandas_on_the_pooled_rows(p_site):
             assert _value(rows, cluster, name, "n") == part[name].count()
             assert _value(rows, cluster, name, "mean") == pytest.approx(part[name].mean(), abs=1e-9)
             assert _value(rows, cluster, name, "sd") == pytest.approx(part[name].std(), abs=1e-9)
-            assert _value(rows, cluster, name, "missing n") == part[name].isna().sum()
+            assert _value(rows, cluster, name, "missing n") == part[f"{name} missing"].sum()
+            withheld = [r["value"] for r in rows if (r["cluster"], r["variable"], r["statistic"])
+                        == (cluster, name, "withheld n")]
+            assert withheld == ([part[f"{name} withheld"].sum()] if frame[f"{name} withheld"].any()
+                                else [])
         for level in LEVELS:
             assert _value(rows, cluster, "ward", "n", level) == (part.ward == level).sum()
             assert _value(rows, cluster, "ward", "%", level) == pytest.approx(

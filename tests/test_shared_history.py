@@ -129,14 +129,17 @@ def test_the_summary_names_what_a_site_held_back(answered, waiting, held):
         assert "rows answered from: all 150 usable rows of the 2 sites" in text
 
 
-def test_a_floor_raised_over_answered_rows_says_the_audit_held_them_back(tmp_path):
+def test_a_floor_raised_over_answered_rows_says_the_audit_held_them_back(tmp_path, monkeypatch):
     """The hospital tables answered from at p 2, then the same files at p 10 under the
-    same cache (a newcomer trying the tutorial's hospital floor): the groups of 2 are
-    withdrawn for the raised floor, and every grouping of their rows at 10 would give a
-    cell back in combination with them (a cell alone in its group of 2 counted missing
+    same cache (a newcomer trying the tutorial's hospital floor). Where the groups of 2
+    leave present cells alone (as every site's did before groups were merged to keep
+    them, ``present_groups.py``, put back here), every grouping of their rows at 10 would
+    give a cell back in combination with them (a cell alone in its group of 2 withheld
     there, present in the group of 10), so the audit holds every row back. The site says
     so, naming the audit and its finding (it said it held "fewer than 10" rows); a cache
-    of its own answers from every row at 10."""
+    of its own answers from every row at 10. With the merging, one cache answers from
+    every row at both floors."""
+    from fedcluster.client_app.data import present_groups
     from fedcluster.common.clinical_demo import write_clinical
     from fedcluster.strategies.errors import FederationError
 
@@ -148,11 +151,17 @@ def test_a_floor_raised_over_answered_rows_says_the_audit_held_them_back(tmp_pat
         return [{"data-path": str(f), "schema-path": str(schema), "site-id": str(i),
                  "min-cluster-size": floor, "cache-dir": str(cache)} for i, f in enumerate(files)]
 
-    run_in_process(nodes(2, tmp_path / "cache"), config)
-    with pytest.raises(FederationError) as refused:
-        run_in_process(nodes(10, tmp_path / "cache"), config)
-    message = str(refused.value)
-    assert message.count("the versions audit held back") == 3, message
-    assert "fewer than 10: they make no group" not in message
-    own = run_in_process(nodes(10, tmp_path / "cache-p10"), config)
-    assert all(rows["answered"] == rows["usable"] for rows in own.metrics["site-rows"].values())
+    def answered_all(result):
+        return all(rows["answered"] == rows["usable"] for rows in result.metrics["site-rows"].values())
+
+    with monkeypatch.context() as unmerged:
+        unmerged.setattr(present_groups, "merge_lone_groups", lambda labels, *_: labels)
+        run_in_process(nodes(2, tmp_path / "cache"), config)
+        with pytest.raises(FederationError) as refused:
+            run_in_process(nodes(10, tmp_path / "cache"), config)
+        message = str(refused.value)
+        assert message.count("the versions audit held back") == 3, message
+        assert "fewer than 10: they make no group" not in message
+        assert answered_all(run_in_process(nodes(10, tmp_path / "cache-p10"), config))
+    run_in_process(nodes(2, tmp_path / "merged"), config)
+    assert answered_all(run_in_process(nodes(10, tmp_path / "merged"), config))

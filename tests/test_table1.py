@@ -39,8 +39,10 @@ def _demo(tmp_path):
     return paths[0], paths[1:]
 
 
-def _run(tmp_path, p_site: int, floor: int, records=None, **extra):
+def _run(tmp_path, p_site: int, floor: int, records=None, prepare=None, **extra):
     schema_path, files = _demo(tmp_path)
+    if prepare is not None:  # change the files before the sites read them
+        prepare(files)
     nodes = [{"data-path": str(p), "schema-path": str(schema_path), "site-id": f"H{i + 1}",
               "cache-dir": str(tmp_path / "cache"), "min-cluster-size": p_site}
              for i, p in enumerate(files)]
@@ -51,16 +53,17 @@ def _run(tmp_path, p_site: int, floor: int, records=None, **extra):
 
 
 def _pooled_rows(result, schema_path, files, p_site, tmp_path):
-    """The pooled encoded rows in groups (NaN where missing, and where the groups count a
-    present cell as missing: fewer than p_site of its feature in its group; each group's
+    """The pooled encoded rows in groups (NaN where missing, and where the groups withhold a
+    present cell: fewer than p_site of its feature in its group; each group's
     cells moved about its mean to the spread it keeps), per site:
-    its key, its rows and each row's cluster (its group's: the group's run-space mean
-    nearest to the centroids)."""
+    its key, its rows, each row's cluster (its group's: the group's run-space mean
+    nearest to the centroids) and its cells missing in the data."""
     schema = load_schema(schema_path)
     parts = []
     for i, path in enumerate(files):
         data = load_schema_table(path, schema, cache_dir=tmp_path / "reread")
         X = data.X
+        absent = np.isnan(X)  # missing in the data
         if p_site == 1:
             groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(X))
         else:
@@ -71,7 +74,7 @@ def _pooled_rows(result, schema_path, files, p_site, tmp_path):
         kept = group_of_row >= 0
         means = groups.in_run_space(result.model.scaling).means
         cluster = kernels.assign(means, result.centroids)[0][group_of_row[kept]]
-        parts.append((f"H{i + 1}", X[kept], cluster))
+        parts.append((f"H{i + 1}", X[kept], cluster, absent[kept]))
     return schema, parts
 
 
@@ -95,7 +98,7 @@ def test_counts_means_and_sds_equal_the_pooled_rows_from_groups(tmp_path):
     result, schema_path, files = _run(tmp_path, p_site=2, floor=2)
     schema, parts = _pooled_rows(result, schema_path, files, 2, tmp_path)
     # the partition is the run's own: its evaluation counted these cluster sizes
-    sizes = np.bincount(np.concatenate([c for _, _, c in parts]), minlength=K)
+    sizes = np.bincount(np.concatenate([c for _, _, c, *_ in parts]), minlength=K)
     assert sizes.tolist() == result.metrics["cluster-sizes"]
     rows = result.model.table1["rows"]
     seen = check_truth(rows, truth(parts, profile.variables_of(schema), K), 2)
@@ -103,7 +106,7 @@ def test_counts_means_and_sds_equal_the_pooled_rows_from_groups(tmp_path):
     table = _table(result)
     for c in range(K):  # the size row and the per-site composition, exactly
         assert table[str(c), "size", "", "n"] == sizes[c]
-        for site, _, cluster in parts:
+        for site, _, cluster, *_ in parts:
             assert table[str(c), "site", site, "n"] == int((cluster == c).sum())
     for site, report in result.metrics["per-site"].items():
         assert report["cluster-sizes"] == [table[str(c), "site", site, "n"] for c in range(K)]
@@ -121,8 +124,8 @@ def test_from_rows_medians_and_quartiles_within_one_bin(from_rows):
 
 def _quartiles_within_a_bin(table, parts, schema):
     """Every median and quartile within one bin of the rows' own."""
-    X = np.vstack([x for _, x, _ in parts])
-    cluster = np.concatenate([c for _, _, c in parts])
+    X = np.vstack([x for _, x, _, *_ in parts])
+    cluster = np.concatenate([c for _, _, c, *_ in parts])
     checked = 0
     for column in schema.features:
         if column.type != "numeric":
@@ -157,7 +160,7 @@ def test_a_run_floor_above_the_sites_gives_intervals_that_hold(tmp_path):
     assert partial and seen["interval"] > 50 and seen["<p"] > 0, (partial, seen)
     assert "all" in partial  # (so are all rows' counts)
     table = _table(result)
-    for site, _, cluster in parts:
+    for site, _, cluster, *_ in parts:
         for c in range(k):
             here = int((cluster == c).sum())
             assert table[str(c), "site", site, "n"] in ((here, "suppressed") if here >= 40
@@ -262,3 +265,42 @@ def test_a_site_sends_the_clusters_it_shows_whole_and_the_table_keeps_the_rule(
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
     assert told.model.table1["rows"] == honest_run.model.table1["rows"]
+
+
+def _one_glucose_at_site_0(files) -> None:
+    """Site 0 keeps a single glucose value: fewer than p_site = 2 in its whole table, so no
+    merge of groups gives it company and the group rule withholds it."""
+    import csv
+
+    with open(files[0], newline="") as f:
+        header, *rows = list(csv.reader(f))
+    g = next(j for j, name in enumerate(header) if name.startswith("glucose"))
+    kept = next(i for i, row in enumerate(rows) if row[g])
+    for i, row in enumerate(rows):
+        row[g] = row[g] if i == kept else ""
+    with open(files[0], "w", newline="") as f:
+        csv.writer(f).writerows([header, *rows])
+
+
+def test_a_withheld_value_is_counted_apart_from_the_missing(tmp_path):
+    """Missing is missing; withheld is withheld: every figure of Table 1 against the pooled
+    rows, where a value present in the file but withheld by the group rule is in no
+    figure and is counted on its own line (``withheld n``), not as missing."""
+    result, schema_path, files = _run(tmp_path, p_site=2, floor=1,
+                                      prepare=_one_glucose_at_site_0)
+    schema, parts = _pooled_rows(result, schema_path, files, 2, tmp_path)
+    rows = result.model.table1["rows"]
+    check_truth(rows, truth(parts, profile.variables_of(schema), K), 1)
+    table = _table(result)
+    assert table["all", "glucose", "", "withheld n"] == "<2"  # one value: under the floor 2
+    (glucose,) = [v for v in profile.variables_of(schema) if v.name == "glucose"]
+    absent = sum(int(np.isnan(load_schema_table(f, schema, cache_dir=tmp_path / "again").X[
+        :, glucose.columns[0]]).sum()) for f in files)
+    # the cells empty in the files, or withheld so that the "<2" cannot be worked out
+    # (every figure shown was checked against the rows above)
+    assert table["all", "glucose", "", "missing n"] in (absent, profile.SUPPRESSED)
+    assert not any(r["statistic"] == "withheld n" and r["variable"] != "glucose" for r in rows)
+    from fedcluster.server_app.table1 import table1_markdown
+
+    text = table1_markdown(rows, {"floor": 1})
+    assert "withheld (group rule), n (%)" in text and "Withheld (group rule): values present" in text

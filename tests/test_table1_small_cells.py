@@ -48,7 +48,7 @@ SITES = 4
 SECURE = {"secure-aggregation": True, "secagg-data-bound": 40.0,
           # 4 sites x 2**29 < 2**32: the finest quantisation SecAgg+ allows here
           "secagg-quantization-range": 2**29}
-COUNTS = ("n", "missing n")
+COUNTS = ("n", "missing n", "withheld n")
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def tables(demo):
                     X = with_kept_spreads(with_kept_means(
                         as_the_groups_keep_them(d.X, group_of_row, p), group_of_row, g),
                                           group_of_row, np.asarray(g.m2))[kept]
-                    parts.append((f"H{i + 1}", X, cluster))
+                    parts.append((f"H{i + 1}", X, cluster, np.isnan(d.X)[kept]))
                 out[p, k, secure] = model, parts
     return out
 
@@ -104,12 +104,15 @@ def tables(demo):
 def truth(parts, variables, k, site_floor: int = 1) -> dict:
     """{(cluster, variable, level, statistic): value} from the pooled rows; with
     ``site_floor``, of the rows a site shows (its rows of a cluster that holds fewer
-    there are left out, as the site withholds that cluster)."""
-    X = np.vstack([x for _, x, _ in parts])
-    cluster = np.concatenate([c for _, _, c in parts])
-    site = np.concatenate([[key] * len(c) for key, _, c in parts])
-    shown = np.concatenate([np.bincount(c, minlength=k)[c] >= site_floor for _, _, c in parts])
-    X, cluster, site = X[shown], cluster[shown], site[shown]
+    there are left out, as the site withholds that cluster). A part (key, rows, cluster,
+    absent) says which cells are missing in the data (``absent``); a NaN of its rows
+    that is not is a present cell the groups withheld (``withheld n``)."""
+    X = np.vstack([x for _, x, _, *_ in parts])
+    absent = np.vstack([rest[0] if rest else np.isnan(x) for _, x, _, *rest in parts])
+    cluster = np.concatenate([c for _, _, c, *_ in parts])
+    site = np.concatenate([[key] * len(c) for key, _, c, *_ in parts])
+    shown = np.concatenate([np.bincount(c, minlength=k)[c] >= site_floor for _, _, c, *_ in parts])
+    X, cluster, site, absent = X[shown], cluster[shown], site[shown], absent[shown]
     out = {}
     for name, mask in [(str(c), cluster == c) for c in range(k)] + [("all", cluster >= 0)]:
         rows = X[mask]
@@ -133,9 +136,12 @@ def truth(parts, variables, k, site_floor: int = 1) -> dict:
                     out[name, v.name, level, "n"] = n
                     if present:
                         out[name, v.name, level, "%"] = 100.0 * n / present
-            out[name, v.name, "", "missing n"] = size - present
+            missing = int(absent[mask][:, v.columns[0]].sum())
+            out[name, v.name, "", "missing n"] = missing
+            out[name, v.name, "", "withheld n"] = size - present - missing
             if size:
-                out[name, v.name, "", "missing %"] = 100.0 * (size - present) / size
+                out[name, v.name, "", "missing %"] = 100.0 * missing / size
+                out[name, v.name, "", "withheld %"] = 100.0 * (size - present - missing) / size
         for key in dict.fromkeys(site):
             here = int((site[mask] == key).sum())
             out[name, "site", key, "n"] = here
@@ -159,7 +165,7 @@ def secure_tolerance(model, parts, variables, k, n_sites=SITES,
             lower[v.columns[0]], upper[v.columns[0]] = v.range
     references = model.scaling.inverse(model.centroids)
     lo, hi = np.minimum(lower, references.min(0)), np.maximum(upper, references.max(0))
-    n_max = max(len(x) for _, x, _ in parts)
+    n_max = max(len(x) for _, x, _, *_ in parts)
     step = secure_codec.quantisation_error(1.0, n_sites, quantization) * n_max
     e_sum = step * np.maximum(abs(lo), abs(hi))
     e_sq = step * (hi - lo) ** 2
@@ -334,13 +340,13 @@ def todays_table(parts, variables, k, floor) -> list[dict]:
     small = lambda n: 0 < n < floor  # noqa: E731
     rows = []
     for name, members in [(str(c), [c]) for c in range(k)] + [("all", list(range(k)))]:
-        size = sum(int(np.isin(cluster, members).sum()) for _, _, cluster in parts)
+        size = sum(int(np.isin(cluster, members).sum()) for _, _, cluster, *_ in parts)
         rows.append({"cluster": name, "variable": "size", "level": "", "unit": "",
                      "statistic": "n", "value": size})
         for v in variables:
             kept = {j: [0, 0, 0] for j in v.columns}  # level count, present, rows
             withheld = set()
-            for _, X, cluster in parts:
+            for _, X, cluster, *_ in parts:
                 for c in members:
                     here = X[cluster == c]
                     for j in v.columns:

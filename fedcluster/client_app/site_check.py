@@ -112,9 +112,11 @@ def format_groups(groups, cost_lines: list[str] = ()) -> list[str]:
     if groups.waiting:
         lines.append(row_account.waiting_text(groups))
     if groups.cells_withheld:
-        lines.append(f"{groups.cells_withheld} present cell(s) count as missing: fewer than "
-                     f"{groups.min_size} of their column in their group, their sum would rest "
-                     "on fewer rows than that")
+        lines.append(f"{groups.cells_withheld} present cell(s) withheld: fewer than "
+                     f"{groups.min_size} of their column in their group (a column with fewer "
+                     "than that in the site's whole table: no merge of groups gives them "
+                     "company), their sum would rest on fewer rows than that; a run fills them "
+                     "as missing, Table 1 counts them apart")
     lines += format_spreads(groups.spread_rule, groups.min_size)
     return lines + ["", *cost_lines] + format_lineage(groups)
 
@@ -231,7 +233,8 @@ def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
               "- evaluation: per cluster its size, coordinate sums, squared norms and SSE",
               "- Table 1 (profile): per cluster its rows; per feature its present cells, their "
               "sum, their squared deviations (each group's as it keeps it: its spread unit's, "
-              "of at least 3 rows) and a histogram of its groups' means",
+              "of at least 3 rows), a histogram of its groups' means and the present cells "
+              "its groups withhold (a count)",
               "(a differentially private run answers from the rows, clipped and noised, "
               "within this site's dp-budget)"]
     return lines

@@ -19,9 +19,10 @@ What a group keeps (per feature, over its present cells):
 - its label counts (:class:`GroupLabels`), for the evaluation's contingency table.
 
 A feature's present cells in a group number 0 or at least p_site: where a group holds 1
-to p_site - 1 present cells of a feature, those cells count as missing
-(``release/lone_cells.py``, the statistical-disclosure-control literature's local
-suppression). Their sum would be a function of fewer than p_site rows (of one row's
+to p_site - 1 present cells of a feature, those cells are withheld as missing and
+counted apart (``release/lone_cells.py``, the statistical-disclosure-control
+literature's local suppression; the groups are first merged so that few are:
+``data/present_groups.py``). Their sum would be a function of fewer than p_site rows (of one row's
 value, at one present cell), and a coordinator that sends two fills reads it from any
 group's mean (``tests/test_lone_cells.py``).
 
@@ -67,9 +68,10 @@ class TableFacts:
     def of_groups(self, counts: np.ndarray, present: np.ndarray | None,
                   rows_dropped: int) -> "TableFacts":
         """These facts as a group table keeps them, for ``describe``: the missing cells
-        per column among the rows in groups (a cell counted missing by the lone-cell rule
-        included), and ``rows_dropped`` as counted by groups (``versions/dropped_rows.py``),
-        so that both move only by whole groups between versions."""
+        per column among the rows in groups (``present``: the groups' present cells before
+        the lone-cell rule, so a cell it withholds is not counted missing), and
+        ``rows_dropped`` as counted by groups (``versions/dropped_rows.py``), so that both
+        move only by whole groups between versions."""
         if self.schema is None:  # (facts made by hand, without a schema: as they are)
             return TableFacts(self.schema, self.schema_hash, int(rows_dropped), self.cells_missing)
         rows = int(np.asarray(counts).sum())
@@ -128,9 +130,9 @@ class SiteGroups:
         Rows of the site in no group (new rows fewer than p_site: ``group_table.py``).
     data_fingerprint : str, optional
         sha256 of the site's rows: the key of its DP budget (which answers from rows).
-    cells_withheld : int
-        Present cells counted as missing, fewer than p_site of their feature in their
-        group (``release/lone_cells.py``).
+    withheld : (G, d) int64 or None
+        Per feature, the group's present cells counted as missing, fewer than p_site of
+        their feature in their group (``release/lone_cells.py``); None: none.
     table_ref : versions.TableRef, optional
         The table's place in the site's answered history (a deployed site's file; None:
         data held in memory).
@@ -154,11 +156,16 @@ class SiteGroups:
     table: TableFacts | None = None
     waiting: int = 0
     data_fingerprint: str | None = None
-    cells_withheld: int = 0
+    withheld: np.ndarray | None = None
     table_ref: object = None
     spread_rule: dict | None = None
     held_back: int = 0
     held_back_why: str = ""
+
+    @cached_property
+    def cells_withheld(self) -> int:
+        """Present cells the lone-cell rule withholds, in all."""
+        return 0 if self.withheld is None else int(self.withheld.sum())
 
     @property
     def n_groups(self) -> int:

@@ -3,7 +3,8 @@
 Per cluster of whole groups (each group in the cluster its mean is nearest to in the
 run's space, as the final evaluation assigns it) and per encoded feature, in the encoded
 units (the schema's declared unit; the run's scaling undone, no fill): the rows counted,
-the present cells, their sum, their squared deviations about a reference point the
+the present cells (and, apart, the present cells the lone-cell rule withheld), their sum, their
+squared deviations about a reference point the
 server sends (exact: a group adds its m2 plus present x (its mean - reference)^2; sums
 over sites then give exact pooled SDs, also under secure aggregation, which needs every
 term to be a sum), and a histogram of the groups' present means, each counting its present
@@ -117,7 +118,7 @@ def _withheld_under_floor(raw: ClusterProfile) -> floor_rules.PerCluster:
     would say which the site holds a few rows of. Nothing else is withheld (the module
     docstring)."""
     return floor_rules.PerCluster(raw.counts, ("counts", "rows", "present", "sums", "squares",
-                                               "histograms"), "zero", flag="hidden")
+                                               "histograms", "withheld"), "zero", flag="hidden")
 
 
 def site_profile(groups: SiteGroups, cluster_of_group: np.ndarray, references: np.ndarray,
@@ -198,5 +199,11 @@ def _profile_sums(groups: SiteGroups, cluster_of_group: np.ndarray, references: 
     present = np.rint(present).astype(np.int64)
     histograms = np.rint(histograms).astype(np.int64).reshape(k, d, bins)
     rows = np.repeat(counts[:, None], d, axis=1)
+    withheld = np.zeros((k, d), dtype=np.int64)
+    if groups.withheld is not None:  # present cells the lone-cell rule withheld
+        for start in range(0, groups.n_groups, SLAB_GROUPS):
+            part = slice(start, start + SLAB_GROUPS)
+            withheld += np.rint(_per_cluster(labels[part], groups.withheld[part].astype(np.float64),
+                                             k)).astype(np.int64)
     return ClusterProfile(counts, rows, present, sums, squares, histograms,
-                          np.zeros((k, d), dtype=np.int64))
+                          np.zeros((k, d), dtype=np.int64), withheld)

@@ -179,7 +179,8 @@ def table1(pooled: ClusterProfile, variables: list[Variable], references: np.nda
         table = _variable_table(v, pooled, shown)
         protected = protect(table, floor)
         notes += _exposed(protected, clusters, v.name,
-                          ["n", "missing"] if v.kind == "numeric" else [*v.levels, "missing"])
+                          (["n", "missing"] if v.kind == "numeric" else [*v.levels, "missing"])
+                          + ([] if _withheld_cells(v, pooled) is None else ["withheld"]))
         for i, (name, members) in enumerate(clusters):
             if v.kind == "numeric":
                 _numeric(add, name, v, pooled, moments, members, lower, upper, protected, i,
@@ -216,18 +217,30 @@ def _withheld_at_sites(pooled: ClusterProfile, answered: Answered) -> tuple[np.n
     return np.minimum(slack, withheld), withheld
 
 
+def _withheld_cells(v: Variable, pooled: ClusterProfile) -> np.ndarray | None:
+    """(k,) per cluster the variable's present cells the sites' lone-cell rule withheld
+    (None: none, and Table 1 has no such line)."""
+    withheld = np.asarray(pooled.withheld, dtype=np.int64)[:, v.columns[0]]
+    return withheld if withheld.any() else None
+
+
 def _variable_table(v: Variable, pooled: ClusterProfile, shown: np.ndarray) -> CountTable:
     """A variable's counts against the clusters: a category's levels and missing cells,
     or a numeric variable's present and missing cells (its present cells carry its mean,
-    SD and quartiles: dearer to withhold)."""
+    SD and quartiles: dearer to withhold); then, where the sites' lone-cell rule withheld
+    present cells, their count (missing: the cells absent in the data alone)."""
     k = len(pooled.counts)
     present = np.asarray(pooled.present, dtype=np.int64)[:, v.columns[0]]
+    withheld = _withheld_cells(v, pooled)
+    missing = pooled.counts - present - (0 if withheld is None else withheld)
     if v.kind == "numeric":
-        cells, cost = np.column_stack([present, pooled.counts - present]), [3.0, 1.0]
+        cells, cost = np.column_stack([present, missing]), [3.0, 1.0]
     else:
         levels = np.rint(np.asarray(pooled.sums)[:, list(v.columns)] / v.weight)
-        cells = np.column_stack([levels, pooled.counts - present])
+        cells = np.column_stack([levels, missing])
         cost = [1.0] * len(v.columns) + [1.0]
+    if withheld is not None:
+        cells, cost = np.column_stack([cells, withheld]), cost + [1.0]
     cells = np.vstack([cells, cells.sum(axis=0)]).astype(np.int64)
     assert cells.shape[0] == k + 1
     return CountTable(cells, shown, column_cost=np.array(cost))
@@ -250,7 +263,7 @@ def _span(lo: float, hi: float) -> str:
 def _numeric(add, cluster, v, pooled, moments, members, lower, upper, protected, i, table,
              slack, floor):
     j = v.columns[0]
-    n, missing = (int(x) for x in table.values[i])
+    n, missing = (int(x) for x in table.values[i, :2])
     status = protected.status[i]
     add(cluster, v.name, "", v.unit, "n", _count(status[0], n, slack, floor))
     if status[0] == SHOWN and n > 0:
@@ -269,25 +282,37 @@ def _numeric(add, cluster, v, pooled, moments, members, lower, upper, protected,
             quantiles = {stat: mean for stat in quantiles}
         for stat, value in quantiles.items():
             add(cluster, v.name, "", v.unit, stat, value)
-    _missing(add, cluster, v, status[1], missing, table.row_totals[i], slack, floor)
+    _missing(add, cluster, v, protected, i, table, 1, slack, floor)
 
 
-def _missing(add, cluster, v, status, missing, rows, slack, floor):
-    add(cluster, v.name, "", v.unit, "missing n", _count(status, missing, slack, floor))
-    if status == SHOWN and rows:
-        add(cluster, v.name, "", v.unit, "missing %", 100.0 * missing / rows)
+def _missing(add, cluster, v, protected, i, table, at, slack, floor):
+    """The variable's cells missing in the data (column ``at`` of its count table) and,
+    where the table has one more column, the present cells the lone-cell rule withheld:
+    each a count and a % of the cluster's rows."""
+    rows = int(table.row_totals[i])
+    for column, name in ((at, "missing"), (at + 1, "withheld")):
+        if column >= table.values.shape[1]:
+            break
+        count, status = int(table.values[i, column]), protected.status[i][column]
+        add(cluster, v.name, "", v.unit, f"{name} n", _count(status, count, slack, floor))
+        if status == SHOWN and rows:
+            add(cluster, v.name, "", v.unit, f"{name} %", 100.0 * count / rows)
 
 
 def _categorical(add, cluster, v, protected, i, table, slack, floor):
     rows = int(table.row_totals[i])
-    missing = int(table.values[i, -1])
+    at = len(v.levels)  # the missing cells' column; then the withheld cells', if any
     status = protected.status[i]
-    present = rows - missing
-    if status[-1] == SHOWN:
+    present = int(table.values[i, :at].sum())
+    absent = list(range(at, table.values.shape[1]))
+    if all(status[c] == SHOWN for c in absent):
         denominators = (present, present)
     else:  # the rows with the variable present, as far as the published figures say
-        low, high = protected.bounds([(i, len(status) - 1)])
-        denominators = (rows - high[i, -1], rows - low[i, -1])
+        hidden = [c for c in absent if status[c] != SHOWN]
+        low, high = protected.bounds([(i, c) for c in hidden])
+        shown = sum(int(table.values[i, c]) for c in absent if status[c] == SHOWN)
+        denominators = (rows - shown - int(high[i, hidden].sum()),
+                        rows - shown - int(low[i, hidden].sum()))
     for c, level in enumerate(v.levels):
         n = int(table.values[i, c])
         add(cluster, v.name, level, "", "n", _count(status[c], n, slack, floor))
@@ -299,7 +324,7 @@ def _categorical(add, cluster, v, protected, i, table, slack, floor):
             low = 100.0 * n / denominators[1]
             add(cluster, v.name, level, "", "%",
                 _span(low, 100.0 * n / denominators[0] if denominators[0] > 0 else 100.0))
-    _missing(add, cluster, v, status[-1], missing, rows, slack, floor)
+    _missing(add, cluster, v, protected, i, table, at, slack, floor)
 
 
 def _composition(add, clusters, answered: Answered, shown: np.ndarray, floor: int,

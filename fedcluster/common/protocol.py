@@ -169,8 +169,10 @@ class ClusterProfile(NamedTuple):
     cluster: its rows; per cluster and encoded feature, in the encoded units (not scaled):
     the rows counted (the cluster's rows, 0 where the cluster is withheld), the present
     cells, their sum, their squared deviations about the reference point sent, their
-    histogram over the bins sent (numeric features only), and whether the cell was
-    withheld (every cell of a cluster under the floor, an empty one too)."""
+    histogram over the bins sent (numeric features only), whether the cell was withheld
+    (``hidden``: every cell of a cluster under the floor, an empty one too) and the
+    present cells the lone-cell rule withheld (``withheld``: present in the data, fewer
+    than p_site of their feature in their group; not in ``present``, not missing)."""
 
     counts: np.ndarray
     rows: np.ndarray
@@ -179,6 +181,7 @@ class ClusterProfile(NamedTuple):
     squares: np.ndarray
     histograms: np.ndarray
     hidden: np.ndarray
+    withheld: np.ndarray
 
 
 class Distances(NamedTuple):
@@ -251,8 +254,9 @@ TASKS: dict[str, Task] = {task.name: task for task in (
     Task("profile", ProfileInputs, ClusterProfile, rows="per-cluster", secure=True,
          sends="per cluster (of at least p rows, else withheld whole): its rows; per "
                "cluster and encoded feature: present cells, their sum, squared deviations "
-               "about the point sent and a histogram of its groups' means, whole (the "
-               "table's small-cell rule is the server's, on the pooled cells)"),
+               "about the point sent, a histogram of its groups' means and the present "
+               "cells its groups withhold (a count), whole (the table's small-cell rule is "
+               "the server's, on the pooled cells)"),
 )}
 
 #: The tasks a secure round may carry, and those a site runs under DP.

@@ -56,7 +56,8 @@ WEIGHT = 1
 # Terms whose sums are integers (rounded after decoding; exact, see check_exact_counts).
 INTEGER_TERMS = {"n", "w-int", "counts", "hidden",
                  *(protocol.PROFILE_TERM + name for name in ("counts", "rows", "present",
-                                                            "histograms", "hidden"))}
+                                                            "histograms", "hidden",
+                                                            "withheld"))}
 # The phases whose round is a secure sum; describe and stats run plain, and init is secure
 # when its task is a sum (``strategies/secure_sum.is_secure_round``).
 SECURE_PHASES = ("train", "evaluate", "interim", "distances", "profile-range", "profile")

@@ -356,6 +356,6 @@ def table_lines(table: dict | None) -> list[str]:
     missing = {c: f for c, f in table.get("cells-missing", {}).items()
                if f["total"] or f.get("sites-under-floor")}
     if missing:
-        lines.append("  imputed cells per column: "
+        lines.append("  missing cells per column: "
                      + ", ".join(f"{c} {count(f)}" for c, f in missing.items()))
     return lines

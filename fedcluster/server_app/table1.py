@@ -14,8 +14,10 @@ variable
     ``n``, ``%`` of the cluster) or a schema column.
 level
     ``""`` for a numeric variable (``n``, ``mean``, ``sd``, ``median``, ``q1``, ``q3``,
-    ``missing n``, ``missing %``); a categorical level's label (``n``, ``%`` of the rows
-    with the variable present), and ``""`` for its ``missing n``, ``missing %``.
+    ``missing n``, ``missing %``: cells absent in the data; ``withheld n``, ``withheld
+    %``: cells present in the data that the sites' lone-cell rule withheld, only where
+    there are any); a categorical level's label (``n``, ``%`` of the rows with the
+    variable present), and ``""`` for its ``missing``/``withheld`` ``n`` and ``%``.
 unit
     The numeric variable's unit, or ``""``.
 value
@@ -162,11 +164,12 @@ def table1_layout(rows: list[dict], meta: dict) -> tuple[list[str], list[tuple[s
             body.append((INDENT + "median [Q1, Q3]",
                          [_median(get(c, variable, "", "median"), get(c, variable, "", "q1"),
                                   get(c, variable, "", "q3")) for c in columns], "level"))
-        missing = [get(c, variable, "", "missing n") for c in columns]
-        # Shown when any cell has missing rows, or may have (a withheld count, an interval).
-        if any(isinstance(m, str) and m != "" or _number(m) and m > 0 for m in missing):
-            body.append((INDENT + "missing, n (%)", n_pct(variable, "", "missing n", "missing %"),
-                         "level"))
+        for name, text in (("missing", "missing"), ("withheld", "withheld (group rule)")):
+            counts = [get(c, variable, "", f"{name} n") for c in columns]
+            # Shown when any cell has such rows, or may have (a withheld count, an interval).
+            if any(isinstance(m, str) and m != "" or _number(m) and m > 0 for m in counts):
+                body.append((INDENT + f"{text}, n (%)",
+                             n_pct(variable, "", f"{name} n", f"{name} %"), "level"))
     return header, body, _notes(meta, rows)
 
 
@@ -295,6 +298,11 @@ def _notes(meta: dict, rows: list[dict] = ()) -> list[str]:
                  "cluster's rows with the variable present; where that number is withheld, "
                  "the range of % the figures allow); missing: n (% of the cluster's rows); "
                  "\"-\": not available.")
+    if any(r["statistic"] == "withheld n" for r in rows):
+        notes.append("Withheld (group rule): values present in the data but not used, each "
+                     "alone or nearly (fewer than the site's floor) among the present values "
+                     "of its variable in its group of rows; they are in no mean, SD or "
+                     "quartile, and are not counted missing.")
     if any(r["statistic"] == "rows shown" for r in rows):
         notes.append("A cluster with \"shown\" in its heading: a site withheld its rows of it "
                      "(fewer than that site's floor), so its counts read a-b (from those shown "

@@ -229,9 +229,13 @@ def table1_of(strategy) -> dict | None:
                      "run's metrics count it, and enters the histograms at its mean, which "
                      "draws the quartiles towards the median (on the clinical demo with "
                      "groups of 2: a median 0.8 bins, 7% of the rows' IQR, from the rows' own "
-                     "quartiles, at worst 4.1 bins; BENCHMARKS.md, table1-quartiles); means, "
-                     "SDs and counts are those of the rows, but for a value alone in its group "
-                     "(fewer than min-cluster-size of its column), which counts as missing.")
+                     "quartiles, at worst 4.1 bins; BENCHMARKS.md, table1-quartiles). Means "
+                     "and counts are those of the rows' present values (a value the group rule "
+                     "withholds is counted apart and is in no figure); an SD is of the groups' "
+                     "spreads as the sites keep them, where a site withholds a group's spread "
+                     "(the dominance rule, or a spread that would give values back) the site's "
+                     "pooled spread of the variable standing in for it, which can make an SD "
+                     "larger than the rows' own.")
     notes += strategy.profile_table["notes"]
     accounts = [site.rows for site in strategy.ordered_sites() if site.rows]
     if (short := sum(site_rows.not_answered(rows) for rows in accounts)):

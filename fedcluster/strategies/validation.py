@@ -240,7 +240,8 @@ def cluster_profile(reply: protocol.ClusterProfile, expect: Expect, n_rows: int,
     hidden flag per site and cell."""
     k, d, bins = expect.n_clusters, expect.n_features, expect.max_rows
     shapes = {"counts": (k,), "rows": (k, d), "present": (k, d), "sums": (k, d),
-              "squares": (k, d), "histograms": (k, d, bins), "hidden": (k, d)}
+              "squares": (k, d), "histograms": (k, d, bins), "hidden": (k, d),
+              "withheld": (k, d)}
     values = {}
     for name, shape in shapes.items():
         a = np.asarray(getattr(reply, name))
@@ -251,9 +252,10 @@ def cluster_profile(reply: protocol.ClusterProfile, expect: Expect, n_rows: int,
         values[name] = a.astype(np.float64 if name in ("sums", "squares") else np.int64)
     counts = _counts("profile cluster sizes", values["counts"], expect, n_rows)
     rows, present, hist = values["rows"], values["present"], values["histograms"]
-    if np.any(rows > counts[:, None]) or np.any(present > rows) or np.any(hist.sum(axis=2) > present):
+    if np.any(rows > counts[:, None]) or np.any(present + values["withheld"] > rows) \
+            or np.any(hist.sum(axis=2) > present):
         raise ReplyError("profile counts do not nest (cluster >= rows counted >= present "
-                         ">= histogram)")
+                         "+ withheld, present >= histogram)")
     if n_sites == 1 and np.any((rows != 0) & (rows != counts[:, None])):
         raise ReplyError("profile rows counted are neither 0 nor the cluster's rows")
     if np.any(values["squares"] < 0) or np.any(values["hidden"] > n_sites):

@@ -30,23 +30,21 @@ site's answered history (``versions/lineage.py``).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import tempfile
 import weakref
 from pathlib import Path
 
 import numpy as np
 
 from fedcluster.client_app import site_files
-from fedcluster.client_app.mapped_pages import rows_in_spans
-from fedcluster.client_app.data import group_entries, group_spreads, group_stats, versions
+from fedcluster.client_app.data import (group_entries, group_spreads, group_stats, grouped_rows,
+                                         versions)
 from fedcluster.client_app.data.group_stats import group_statistics
-from fedcluster.client_app.data.grouping import group_rows, grouping_scale
-from fedcluster.client_app.data.site_data import SiteData, SiteDataError, release_pages
+from fedcluster.client_app.data.grouping import grouping_scale
+from fedcluster.client_app.data.site_data import SiteData, SiteDataError
 from fedcluster.client_app.release.lone_cells import withhold_lone_cells
 from fedcluster.client_app.site_groups import GroupLabels, SiteGroups
 from fedcluster.client_app.data.versions import joining, row_keys
@@ -55,9 +53,6 @@ __all__ = ["build", "group_statistics", "grouping_scale", "judged_features", "ro
            "rows_as_groups", "site_groups"]
 
 logger = logging.getLogger(__name__)
-#: Rows per chunk of a pass over the rows (row hashes, fill means): bounds the
-#: temporaries to a few CHUNK_ROWS x d values.
-CHUNK_ROWS = 1 << 14
 
 
 # ------------------------------------------------------------------ labels and digest
@@ -101,15 +96,16 @@ def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, wa
             digest: str | None = None, table_ref=None, rows_dropped: int | None = None,
             spread_rule: dict | None = None, held_back: tuple = (0, "")):
     """The SiteGroups of a group table as made or kept: a feature's present cells fewer
-    than p_site in a group count as missing (``release/lone_cells.py``; applied
-    here, on every table handed to tasks, kept ones made before the rule included); the
-    table's facts (missing cells, rows dropped) as the groups keep them."""
+    than p_site in a group are withheld (``release/lone_cells.py``; applied here, on
+    every table handed to tasks, kept ones made before the rule included) and counted
+    apart (``SiteGroups.withheld``); the table's facts (cells missing in the data, rows
+    dropped) as the groups keep them."""
     digest = digest or group_entries.table_digest(counts, sums, m2, present, labels, min_size)
-    sums, m2, present, withheld = withhold_lone_cells(sums, m2, present, min_size)
     facts = site.table
-    if facts is not None:
+    if facts is not None:  # missing in the data: the cells the rule withholds are present
         facts = facts.of_groups(counts, present, facts.rows_dropped if rows_dropped is None
                                 else rows_dropped)
+    sums, m2, present, withheld = withhold_lone_cells(sums, m2, present, min_size)
     return SiteGroups(counts, sums, m2, present, site.source, min_size, digest,
                       site.feature_names, labels, facts, waiting, site.fingerprint,
                       withheld, table_ref, spread_rule, held_back=held_back[0],
@@ -134,62 +130,10 @@ def rows_as_groups(site: SiteData) -> SiteGroups:
                       site.feature_names, labels, site.table, 0, site.fingerprint)
 
 
-# ------------------------------------------------------------------ what the grouping sees
-@contextlib.contextmanager
-def _grouping_rows(site: SiteData, rows: np.ndarray | None = None, scratch: Path | None = None):
-    """The rows the grouping sees (``rows``: those rows of the site, ascending): a missing
-    cell at its feature's site mean (the grouping only decides who is with whom; the
-    statistics keep the cell missing). The site's own rows when it has all of them and
-    no missing cell; else a copy, made a chunk at a time, in a temporary file in
-    ``scratch`` when given (mapped read-only, so never all resident), else in memory."""
-    X = site.X
-    missing = site.table is not None and site.table.has_missing
-    if rows is None and not missing:
-        yield X
-        return
-    n, d = (X.shape[0] if rows is None else len(rows)), X.shape[1]
-
-    def chunks():  # in file order, a memory-mapped site's pages dropped after each
-        for start in range(0, n, CHUNK_ROWS):
-            yield start, np.asarray(X[start:start + CHUNK_ROWS] if rows is None
-                                    else rows_in_spans(X, rows[start:start + CHUNK_ROWS], CHUNK_ROWS))
-            release_pages(X)
-
-    means = None
-    if missing:  # chunked, so a file and memory give the same bits
-        present, total = np.zeros(d, dtype=np.int64), np.zeros(d)
-        for _, block in chunks():
-            absent = np.isnan(block)
-            present += (~absent).sum(axis=0)
-            total += np.where(absent, 0.0, block).sum(axis=0)
-        means = total / np.maximum(present, 1)
-    with contextlib.ExitStack() as stack:
-        out = stack.enter_context(tempfile.TemporaryFile(dir=scratch)) if scratch else None
-        copy = np.empty((n, d)) if out is None else None
-        for start, block in chunks():
-            if means is not None:
-                block = np.where(np.isnan(block), means, block)
-            if out is None:
-                copy[start:start + len(block)] = block
-            else:
-                out.write(np.ascontiguousarray(block))
-        if out is not None:
-            out.flush()
-            copy = np.memmap(out, dtype=np.float64, mode="r", shape=(n, d))
-        yield copy
-
-
 # ------------------------------------------------------------------ the table
-def _grouped(site: SiteData, min_size: int, rows: np.ndarray | None = None,
-             scratch: Path | None = None) -> np.ndarray:
-    """Each row's group (``rows``: of those rows alone), numbered by first appearance."""
-    with _grouping_rows(site, rows, scratch) as X:
-        return group_rows(X, min_size, grouping_scale(X))
-
-
 def _fresh(site: SiteData, min_size: int, scratch: Path | None = None):
     """A table of the site's rows grouped afresh, and each row's group (-1: waiting)."""
-    group_of_row = _grouped(site, min_size, scratch=scratch)
+    group_of_row = grouped_rows.grouped(site, min_size, scratch=scratch)
     n_groups = int(group_of_row.max()) + 1 if group_of_row.size else 0
     columns, order, spreads = group_stats.ordered(site.X, group_of_row, n_groups, scratch,
                                                   min_size, judged=judged_features(site))
@@ -318,13 +262,14 @@ def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str
                                       np.asarray(parts["row-hashes"]), np.asarray(parts["row-groups"]),
                                       int(meta["min-size"]), entry, has_missing)
     plan, _ = versions.plan_for(store, site.X, keys, site.row_ids, min_size,
-                                lambda rows, size=min_size: _grouped(site, size, rows, directory),
+                                lambda rows, size=min_size: grouped_rows.grouped(site, size, rows, directory),
                                 lambda rows, unit, lost, fresh, labels, lost_units: _join_units(
                                     site, rows, unit, lost, fresh, labels, min_size, lost_units),
                                 has_missing, versions.lineage_name(key),
                                 lambda groups: group_spreads.pair_rows(site.X, groups),
                                 lambda record: group_entries.read_arrays(
-                                    directory / record["entry"]) is not None)
+                                    directory / record["entry"]) is not None,
+                                lambda groups: grouped_rows.mended(site, groups, min_size, directory))
     table, group_of_row, order = _version_table(site, plan, directory, min_size)
     lineage = plan.lineage
     number = len(store.tables)
@@ -364,7 +309,7 @@ def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, lost: np.nda
     missing cell at its feature's site mean; ``grouping_scale``)."""
     together = np.concatenate([rows, fresh])
     order = np.argsort(together, kind="stable")
-    with _grouping_rows(site, together[order]) as X:
+    with grouped_rows.grouping_rows(site, together[order]) as X:
         scale = grouping_scale(X)
         Z = np.empty((together.size, X.shape[1]))
         Z[order] = np.asarray(X) * (1.0 if scale is None else scale)

@@ -75,7 +75,7 @@ def _record_cells(store: Store, X: np.ndarray, instances: np.ndarray, rows: np.n
 
 def plan_for(store: Store, X: np.ndarray, keys: np.ndarray, row_ids, min_size: int,
              group_waiting, attach, has_missing: bool, new_lineage: str,
-             pair=None, readable=None) -> tuple[Plan, np.ndarray]:
+             pair=None, readable=None, mend=None) -> tuple[Plan, np.ndarray]:
     """Match a version's rows to the store's instances and plan its groups
     (``next_version.plan_version``, which links its new rows to the rows they may be
     versions of: ``links.py``); (the plan, each row's instance)."""
@@ -88,7 +88,8 @@ def plan_for(store: Store, X: np.ndarray, keys: np.ndarray, row_ids, min_size: i
         width = X.shape[1]
         present = lambda instances: store.present_cells(instances, width)  # noqa: E731
     plan = next_version.plan_version(store, instance_of_row, min_size, group_waiting, attach,
-                                     present, new_lineage, pair, instance_of_row[new], readable)
+                                     present, new_lineage, pair, instance_of_row[new], readable,
+                                     mend)
     return plan, instance_of_row
 
 

@@ -160,10 +160,13 @@ def _all_live(store: Store, groups: np.ndarray, live: np.ndarray) -> np.ndarray:
 
 
 def _kept_groups(store: Store, live: np.ndarray, p: int, base: dict | None,
-                 readable) -> list[tuple[dict, np.ndarray]]:
+                 readable, present=None) -> list[tuple[dict, np.ndarray]]:
     """The groups a version keeps whole, per table: (its record, their positions in it).
 
-    A group qualifies when its instances are all ``live`` and it has at least ``p``; the
+    A group qualifies when its instances are all ``live`` and it has at least ``p`` (and,
+    made at a lower floor than ``p``, holds no feature's present cells 1 to p - 1 of them:
+    its rows are grouped anew, where a group that would hold them alone is merged with a
+    near one, ``data/present_groups.py``; ``present``: the instances' present cells); the
     tables are taken in the order of the rows their qualifying groups cover (most first;
     on a tie the base, then the newest), each giving its groups that share no instance
     with a group taken before. A table other than the base gives none unless its
@@ -176,6 +179,11 @@ def _kept_groups(store: Store, live: np.ndarray, p: int, base: dict | None,
     sizes = np.diff(store.offsets)
     qualifies = (np.add.reduceat((~live[store.members]).astype(np.int64), store.offsets[:-1]) == 0) \
         & (sizes >= p)
+    raised = np.flatnonzero(qualifies & (store.group_p < p))
+    if present is not None and raised.size:
+        offsets, members = store.members_csr(raised)
+        cells = np.add.reduceat(np.asarray(present(members), dtype=np.int64), offsets[:-1], axis=0)
+        qualifies[raised[((cells > 0) & (cells < p)).any(axis=1)]] = False
     # (a small history's tables are kept in memory; a large one's read mapped, one at a time)
     keep = store.n_groups < KEEP_TABLES_BELOW
     order = []
@@ -210,7 +218,7 @@ KEEP_TABLES_BELOW = 1 << 20
 
 def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waiting, attach,
                  present=None, new_lineage: str = "", pair=None, new_instances=None,
-                 readable=None) -> Plan:
+                 readable=None, mend=None) -> Plan:
     """Group a version's rows by the rule of the module docstring.
 
     Parameters
@@ -242,6 +250,10 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
     readable : callable (table record) -> bool, optional
         Whether a table's statistics can still be read (its entry is there): only such a
         table's groups are reused (None: every table's).
+    mend : callable (list of row arrays) -> list of row arrays, optional
+        The new groups with those that would hold a feature's present cells alone merged
+        with near ones (``data/present_groups.py``), before the audit judges them (unions
+        of new groups: every earlier group's rows still reach one new group).
     """
     n = instance_of_row.size
     live = np.zeros(store.n_instances, dtype=bool)
@@ -258,7 +270,7 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
               None if base is None else base["n"])
     group_of_row = np.full(n, -1, dtype=np.int64)
     record = {"rows": n, "base": None if base is None else base["n"]}
-    kept_from = _kept_groups(store, live, p, base, readable)
+    kept_from = _kept_groups(store, live, p, base, readable, present)
     kept = np.concatenate([np.zeros(0, dtype=np.int64)] + [
         store.table_groups(table["n"])[positions] for table, positions in kept_from])
     offsets, members = store.members_csr(kept)
@@ -279,12 +291,16 @@ def plan_version(store: Store, instance_of_row: np.ndarray, p: int, group_waitin
     record.update({"reused-groups": int(kept.size) - int(sum(pos.size for pos in from_base)),
                    "reused-rows": int(np.count_nonzero(group_of_row >= 0)) - base_rows})
     pair_rows = None if pair is None else (lambda groups: pair([row_of[m] for m in groups]))
+    mend_rows = None if mend is None else (
+        lambda groups: [instance_of_row[rows] for rows in mend([row_of[m] for m in groups])])
     best = None
     # units that lost rows and found no host make groups of whole units, the fewest units
     # a group first, more while the audits hold any back (``joining.lost_group_units``)
     for lost_units in joining.lost_group_units(p):
         candidates, lost_alone = _new_groups(store, instance_of_row, group_of_row,
                                              group_waiting, attach, p, lost_units)
+        if mend_rows is not None and len(candidates) > 1:
+            candidates = mend_rows(list(candidates))
         findings: list[str] = []
         passed, held, units = audited(store, list(candidates), p, present, findings, pair_rows)
         answered = sum(m.size for m in passed)

@@ -1,0 +1,135 @@
+"""What the clinician reads against what the model does (issue 56, its first must-show).
+
+The clinical demo (``fedcluster.common.clinical_demo``: 4 sites, the schema, impute-mean,
+``scale = standard``, DWF with k = 4; data seed 7, which no test uses) is run at each site
+floor p (every site's ``min-cluster-size``, the run's too) with 3 run seeds. Per run:
+
+- ``reported ARI``: the adjusted Rand index against the true phenotype that the run
+  itself reports (its evaluation: each site's groups in one cluster whole);
+- ``model ARI``: the same index of ``Model.predict_table`` on every site's file, row by
+  row (what a site does with the model);
+- ``lost / missing``: the present values Table 1 does not use (its ``missing n`` plus its
+  ``withheld n``, column "All") over the cells truly missing in the files, in total and
+  in the worst column; ``missing n`` alone over the truly missing is shown too (it is 1
+  exactly where Table 1 counts missing what is missing).
+
+Usage::
+
+    python bench/clinical_report.py [--site-floors 2 3 5 10] [--seeds 1 2 3] [--out BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import report  # noqa: E402
+
+DATA_SEED = 7
+N_SITES = 4
+K = 4
+
+
+def _files(work: Path):
+    from fedcluster.common.clinical_demo import write_clinical
+
+    paths = write_clinical(work / "demo", n_sites=N_SITES, seed=DATA_SEED)
+    return paths[0], paths[1:]
+
+
+def _truth(schema_path: Path, files: list[Path], work: Path):
+    """Per numeric or categorical variable of the schema, the cells missing in the files;
+    the phenotype of every row (files in order)."""
+    from fedcluster.client_app.data.schema_table import load_schema_table
+    from fedcluster.common import profile
+    from fedcluster.common.schema import load_schema
+
+    schema = load_schema(schema_path)
+    missing, phenotypes = {}, []
+    for path in files:
+        data = load_schema_table(path, schema, cache_dir=work / "reread")
+        for v in profile.variables_of(schema):
+            missing[v.name] = missing.get(v.name, 0) + int(np.isnan(data.X[:, v.columns[0]]).sum())
+        with open(path, newline="") as handle:
+            phenotypes += [row["phenotype"] for row in csv.DictReader(handle)]
+    return missing, phenotypes
+
+
+def _model_labels(model, files: list[Path]) -> list[int]:
+    labels = []
+    for path in files:
+        with open(path, newline="") as handle:
+            rows = list(csv.reader(handle))
+        header, body = rows[0], rows[1:]
+        columns = [[row[j] for row in body] for j in range(len(header))]
+        labels += model.predict_table(header, columns, source=str(path)).by_row().tolist()
+    return labels
+
+
+def measure(p: int, seed: int, work: Path) -> dict:
+    from sklearn.metrics import adjusted_rand_score
+
+    from fedcluster.simulation import run_in_process
+
+    schema_path, files = _files(work)
+    missing, phenotypes = _truth(schema_path, files, work)
+    nodes = [{"data-path": str(f), "schema-path": str(schema_path), "site-id": f"H{i + 1}",
+              "cache-dir": str(work / f"cache-{p}-{seed}"), "min-cluster-size": p}
+             for i, f in enumerate(files)]
+    config = {"algorithm": "dwf", "n-clusters": K, "scale": "standard", "min-cluster-size": p,
+              "central-baseline": False, "seed": seed, "schema": str(schema_path),
+              "output-dir": ""}
+    result = run_in_process(nodes, config)
+    table = {(r.cluster, r.variable, r.statistic): r.value for r in result.profile.itertuples()}
+    lost, counted = {}, {}
+    for name, truly in missing.items():
+        shown = table.get(("all", name, "missing n"), 0)
+        withheld = table.get(("all", name, "withheld n"), 0)
+        if truly:
+            counted[name] = float(shown) / truly
+            lost[name] = (float(shown) + float(withheld or 0)) / truly
+    total = sum(missing.values())
+    return {"reported": float(result.metrics["ari"]),
+            "model": float(adjusted_rand_score(phenotypes, _model_labels(result.model, files))),
+            "lost": sum(lost[n] * missing[n] for n in lost) / total,
+            "lost-worst": max(lost.values()), "worst-column": max(lost, key=lost.get),
+            "counted": sum(counted[n] * missing[n] for n in counted) / total}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--site-floors", type=int, nargs="+", default=[2, 3, 5, 10])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    report.quiet_flower()
+    lines = ["| p | reported ARI | model ARI | reported - model | lost / missing (total) | "
+             "worst column | missing n / missing |", "|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in args.site_floors:
+            runs = [measure(p, seed, Path(tmp) / f"p{p}-s{seed}") for seed in args.seeds]
+            mean = {key: statistics.fmean(r[key] for r in runs)
+                    for key in ("reported", "model", "lost", "counted")}
+            worst = max(runs, key=lambda r: r["lost-worst"])
+            gap = max(abs(r["reported"] - r["model"]) for r in runs)
+            lines.append(f"| {p} | {mean['reported']:.3f} | {mean['model']:.3f} | "
+                         f"{gap:.3f} (largest) | {mean['lost']:.2f} | {worst['lost-worst']:.2f} "
+                         f"({worst['worst-column']}) | {mean['counted']:.2f} |")
+            print(lines[-1], flush=True)
+    text = (report.header("What the clinician reads: the run's report against the model "
+                          "(clinical demo)")
+            + "\n" + __doc__.split("Usage::")[0].split("\n\n", 1)[1].strip() + "\n\nMeans over the run seeds "
+            + ", ".join(map(str, args.seeds)) + f" (data seed {DATA_SEED}, {N_SITES} sites, "
+            f"k = {K}).\n\n" + "\n".join(lines) + "\n")
+    report.write_section("clinical-report", text, args.out)
+
+
+if __name__ == "__main__":
+    main()
