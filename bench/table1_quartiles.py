@@ -96,9 +96,11 @@ def main(argv=None) -> None:
              "run floor 1): every numeric variable's q1, median and q3 in each cluster and in "
              "all rows (14 variables x 5 columns x 3 = 210 figures), against pandas' "
              "quantiles of the rows in the same cells, each row in its group's cluster. "
-             "A bin is the variable's schema range / median-bins (200). Groups count a value "
-             "alone in its group (fewer than p_site of its column) as missing; the rows' "
-             "quantiles keep it.", "",
+             "A bin is the variable's schema range / median-bins (200). The sites merge groups "
+             "so that no present value is alone in its column in its group (groups of 3 to "
+             "11 rows at p_site 2): larger groups than p_site to 2 p_site - 1, which draw "
+             "the quartiles further towards the median (at p_site 2 the median gap was 0.8 "
+             "bins, 7% of the IQR, before).", "",
              "| sites answer from | median gap (bins) | 90th pct (bins) | worst (bins) | "
              "median gap / IQR | worst gap / IQR |", "|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as scratch:

@@ -112,6 +112,7 @@ def messages(A: SiteData):
         out += [
             ("stats", [], {**t, "scale": "standard"}), ("stats", [], {**t, "scale": "minmax"}),
             ("bounds", [], t),
+            ("value_range", [], t),
             ("local_kmeans", [], {**t, "k-local": 7, "seed": 3}),
             ("kmeanspp", [], {**t, "k-local": 5, "seed": 4}),
             ("kmeanspp", [], {**t, "k-local": 5, "seed": 4, "init": "random"}),

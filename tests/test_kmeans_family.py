@@ -284,7 +284,7 @@ def test_kfed_on_few_clusters_per_site_within_5_percent_of_central():
     assert r.metrics["score"] <= 1.05 * central
     # one-shot: the server's k-means of the local centroids lands on the clusters' means
     # here, so the evaluation's distances serve Davies-Bouldin (no second pass)
-    assert [h["task"] for h in r.history] == ["describe+local_kmeans", "evaluate", "profile",
+    assert [h["task"] for h in r.history] == ["describe+local_kmeans", "evaluate", "value_range",
                                               "profile"]
 
 

@@ -76,8 +76,9 @@ def test_simulation_engine_matches_in_process(engine_run):
     np.testing.assert_allclose(engine.metrics["score"], harness.metrics["score"], rtol=1e-12)
     # the streamed ServerApp log has one progress line per round
     assert len(PROGRESS.findall(run.output)) == len(engine.history)
-    # Table 1 by cluster (two profile rounds: no schema declares a range): the same rows
-    assert [row["task"] for row in engine.history][-2:] == ["profile", "profile"]
+    # Table 1 by cluster (two rounds, the histograms' range and the profile: no schema
+    # declares a range): the same rows
+    assert [row["task"] for row in engine.history][-2:] == ["value_range", "profile"]
     ours, theirs = engine.profile, harness.profile
     assert len(ours) == len(theirs) > 64 * (CONFIG["n-clusters"] + 1) * 5
     assert ours[["cluster", "variable", "level", "statistic"]].equals(

@@ -217,3 +217,27 @@ def test_the_profile_is_the_same_a_slab_of_groups_at_a_time(monkeypatch):
             assert a["value"] == b["value"]
         else:
             assert b["value"] == pytest.approx(a["value"], rel=1e-12, abs=1e-12), a
+
+
+def test_no_quartile_lies_outside_what_the_groups_span_without_a_schema():
+    """Digits (no schema, so no declared range; pixels 0 to 16): the histograms span the
+    sites' least to greatest group means (``value_range``), so every median and quartile
+    of Table 1 lies within the pixels' own span. With a mean +- 3 SD range, as before,
+    pixel_0_1's quartiles read -0.00878 [-0.0496, 0.0321]."""
+    import fedcluster
+    from fedcluster.common.datasets import load_builtin
+    from fedcluster.server_app.table1 import table1_markdown
+
+    X = load_builtin("digits")[0]
+    result = fedcluster.simulate(num_sites=3, dataset="digits", n_clusters=10, num_rounds=10)
+    assert [h["task"] for h in result.history][-2:] == ["value_range", "profile"]
+    rows = result.model.table1["rows"]
+    names = [f"pixel_{i}_{j}" for i in range(8) for j in range(8)]
+    quartiles = [(r["variable"], r["value"]) for r in rows
+                 if r["statistic"] in ("q1", "median", "q3") and not isinstance(r["value"], str)]
+    assert len(quartiles) == 3 * 64 * 11
+    for name, value in quartiles:
+        column = X[:, names.index(name)]
+        assert column.min() <= value <= column.max(), (name, value)
+    # medians and quartiles read from groups say so
+    assert "median [Q1, Q3] of groups" in table1_markdown(rows, result.model.table1)

@@ -237,10 +237,10 @@ def test_site_policies_on_real_site_processes(bed, tmp_path):
     assert sorted(failures) == ["2"] and model.metrics["sites-at-max-rounds"] == {"1": 2}
     # (describe with bounds, lloyd, lloyd, evaluate, then the distances for Davies-Bouldin:
     # site 0's groups of 10 split by their spread in training, so the centroids are not
-    # the evaluation's means of whole groups; then Table 1's two profile rounds, site 1
-    # at its limit)
+    # the evaluation's means of whole groups; then Table 1's two rounds, the histograms'
+    # range and the profile, site 1 at its limit)
     assert [h["task"] for h in model.history] == ["describe+bounds", "lloyd", "lloyd", "evaluate",
-                                                  "evaluate_distances", "profile", "profile"]
+                                                  "evaluate_distances", "value_range", "profile"]
     assert [h["sites-answered"] for h in model.history] == [2, 2, 1, 1, 1, 1, 1]
     assert [h["sites-asked"] for h in model.history] == [3, 2, 1, 1, 1, 1, 1]
     assert sorted(model.metrics["per-site"]) == ["0"]

@@ -49,8 +49,8 @@ def test_stops_on_convergence_and_records_history(sites):
     assert 2 < len(train) < 40 and train[-1]["movement"] < 1e-9
     # converged: the last round moved nothing, so it carried the evaluation, and the
     # pooled means are the centroids, so its distances give Davies-Bouldin (no more rounds)
-    # (then the two profile rounds of Table 1)
-    assert [h["task"] for h in r.history[-2:]] == ["profile", "profile"]
+    # (then Table 1's two rounds: the histograms' range, the profile)
+    assert [h["task"] for h in r.history[-2:]] == ["value_range", "profile"]
     assert r.history[-3]["task"] == "lloyd" and r.history[-3]["evaluated"]
     assert np.isfinite(r.metrics["davies-bouldin"])
     assert r.metrics["rounds"] == len(train)

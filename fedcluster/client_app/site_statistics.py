@@ -85,3 +85,21 @@ def stats(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
 
 def bounds(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
     return TaskReply(arrays=protocol.Range(*scaling.site_range(site.means)))
+
+
+def value_range(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
+    """Per feature, in the table's units (no fill, no scaling: ``task_runner`` hands this
+    task the table as it is), the least and the greatest of its groups' means of present
+    cells: where the profile's histograms span a column the schema gives no range, so
+    that no median or quartile Table 1 reads from them lies outside what the groups' own
+    values span. A feature without a present cell at this site sends the run's fill
+    twice (a pooled mean, inside the other sites' span), else 0."""
+    means = site.means if site.present is not None else site.sums / site.counts[:, None]
+    seen = ~np.isnan(means)
+    fill = None
+    if "transform" in params:
+        fill = scaling.FeatureTransform.decode(str(params["transform"])).fill
+    stand_in = np.zeros(site.n_features) if fill is None else np.nan_to_num(fill, nan=0.0)
+    low = np.where(seen.any(axis=0), np.nanmin(np.where(seen, means, np.inf), axis=0), stand_in)
+    high = np.where(seen.any(axis=0), np.nanmax(np.where(seen, means, -np.inf), axis=0), stand_in)
+    return TaskReply(arrays=protocol.Range(low.astype(np.float64), high.astype(np.float64)))

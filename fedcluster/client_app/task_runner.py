@@ -75,7 +75,7 @@ def _clipped(private_rows, transform: str | None, box):
 
 #: Tasks that see the table as encoded, missing cells included (``profile`` takes the
 #: run's space itself, to assign its groups, and reports in the encoded units).
-RAW_TABLE_TASKS = frozenset({"describe", "impute_stats", "profile"})
+RAW_TABLE_TASKS = frozenset({"describe", "impute_stats", "profile", "value_range"})
 
 #: Tasks that pass over the groups only a few times, at the centroids sent.
 FEW_PASS_TASKS = frozenset({"evaluate", "evaluate_distances"})

@@ -68,7 +68,8 @@ from fedcluster.client_app.group_weights import (
 )
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.site_profile import profile_task
-from fedcluster.client_app.site_statistics import bounds, describe, impute_stats, stats
+from fedcluster.client_app.site_statistics import (bounds, describe, impute_stats, stats,
+                                                   value_range)
 from fedcluster.client_app.release.floor import Labels, PerCluster
 from fedcluster.client_app.task_io import TaskError, TaskReply, received_centroids, task_param
 
@@ -424,6 +425,7 @@ TASKS: dict[str, TaskFn] = {
     "impute_stats": impute_stats,
     "stats": stats,
     "bounds": bounds,
+    "value_range": value_range,
     "local_kmeans": local_kmeans_task,
     "lloyd": lloyd_task,
     "minibatch": minibatch_task,

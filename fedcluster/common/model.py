@@ -81,8 +81,8 @@ class Model:
     # is converted), None for a run on arrays or files read without one.
     schema: dict | None = None
     # Table 1 by cluster (``strategies/profile.py``): ``{"rows": [tidy rows], "floor": p,
-    # "secure": bool, "notes": [str]}``; None when the run left none (its metrics'
-    # ``profile-note`` says why).
+    # "secure": bool, "notes": [str], "from-groups": bool}``; None when the run left none
+    # (its metrics' ``profile-note`` says why).
     table1: dict | None = None
 
     def __post_init__(self) -> None:

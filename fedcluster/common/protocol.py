@@ -226,6 +226,10 @@ TASKS: dict[str, Task] = {task.name: task for task in (
                "(standard), or the minimum and maximum of its groups' means (minmax)"),
     Task("bounds", NoArrays, Range, private=True,
          sends="per feature: the minimum and maximum of its groups' means"),
+    Task("value_range", NoArrays, Range,
+         sends="per feature, in the table's units: the minimum and maximum of its groups' "
+               "means of present cells (Table 1's histogram range, where the schema declares "
+               "none)"),
     Task("local_kmeans", NoArrays, ClusterMeans, rows="at-most",
          sends="its local k-means centroids (of its groups' means) and their counts" + _SPREAD),
     Task("kmeanspp", NoArrays, ClusterMeans, rows="at-most",

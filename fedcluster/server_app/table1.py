@@ -56,7 +56,9 @@ def write_table1(rows: list[dict], meta: dict, directory: str | Path) -> list[Pa
     rows : list of dict
         The tidy profile rows (see the module docstring).
     meta : dict
-        ``{"floor": p, "secure": bool, "notes": [str, ...]}``; every key optional.
+        ``{"floor": p, "secure": bool, "notes": [str, ...], "from-groups": bool}``; every
+        key optional (``from-groups``: a site answered from groups, so medians and
+        quartiles are of group means, and their rows say so).
     directory : str or Path
         Created if missing.
 
@@ -161,7 +163,8 @@ def table1_layout(rows: list[dict], meta: dict) -> tuple[list[str], list[tuple[s
                          [_pair(get(c, variable, "", "mean"), get(c, variable, "", "sd"), "({})")
                           if get(c, variable, "", "mean") != "" else _why_not(get(c, variable, "", "n"))
                           for c in columns], "row"))
-            body.append((INDENT + "median [Q1, Q3]",
+            body.append((INDENT + ("median [Q1, Q3] of groups" if meta.get("from-groups")
+                                   else "median [Q1, Q3]"),
                          [_median(get(c, variable, "", "median"), get(c, variable, "", "q1"),
                                   get(c, variable, "", "q3")) for c in columns], "level"))
         for name, text in (("missing", "missing"), ("withheld", "withheld (group rule)")):
@@ -294,7 +297,10 @@ def _notes(meta: dict, rows: list[dict] = ()) -> list[str]:
                      "from the counts shown and the published margins (cluster sizes, all "
                      "rows, each site's rows); every other count is exact. Where a count is "
                      "withheld, so are its mean (SD), quartiles and %.")
-    notes.append("Numeric variables: mean (SD), then median [Q1, Q3]; categories: n (% of the "
+    notes.append("Numeric variables: mean (SD), then median [Q1, Q3]"
+                 + (" (\"of groups\": read from the sites' group means, each counting its "
+                    "present values, not from the rows)" if meta.get("from-groups") else "")
+                 + "; categories: n (% of the "
                  "cluster's rows with the variable present; where that number is withheld, "
                  "the range of % the figures allow); missing: n (% of the cluster's rows); "
                  "\"-\": not available.")

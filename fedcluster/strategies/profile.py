@@ -12,11 +12,12 @@ makes the tidy rows of Table 1 (``common/profile.py``), which ``server_app/table
 renders.
 
 The histograms span, per numeric feature, the schema's declared ``range``. Where a
-feature has none, a first ``profile`` pass without histograms gives each cluster's pooled
-mean and SD, and the range is the hull of mean +- :data:`SPREAD` SDs over the clusters
-(no site's extremes are asked for; at most 1/9 of a cluster's cells fall outside,
-into the end bins, so its quartiles are inside). Two rounds then, one with a schema
-that declares every range. Under secure aggregation, where every round is a SecAgg+ sum
+feature has none, a first round (``value_range``) asks each site for the least and the
+greatest of its groups' means of present cells, and the histograms span the sites'
+least to greatest: every group mean falls inside, so no median or quartile read from
+them lies outside what the groups' values span (a mean +- 3 SD hull, used before, put
+quartiles of pixel intensities below 0). Two rounds then, one with a schema that
+declares every range. Under secure aggregation, where every round is a SecAgg+ sum
 of four message round trips, a feature without a declared range spans the
 ``secagg-data-bound`` box instead (in the encoded units), in one round: coarser bins
 where the bound is loose.
@@ -116,13 +117,10 @@ def value_box(strategy) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plan(strategy) -> TaskPlan:
-    """The profile round: in the range phase without histograms (one bin over a
-    placeholder range), else over the ranges found."""
+    """The profile's round: in the range phase each site's least and greatest group means
+    (``value_range``), else the profile over the ranges found."""
     if strategy.phase == RANGE_PHASE:
-        lower, upper = declared_ranges(strategy)
-        unknown = np.isnan(lower)
-        lower[unknown], upper[unknown] = -1.0, 1.0
-        return profile_task(strategy, lower, upper, bins=1)
+        return TaskPlan("value_range")
     if strategy.profile_range is None:  # declared (secure: the box where not declared)
         strategy.profile_range = (value_box(strategy) if strategy.config.secure_aggregation
                                   else declared_ranges(strategy))
@@ -136,28 +134,17 @@ def reduce(strategy, plan: TaskPlan, replies) -> dict:
     return reduce_profile(strategy, plan, replies)
 
 
-#: A range without a declared one spans each cluster's mean +- this many of its SDs: at
-#: most 1/9 of a cluster's cells fall outside (Chebyshev), into the end bins, so its
-#: quartiles stay inside.
-SPREAD = 3.0
-
-
 def reduce_range(strategy, plan: TaskPlan, replies) -> dict:
-    """The range of each feature without a declared one, from the first pass's pooled
-    moments: the hull over the clusters of mean +- :data:`SPREAD` SDs (no site's extremes
-    are asked for); a feature with no spread spans one unit about its mean."""
+    """The range of each feature without a declared one: from the least to the greatest
+    of the sites' groups' means of present cells (``value_range``), so that no median
+    or quartile read from the histograms lies outside what the groups' values span; a
+    feature with no spread spans one unit about its value."""
     lower, upper = declared_ranges(strategy)
     unknown = np.isnan(lower)
     lo, hi = np.zeros(len(lower)), np.ones(len(lower))
     if replies:
-        present, mean, within = profile.cluster_moments(profile.pool([r.arrays for r in replies]),
-                                                        plan.arrays.references)
-        sd = np.sqrt(np.maximum(within, 0.0) / np.maximum(present - 1, 1))
-        shown = present > 0
-        low = np.where(shown, mean - SPREAD * sd, np.inf).min(axis=0)
-        high = np.where(shown, mean + SPREAD * sd, -np.inf).max(axis=0)
-        found = np.isfinite(low)
-        lo[found], hi[found] = low[found], high[found]
+        lo = np.min([np.asarray(r.arrays.minima, dtype=np.float64) for r in replies], axis=0)
+        hi = np.max([np.asarray(r.arrays.maxima, dtype=np.float64) for r in replies], axis=0)
     lower[unknown], upper[unknown] = lo[unknown], hi[unknown]
     flat = ~(upper > lower)
     lower[flat], upper[flat] = lower[flat] - 0.5, lower[flat] + 0.5
@@ -218,8 +205,10 @@ def table1_of(strategy) -> dict | None:
     cells name, whether it came from a secure sum, and its notes (None: no profile)."""
     if strategy.profile_table is None:
         return None
-    otherwise = ("the secagg-data-bound box" if strategy.config.secure_aggregation
-                 else f"the hull of each cluster's mean +- {SPREAD:g} SDs")
+    otherwise = ("the secagg-data-bound box: a median or quartile may then lie outside "
+                 "what the values span; declare the column's range in the schema"
+                 if strategy.config.secure_aggregation
+                 else "the least to the greatest of the sites' group means")
     notes = [f"Medians and quartiles come from a histogram of {_bins(strategy)} bins per "
              f"variable over its range (the schema's; else {otherwise}), linear within a "
              "bin: exact to one bin where a site answers from its rows."]
@@ -227,9 +216,9 @@ def table1_of(strategy) -> dict | None:
         notes.append("Sites answer from groups of rows (each at least its min-cluster-size): "
                      "a group is counted whole in the cluster its mean is nearest to, as the "
                      "run's metrics count it, and enters the histograms at its mean, which "
-                     "draws the quartiles towards the median (on the clinical demo with "
-                     "groups of 2: a median 0.8 bins, 7% of the rows' IQR, from the rows' own "
-                     "quartiles, at worst 4.1 bins; BENCHMARKS.md, table1-quartiles). Means "
+                     "draws the quartiles towards the median (on the clinical demo at p_site "
+                     "2: a median 1.3 bins, 11% of the rows' IQR, from the rows' own quartiles, "
+                     "at worst 9.3 bins; BENCHMARKS.md, table1-quartiles). Means "
                      "and counts are those of the rows' present values (a value the group rule "
                      "withholds is counted apart and is in no figure); an SD is of the groups' "
                      "spreads as the sites keep them, where a site withholds a group's spread "
@@ -247,4 +236,5 @@ def table1_of(strategy) -> dict | None:
     if strategy.profile_note:
         notes.append(strategy.profile_note[0].upper() + strategy.profile_note[1:] + ".")
     return {"rows": strategy.profile_table["rows"], "floor": floor(strategy),
-            "secure": bool(strategy.config.secure_aggregation), "notes": notes}
+            "secure": bool(strategy.config.secure_aggregation), "notes": notes,
+            "from-groups": any((s.group_size or 1) > 1 for s in strategy.sites.values())}

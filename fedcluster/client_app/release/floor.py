@@ -40,6 +40,7 @@ WHOLE_SITE = {
     "impute_stats": "it sends no imputation statistics",
     "stats": "it sends no statistics",
     "bounds": "it sends no bounds",
+    "value_range": "it sends no value range",
     "gtv": "it keeps no centroids of its own",
     "evaluate_sets": "it sends no scores",
 }

@@ -45,6 +45,7 @@ STATISTICS = {
     "impute_stats": ("counts", "sums"),
     "stats": ("counts", "sums", "spreads"),
     "bounds": ("counts", "sums"),
+    "value_range": ("counts", "sums"),
     "kmeanspp": ("counts", "sums"),
     "evaluate_distances": ("counts", "sums"),
 }
