@@ -126,7 +126,7 @@ def test_max_rounds_counts_answered_task_rounds_in_process():
     # limit, so the server does not ask it after that (no refusals, no failures)
     assert rounds == [("describe+bounds", 3, 3), ("lloyd", 3, 3), ("lloyd", 2, 2),
                       ("evaluate", 2, 2), ("evaluate_distances", 2, 2),
-                      ("profile", 2, 2), ("profile", 2, 2)]
+                      ("value_range", 2, 2), ("profile", 2, 2)]
     assert result.metrics["site-failures"] == {}
     # Table 1 says whose rows it counts
     assert result.metrics["profile-note"].startswith("2 of 3 sites answered the profile round")
