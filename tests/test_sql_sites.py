@@ -400,13 +400,17 @@ def test_versions_from_a_database(pg, tmp_path, monkeypatch):
 
 
 def test_a_site_reads_its_database_once_per_run(tmp_path):
-    """The ClientApp's reading (app.load_sql_site): a run's later messages map the version
-    its first one read, even with the database gone; the next run reads it again."""
+    """The ClientApp's reading (data_sources.load_site, a database's loader): a run's later
+    messages map the version its first one read, even with the database gone; the next run
+    reads it again."""
     import sqlite3
 
     from flwr.common import RecordDict
 
-    from fedcluster.client_app.app import load_sql_site
+    from fedcluster.client_app.data_sources import load_site
+
+    def load_sql_site(node, run_config, state, run_id):
+        return load_site(node, run_config, (state, run_id))[0]
 
     db = tmp_path / "site.db"
     with sqlite3.connect(db) as conn:

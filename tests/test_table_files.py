@@ -267,7 +267,7 @@ def test_a_parquet_data_path_without_a_schema_reads_as_its_csv(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from fedcluster.client_app.app import load_site
+    from fedcluster.client_app.data_sources import load_site
     from fedcluster.client_app.node_config import parse_node_config
 
     rng = np.random.default_rng(3)

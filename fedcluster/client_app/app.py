@@ -8,7 +8,8 @@ The site's data comes from its node config:
   memory-mapped cache keyed by path, size and mtime (deployment starts a fresh process
   per round, so nothing else may be re-parsed per round); ``columns``, ``id-column`` and
   ``label-column`` say which CSV columns are features, ignored, or labels; or
-  ``data-url`` (a SQL database) and its query, read once per run (``load_sql_site``).
+  ``data-url`` (a SQL database) and its query, read once per run; which of these is
+  chosen once, in ``data_sources.py``.
 
 The loaded rows become the site's groups (``group_table.py``: groups of at least its own
 ``min-cluster-size`` rows, made once per data version and kept beside the data cache),
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from flwr.client import Client, NumPyClient
 from flwr.clientapp import ClientApp
-from flwr.common import ConfigRecord, Context
+from flwr.common import Context
 from flwr.common.logger import log
 
 from fedcluster.client_app.secure_mod import secure_mod
@@ -42,27 +43,18 @@ from fedcluster.common import secure_codec as secure
 from fedcluster.client_app import row_account, site_policy
 from fedcluster.common.config import run_config_defaults
 from fedcluster.client_app.node_config import (
-    ConfigError, NodeConfig, parse_node_config, reading_schema,
+    ConfigError, NodeConfig, parse_node_config,
 )
 from fedcluster.client_app import private_tasks, privacy_budget
 from fedcluster.client_app.release import gate
 from fedcluster.client_app.release import ledger as disclosure_ledger
 from fedcluster.client_app.data import group_table
 from fedcluster.client_app.private_rows import PrivateRows
-from fedcluster.client_app.data.site_data import (
-    SiteData, SiteDataError, default_cache_dir, in_history, load_partition, load_site_file,
-)
+from fedcluster.client_app import data_sources
+from fedcluster.client_app.data.site_data import SiteData, SiteDataError, default_cache_dir, in_history
 from fedcluster.client_app.site_groups import SiteGroups
-from fedcluster.client_app.data.schema_table import load_plain_table, load_schema_table
-from fedcluster.client_app.data.sql_table import load_sql_table, sql_reading
 from fedcluster.client_app.task_io import TaskError, task_param
 from fedcluster.client_app.task_runner import run_task
-
-# In-process harness only: ``data-path = "memory://<token>/<i>"`` names arrays that the
-# test/benchmark process registered (see fedcluster.simulation). Never used by Flower.
-MEMORY_SITES: dict[str, list[SiteData]] = {}
-MEMORY_PREFIX = "memory://"
-
 
 def site_key(node: NodeConfig, node_id: int) -> str:
     """A stable name for this site: ``site-id``, else ``partition-id``, else node id."""
@@ -71,80 +63,6 @@ def site_key(node: NodeConfig, node_id: int) -> str:
     if node.partition_id is not None:
         return str(node.partition_id)
     return f"node-{node_id}"
-
-
-def load_site(node: NodeConfig, run_config: dict) -> tuple[SiteData, dict]:
-    """Load the site's data; also return what the site says about its provenance."""
-    if node.data_path is None or node.data_path.startswith(MEMORY_PREFIX):
-        for key, value in (("columns", node.columns), ("id-column", node.id_column)):
-            if value is not None:
-                raise SiteDataError(f"node-config key '{key}' selects columns of a CSV data-path; "
-                                    "this site has none")
-    if node.schema_path is not None or node.units is not None:
-        return load_schema_site(node), {}
-    if node.data_path is not None:
-        if node.data_path.startswith(MEMORY_PREFIX):
-            token, _, index = node.data_path[len(MEMORY_PREFIX) :].partition("/")
-            return MEMORY_SITES[token][int(index)], {}
-        missing = str(run_config.get("missing", "error"))
-        suffix = Path(node.data_path).suffix.lower()
-        if suffix == ".parquet" or (missing != "error" and suffix in (".csv", ".tsv")):
-            return load_plain_table(node.data_path, cache_dir=node.cache_dir,
-                                    label_column=node.label_column, columns=node.columns,
-                                    id_column=node.id_column, missing=missing), {}
-        return (
-            load_site_file(
-                node.data_path, cache_dir=node.cache_dir, label_column=node.label_column,
-                columns=node.columns, id_column=node.id_column,
-            ),
-            {},
-        )
-    if node.partition_id is None or node.num_partitions is None:
-        raise SiteDataError(
-            "node config has neither 'data-path' (deployment) nor "
-            "'partition-id'/'num-partitions' (simulation): this site has no data"
-        )
-    dataset = str(run_config.get("dataset", "digits"))
-    partitioning = str(run_config.get("partitioning", "iid"))
-    seed = int(run_config.get("seed", 0))
-    site = load_partition(dataset, partitioning, node.partition_id, node.num_partitions, seed)
-    # Lets the server rebuild the pooled set for the central baseline (simulation only).
-    provenance = {
-        "dataset": dataset,
-        "partitioning": partitioning,
-        "num-partitions": node.num_partitions,
-    }
-    return site, provenance
-
-
-#: The ``Context.state`` record of the database version a site read in this run.
-SQL_VERSION_RECORD = "fedcluster.sql-version"
-
-
-def load_sql_site(node: NodeConfig, run_config: dict, state, run_id: int) -> SiteData:
-    """A site reading a database (``data-url``): read once per run, the version it read
-    kept in the run's ``Context.state`` and mapped from the cache for the run's later
-    messages (a fresh ClientApp process each), so every task of a run answers from one
-    version, and the database is not queried per message."""
-    reading = sql_reading(node, str(run_config.get("missing", "error")))
-    record = state.config_records.get(SQL_VERSION_RECORD)
-    pinned = None
-    if record is not None and record.get("run-id") == str(run_id) \
-            and record.get("reading") == reading.key:
-        pinned = str(record["version"])
-    site = load_sql_table(reading, cache_dir=node.cache_dir, version=pinned)
-    state.config_records[SQL_VERSION_RECORD] = ConfigRecord(
-        {"run-id": str(run_id), "reading": reading.key, "version": site.version})
-    return site
-
-
-def load_schema_site(node: NodeConfig) -> SiteData:
-    """A site whose table is read through the agreed schema (``schema-path``): the
-    schema names the id and label columns, so the CSV column keys do not apply."""
-    schema = reading_schema(node)  # (called with schema-path or units set)
-    if node.data_path is None or node.data_path.startswith(MEMORY_PREFIX):
-        raise SiteDataError("node-config key 'schema-path' needs a 'data-path' (the site's table)")
-    return load_schema_table(node.data_path, schema, units=node.units, cache_dir=node.cache_dir)
 
 
 class SiteClient(NumPyClient):
@@ -175,10 +93,8 @@ class SiteClient(NumPyClient):
             raise SiteDataError(self._load_error)
         if self._groups is None:
             try:
-                if self.node.data_url is not None:
-                    self._site = load_sql_site(self.node, self.run_config, self.state, self.run_id)
-                else:
-                    self._site, self._provenance = load_site(self.node, self.run_config)
+                self._site, self._provenance = data_sources.load_site(
+                    self.node, self.run_config, (self.state, self.run_id))
                 self._site = in_history(self._site, self.node.history)
                 cache = self._site_dir()
                 self._groups, self._grouped = group_table.site_groups(
@@ -201,9 +117,7 @@ class SiteClient(NumPyClient):
         (so that runs are reproducible, and a server that sends one round number twice
         still gets fresh noise, not the same draw to subtract). A deployed site draws
         fresh OS entropy (None): a seed the server knows would let it subtract the noise."""
-        simulated = self.node.partition_id is not None or (
-            self.node.data_path is not None and self.node.data_path.startswith(MEMORY_PREFIX))
-        if not simulated or "dp-rho" not in config:
+        if not data_sources.simulated(self.node) or "dp-rho" not in config:
             return None
         key = zlib.crc32(self.key.encode())
         draws = site_policy.next_draw(self.state, self.run_id)
@@ -213,8 +127,7 @@ class SiteClient(NumPyClient):
     def _site_dir(self) -> Path | None:
         """Where this site keeps its files across runs (its group table, the privacy
         budget): its cache for a data file; None in simulation (Context.state instead)."""
-        if self.node.data_url is None and (self.node.data_path is None
-                                           or self.node.data_path.startswith(MEMORY_PREFIX)):
+        if not data_sources.keeps_files(self.node):
             return None
         return Path(self.node.cache_dir or default_cache_dir())
 

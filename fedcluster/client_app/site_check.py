@@ -361,7 +361,7 @@ def read_as_the_site_will(node, record: bool = False) -> str:
     read, and the groups the site would answer from next, with its rows waiting or held
     back against its answered history (its ``cache-dir``, else the default cache; a
     scratch copy of it unless ``record``, as :func:`report`)."""
-    from fedcluster.client_app.app import load_site
+    from fedcluster.client_app.data_sources import load_site
     from fedcluster.client_app.data import group_table
     from fedcluster.client_app.data.site_data import default_cache_dir, in_history
     from fedcluster.common.config import run_config_defaults
