@@ -159,6 +159,10 @@ def _all_live(store: Store, groups: np.ndarray, live: np.ndarray) -> np.ndarray:
     return np.add.reduceat(dead, offsets[:-1]) == 0  # (every group has a member)
 
 
+#: Groups per chunk when a raised floor checks kept groups' present cells.
+RAISED_CHUNK = 1 << 14
+
+
 def _kept_groups(store: Store, live: np.ndarray, p: int, base: dict | None,
                  readable, present=None) -> list[tuple[dict, np.ndarray]]:
     """The groups a version keeps whole, per table: (its record, their positions in it).
@@ -180,10 +184,11 @@ def _kept_groups(store: Store, live: np.ndarray, p: int, base: dict | None,
     qualifies = (np.add.reduceat((~live[store.members]).astype(np.int64), store.offsets[:-1]) == 0) \
         & (sizes >= p)
     raised = np.flatnonzero(qualifies & (store.group_p < p))
-    if present is not None and raised.size:
-        offsets, members = store.members_csr(raised)
-        cells = np.add.reduceat(np.asarray(present(members), dtype=np.int64), offsets[:-1], axis=0)
-        qualifies[raised[((cells > 0) & (cells < p)).any(axis=1)]] = False
+    for start in range(0, raised.size if present is not None else 0, RAISED_CHUNK):
+        part = raised[start:start + RAISED_CHUNK]  # (a chunk of groups: bounded temporaries)
+        offsets, members = store.members_csr(part)
+        cells = np.add.reduceat(np.asarray(present(members), dtype=np.int32), offsets[:-1], axis=0)
+        qualifies[part[((cells > 0) & (cells < p)).any(axis=1)]] = False
     # (a small history's tables are kept in memory; a large one's read mapped, one at a time)
     keep = store.n_groups < KEEP_TABLES_BELOW
     order = []
