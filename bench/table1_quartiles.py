@@ -97,8 +97,8 @@ def main(argv=None) -> None:
              "all rows (14 variables x 5 columns x 3 = 210 figures), against pandas' "
              "quantiles of the rows in the same cells, each row in its group's cluster. "
              "A bin is the variable's schema range / median-bins (200). The sites merge groups "
-             "so that no present value is alone in its column in its group (groups of 3 to "
-             "11 rows at p_site 2): larger groups than p_site to 2 p_site - 1, which draw "
+             "so that no present value is alone in its column in its group (groups of 2 to "
+             "10 rows at p_site 2, most of 4 to 6): larger groups than p_site to 2 p_site - 1, which draw "
              "the quartiles further towards the median (at p_site 2 the median gap was 0.8 "
              "bins, 7% of the IQR, before).", "",
              "| sites answer from | median gap (bins) | 90th pct (bins) | worst (bins) | "

@@ -22,9 +22,9 @@ a neighbour. A merged group is a group like any other (rows, sums, present cells
 rule after it (the span and versions audits, the spread rule, the ledger) sees a table of
 groups of at least p_site rows, some larger than 2 p_site - 1.
 
-What it costs: larger groups. On the clinical demo (4 sites; data seeds 0 and 11) the
-groups hold 2.7 p_site rows on average at p_site 2 (at most 11 rows), 2.6 at p_site 3,
-2.5 at p_site 5 and 2.4 at p_site 10 (at most 52), where the grouping makes p_site to
+What it costs: larger groups. On the clinical demo (4 sites; data seeds 0, 7 and 11)
+the groups hold 2.7 p_site rows on average at p_site 2 (2 to 18 rows, most of 4 to 6),
+2.6 at p_site 3, 2.5 at p_site 5 and 2.4 at p_site 10 (at most 52), where the grouping makes p_site to
 2 p_site - 1; so a group that loses or changes a row (``versions/``) sends more rows to
 wait for new ones. Bounding a union to 3 p_site - 1 rows left 0.5-3% of the present
 values withheld (a handful of groups larger than the bound are what the data need) and
