@@ -173,6 +173,7 @@ def _profile_sums(groups: SiteGroups, cluster_of_group: np.ndarray, references: 
     present = np.zeros((k, d))
     sums = np.zeros((k, d))
     squares = np.zeros((k, d))
+    withheld = np.zeros((k, d))  # present cells the lone-cell rule withheld
     histograms = np.zeros(k * d * bins)
     cell = np.arange(d)[None, :] * bins
     # A slab of groups at a time, so that the (groups x d) temporaries stay small on a
@@ -192,6 +193,8 @@ def _profile_sums(groups: SiteGroups, cluster_of_group: np.ndarray, references: 
         present += _per_cluster(lab, here, k)
         sums += _per_cluster(lab, total, k)
         squares += _per_cluster(lab, spread + here * gap * gap, k)
+        if groups.withheld is not None:
+            withheld += _per_cluster(lab, groups.withheld[part].astype(np.float64), k)
         where = np.clip(np.floor((means - lower) / width), 0, bins - 1).astype(np.int64)
         histograms += np.bincount(((lab[:, None] * d * bins) + cell + where).ravel(),
                                   weights=(here * binned[None, :]).ravel(),
@@ -199,11 +202,5 @@ def _profile_sums(groups: SiteGroups, cluster_of_group: np.ndarray, references: 
     present = np.rint(present).astype(np.int64)
     histograms = np.rint(histograms).astype(np.int64).reshape(k, d, bins)
     rows = np.repeat(counts[:, None], d, axis=1)
-    withheld = np.zeros((k, d), dtype=np.int64)
-    if groups.withheld is not None:  # present cells the lone-cell rule withheld
-        for start in range(0, groups.n_groups, SLAB_GROUPS):
-            part = slice(start, start + SLAB_GROUPS)
-            withheld += np.rint(_per_cluster(labels[part], groups.withheld[part].astype(np.float64),
-                                             k)).astype(np.int64)
     return ClusterProfile(counts, rows, present, sums, squares, histograms,
-                          np.zeros((k, d), dtype=np.int64), withheld)
+                          np.zeros((k, d), dtype=np.int64), np.rint(withheld).astype(np.int64))

@@ -94,12 +94,13 @@ def value_range(site: SiteGroups, arrays, params, floor: int) -> TaskReply:
     that no median or quartile Table 1 reads from them lies outside what the groups' own
     values span. A feature without a present cell at this site sends the run's fill
     twice (a pooled mean, inside the other sites' span), else 0."""
-    means = site.means if site.present is not None else site.sums / site.counts[:, None]
+    means = site.means  # (NaN where a group has no present cell)
     seen = ~np.isnan(means)
     fill = None
     if "transform" in params:
         fill = scaling.FeatureTransform.decode(str(params["transform"])).fill
     stand_in = np.zeros(site.n_features) if fill is None else np.nan_to_num(fill, nan=0.0)
-    low = np.where(seen.any(axis=0), np.nanmin(np.where(seen, means, np.inf), axis=0), stand_in)
-    high = np.where(seen.any(axis=0), np.nanmax(np.where(seen, means, -np.inf), axis=0), stand_in)
+    some = seen.any(axis=0)
+    low = np.where(some, np.where(seen, means, np.inf).min(axis=0), stand_in)
+    high = np.where(some, np.where(seen, means, -np.inf).max(axis=0), stand_in)
     return TaskReply(arrays=protocol.Range(low.astype(np.float64), high.astype(np.float64)))

@@ -178,9 +178,9 @@ def table1(pooled: ClusterProfile, variables: list[Variable], references: np.nda
     for v in variables:
         table = _variable_table(v, pooled, shown)
         protected = protect(table, floor)
-        notes += _exposed(protected, clusters, v.name,
-                          (["n", "missing"] if v.kind == "numeric" else [*v.levels, "missing"])
-                          + ([] if _withheld_cells(v, pooled) is None else ["withheld"]))
+        names = ["n", "missing"] if v.kind == "numeric" else [*v.levels, "missing"]
+        notes += _exposed(protected, clusters, v.name,  # (and withheld, where counted)
+                          names + ["withheld"][:table.values.shape[1] - len(names)])
         for i, (name, members) in enumerate(clusters):
             if v.kind == "numeric":
                 _numeric(add, name, v, pooled, moments, members, lower, upper, protected, i,

@@ -132,9 +132,8 @@ def merge_lone_groups(labels: np.ndarray, counts: np.ndarray, sums: np.ndarray,
         root = up
     out = np.where(labels >= 0, root[np.maximum(labels, 0)], -1)
     grouped = out >= 0
-    _, first = np.unique(out[grouped], return_index=True)
-    order = np.argsort(first, kind="stable")  # groups by first appearance in row order
-    number = np.empty(len(first), dtype=np.int64)
-    number[order] = np.arange(len(first))
-    out[grouped] = number[np.searchsorted(np.unique(out[grouped]), out[grouped])]
+    _, first, inverse = np.unique(out[grouped], return_index=True, return_inverse=True)
+    number = np.empty(len(first), dtype=np.int64)  # groups by first appearance in row order
+    number[np.argsort(first, kind="stable")] = np.arange(len(first))
+    out[grouped] = number[inverse]
     return out.astype(np.int64)
