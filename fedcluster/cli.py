@@ -53,9 +53,11 @@ def _run_config(args: argparse.Namespace) -> dict:
 def _data_nodes(args: argparse.Namespace) -> list[dict]:
     """One node config per ``--data`` file (a site's data-path, loaded as in a deployment),
     with the column options."""
+    from fedcluster.client_app.data_sources import is_database_url
+
     nodes = []
     for i, path in enumerate(args.data):  # a file, or a database's URL (with what to read)
-        url = "://" in str(path)
+        url = is_database_url(path)
         node = {"data-url" if url else "data-path": str(path), "site-id": str(i)}
         keys = ("columns", "id_column", "label_column") + (SQL_KEYS if url else ())
         node.update(kebab_keys({key: getattr(args, key) for key in keys

@@ -45,3 +45,18 @@ def test_a_node_config_without_data_or_with_keys_that_do_not_apply_is_refused():
         ds.source_of(parse_node_config({}))
     with pytest.raises(SiteDataError, match="'columns' selects columns of a CSV data-path"):
         ds.load_site(parse_node_config({"partition-id": 0, "num-partitions": 2, "columns": "a,b"}), {})
+
+
+def test_a_command_line_location_is_a_database_url_or_a_file():
+    """``fedcluster simulate --data`` and ``fedcluster site check`` ask the same question
+    of what they are given: a database's URL (node config ``data-url``) or a file."""
+    from argparse import Namespace
+
+    from fedcluster.cli import _data_nodes
+
+    assert ds.is_database_url("postgresql://site@localhost/ward")
+    assert ds.is_database_url("sqlite:///site.db")
+    assert not ds.is_database_url("sites/site-0.csv") and not ds.is_database_url("C:/data.csv")
+    nodes = _data_nodes(Namespace(data=["sqlite:///site.db", "site.csv"], data_table="t"))
+    assert nodes[0]["data-url"] == "sqlite:///site.db" and nodes[0]["data-table"] == "t"
+    assert nodes[1] == {"data-path": "site.csv", "site-id": "1"}

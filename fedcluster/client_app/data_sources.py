@@ -2,7 +2,8 @@
 
 :func:`source_of` names the source; :data:`LOADERS` loads each; everything that asks
 "is this site simulated?" or "does it keep files?" asks :func:`source_of` (it was a
-``startswith("memory://")`` in five places of ``app.py``):
+``startswith("memory://")`` in five places of ``app.py``), and the command line's "is
+this location a database?" asks :func:`is_database_url`:
 
 ============== ===================================================== ================
 source         node config                                           rows from
@@ -35,8 +36,8 @@ from fedcluster.client_app.data.sql_table import load_sql_table, sql_reading
 from fedcluster.client_app.node_config import NodeConfig, reading_schema
 
 __all__ = ["DATABASE", "FILE", "LOADERS", "MEMORY", "MEMORY_PREFIX", "MEMORY_SITES", "PARTITION",
-           "SCHEMA", "SIMULATED", "SQL_VERSION_RECORD", "TABLE", "keeps_files", "load_site",
-           "simulated", "source_of"]
+           "SCHEMA", "SIMULATED", "SQL_VERSION_RECORD", "TABLE", "is_database_url", "keeps_files",
+           "load_site", "simulated", "source_of"]
 
 DATABASE, MEMORY, SCHEMA, TABLE, FILE, PARTITION = (
     "database", "memory", "schema", "table", "file", "partition")
@@ -79,6 +80,13 @@ def source_of(node: NodeConfig, missing: str = "error") -> str:
             "'partition-id'/'num-partitions' (simulation): this site has no data"
         )
     return PARTITION
+
+
+def is_database_url(location: str) -> bool:
+    """Whether a site's data ``location`` given on a command line (``fedcluster simulate
+    --data``, ``fedcluster site check``) is a database URL (node config ``data-url``,
+    ``scheme://...``) rather than a file (``data-path``)."""
+    return "://" in str(location)
 
 
 def simulated(node: NodeConfig) -> bool:

@@ -416,8 +416,10 @@ def command(args) -> int:
     units = parse_units(units, "--units")
     if args.min_cluster_size < 1:
         raise ValueError("--min-cluster-size must be >= 1")
+    from fedcluster.client_app.data_sources import is_database_url
+
     data = args.data
-    if "://" in data:  # a database (node config data-url) and what to read from it
+    if is_database_url(data):  # a database (node config data-url) and what to read from it
         from fedcluster.client_app.data.sql_source import sql_source
 
         data = sql_source(data, args.data_query, args.data_query_file, args.data_table)

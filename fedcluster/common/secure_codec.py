@@ -58,9 +58,7 @@ INTEGER_TERMS = {"n", "w-int", "counts", "hidden",
                  *(protocol.PROFILE_TERM + name for name in ("counts", "rows", "present",
                                                             "histograms", "hidden",
                                                             "withheld"))}
-# The phases whose round is a secure sum; describe and stats run plain, and init is secure
-# when its task is a sum (``strategies/secure_sum.is_secure_round``).
-SECURE_PHASES = ("train", "evaluate", "interim", "distances", "profile")
+# (The phases whose round is a secure sum: ``strategies/phases.SECURE_PHASES``.)
 
 SECURE_PARAM = "secure"  # the task parameter that asks a site for encoded terms
 # Distributed DP: a noisy term's scale is widened by this many standard deviations of one

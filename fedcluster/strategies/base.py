@@ -2,7 +2,7 @@
 
 Every federated round is a Flower fit round carrying one task of ``common/protocol.py``
 (the site runs it: ``client_app/tasks.py``). A run goes through these phases, each with
-its task (:attr:`ClusteringStrategy.PHASE_TASKS`):
+its task (:attr:`ClusteringStrategy.PHASE_TASKS`; ``phases.py`` defines them):
 
 1. ``describe`` (once, every available site): size, width and feature names; the sites
    are admitted or rejected with a logged reason (``sites.py``). A schema that imputes
@@ -48,12 +48,12 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from fedcluster.common import protocol, scaling
-from fedcluster.common import secure_codec as secure
+from fedcluster.common import protocol, scaling, secure_codec as secure
 from fedcluster.common.config import RunConfig
 from fedcluster.common.kernels import frobenius
 from fedcluster.strategies import metrics, preparation, private, profile, reports, secure_sum, sites
 from fedcluster.strategies.errors import FederationError
+from fedcluster.strategies.phases import PROFILE_PHASES, Phase
 from fedcluster.strategies.sites import Site, site_order
 from fedcluster.strategies.task_plan import TaskPlan
 from fedcluster.strategies.validation import Reply
@@ -86,7 +86,7 @@ class ClusteringStrategy(Strategy):
         self.round_failures: list[str] = []  # this round's, named if too few sites answered
         self.history: list[dict] = []
         self.repetitions: list[dict] = []  # one per n-init seed: score, centroids
-        self.phase = "describe"
+        self.phase = Phase.DESCRIBE
         self.repetition = 0
         self.finished = False
         self.final_metrics: dict = {}
@@ -164,7 +164,7 @@ class ClusteringStrategy(Strategy):
         """Resume: a describe round (node ids change, site ids do not), then the phase."""
         self._resume_phase = self.phase
         self.round_offset = max((row["round"] for row in self.history), default=0)
-        self.phase = "describe"
+        self.phase = Phase.DESCRIBE
 
     # ------------------------------------------------------------ properties
     @property
@@ -198,7 +198,7 @@ class ClusteringStrategy(Strategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         available = client_manager.all()
-        if self.phase == "describe":
+        if self.phase == Phase.DESCRIBE:
             plan = TaskPlan("describe", carries=preparation.carried_task(self))
             targets = {int(p.node_id): p for p in available.values()}
             keys = {node_id: "" for node_id in targets}
@@ -289,18 +289,18 @@ class ClusteringStrategy(Strategy):
     #: Which task each phase sends: the hook that plans it (``describe`` is planned by
     #: ``configure_fit`` itself: it goes to every available site, not just the usable ones).
     PHASE_TASKS = {
-        "impute": "impute_task",
-        "stats": "stats_task",
-        "init": "init_task",
-        "train": "train_task",
-        "evaluate": "evaluate_task",
-        "interim": "evaluate_task",
-        "distances": "distances_task",
+        Phase.IMPUTE: "impute_task",
+        Phase.STATS: "stats_task",
+        Phase.INIT: "init_task",
+        Phase.TRAIN: "train_task",
+        Phase.EVALUATE: "evaluate_task",
+        Phase.INTERIM: "evaluate_task",
+        Phase.DISTANCES: "distances_task",
     }
 
     def plan_round(self) -> TaskPlan:
         """This round's task, by the phase -> task table (GTV adds its scoring round)."""
-        if self.phase in profile.PHASES:
+        if self.phase in PROFILE_PHASES:
             return profile.plan(self)
         if self.phase not in self.PHASE_TASKS:
             raise RuntimeError(f"no task in phase {self.phase}")
@@ -322,7 +322,7 @@ class ClusteringStrategy(Strategy):
                         arrays=protocol.CentroidsAndMeans(best["centroids"], best["stats"].means))
 
     def reduce_round(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
-        if self.phase in profile.PHASES:
+        if self.phase in PROFILE_PHASES:
             return profile.reduce(self, plan, replies)
         if plan.task == "describe" and self._resume_phase is not None:
             sites.readmit(self, replies)
@@ -333,9 +333,9 @@ class ClusteringStrategy(Strategy):
         if plan.task in preparation.TASKS:
             return preparation.reduce(self, server_round, plan, replies)
         sites.require_answers(self, replies, plan.task)
-        if plan.task == "evaluate" and self.phase == "interim":
+        if plan.task == "evaluate" and self.phase == Phase.INTERIM:
             # eval-every: the exact score of the current centroids over all sites
-            self.phase = "train"
+            self.phase = Phase.TRAIN
             stats = metrics.pool([reports.site_stats(r) for r in replies])
             return {"score": stats.sse / stats.n_rows}
         if plan.task == "evaluate":
@@ -343,14 +343,14 @@ class ClusteringStrategy(Strategy):
         if plan.task == "evaluate_distances":
             return self._finish_run(np.sum([r.arrays.distances for r in replies], axis=0)
                                     if replies else None)
-        if self.phase == "init":
+        if self.phase == Phase.INIT:
             self.take_init(plan, replies)
             return {}
         # train
         self.train_round += 1
         if not replies:  # nobody answered: the centroids stay, the round still counts
             if self.train_round >= self.config.num_rounds:
-                self.phase = "evaluate"
+                self.phase = Phase.EVALUATE
             return {"movement": float("nan"), "score": float("nan")}
         # The score of the centroids the sites received, where every site reported it.
         score = float("nan")
@@ -364,9 +364,9 @@ class ClusteringStrategy(Strategy):
         stalled = sites.score_stalled(self, [*scores, score])
         converged = (movement < self.config.tol or stalled) and self.can_stop()
         if converged or self.train_round >= self.config.num_rounds:
-            self.phase = "evaluate"
+            self.phase = Phase.EVALUATE
         elif self.config.eval_every and self.train_round % self.config.eval_every == 0:
-            self.phase = "interim"
+            self.phase = Phase.INTERIM
         return {"movement": movement, "score": score, **self.round_metrics()}
 
     def _begin_repetition(self) -> None:
@@ -382,7 +382,7 @@ class ClusteringStrategy(Strategy):
         if start is not None:
             self.start_training(np.array(start, dtype=np.float64))
         else:
-            self.phase = "init"
+            self.phase = Phase.INIT
 
     def continue_from(self, previous: "ClusteringStrategy") -> None:
         """Skip ``describe`` and ``stats``: take the sites, rejections and transform of a
@@ -403,7 +403,7 @@ class ClusteringStrategy(Strategy):
                                   f"{self.n_features}) and all finite (a NaN or inf is not a start)")
         self.centroids = centroids
         self.previous = centroids.copy()
-        self.phase = "train" if self.has_training else "evaluate"
+        self.phase = Phase.TRAIN if self.has_training else Phase.EVALUATE
 
     def finish_repetition(self, replies: list[Reply]) -> dict:
         stats = metrics.pool([reports.site_stats(r) for r in replies])
@@ -433,15 +433,15 @@ class ClusteringStrategy(Strategy):
                                                                  self.best["centroids"]):
             self._finish_run(self.best["distances"])
         else:
-            self.phase = "distances"
+            self.phase = Phase.DISTANCES
         return {"score": score}
 
     def _finish_run(self, distances: np.ndarray | None) -> dict:
         """Davies-Bouldin's distances known: the final metrics of the best repetition."""
         best = self.best
         self.final_metrics = metrics.compute_metrics(best["stats"], distances)
-        self.phase = profile.first_phase(self) or "done"
-        self.finished = self.phase == "done"
+        self.phase = profile.first_phase(self) or Phase.DONE
+        self.finished = self.phase == Phase.DONE
         return {"score": self.final_metrics["score"]}
 
     @property

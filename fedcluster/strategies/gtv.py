@@ -43,6 +43,7 @@ from fedcluster.strategies.aggregate import gtv_distance, kmeans_on_centroids, s
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.validation import Reply
+from fedcluster.strategies.phases import Phase
 
 
 class GTVKMeans(ClusteringStrategy):
@@ -122,10 +123,10 @@ class GTVKMeans(ClusteringStrategy):
                         per_site_arrays=payloads)
 
     def plan_round(self) -> TaskPlan:
-        if self.phase == "refine":  # a federated Lloyd step from the consensus
+        if self.phase == Phase.REFINE:  # a federated Lloyd step from the consensus
             return TaskPlan("lloyd", params={"local-iters": 1, "tol": 0.0},
                             arrays=protocol.Centroids(self.centroids))
-        if self.phase == "interim" or (self.phase == "evaluate" and not self.sets_scored):
+        if self.phase == Phase.INTERIM or (self.phase == Phase.EVALUATE and not self.sets_scored):
             self.scored_sets = [s.key for s in self.ordered_sites() if s.key in self.site_centroids]
             sets = np.stack([self.site_centroids[key] for key in self.scored_sets])
             return TaskPlan("evaluate_sets", arrays=protocol.CentroidSets(sets), max_rows=len(self.scored_sets))
@@ -184,13 +185,13 @@ class GTVKMeans(ClusteringStrategy):
         n_rows = sum(r.n_rows for r in replies)
         self.pooled_scores = {key: float(v) for key, v in zip(self.scored_sets, total / n_rows)}
         values = list(self.pooled_scores.values())
-        if self.phase == "interim":
-            self.phase = "train"
+        if self.phase == Phase.INTERIM:
+            self.phase = Phase.TRAIN
         else:
             self.sets_scored = True
             self.centroids = self.consensus()
             if self.config.consensus_rounds > 0:
-                self.phase = "refine"
+                self.phase = Phase.REFINE
         return {"pooled-score-best": min(values), "pooled-score-mean": float(np.mean(values)),
                 "pooled-score-worst": max(values)}
 
@@ -207,7 +208,7 @@ class GTVKMeans(ClusteringStrategy):
                    "score": sum(r.metrics["sse"] for r in replies) / sum(r.n_rows for r in replies)}
             self.centroids = new
         if row["movement"] < self.config.tol or self.refine_round >= self.config.consensus_rounds:
-            self.phase = "evaluate"
+            self.phase = Phase.EVALUATE
         return row
 
     def finish_repetition(self, replies: list[Reply]) -> dict:

@@ -29,6 +29,7 @@ from fedcluster.common.schema import DEFAULT_MEDIAN_BINS, SchemaError, run_schem
 from fedcluster.strategies import sites
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.task_plan import TaskPlan
+from fedcluster.strategies.phases import Phase
 
 #: The preparation rounds' tasks, in their order.
 TASKS = ("describe", "impute_stats", "stats")
@@ -76,7 +77,7 @@ def advance(strategy, done: str) -> None:
              or (t == "stats" and strategy.config.scale != "none")]
     later = order[order.index(done) + 1:]
     if later:
-        strategy.phase = {"impute_stats": "impute", "stats": "stats"}[later[0]]
+        strategy.phase = {"impute_stats": Phase.IMPUTE, "stats": Phase.STATS}[later[0]]
     else:
         strategy._begin_repetition()
 
@@ -145,9 +146,9 @@ def reduce_carried(strategy, server_round: int, carried: TaskPlan) -> None:
     for reason in failed:
         log(logging.WARNING, "round %s (%s): dropped %s", server_round, carried.task, reason)
     strategy.round_failures = failed
-    if strategy.phase in ("impute", "stats"):
+    if strategy.phase in (Phase.IMPUTE, Phase.STATS):
         reduce(strategy, server_round, carried, replies)
-    elif strategy.phase == "init":
+    elif strategy.phase == Phase.INIT:
         sites.require_answers(strategy, replies, carried.task)
         strategy.take_init(carried, replies)
     else:

@@ -35,10 +35,8 @@ from fedcluster.common import profile, protocol
 from fedcluster.common.schema import DEFAULT_MEDIAN_BINS, run_schema
 from fedcluster.strategies import site_rows
 from fedcluster.strategies.task_plan import TaskPlan
+from fedcluster.strategies.phases import Phase
 
-#: The phases of the profile: the range round (when needed), then the profile round.
-RANGE_PHASE, PROFILE_PHASE = "profile-range", "profile"
-PHASES = (RANGE_PHASE, PROFILE_PHASE)
 
 
 def not_profiled(config) -> str | None:
@@ -53,14 +51,16 @@ def not_profiled(config) -> str | None:
     return None
 
 
-def first_phase(strategy) -> str | None:
+def first_phase(strategy) -> Phase | None:
     """The phase the profile starts with once the final metrics are known (None: none)."""
     why = not_profiled(strategy.config)
     strategy.profile_note = why or ""
     if why is not None:
         return None
     unknown = np.isnan(declared_ranges(strategy)[0]).any()
-    return RANGE_PHASE if unknown and not strategy.config.secure_aggregation else PROFILE_PHASE
+    if unknown and not strategy.config.secure_aggregation:
+        return Phase.PROFILE_RANGE
+    return Phase.PROFILE
 
 
 def _schema(strategy):
@@ -119,7 +119,7 @@ def value_box(strategy) -> tuple[np.ndarray, np.ndarray]:
 def plan(strategy) -> TaskPlan:
     """The profile's round: in the range phase each site's least and greatest group means
     (``value_range``), else the profile over the ranges found."""
-    if strategy.phase == RANGE_PHASE:
+    if strategy.phase == Phase.PROFILE_RANGE:
         return TaskPlan("value_range")
     if strategy.profile_range is None:  # declared (secure: the box where not declared)
         strategy.profile_range = (value_box(strategy) if strategy.config.secure_aggregation
@@ -129,7 +129,7 @@ def plan(strategy) -> TaskPlan:
 
 def reduce(strategy, plan: TaskPlan, replies) -> dict:
     """Reduce the round of the profile phase the strategy is in."""
-    if strategy.phase == RANGE_PHASE:
+    if strategy.phase == Phase.PROFILE_RANGE:
         return reduce_range(strategy, plan, replies)
     return reduce_profile(strategy, plan, replies)
 
@@ -149,7 +149,7 @@ def reduce_range(strategy, plan: TaskPlan, replies) -> dict:
     flat = ~(upper > lower)
     lower[flat], upper[flat] = lower[flat] - 0.5, lower[flat] + 0.5
     strategy.profile_range = (lower, upper)
-    strategy.phase = PROFILE_PHASE
+    strategy.phase = Phase.PROFILE
     return {}
 
 
@@ -167,7 +167,7 @@ def profile_task(strategy, lower: np.ndarray, upper: np.ndarray, bins: int) -> T
 
 def reduce_profile(strategy, plan: TaskPlan, replies) -> dict:
     """Table 1's tidy rows from the sites' profiles (one reply: the secure sum)."""
-    strategy.phase = "done"
+    strategy.phase = Phase.DONE
     strategy.finished = True
     if not replies:
         strategy.profile_note = "no site answered the profile round"

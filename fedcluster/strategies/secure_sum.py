@@ -25,13 +25,14 @@ from fedcluster.strategies import private, profile, sites
 from fedcluster.strategies.sites import site_order
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.validation import Expect, Reply, ReplyError, cluster_profile
+from fedcluster.strategies.phases import SECURE_PHASES, Phase
 
 
 def is_secure_round(strategy) -> bool:
     """Whether the strategy's next round runs under SecAgg+: in a secure run, the rounds
     whose task is a sum (training, evaluation, and a start of sums: ``divisive``)."""
-    return strategy.config.secure_aggregation and (strategy.phase in secure.SECURE_PHASES or (
-        strategy.phase == "init" and strategy.init_task().task in protocol.SECURE_TASKS))
+    return strategy.config.secure_aggregation and (strategy.phase in SECURE_PHASES or (
+        strategy.phase == Phase.INIT and strategy.init_task().task in protocol.SECURE_TASKS))
 
 
 def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
@@ -56,7 +57,7 @@ def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
     names = secure.term_names(
         plan.task,
         # EWF's plain mean of centroids is for training; a start's Lloyd rounds weight
-        dynamic=getattr(strategy, "dynamic", True) or strategy.phase == "init",
+        dynamic=getattr(strategy, "dynamic", True) or strategy.phase == Phase.INIT,
         fuzzy_eval="fuzzifier" in plan.params,
         # under DP a training round sends no SSE (docs/how-to/differential-privacy.md)
         with_sse=(plan.task == "lloyd" and not config.private) or (

@@ -26,6 +26,7 @@ from fedcluster.common.schema import encoded_kinds, run_schema
 from fedcluster.strategies import aggregate, private, site_rows
 from fedcluster.strategies.errors import FederationError, SiteFailure
 from fedcluster.strategies.validation import Reply, ReplyError, check_reply
+from fedcluster.strategies.phases import Phase
 
 
 @dataclass
@@ -332,7 +333,7 @@ def require_answers(strategy, replies: list[Reply], task: str) -> None:
     if not replies:
         log(logging.WARNING, "task %s: no valid reply this round", task)
     answered = sum(r.n_sites for r in replies)
-    training = task == "lloyd" or strategy.phase == "train"
+    training = task == "lloyd" or strategy.phase == Phase.TRAIN
     if not training and answered < min(strategy.config.min_sites, len(strategy.sites)):
         dropped = "; ".join(strategy.round_failures)
         raise FederationError(f"task {task}: only {answered} valid replies, min-sites = "

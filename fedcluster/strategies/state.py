@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from enum import StrEnum
 from typing import Any, Mapping
 
 import numpy as np
@@ -106,6 +107,12 @@ def restore_state(strategy, document: Mapping, arrays: Mapping[str, np.ndarray])
     for name, value in values.items():
         if name in TRANSIENT or not isinstance(name, str) or not name.isidentifier():
             raise StateError(f"{name!r} is not a state attribute")
+        fresh = getattr(strategy, name, None)
+        if isinstance(fresh, StrEnum) and isinstance(value, str):  # a Phase, written as a string
+            try:
+                value = type(fresh)(value)
+            except ValueError:
+                raise StateError(f"{name}: {value!r} is not a {type(fresh).__name__}") from None
         setattr(strategy, name, value)
     return strategy
 
@@ -121,6 +128,8 @@ class Encoder:
         kind = type(value)
         if value is None or kind in (bool, int, str):
             return value
+        if isinstance(value, StrEnum):  # a Phase: written as the plain string it equals
+            return value.value
         if kind is float:
             if math.isfinite(value):
                 return value

@@ -19,6 +19,7 @@ from fedcluster.strategies import aggregate
 from fedcluster.strategies.aggregate import momentum_step, site_weighted_mean
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.kfed import KFedOrRandomInit
+from fedcluster.strategies.phases import Phase
 
 
 class WeightedFedKMeans(KFedOrRandomInit, ClusteringStrategy):
@@ -61,7 +62,7 @@ class WeightedFedKMeans(KFedOrRandomInit, ClusteringStrategy):
 
     def reduce_round(self, server_round: int, plan: TaskPlan, replies: list) -> dict:
         row = super().reduce_round(server_round, plan, replies)
-        if (plan.task == "lloyd" and self.phase == "evaluate" and row.get("movement") == 0.0
+        if (plan.task == "lloyd" and self.phase == Phase.EVALUATE and row.get("movement") == 0.0
                 and replies and all(r.evaluation is not None for r in replies)
                 and {r.site_key for r in replies} == set(self.sites)
                 and not any(site.at_limit for site in self.sites.values())):
