@@ -3,7 +3,9 @@
 # the site's private key, with its data file and its own privacy floor. Its ClientApps run
 # on this machine; only aggregates leave it.
 #
-# Usage: deploy/start-site.sh SITE_ID DATA_PATH SUPERLINK_HOST:FLEET_PORT CA_CERT PRIVATE_KEY
+# Usage: deploy/start-site.sh SITE_ID DATA_PATH SUPERLINK_HOST[:FLEET_PORT] CA_CERT PRIVATE_KEY
+#   Without a port ([IPv6]:PORT for an IPv6 address), the installed Flower's Fleet API port:
+#   9092 under Flower 1.39 (gRPC), 8000 under 1.40 and later (HTTP, the SuperLink's --port).
 # Environment (defaults):
 #   FEDCLUSTER_MIN_CLUSTER_SIZE=5   this site's privacy floor p (the server's may be higher)
 #   FEDCLUSTER_LABEL_COLUMN=        a CSV column with labels (evaluation only, never sent)
@@ -17,7 +19,7 @@
 set -euo pipefail
 
 if [ "$#" -ne 5 ]; then
-    echo "usage: $0 SITE_ID DATA_PATH SUPERLINK_HOST:FLEET_PORT CA_CERT PRIVATE_KEY" >&2
+    echo "usage: $0 SITE_ID DATA_PATH SUPERLINK_HOST[:FLEET_PORT] CA_CERT PRIVATE_KEY" >&2
     exit 2
 fi
 site=$1
@@ -36,13 +38,21 @@ if [ -n "${FEDCLUSTER_TRUSTED_ENTITIES:-}" ]; then
     trust=(--trusted-entities "$FEDCLUSTER_TRUSTED_ENTITIES")
 fi
 
+superlink=$3
+if ! [[ $superlink =~ ^(\[.*\]|[^:]+):[0-9]+$ ]]; then
+    # The installed Flower decides the port: 1.39's Fleet API is gRPC on a port of its own
+    . "$(dirname "$0")/flower-layout.sh"
+    superlink="$superlink:$FLEET_PORT"
+    echo "Flower $FLOWER_VERSION: connecting to the Fleet API at $superlink" >&2
+fi
+
 wait_limit=()
 if [ -n "${FEDCLUSTER_CONNECT_WAIT-600}" ]; then
     wait_limit=(--max-wait-time "${FEDCLUSTER_CONNECT_WAIT-600}")
 fi
 
 exec flower-supernode \
-    --superlink "$3" \
+    --superlink "$superlink" \
     ${wait_limit[@]+"${wait_limit[@]}"} \
     --root-certificates "$4" \
     --auth-supernode-private-key "$5" \

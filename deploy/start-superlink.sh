@@ -29,14 +29,13 @@ mkdir -p "$state"
 bind=${FEDCLUSTER_BIND:-0.0.0.0}
 
 # The installed Flower decides the layout: 1.39's Fleet API is gRPC on a port of its own
-version=$(flower-superlink --version 2>/dev/null | sed -n 's/^Flower version: \([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
-read -r major minor <<< "${version:-1 39}"
+. "$(dirname "$0")/flower-layout.sh"
 fleet=()
-if [ "$major" -eq 1 ] && [ "$minor" -lt 40 ]; then
-    fleet=(--fleet-api-type grpc-rere --fleet-api-address "$bind:${FEDCLUSTER_FLEET_PORT:-9092}")
-    echo "Flower $major.$minor: the sites connect to the gRPC Fleet API on port ${FEDCLUSTER_FLEET_PORT:-9092}" >&2
+if [ "$FLEET_GRPC" = 1 ]; then
+    fleet=(--fleet-api-type grpc-rere --fleet-api-address "$bind:$FLEET_PORT")
+    echo "Flower $FLOWER_VERSION: the sites connect to the gRPC Fleet API on port $FLEET_PORT" >&2
 else
-    echo "Flower $major.$minor: the sites connect to the Fleet API (HTTP) on port ${FEDCLUSTER_CONTROL_PORT:-8000}, the Control API's" >&2
+    echo "Flower $FLOWER_VERSION: the sites connect to the Fleet API (HTTP) on port $FLEET_PORT, the Control API's" >&2
 fi
 
 exec flower-superlink \

@@ -1,7 +1,9 @@
 # The image that runs fedcluster's code: the ServerApp (next to the SuperLink) and each
 # site's ClientApps (next to its SuperNode), as Flower SuperExec processes.
 # Build from the repository root: docker build -f docker/superexec.Dockerfile -t fedcluster-superexec .
-FROM flwr/superexec:1.39.0
+# FLWR_VERSION: the same Flower release as the SuperLink's and the SuperNodes' images.
+ARG FLWR_VERSION=1.42.0
+FROM flwr/superexec:${FLWR_VERSION}
 
 WORKDIR /app
 COPY --chown=app:app docker/requirements.txt /app/requirements.txt

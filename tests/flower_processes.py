@@ -873,9 +873,11 @@ def _flwr(
     cwd: Path,
     timeout: float,
     log_path: Path | None = None,
+    prefix: Iterable[str] = (),
 ) -> tuple[int | None, str]:
     """Run the ``flwr`` CLI in its own session, its output going to ``log_path`` (a
-    temporary file if None) as it comes; on timeout kill its group. (rc or None, output)."""
+    temporary file if None) as it comes; on timeout kill its group. (rc or None, output).
+    ``prefix`` goes before the command (``ip netns exec NS``: the CLI on another host)."""
     executable = shutil.which("flwr", path=env.get("PATH")) or "flwr"
     with contextlib.ExitStack() as stack:
         if log_path is None:
@@ -884,7 +886,7 @@ def _flwr(
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
             out = stack.enter_context(open(log_path, "w+b"))
         popen = subprocess.Popen(
-            [executable, *args],
+            [*prefix, executable, *args],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

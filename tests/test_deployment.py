@@ -1,16 +1,18 @@
 """A real deployment on loopback: one ``flower-superlink`` and one ``flower-supernode``
-process per site, talking over the gRPC Fleet API, each site reading its own CSV via its
-node config's ``data-path``. The run finishes and its centroids equal (to 1e-9) the
-in-process result on the same site arrays and seed; a site with a broken file is
+process per site, talking over the Fleet API (gRPC under Flower 1.39, HTTP under 1.40+),
+each site reading its own CSV via its node config's ``data-path``. The first-deployment
+tutorial runs as its page shows it (its fixed ports on a host of its own) and equals the
+in-process run on the same files and node configs; a site with a broken file is
 rejected with the file's problem while the others go on, a site that holds back rows
 says so wherever a person looks, and a run that cannot go on ends failed; a run stopped mid-training
-resumes from its checkpoint on the same federation. Every test cleans up its
-processes, also when it fails (the last test fails on purpose mid-run and checks).
+resumes from its checkpoint on the same federation; hospital tables cross through the
+schema. Every test cleans up its processes, also when it fails (one test fails on
+purpose mid-run and checks).
 
 Deployment starts a fresh ClientApp process for every message, so the child processes
 share one ``NUMBA_CACHE_DIR`` (compiled kernels, should a site need one: these sites are
 small enough for the NumPy path) and the tests of this module one ``FLWR_HOME``: the
-SuperLink and the SuperNodes install the app there.
+SuperLink and the SuperNodes install the app there (the tutorial's operator has its own).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shlex
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +32,7 @@ import pytest
 
 import fedcluster
 import flower_processes as fp
+import netns
 from fedcluster.common.datasets import load_builtin, partition
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -99,32 +105,108 @@ def start_federation(bed: fp.FlowerSandbox, connection: str, sites: dict[str, Pa
     return link
 
 
-def test_deployment_matches_in_process(sandbox, digits_sites, tmp_path):
-    arrays, paths = digits_sites
-    out = tmp_path / "outputs"
-    with sandbox() as bed:
-        start_federation(bed, "dep", {str(i): path for i, path in enumerate(paths)})
-        bed.run(APP_DIR, "dep", {**CONFIG, "output-dir": str(out), "run-name": "dep"},
-                timeout=RUN_TIMEOUT)
-    assert not fp.find_processes(tag=bed.tag, patterns=bed.patterns), "processes left behind"
+TUTORIAL = APP_DIR / "docs" / "tutorials" / "first-deployment.md"
 
-    model = fedcluster.Model.load(out / "dep" / "model.json")
-    harness = fedcluster.simulate(arrays, **py_kwargs(CONFIG))
+
+def tutorial_steps() -> tuple[str, list[str], str, str]:
+    """The first-deployment tutorial's steps, as its page shows them: the command that
+    makes the sites' files, the SuperLink's and the SuperNodes' command lines, the
+    ``flwr`` config and the ``flwr run`` line."""
+    from test_docs import blocks, commands
+
+    found = blocks(TUTORIAL)
+    partition = next(line for b in found if b.language == "bash" and b.marker is None
+                     for line in commands(b.code) if line.startswith("fedcluster partition"))
+    servers, submit = (commands(b.code) for b in found if b.marker == ("run by", "tests/test_deployment.py"))
+    config = next(b.code for b in found if b.language == "toml")
+    assert len(submit) == 1, submit
+    return partition, servers, config, submit[0]
+
+
+@pytest.mark.skipif(netns.unavailable() is not None,
+                    reason=f"the tutorial's fixed ports need a host of their own: {netns.unavailable()}")
+def test_first_deployment_tutorial_as_written(sandbox, tmp_path):
+    """The first-deployment tutorial, its commands as the page shows them (ports, paths,
+    node configs, the ``flwr`` config, the run config), on a host of its own (a network
+    namespace: its loopback and fixed ports are its own) under whichever Flower is
+    installed: the SuperNodes find the SuperLink at Flower's default address (gRPC :9092
+    under 1.39, HTTP :8000 under 1.40+). The run completes, every site answers every
+    round, and its result equals the in-process run on the same files and node configs
+    (centroids to 1e-9, Table 1 exactly)."""
+    from flwr.common.config import parse_config_args
+
+    from fedcluster.simulation import run_in_process
+
+    partition, servers, config_toml, submit = tutorial_steps()
+    work = tmp_path / "tutorial"
+    work.mkdir()
+    words = shlex.split(partition, comments=True)
+    subprocess.run([str(Path(sys.executable).parent / words[0]), *words[1:]], cwd=work,
+                   check=True, capture_output=True)
+    home = tmp_path / "operator-flwr"
+    home.mkdir()
+    (home / "config.toml").write_text(config_toml + "\n")
+    assert [shlex.split(line)[0] for line in servers] == ["flower-superlink"] + ["flower-supernode"] * 3
+    submit_words = shlex.split(submit, comments=True)
+    assert submit_words[:3] == ["flwr", "run", "."], submit
+    connection = submit_words[3]
+    with netns.lan(["machine"]) as net, sandbox() as bed:
+        on_machine = net.exec_prefix("machine")
+        operator = {**bed.env, "FLWR_HOME": str(home)}  # the flwr CLI's ~/.flwr
+        started = []
+        for i, line in enumerate(servers):
+            name = "superlink" if i == 0 else f"supernode-{i - 1}"
+            proc = bed.stack.enter_context(fp.flower_process(
+                name, [*on_machine, *shlex.split(line, comments=True)], log_dir=bed.log_dir,
+                env=bed.env, cwd=work, ready_log=fp.SUPEREXEC_STARTED if i == 0 else fp.SUPERNODE_ID,
+                wait=i == 0, startup_timeout=90))
+            bed.processes.append(proc)
+            started.append(proc)
+        for proc in started[1:]:
+            proc.wait_ready()
+        # "submit the app from the repository root"
+        rc, output = fp._flwr(submit_words[1:], operator, APP_DIR, RUN_TIMEOUT,
+                              bed.log_dir / "flwr-run.log", prefix=on_machine)
+        assert rc == 0, output
+        run_id = re.search(r"Successfully started run (\d+)", output).group(1)
+        # the status as the page says a script reads it
+        rc, listed = fp._flwr(["ls", connection, "--run-id", run_id, "--format", "json"],
+                              operator, work, 60, prefix=on_machine)
+        assert rc == 0, listed
+    assert not fp.find_processes(tag=bed.tag, patterns=bed.patterns), "processes left behind"
+    runs = json.loads(listed[listed.index("{"):])["runs"]
+    assert [run["status"] for run in runs] == ["finished:completed"], runs
+
+    outputs = list((work / "outputs").glob("*/model.json"))  # the coordinator's cwd
+    assert len(outputs) == 1, outputs
+    model = fedcluster.Model.load(outputs[0])
+    node_configs = [parse_config_args([shlex.split(line)[shlex.split(line).index("--node-config") + 1]])
+                    for line in servers[1:]]
+    nodes = [{**cfg, "data-path": str(work / cfg["data-path"]),
+              "cache-dir": str(tmp_path / "harness" / cfg["cache-dir"])} for cfg in node_configs]
+    run_config = parse_config_args([submit_words[submit_words.index("--run-config") + 1]])
+    harness = run_in_process(nodes, {**run_config, "output-dir": str(tmp_path / "harness-out")})
     np.testing.assert_allclose(model.centroids, harness.centroids, rtol=0, atol=1e-9)
     np.testing.assert_allclose(model.metrics["score"], harness.metrics["score"], rtol=1e-9)
+    assert [h["task"] for h in model.history] == [h["task"] for h in harness.history]
+    assert model.history[-1]["task"] == "profile"  # Table 1 crossed the real Fleet API
+    ours, theirs = model.profile, harness.profile
+    assert ours[["cluster", "variable", "level", "statistic"]].equals(
+        theirs[["cluster", "variable", "level", "statistic"]])
+    np.testing.assert_allclose(ours.value.astype(float), theirs.value.astype(float), rtol=1e-12)
 
-    # SuperLink side: all 3 sites answered every round
-    rows = read_history_csv(out / "dep" / "history.csv")
-    assert len(rows) == len(model.history) == len(harness.history)
+    # the coordinator's side: all 3 sites answered every round, every row
+    rows = read_history_csv(outputs[0].parent / "history.csv")
+    assert len(rows) == len(model.history)
     assert [(int(r["sites-asked"]), int(r["sites-answered"]), int(r["sites-failed"]))
             for r in rows] == [(3, 3, 0)] * len(rows)
-    assert model.metrics["n-sites"] == 3
-    assert model.metrics["rejected-sites"] == {}
-    assert model.metrics["n-rows"] == sum(len(Xi) for Xi in arrays)
-    assert model.feature_names == [f"x{j}" for j in range(arrays[0].shape[1])]
+    assert model.metrics["n-sites"] == 3 and model.metrics["rejected-sites"] == {}
+    assert model.metrics["n-rows"] == harness.metrics["n-rows"] == 1797
+    assert model.feature_names == harness.model.feature_names
     assert "central-score" not in model.metrics  # nobody holds the pooled data
-    # each site cached its parsed CSV (one entry per site, in FEDCLUSTER_CACHE_DIR)
-    assert len(list((tmp_path / "site-cache").glob("*.json"))) == 3
+    # each site parsed its file into the cache-dir its node config names
+    for cfg in node_configs:
+        assert list((work / cfg["cache-dir"]).glob("*.json")), cfg
 
 
 def hold_back_history(cache: Path, X: np.ndarray, other: np.ndarray, work: Path, p: int) -> None:
@@ -150,8 +232,8 @@ def test_broken_site_is_rejected_held_back_rows_are_named_and_a_failed_run_fails
     warns, the summary, model.json, history.csv and report.html give its held-back
     count, and report.html does not say every site answered from all its rows. Then a
     run that cannot go on (min-sites 3 of 2 usable sites) ends with Flower's status
-    ``finished:failed`` and the reason, and ``flwr run --stream`` exits 0 (Flower 1.39's
-    CLI does not read the status: the docs say so)."""
+    ``finished:failed`` and the reason, and ``flwr run --stream`` exits 0 (the CLI of
+    Flower 1.39 to 1.42 does not read the status: the docs say so)."""
     import shutil
 
     from fedcluster.simulation import run_in_process
@@ -225,7 +307,7 @@ def test_broken_site_is_rejected_held_back_rows_are_named_and_a_failed_run_fails
     assert figure in report and "answered from all its usable rows" not in report
     # the run that could not go on: failed, with the reason, as Flower records it
     assert "ended with status 'finished:failed'" in str(failed.value)
-    assert "exited with" not in str(failed.value)  # flwr run --stream exited 0 (Flower 1.39)
+    assert "exited with" not in str(failed.value)  # flwr run --stream exited 0 (1.39-1.42)
     assert "2 usable site(s)" in str(failed.value)
 
 

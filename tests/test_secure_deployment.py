@@ -17,6 +17,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -55,11 +56,11 @@ class Federation:
         self.sites: dict[str, fp.FlowerProcess] = {}
         self.arrays: list[np.ndarray] = []
 
-    def start_superlink(self) -> None:
+    def start_superlink(self, **extra_env: str) -> None:
         argv = [*self.net.exec_prefix("superlink"), "bash", str(DEPLOY / "start-superlink.sh"),
                 str(self.creds), str(self.state)]
         self.link = self.link_stack.enter_context(fp.flower_process(
-            "superlink", argv, log_dir=self.bed.log_dir, env=self.bed.env,
+            "superlink", argv, log_dir=self.bed.log_dir, env={**self.bed.env, **extra_env},
             ready_log=fp.SUPEREXEC_STARTED, startup_timeout=90))
         self.bed.processes.append(self.link)
 
@@ -74,16 +75,30 @@ class Federation:
             raise AssertionError(f"{script} {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
         return done
 
-    def start_site(self, site: str, data: Path, *, wait: bool = True) -> fp.FlowerProcess:
+    def start_site(self, site: str, data: Path, *, wait: bool = True,
+                   superlink: str | None = None) -> fp.FlowerProcess:
         argv = [*self.net.exec_prefix(site), "bash", str(DEPLOY / "start-site.sh"), site,
-                str(data), f"{self.net.address['superlink']}:{fp.DEPLOY_FLEET_PORT}",
+                # the coordinator's host without a port, as the how-to shows: the script
+                # picks the installed Flower's Fleet port (9092 gRPC / 8000 HTTP)
+                str(data), superlink or self.net.address["superlink"],
                 str(self.creds / "ca.crt"), str(self.creds / "sites" / site)]
         proc = self.bed.stack.enter_context(fp.flower_process(
-            site, argv, log_dir=self.bed.log_dir, env={**self.bed.env,
+            site if superlink is None else f"{site}-via-{superlink}", argv, log_dir=self.bed.log_dir, env={**self.bed.env,
                                                        "FEDCLUSTER_MIN_CLUSTER_SIZE": "2"},
             ready_log=fp.SUPERNODE_ID, wait=wait, startup_timeout=90))
         self.bed.processes.append(proc)
         return proc
+
+    def one_round_run(self, connection: str, name: str) -> None:
+        """A one-round run submitted through ``connection``: it completes with all three
+        sites."""
+        out = self.workdir / "outputs"
+        fp.run_flwr(ROOT, connection, {**CONFIG, "output-dir": str(out), "run-name": name,
+                                       "num-rounds": 1},
+                    env=self.bed.env, timeout=300, processes=self.bed.processes,
+                    log_path=self.bed.log_dir / f"flwr-run-{name}.log")
+        model = fedcluster.Model.load(out / name / "model.json")
+        assert sorted(model.metrics["per-site"]) == SITES
 
     def listed_nodes(self) -> dict[str, str]:
         """node id -> status, from ``flwr supernode list`` (the operator's view)."""
@@ -134,6 +149,9 @@ def test_tls_authenticated_run_across_hosts(federation):
     # each site was activated under the node id the operator registered for its key
     for site, proc in fed.sites.items():
         assert proc.ready_match.group(1) == fed.node_ids[site]
+        # given the host only, start-site.sh chose the installed Flower's Fleet port
+        assert (f"connecting to the Fleet API at {fed.net.address['superlink']}:"
+                f"{fp.DEPLOY_FLEET_PORT}") in proc.log_text()
     out = fed.workdir / "outputs"
     fp.run_flwr(ROOT, "hospitals", {**CONFIG, "output-dir": str(out), "run-name": "tls"},
                 env=fed.bed.env, timeout=300, processes=fed.bed.processes,
@@ -202,10 +220,107 @@ def test_superlink_restart_keeps_registered_sites_and_their_ids(federation):
         assert time.monotonic() < deadline, f"not all sites back online: {after}"
         time.sleep(2)
     assert sorted(after) == sorted(before)
-    out = fed.workdir / "outputs"
-    fp.run_flwr(ROOT, "hospitals", {**CONFIG, "output-dir": str(out), "run-name": "again",
-                                    "num-rounds": 1},
-                env=fed.bed.env, timeout=300, processes=fed.bed.processes,
-                log_path=fed.bed.log_dir / "flwr-run-again.log")
-    model = fedcluster.Model.load(out / "again" / "model.json")
-    assert sorted(model.metrics["per-site"]) == SITES
+    fed.one_round_run("hospitals", "again")
+
+
+# ------------------------------------------------------------- Flower 1.40+: one port
+
+PROXY_CONF = DEPLOY / "fleet-proxy.nginx.conf"
+
+
+def _flwr_ls(fed: Federation, host: str, address: str) -> dict:
+    """What ``flwr ls --format json`` prints, run on ``host`` against ``address`` over
+    TLS with only the CA certificate (what every site holds), from a Flower config of its
+    own (``success``, and ``runs`` or ``error-message``; it exits 0 either way)."""
+    home = fp.flwr_home(fed.workdir, "snoop", address, home=fed.workdir / f"{host}-flwr",
+                        root_certificates=fed.creds / "ca.crt")
+    rc, out = fp._flwr(["ls", "snoop", "--format", "json"], {**fed.bed.env, "FLWR_HOME": str(home)},
+                       fed.workdir, 60, prefix=fed.net.exec_prefix(host))
+    assert rc is not None and "{" in out, out
+    return json.loads(out[out.index("{"):])
+
+
+def _nginx() -> str | None:
+    import shutil
+
+    return shutil.which("nginx", path=f"{os.environ.get('PATH', '')}{os.pathsep}/usr/sbin")
+
+
+def _start_proxy(fed: Federation) -> Path:
+    """deploy/fleet-proxy.nginx.conf as the how-to says to install it (the credentials'
+    folder and the operator's address replaced), nginx on the SuperLink's host; its
+    access log."""
+    folder = fed.workdir / "proxy"
+    (folder / "tmp").mkdir(parents=True, exist_ok=True)
+    servers = (PROXY_CONF.read_text().replace("/etc/fedcluster/creds", str(fed.creds))
+               .replace("10.0.0.9", fed.net.operator))
+    (folder / "fedcluster.conf").write_text(servers)
+    log = folder / "access.log"
+    (folder / "nginx.conf").write_text(
+        # (workers as root: the test's folders are root's alone; a coordinator's nginx
+        # runs its workers as its own user, with its own temp folders)
+        f"daemon off;\nuser root;\nworker_processes 1;\npid {folder}/nginx.pid;\n"
+        f"error_log {folder}/error.log;\nevents {{}}\nhttp {{\n    access_log {log};\n"
+        + "".join(f"    {kind}_temp_path {folder}/tmp/{kind};\n"
+                  for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        + f"    include {folder}/fedcluster.conf;\n}}\n")
+    fed.bed.processes.append(fed.bed.stack.enter_context(fp.flower_process(
+        "nginx", [*fed.net.exec_prefix("superlink"), str(_nginx()), "-c", str(folder / "nginx.conf")],
+        log_dir=fed.bed.log_dir, env=fed.bed.env)))
+    deadline = time.monotonic() + 30
+    for port in (9092, 8443):
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(
+                    (fed.net.address["superlink"], port), timeout=1):
+                break
+            assert time.monotonic() < deadline, (folder / "error.log").read_text()
+            time.sleep(0.2)
+    return log
+
+
+@pytest.mark.skipif(not fp.HTTP_FLEET, reason="Flower 1.39 serves the sites' Fleet API on a "
+                    "gRPC port of its own: the Control API's port is the operator's alone")
+def test_a_proxy_keeps_the_control_api_from_the_sites(federation):
+    """Flower 1.40+ serves the sites' Fleet API and the operator's Control API on one port
+    (docs/how-to/flower-versions.md). The attack first: from a site's host, holding only
+    the CA certificate, ``flwr ls`` on the SuperLink's port lists the federation's runs.
+    Then the SuperLink on loopback (``FEDCLUSTER_BIND=127.0.0.1``) behind
+    deploy/fleet-proxy.nginx.conf: the same site gets a 404 on the sites' port and a 403
+    on the operator's; the three sites reconnect through the proxy under their node ids,
+    and a run the operator submits through it completes with all three."""
+    fed = federation
+    assert _nginx(), "nginx is not installed (.ci/run installs Debian's nginx-light)"
+    addr = fed.net.address["superlink"]
+    listed = _flwr_ls(fed, SITES[0], f"{addr}:8000")
+    assert listed["success"] is True and "runs" in listed, listed
+
+    # the sites stop (and sign off: the SuperLink marks them offline), the SuperLink
+    # restarts on loopback (as the how-to shows) behind the proxy
+    for site in SITES:
+        fp.stop_process_group(fed.sites[site].popen)
+    fed.stop_superlink()
+    fed.start_superlink(FEDCLUSTER_BIND="127.0.0.1")
+    log = _start_proxy(fed)
+    refused = _flwr_ls(fed, SITES[0], f"{addr}:9092")  # the sites' port: Fleet API only
+    assert refused["success"] is False and "404 Not Found" in refused["error-message"], refused
+    refused = _flwr_ls(fed, SITES[0], f"{addr}:8443")  # the operator's: not from a site
+    assert refused["success"] is False and "403 Forbidden" in refused["error-message"], refused
+    access = log.read_text()
+    site_ip = re.escape(fed.net.address[SITES[0]])
+    assert re.search(rf'^{site_ip} .*"POST /v1/control/\S+ HTTP/1.1" 404 ', access, re.M), access
+    assert re.search(rf'^{site_ip} .*"POST /v1/control/\S+ HTTP/1.1" 403 ', access, re.M), access
+
+    # the sites now reach the SuperLink through the proxy only, under their node ids
+    procs = {site: fed.start_site(site, fed.workdir / f"{site}.csv", wait=False,
+                                  superlink=f"{addr}:9092") for site in SITES}
+    for site, proc in procs.items():
+        proc.wait_ready()
+        assert proc.ready_match.group(1) == fed.node_ids[site]
+    fed.bed.connect("via-proxy", f"{addr}:8443", root_certificates=fed.creds / "ca.crt")
+    fed.one_round_run("via-proxy", "proxied")
+    access = log.read_text()
+    for site in SITES:  # each site's Fleet API traffic went through the proxy
+        ip = re.escape(fed.net.address[site])
+        assert re.search(rf'^{ip} .*"POST /v1/fleet/pull-messages HTTP/1.1" 200 ', access, re.M)
+    operator = re.escape(fed.net.operator)
+    assert re.search(rf'^{operator} .*"POST /v1/control/start-run HTTP/1.1" 200 ', access, re.M), access
