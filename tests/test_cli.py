@@ -95,7 +95,7 @@ def test_convergence_numbers_rounds_as_history_csv_and_shows_no_movement_at_0(tr
 
     import matplotlib.pyplot as plt
 
-    from fedcluster.server_app.outputs import convergence_figure
+    from fedcluster.server_app.convergence_plot import convergence_figure
 
     tmp, _, _ = trained
     run = tmp / "out" / "r"

@@ -19,7 +19,7 @@ from fedcluster.simulation import record_tasks
 from fedcluster.strategies import divisive
 from fedcluster.strategies.divisive import BRANCH, DivisiveStart, split
 from fedcluster.strategies.errors import FederationError
-from fedcluster.strategies.validation import Reply
+from fedcluster.strategies.reply import Reply
 from fedcluster.common import protocol
 
 K = 6

@@ -24,7 +24,8 @@ from fedcluster.server_app.outputs import summary_table
 from fedcluster.simulation import record_parts
 from fedcluster.strategies.aggregate import (count_weighted_mean, momentum_step,
                                              site_weighted_mean, weighted_lloyd)
-from fedcluster.strategies.sites import key_list, site_order
+from fedcluster.strategies.round_replies import key_list
+from fedcluster.strategies.sites import site_order
 
 SIMULATED = {"simulated_availability": 0.6, "simulated_stragglers": 0.25}
 
@@ -75,7 +76,7 @@ def _traced_rounds(n_sites: int) -> list[tuple[str, int, int]]:
             plain_round(grid, context)
         finally:
             sys.settrace(None)
-        row = context.strategy.history[-1]
+        row = context.strategy.run.history[-1]
         rounds.append((row["task"], events[0], row["sites-asked"] - row["sites-offline"]))
 
     server_app.fit_round = traced_round

@@ -179,11 +179,11 @@ def test_a_kmeans_run_stops_on_a_stalled_score_only_where_a_site_splits_groups()
     alone where every site assigns groups whole (p_site 1 or 2)."""
     from types import SimpleNamespace as NS
 
-    from fedcluster.strategies import sites
+    from fedcluster.strategies import stopping
 
-    def strategy(sizes, own=None):
-        return NS(default_score_tol=own, sites={str(i): NS(group_size=g) for i, g in enumerate(sizes)})
+    def sites(sizes):
+        return {str(i): NS(group_size=g) for i, g in enumerate(sizes)}
 
-    assert sites.default_score_tol(strategy([2, 3])) == sites.SPLIT_SCORE_TOL > 0
-    assert sites.default_score_tol(strategy([2, 1, None])) == 0.0
-    assert sites.default_score_tol(strategy([5], own=1e-5)) == 1e-5  # (FFCM's own)
+    assert stopping.default_score_tol(None, sites([2, 3])) == stopping.SPLIT_SCORE_TOL > 0
+    assert stopping.default_score_tol(None, sites([2, 1, None])) == 0.0
+    assert stopping.default_score_tol(1e-5, sites([5])) == 1e-5  # (FFCM's own)

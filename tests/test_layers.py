@@ -7,8 +7,10 @@ package, and the two sides of the middle layer never import each other::
 
 Every import counts, at the top of a module or inside a function (a lazy import that goes
 the wrong way is still a wrong way). Also: no import circle among fedcluster's modules, no
-module over 450 lines except the one compiled-kernel module, no pickle anywhere, and only
-the protocol module indexes a reply's arrays by position.
+module over 450 lines except the one compiled-kernel module (none of the server's two
+packages over 300), no function outside the run's classes taking the strategy, no phase
+as a string, no pickle anywhere, and only the protocol module indexes a reply's arrays
+by position.
 """
 
 from __future__ import annotations
@@ -200,3 +202,89 @@ def test_only_the_protocol_module_indexes_reply_arrays():
     users = [f"{p.relative_to(PACKAGE)}:{i}" for p in PACKAGE.rglob("*.py") if p != PROTOCOL_MODULE
              for i, line in enumerate(p.read_text().splitlines(), 1) if indexing.search(line)]
     assert users == []
+
+
+#: The server's two packages hold a run in small rooms (issue 57): the Flower adapter,
+#: the run controller, the algorithm base, the phases' pure functions.
+SERVER_PACKAGES = (PACKAGE / "strategies", PACKAGE / "server_app")
+SERVER_MAX_LINES = 300
+#: The run's own classes: the controller and the algorithm base (an algorithm subclasses it).
+RUN_CLASSES = {"Run", "ClusteringStrategy"}
+
+
+def _functions_outside_the_run(tree: ast.AST):
+    """Every function of ``tree`` outside the run's own classes (and their subclasses
+    in the module), with its class name ("" for a module-level function)."""
+    def walk(node, owner):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                bases = {getattr(b, "id", getattr(b, "attr", "")) for b in child.bases}
+                yield from walk(child, None if bases & RUN_CLASSES or child.name in RUN_CLASSES
+                                else child.name)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if owner is not None:
+                    yield owner, child
+                yield from walk(child, owner)
+            else:
+                yield from walk(child, owner)
+    yield from walk(tree, "")
+
+
+def test_no_module_of_the_server_over_300_lines():
+    long = {str(p.relative_to(PACKAGE)): n for root in SERVER_PACKAGES for p in root.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > SERVER_MAX_LINES}
+    assert long == {}
+
+
+def _strategy_arguments(tree: ast.AST, where: str) -> list[str]:
+    found = []
+    for owner, fn in _functions_outside_the_run(tree):
+        for arg in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]:
+            note = set() if arg.annotation is None else {
+                getattr(n, "id", getattr(n, "attr", getattr(n, "value", None)))
+                for n in ast.walk(arg.annotation)}
+            if arg.arg in ("strategy", "run") or note & RUN_CLASSES:
+                found.append(f"{where}:{owner or '-'}.{fn.name}({arg.arg})")
+    return found
+
+
+def test_no_function_outside_the_run_takes_the_strategy():
+    """The run's state changes in its own methods: every other function of the server
+    takes what it reads (a config, the sites, a plan, a ``RoundFacts``) and returns what
+    it makes. An argument named ``strategy`` (or ``run``) outside the run's classes is the
+    old way back in; so is one annotated with the run's classes."""
+    found = [hit for root in SERVER_PACKAGES for path in root.rglob("*.py")
+             for hit in _strategy_arguments(ast.parse(path.read_text()), str(path.relative_to(PACKAGE)))]
+    # The Flower adapter holds the run it drives (its constructor is given it).
+    assert found == ["strategies/flower_adapter.py:FlowerAdapter.__init__(run)"]
+    # and the check sees what it looks for
+    sample = ast.parse("def f(strategy): pass\n"
+                       "class A(ClusteringStrategy):\n    def g(self, strategy): pass\n"
+                       "class B:\n    def h(self, other: ClusteringStrategy): pass\n"
+                       "def k(config: RunConfig): pass\n")
+    assert _strategy_arguments(sample, "m") == ["m:-.f(strategy)", "m:B.h(other)"]
+
+
+def _phase_literals(tree: ast.AST, where: str) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        targets, values = [], []
+        if isinstance(node, ast.Assign):
+            targets, values = node.targets, [node.value]
+        elif isinstance(node, ast.Compare):
+            targets = values = [node.left, *node.comparators]
+        if any(ast.unparse(t).endswith("phase") for t in targets) and any(
+                isinstance(v, ast.Constant) and isinstance(v.value, str) for v in values):
+            found.append(f"{where}:{node.lineno}")
+    return found
+
+
+def test_no_phase_is_a_string_literal():
+    """The phases are defined once (``strategies/phases.py``): nothing assigns a phase a
+    string or compares one with a string."""
+    found = [hit for root in SERVER_PACKAGES for path in root.rglob("*.py")
+             for hit in _phase_literals(ast.parse(path.read_text()), str(path.relative_to(PACKAGE)))]
+    assert found == []
+    sample = ast.parse('self.phase = "train"\nif self.phase == "evaluate": pass\n'
+                       'self.phase = Phase.TRAIN\n')
+    assert _phase_literals(sample, "m") == ["m:1", "m:2"]

@@ -21,7 +21,7 @@ from fedcluster.common.clinical_demo import clinical_schema_toml
 from fedcluster.common.model import Model
 from fedcluster.common.protocol import TASKS
 from fedcluster.common.schema import parse_schema, schema_hash
-from fedcluster.server_app import table1
+from fedcluster.server_app import table1, table1_cells
 from fedcluster.server_app.profile_plots import plot_profile, plot_sites, profile_matrix
 from fedcluster.server_app.run_report import write_report
 
@@ -127,7 +127,7 @@ def test_table1_html_is_an_escaped_fragment():
 
 
 def test_format_number_rules():
-    assert [table1.format_number(v) for v in (123.456, 45.67, 5.432, 0.01234, "<3", "", float("nan"))] \
+    assert [table1_cells.format_number(v) for v in (123.456, 45.67, 5.432, 0.01234, "<3", "", float("nan"))] \
         == ["123", "45.7", "5.43", "0.0123", "<3", "-", "-"]
 
 

@@ -331,7 +331,8 @@ def test_secure_aggregate_is_validated_as_a_whole():
     contributing sites declared, counts beyond their rows, or a non-finite entry make
     the round's sum unusable (the strategy drops it; no site can be named)."""
     from fedcluster.strategies import make_strategy, secure_sum
-    from fedcluster.strategies.base import Site, TaskPlan
+    from fedcluster.strategies.sites import Site
+    from fedcluster.strategies.task_plan import TaskPlan
     from fedcluster.strategies.validation import ReplyError
 
     config = parse_run_config({"algorithm": "dwf", "n-clusters": 2, "secure-aggregation": True,
@@ -342,7 +343,7 @@ def test_secure_aggregate_is_validated_as_a_whole():
     plan = TaskPlan("lloyd", arrays=protocol.Centroids(C), secure=(["wc", "w-int", "sse", "n"], [1.0] * 4))
     good = {"wc": np.ones((2, 3)), "w-int": np.array([12.0, 18.0]), "sse": np.array([5.0]),
             "n": np.array([30.0])}
-    reply = secure_sum.sum_reply(strategy, plan, good, 3, 30)
+    reply = secure_sum.sum_reply(strategy.round_facts(), plan, good, 3, 30)
     assert reply.n_sites == 3 and reply.n_rows == 30 and reply.metrics["sse"] == 5.0
     np.testing.assert_allclose(reply.arrays[0], [[1 / 12] * 3, [1 / 18] * 3])
     for bad, reason in [({"n": np.array([31.0])}, "declared 30"),
@@ -350,4 +351,4 @@ def test_secure_aggregate_is_validated_as_a_whole():
                         ({"wc": np.full((2, 3), np.nan)}, "not finite"),
                         ({"wc": np.ones((3, 3))}, "shape")]:
         with pytest.raises(ReplyError, match=reason):
-            secure_sum.sum_reply(strategy, plan, {**good, **bad}, 3, 30)
+            secure_sum.sum_reply(strategy.round_facts(), plan, {**good, **bad}, 3, 30)

@@ -156,14 +156,14 @@ def test_a_site_at_its_limit_that_is_still_asked_refuses():
     """The site enforces its limit whatever the server does: a server that ignores the
     declared max-rounds (here: it forgets its count every round) gets refusals, recorded
     under site-failures."""
-    from fedcluster.strategies import base
+    from fedcluster.strategies.sites import Site
 
-    at_limit = base.Site.at_limit
-    base.Site.at_limit = property(lambda site: False)
+    at_limit = Site.at_limit
+    Site.at_limit = property(lambda site: False)
     try:
         result = _policy_run({1: {"max-rounds": 2}}, CONFIG)
     finally:
-        base.Site.at_limit = at_limit
+        Site.at_limit = at_limit
     failures = result.metrics["site-failures"]
     assert list(failures) == ["1"] and len(failures["1"]) == 5
     assert all("site policy max-rounds=2 reached" in event for event in failures["1"])

@@ -252,9 +252,9 @@ def test_a_site_sends_the_clusters_it_shows_whole_and_the_table_keeps_the_rule(
     Lying = NamedTuple("Lying", [(f, np.ndarray) for f in protocol.ProfileInputs._fields]
                        + [("level_weights", np.ndarray)])
 
-    def lying(strategy, lower, upper, bins):
-        plan = plan_of(strategy, lower, upper, bins)
-        zeros = np.zeros(strategy.n_features)
+    def lying(centroids, transform, lower, upper, bins):
+        plan = plan_of(centroids, transform, lower, upper, bins)
+        zeros = np.zeros(np.shape(centroids)[1])
         return dataclasses.replace(plan, arrays=Lying(*plan.arrays, zeros))
 
     monkeypatch.setattr(server_module, "profile_task", lying)

@@ -27,6 +27,7 @@ from fedcluster.server_app.workflow import (
     INITIAL_CENTROIDS, RESULT, ClusteringWorkflow, build_model, central_baseline, fit_round, run_name,
 )
 from fedcluster.strategies import FederationError, make_strategy
+from fedcluster.strategies.flower_adapter import FlowerAdapter
 
 app = ServerApp()
 
@@ -71,13 +72,15 @@ def main(grid: Grid, context: Context) -> None:
     else:
         strategy = make_strategy(config, initial_centroids)
     directory = Path(config.output_dir) / run_name(config) if config.output_dir else None
-    legacy = LegacyContext(context=context, config=ServerConfig(), strategy=strategy)
+    legacy = LegacyContext(context=context, config=ServerConfig(),
+                           strategy=FlowerAdapter(strategy))
     log(logging.INFO, "fedcluster: %s, k = %s, up to %s rounds", config.algorithm, config.n_clusters, config.num_rounds)
     fit_workflow = make_fit_workflow(config, fit_round)
     ClusteringWorkflow(fit_workflow, checkpoint_dir=directory)(grid, legacy)
 
-    central = central_baseline(strategy) if config.central_baseline else None
-    model = build_model(strategy, config, central)
+    result = strategy.result()
+    central = central_baseline(result, config) if config.central_baseline else None
+    model = build_model(result, config, central)
     log(logging.INFO, "%s", summary_table(model.metrics))
     if directory is not None:
         write_outputs(directory, model)

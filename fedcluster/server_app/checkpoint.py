@@ -42,7 +42,7 @@ import numpy as np
 from fedcluster.common.schema import run_schema
 from fedcluster.common.config import ConfigError, RunConfig
 from fedcluster.strategies import make_strategy
-from fedcluster.strategies.state import Encoder, StateError, decode, encode_state, restore_state
+from fedcluster.strategies.state import Encoder, Snapshot, StateError, decode
 
 CHECKPOINT_FILE = "checkpoint.json"
 FORMAT_VERSION = 2
@@ -54,38 +54,38 @@ OPERATIONAL_KEYS = ("resume-from", "run-name", "output-dir", "round-timeout")
 _KEY = "run-config key 'resume-from'"
 
 
-def save_checkpoint(strategy, directory: Path) -> Path:
-    """Write the strategy's state to ``directory/checkpoint.json`` and its arrays to
-    ``directory/checkpoint-<round>.npz``; return the JSON's path.
+def save_checkpoint(snapshot: Snapshot, directory: Path) -> Path:
+    """Write a run's state (``Run.snapshot``) to ``directory/checkpoint.json`` and its
+    arrays to ``directory/checkpoint-<round>.npz``; return the JSON's path.
 
     Raises
     ------
     fedcluster.strategies.state.StateError
-        If the strategy holds a value that cannot be stored (the message names it).
+        If the run holds a value that cannot be stored (``Run.snapshot`` names it).
     """
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / CHECKPOINT_FILE
-    state, arrays = encode_state(strategy)
-    config = Encoder().encode(strategy.config.model_dump(by_alias=True), "config")
+    state, arrays = snapshot.document, snapshot.arrays
+    config = Encoder().encode(snapshot.config.model_dump(by_alias=True), "config")
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     data = buffer.getvalue()
-    last_round = max((row["round"] for row in strategy.history), default=0)
+    last_round = snapshot.last_round
     arrays_file = f"checkpoint-{last_round}.npz"
     if arrays_file == _arrays_file_of(path):  # never rewrite the current arrays in place
         arrays_file = f"checkpoint-{last_round}b.npz"
     _write_atomically(directory / arrays_file, data)
     document = {
         "format-version": FORMAT_VERSION,
-        "algorithm": strategy.config.algorithm,
+        "algorithm": snapshot.config.algorithm,
         "round": last_round,
-        "finished": strategy.finished,
+        "finished": snapshot.finished,
         "config": config,
         "arrays-file": arrays_file,
         "arrays-sha256": hashlib.sha256(data).hexdigest(),
         "strategy": state,
     }
-    if (schema := run_schema(strategy.config.schema_file)) is not None:
+    if (schema := run_schema(snapshot.config.schema_file)) is not None:
         document["schema-hash"] = schema[1]  # the schema may move; its content may not
     _write_atomically(path, json.dumps(document, allow_nan=False, indent=1).encode("utf-8"))
     for old in [*directory.glob("checkpoint-*.npz"), *directory.glob("checkpoint*.tmp")]:
@@ -144,7 +144,7 @@ def _restore(path: Path, config: RunConfig):
         )
     arrays = _read_arrays(path, document)
     try:
-        return restore_state(make_strategy(config), document.get("strategy"), arrays)
+        return make_strategy(config).restore(document.get("strategy"), arrays)
     except StateError as err:
         raise _unreadable(path, str(err)) from None
 

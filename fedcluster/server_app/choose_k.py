@@ -29,7 +29,6 @@ import logging
 import math
 from pathlib import Path
 
-import numpy as np
 from flwr.app import Context
 from flwr.common.logger import log
 from flwr.server import LegacyContext, ServerConfig
@@ -41,6 +40,7 @@ from fedcluster.common.model import Model, json_default
 from fedcluster.server_app.outputs import write_choose_k
 from fedcluster.server_app.workflow import ClusteringWorkflow, build_model, run_name
 from fedcluster.strategies import make_strategy
+from fedcluster.strategies.flower_adapter import FlowerAdapter
 
 # What each k's row of the figures holds, besides the metrics.
 _EXTRA = ("rounds", "seed", "cluster-sizes")
@@ -57,7 +57,8 @@ def run_k_range(grid, context: Context, config: RunConfig) -> str:
     models: dict[int, Model] = {}
     workflow = ClusteringWorkflow()
     strategy = make_strategy(config.model_copy(update={"n_clusters": lo}))
-    legacy = LegacyContext(context=context, config=ServerConfig(), strategy=strategy)
+    legacy = LegacyContext(context=context, config=ServerConfig(),
+                           strategy=FlowerAdapter(strategy))
     last_round, previous = 0, None
     with workflow.federation(grid, legacy):
         for k in range(lo, hi + 1):
@@ -70,8 +71,8 @@ def run_k_range(grid, context: Context, config: RunConfig) -> str:
                 strategy.continue_from(previous)
             log(logging.INFO, "choose-k: k = %s (%s start)", k,
                 "warm" if strategy.warm_start is not None else "cold")
-            last_round = workflow.run(grid, legacy, strategy, last_round)
-            models[k] = build_model(strategy, config_k, None)
+            last_round = workflow.run(grid, legacy, FlowerAdapter(strategy), last_round)
+            models[k] = build_model(strategy.result(), config_k, None)
             previous = strategy
     result = report(config, models)
     log(logging.INFO, "%s", summary(result))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.server_app.table1 import ALL, SITE, SIZE, cluster_order, format_count
+from fedcluster.server_app.table1 import ALL, SITE, SIZE, cluster_order
+from fedcluster.server_app.table1_cells import format_count
 
 # The colour scale stops here: a difference of 2 SD is already large for a clinician,
 # and one extreme cell must not wash out every other.

@@ -12,7 +12,6 @@ from flwr.common.logger import log
 
 from fedcluster.server_app.polling import FastPollGrid
 from fedcluster.common.secure_codec import CLIP, MODULUS, WEIGHT
-from fedcluster.strategies import secure_sum
 from fedcluster.strategies.errors import FederationError
 
 
@@ -34,8 +33,8 @@ def make_fit_workflow(config, plain_round: Callable) -> Callable:
     )
 
     def fit(grid, context) -> None:
-        strategy = context.strategy
-        if not secure_sum.is_secure_round(strategy):
+        strategy = context.strategy.run  # the FlowerAdapter's run
+        if not strategy.is_secure_round():
             plain_round(grid, context)
             return
         rows_before = len(strategy.history)

@@ -18,28 +18,28 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.app.message_type import MessageType
 from flwr.common import Code
 from flwr.common.logger import log
 from flwr.compat.common import recorddict_compat as compat
-from flwr.server import LegacyContext, ServerConfig
+from flwr.server import LegacyContext
 from flwr.server.compat.app_utils import start_update_client_manager_thread
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
-from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp import Grid
 
-from fedcluster.server_app.checkpoint import load_checkpoint, save_checkpoint
+from fedcluster.server_app.checkpoint import save_checkpoint
 from fedcluster.common import kernels
-from fedcluster.common.config import RunConfig, parse_run_config
+from fedcluster.common.config import RunConfig
 from fedcluster.common.model import Model
 from fedcluster.common.schema import run_schema
-from fedcluster.server_app.secure_fit import make_fit_workflow
-from fedcluster.server_app.outputs import progress_line, summary_table, write_outputs
+from fedcluster.server_app.outputs import progress_line
 from fedcluster.server_app import availability
 from fedcluster.server_app.polling import exchange
-from fedcluster.strategies import (ClusteringStrategy, FederationError, make_strategy, private,
-                                   profile, reports)
-from fedcluster.strategies.errors import SiteFailure
+from fedcluster.strategies import FederationError, private, reports
+from fedcluster.strategies.errors import SiteAbsence, SiteFailure
+from fedcluster.strategies.flower_adapter import FlowerAdapter
+from fedcluster.strategies.run_result import RunResult
 
 # Keys of the ServerApp's Context state used by the in-process harness.
 INITIAL_CENTROIDS = "fedcluster.initial-centroids"
@@ -51,16 +51,17 @@ def fit_round(grid: Grid, context: LegacyContext) -> None:
     cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
     server_round = cast(int, cfg[Key.CURRENT_ROUND])
     timeout = cast(float, cfg["round-timeout"])
-    strategy = context.strategy
+    adapter = cast(FlowerAdapter, context.strategy)
     params = compat.arrayrecord_to_parameters(
         context.state.array_records[MAIN_PARAMS_RECORD], keep_input=True
     )
-    instructions = strategy.configure_fit(server_round, params, context.client_manager)
-    plan, keys = strategy.round_plan
+    instructions = adapter.configure_fit(server_round, params, context.client_manager)
+    flight = adapter.in_flight
     # Simulated devices (availability.py): an offline site gets no message, a late one's
-    # reply is dropped below; neither is a failure.
-    absent = (availability.draw(strategy.config, server_round + strategy.round_offset, keys)
-              if plan.sample else availability.NOBODY)
+    # reply is dropped below; neither is a failure (the adapter counts them apart).
+    absent = (availability.draw(flight.facts.config, server_round + flight.facts.round_offset,
+                                flight.keys)
+              if flight.plan.sample else availability.NOBODY)
     proxies = {proxy.node_id: proxy for proxy, _ in instructions}
     messages = [
         Message(
@@ -94,11 +95,9 @@ def fit_round(grid: Grid, context: LegacyContext) -> None:
             failures.append((proxies[node_id], fitres))
     for node_id in set(proxies) - answered - absent.offline - absent.late:
         failures.append(SiteFailure(node_id, f"no reply within {timeout:g} s"))
-    parameters, _ = strategy.aggregate_fit(server_round, results, failures)
-    if absent is not availability.NOBODY:
-        row = strategy.history[-1]
-        row["sites-offline"], row["sites-late"] = len(absent.offline), len(absent.late)
-        row["sites-failed"] -= len(absent.offline) + len(absent.late)
+    failures += [SiteAbsence(node_id, "offline") for node_id in absent.offline]
+    failures += [SiteAbsence(node_id, "late") for node_id in absent.late]
+    parameters, _ = adapter.aggregate_fit(server_round, results, failures)
     context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
         parameters, True
     )
@@ -130,16 +129,16 @@ class ClusteringWorkflow:
         self.checkpoint_dir = checkpoint_dir
 
     def __call__(self, grid: Grid, context: LegacyContext) -> None:
-        """Run ``context.strategy`` to the end."""
+        """Run the strategy of ``context.strategy`` (a ``FlowerAdapter``) to the end."""
         with self.federation(grid, context):
-            self.run(grid, context, cast(ClusteringStrategy, context.strategy))
+            self.run(grid, context, cast(FlowerAdapter, context.strategy))
 
     @contextmanager
     def federation(self, grid: Grid, context: LegacyContext) -> Iterator[None]:
         """The federation the rounds run on: the node-list refresh thread, started and
         stopped around the block, and ``min-sites`` connected before it starts (choose-k
         runs one strategy per k inside one federation, the round numbers running on)."""
-        config = cast(ClusteringStrategy, context.strategy).config
+        config = cast(FlowerAdapter, context.strategy).run.config
         thread, stop, registered = start_update_client_manager_thread(grid, context.client_manager)
         registered.wait()
         try:
@@ -156,28 +155,27 @@ class ClusteringWorkflow:
             stop.set()
             thread.join()
 
-    def run(self, grid: Grid, context: LegacyContext, strategy: ClusteringStrategy,
+    def run(self, grid: Grid, context: LegacyContext, adapter: FlowerAdapter,
             last_round: int = 0) -> int:
-        """Run ``strategy`` round by round until it is finished, numbering its rounds from
-        ``last_round + 1``; returns its last round's number. Call inside :meth:`federation`."""
-        context.strategy = strategy
-        config = strategy.config
+        """Run ``adapter``'s run round by round until it is finished, numbering its rounds
+        from ``last_round + 1``; returns its last round's number. Call inside
+        :meth:`federation`."""
+        context.strategy = adapter
+        run = adapter.run
         cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
         context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
-        for server_round in range(last_round + 1, last_round + strategy.max_server_rounds() + 1):
+        for server_round in range(last_round + 1, last_round + run.max_server_rounds() + 1):
             cfg[Key.CURRENT_ROUND] = server_round
-            started = time.perf_counter()
             self.fit_workflow(grid, context)
-            strategy.history[-1]["seconds"] = time.perf_counter() - started
-            log(logging.INFO, "%s", progress_line(strategy.history[-1], config.num_rounds))
+            log(logging.INFO, "%s", progress_line(run.history[-1], run.config.num_rounds))
             if self.checkpoint_dir is not None:
-                save_checkpoint(strategy, self.checkpoint_dir)
-            if strategy.finished:
+                save_checkpoint(run.snapshot(), self.checkpoint_dir)
+            if run.finished:
                 break
         return server_round
 
 
-def central_baseline(strategy: ClusteringStrategy) -> dict | None:
+def central_baseline(result: RunResult, config: RunConfig) -> dict | None:
     """Central KMeans (n_init 10) on the pooled rows, and the run's own centroids scored
     on those rows (``central-score``, ``score-on-rows``), when the server can rebuild
     them. The run's reported score is that of its sites' groups' partition (each group
@@ -188,7 +186,7 @@ def central_baseline(strategy: ClusteringStrategy) -> dict | None:
     holds, and the server reloads the same data set. In a deployment there is no pooled
     data anywhere, and no baseline.
     """
-    provenances = [s.provenance for s in strategy.sites.values()]
+    provenances = [s.provenance for s in result.sites]
     if not provenances or any("dataset" not in p for p in provenances):
         return None  # (before importing scikit-learn: a deployed ServerApp never needs it)
     from sklearn.cluster import KMeans
@@ -198,46 +196,47 @@ def central_baseline(strategy: ClusteringStrategy) -> dict | None:
     first = provenances[0]
     if any(p != first for p in provenances) or len(provenances) != first["num-partitions"]:
         return None
-    X, _ = load_builtin(str(first["dataset"]), strategy.config.seed)
-    if strategy.transform is not None:  # the federated transform, as the sites applied it
-        X = strategy.transform.apply(X)
-    model = KMeans(strategy.k, n_init=10, random_state=strategy.config.seed).fit(X)
-    on_rows = float(kernels.assign(X, strategy.best["centroids"])[1].mean())
+    X, _ = load_builtin(str(first["dataset"]), config.seed)
+    if result.transform is not None:  # the federated transform, as the sites applied it
+        X = result.transform.apply(X)
+    model = KMeans(result.k, n_init=10, random_state=config.seed).fit(X)
+    on_rows = float(kernels.assign(X, result.best["centroids"])[1].mean())
     return {"central-score": float(model.inertia_ / len(X)), "score-on-rows": on_rows}
 
 
-def build_model(strategy: ClusteringStrategy, config: RunConfig, central: dict | None) -> Model:
-    best = strategy.best
+def build_model(result: RunResult, config: RunConfig, central: dict | None) -> Model:
+    """The model file of a finished run (``Run.result``), its metrics and reports."""
+    best = result.best
     metrics = {
-        **private.private_metrics(config, strategy.final_metrics),
+        **private.private_metrics(config, result.final_metrics),
         "n-rows": best["stats"].n_rows,
-        "n-sites": len(strategy.sites),
+        "n-sites": len(result.sites),
         "rounds": best["rounds"],
         "seed": best["seed"],
         "cluster-sizes": [int(c) for c in best["stats"].counts],
         # each site's sizes under Table 1's small-cell rule (DP: noisy counts, DP's own)
         "per-site": (best["per-site"] if config.private
-                     else reports.protected_per_site(best["per-site"], profile.floor(strategy))),
-        "participation": participation(strategy.history, config),
-        "rejected-sites": dict(strategy.rejected),
-        "site-failures": {key: list(v) for key, v in strategy.site_failures.items()},
+                     else reports.protected_per_site(best["per-site"], result.floor)),
+        "participation": participation(result.history, config),
+        "rejected-sites": dict(result.rejected),
+        "site-failures": {key: list(v) for key, v in result.site_failures.items()},
         # Sites that answered as many task rounds as their own policy allows.
-        "sites-at-max-rounds": {site.key: site.max_rounds for site in strategy.ordered_sites()
+        "sites-at-max-rounds": {site.key: site.max_rounds for site in result.sites
                                 if site.at_limit},
         # Sites that opted out of groups (min-cluster-size = 1) and answered from rows.
-        "sites-answering-from-rows": [site.key for site in strategy.ordered_sites()
+        "sites-answering-from-rows": [site.key for site in result.sites
                                       if site.answers_from_rows],
         # every site's rows: answered from, waiting, held back (strategies/site_rows.py)
-        "site-rows": {site.key: site.rows for site in strategy.ordered_sites() if site.rows},
-        **private.accounting(config, strategy.history, strategy.box, strategy.bounds_from_data),
+        "site-rows": {site.key: site.rows for site in result.sites if site.rows},
+        **private.accounting(config, result.history, result.box, result.bounds_from_data),
     }
     if (schema := run_schema(config.schema_file)) is not None or config.missing != "error":
-        metrics["table"] = reports.table_summary(strategy.ordered_sites(),
+        metrics["table"] = reports.table_summary(result.sites,
                                                  schema[1] if schema else "")
     if central is not None:
         metrics.update(central)
-    if strategy.profile_note:  # why Table 1 is missing or partial
-        metrics["profile-note"] = strategy.profile_note
+    if result.profile_note:  # why Table 1 is missing or partial
+        metrics["profile-note"] = result.profile_note
     if "site-centroids" in best:  # GTV: the sites' own models and how they fit the federation
         metrics.update({"site-scores": best["site-scores"], "consensus": config.consensus,
                         "consensus-site": best["consensus-site"],
@@ -246,15 +245,15 @@ def build_model(strategy: ClusteringStrategy, config: RunConfig, central: dict |
         centroids=best["centroids"],
         algorithm=config.algorithm,
         config=config.model_dump(by_alias=True),
-        feature_names=strategy.feature_names,
+        feature_names=result.feature_names,
         metrics=metrics,
-        history=strategy.history,
+        history=result.history,
         fuzzifier=config.fuzzifier if config.algorithm == "ffcm" else None,
         site_centroids=best.get("site-centroids"),
-        scaling=strategy.transform,
+        scaling=result.transform,
         # The run's schema (public: every site holds it), for predict on a raw table.
         schema=None if schema is None else schema[0].model_dump(mode="json", by_alias=True),
-        table1=profile.table1_of(strategy),
+        table1=result.table1,
     )
 
 

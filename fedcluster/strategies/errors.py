@@ -16,3 +16,14 @@ class SiteFailure(Exception):
         super().__init__(f"node {node_id}: {reason}")
         self.node_id = int(node_id)
         self.reason = reason
+
+
+class SiteAbsence(Exception):
+    """A simulated device's absence (``server_app/availability.py``): ``kind`` "offline"
+    (it was sent nothing) or "late" (its reply came after the round's deadline). The
+    round counts it apart: it is not a failure."""
+
+    def __init__(self, node_id: int, kind: str) -> None:
+        super().__init__(f"node {node_id}: {kind}")
+        self.node_id = int(node_id)
+        self.kind = kind

@@ -39,7 +39,7 @@ class FederatedKMeansPruning(ClusteringStrategy):
 
     def init_task(self) -> TaskPlan:
         if self.config.resolved_init == "kfed":
-            return kfed_plan(self, self.config.resolved_k_local)
+            return kfed_plan(self.seed, self.config.resolved_k_local)
         return TaskPlan(
             "kmeanspp",
             params={"k-local": self.k, "init": self.config.resolved_init},

@@ -38,11 +38,11 @@ from flwr.common.logger import log
 from fedcluster.common import protocol
 from fedcluster.common.kernels import frobenius
 from fedcluster.strategies.topology import TopologyError, build_topology, edges
-from fedcluster.strategies import aggregate, sites
+from fedcluster.strategies import aggregate
 from fedcluster.strategies.aggregate import gtv_distance, kmeans_on_centroids, site_weighted_mean
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.errors import FederationError
-from fedcluster.strategies.validation import Reply
+from fedcluster.strategies.reply import Reply
 from fedcluster.strategies.phases import Phase
 
 
@@ -122,7 +122,7 @@ class GTVKMeans(ClusteringStrategy):
                         seed_base=(self.seed, self.train_round + 1),
                         per_site_arrays=payloads)
 
-    def plan_round(self) -> TaskPlan:
+    def plan_algorithm_round(self) -> TaskPlan:
         if self.phase == Phase.REFINE:  # a federated Lloyd step from the consensus
             return TaskPlan("lloyd", params={"local-iters": 1, "tol": 0.0},
                             arrays=protocol.Centroids(self.centroids))
@@ -130,7 +130,7 @@ class GTVKMeans(ClusteringStrategy):
             self.scored_sets = [s.key for s in self.ordered_sites() if s.key in self.site_centroids]
             sets = np.stack([self.site_centroids[key] for key in self.scored_sets])
             return TaskPlan("evaluate_sets", arrays=protocol.CentroidSets(sets), max_rows=len(self.scored_sets))
-        return super().plan_round()
+        return super().plan_algorithm_round()
 
     # ------------------------------------------------------------ reduce
     def _store(self, replies: list[Reply]) -> float:
@@ -178,7 +178,7 @@ class GTVKMeans(ClusteringStrategy):
             return self._refine(replies)
         if plan.task != "evaluate_sets":
             return super().reduce_round(server_round, plan, replies)
-        sites.require_answers(self, replies, plan.task)
+        self.require_answers(replies, plan.task)
         if not replies:
             raise FederationError("gtv: no site scored the sites' centroids")
         total = np.sum([r.arrays.sse for r in replies], axis=0)
@@ -198,7 +198,7 @@ class GTVKMeans(ClusteringStrategy):
     def _refine(self, replies: list[Reply]) -> dict:
         """One refining round: the count-weighted mean of the sites' means per cluster (a
         cluster no site reports keeps its centroid), until it moves less than ``tol``."""
-        sites.require_answers(self, replies, "lloyd")
+        self.require_answers(replies, "lloyd")
         self.refine_round += 1
         row = {"movement": float("nan"), "score": float("nan")}
         if replies:

@@ -16,19 +16,20 @@ from fedcluster.strategies.divisive import DivisiveStart
 from fedcluster.strategies.aggregate import bounding_box_init, kmeans_on_centroids
 from fedcluster.strategies.base import ClusteringStrategy, TaskPlan
 from fedcluster.strategies.errors import FederationError
-from fedcluster.strategies.validation import Reply
+from fedcluster.strategies.reply import Reply
 
 
-def kfed_plan(strategy: ClusteringStrategy, k_local: int, min_groups: int = 1) -> TaskPlan:
+def kfed_plan(seed: int, k_local: int, min_groups: int = 1) -> TaskPlan:
     """The site task: k-means++ and Lloyd to convergence with ``k_local`` clusters (each
-    of at least ``min_groups`` of the site's groups: :data:`protocol.MIN_GROUPS`)."""
+    of at least ``min_groups`` of the site's groups: :data:`protocol.MIN_GROUPS`), seeded
+    per site from the repetition's ``seed``."""
     params = {"k-local": k_local}
     if min_groups > 1:
         params[protocol.MIN_GROUPS] = min_groups
     return TaskPlan(
         "local_kmeans",
         params=params,
-        seed_base=(strategy.seed,),
+        seed_base=(seed,),
         max_rows=k_local,
     )
 
@@ -84,7 +85,7 @@ class KFedOrRandomInit:
     def init_task(self) -> TaskPlan:
         init = self.config.resolved_init
         if init == "kfed":
-            return kfed_plan(self, self.config.resolved_k_local, self.kfed_min_groups)
+            return kfed_plan(self.seed, self.config.resolved_k_local, self.kfed_min_groups)
         if init == "divisive" and not (self.config.private and self.box is None):
             if self.divisive_start is None:
                 self.divisive_start = DivisiveStart.new(self.k, self.n_features, self.seed)
@@ -103,7 +104,7 @@ class KFedOrRandomInit:
             if self.config.resolved_init == "divisive":
                 return None  # the box is for clipping; the start is still to grow
         else:
-            private.warn_extremes(self, "init 'random' without data-bounds")
+            private.warn_extremes(self.ordered_sites(), "init 'random' without data-bounds")
         return bounding_box_init(mins, maxs, self.k, self.seed)
 
 

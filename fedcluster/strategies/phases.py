@@ -37,6 +37,6 @@ class Phase(StrEnum):
 #: The phases of Table 1's profile: the range round (when needed), then the profile round.
 PROFILE_PHASES = (Phase.PROFILE_RANGE, Phase.PROFILE)
 #: The phases whose round is a secure sum under SecAgg+; describe, impute and stats run
-#: plain, and init is secure when its task is a sum (``secure_sum.is_secure_round``); the
+#: plain, and init is secure when its task is a sum (``ClusteringStrategy.is_secure_round``); the
 #: range round is never secure (under SecAgg+ the histograms span the data bound's box).
 SECURE_PHASES = (Phase.TRAIN, Phase.EVALUATE, Phase.INTERIM, Phase.DISTANCES, Phase.PROFILE)

@@ -18,15 +18,13 @@ its seed from the round's seed base and its own key (``protocol.site_seed``).
 
 from __future__ import annotations
 
-import logging
+import numpy as np
 
-from flwr.common.logger import log
-
-from fedcluster.common import protocol
+from fedcluster.common import protocol, scaling
 from fedcluster.common.imputation import ImputationPlan, imputation_plan, pooled_fill
 from fedcluster.common.scaling import FeatureTransform
-from fedcluster.common.schema import DEFAULT_MEDIAN_BINS, SchemaError, run_schema
-from fedcluster.strategies import sites
+from fedcluster.common.schema import DEFAULT_MEDIAN_BINS, SchemaError, encoded_kinds, run_schema
+from fedcluster.strategies import private
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.task_plan import TaskPlan
 from fedcluster.strategies.phases import Phase
@@ -35,10 +33,10 @@ from fedcluster.strategies.phases import Phase
 TASKS = ("describe", "impute_stats", "stats")
 
 
-def imputation(strategy) -> ImputationPlan | None:
+def imputation(config, width: int) -> ImputationPlan | None:
     """The run's imputation plan (None: it imputes nothing): its schema's, or with
-    ``missing = "impute-mean"`` (sites without a schema) every feature's mean, whose
-    width the describe round tells (before it, the plan has no columns).
+    ``missing = "impute-mean"`` (sites without a schema) every feature's mean over the
+    federation's ``width`` (0 before the describe round: the plan has no columns).
 
     Raises
     ------
@@ -47,109 +45,121 @@ def imputation(strategy) -> ImputationPlan | None:
         not a DP release).
     """
     try:
-        run = run_schema(strategy.config.schema_file)
+        run = run_schema(config.schema_file)
     except SchemaError as err:
         raise FederationError(f"run config 'schema': {err}") from None
     if run is not None:
         plan = imputation_plan(run[0])
-    elif strategy.config.missing == "impute-mean":
-        width = strategy.n_features if strategy.sites else 0
+    elif config.missing == "impute-mean":
         plan = ImputationPlan(("mean",) * width, (None,) * width, DEFAULT_MEDIAN_BINS, True)
     else:
         return None
     if not plan.needed:
         return None
-    if strategy.config.private:
+    if config.private:
         raise FederationError("the run imputes missing cells (impute-mean/impute-median), "
                               "whose statistics round is not private: under dp-epsilon use "
                               "missing = \"drop-row\"")
     return plan
 
 
-def impute_task(strategy) -> TaskPlan:
-    return TaskPlan("impute_stats", max_rows=imputation(strategy).bins)
+def impute_task(config, width: int) -> TaskPlan:
+    """The imputation round's task (its histograms' bins bound the reply)."""
+    return TaskPlan("impute_stats", max_rows=imputation(config, width).bins)
 
 
-def advance(strategy, done: str) -> None:
-    """The phase after preparation round ``done``: impute, stats, or the first repetition."""
+def stats_task(config) -> TaskPlan:
+    """The statistics round's task (``scale``'s statistics)."""
+    return TaskPlan("stats", params={"scale": config.scale})
+
+
+def next_phase(config, width: int, done: str) -> Phase | None:
+    """The phase after preparation round ``done``: impute, stats, or None (the first
+    repetition begins)."""
     order = [t for t in TASKS if t == "describe"
-             or (t == "impute_stats" and imputation(strategy) is not None)
-             or (t == "stats" and strategy.config.scale != "none")]
+             or (t == "impute_stats" and imputation(config, width) is not None)
+             or (t == "stats" and config.scale != "none")]
     later = order[order.index(done) + 1:]
-    if later:
-        strategy.phase = {"impute_stats": Phase.IMPUTE, "stats": Phase.STATS}[later[0]]
-    else:
-        strategy._begin_repetition()
+    return {"impute_stats": Phase.IMPUTE, "stats": Phase.STATS}[later[0]] if later else None
 
 
-def reduce(strategy, server_round: int, plan: TaskPlan, replies) -> dict:
-    """Reduce a preparation round (and a carried first task) and move on."""
-    if plan.task == "describe":
-        strategy.admit_sites(replies)
-        advance(strategy, "describe")
-        if plan.carries is not None:
-            reduce_carried(strategy, server_round, plan.carries)
-    elif plan.task == "impute_stats":
-        fix_imputation(strategy, replies)
-        advance(strategy, "impute_stats")
-    else:
-        sites.fix_transform(strategy, replies)
-        advance(strategy, "stats")
-    return {"sites-usable": len(strategy.sites)}
-
-
-def fix_imputation(strategy, replies) -> None:
-    """The pooled fill from the imputation round; sites without valid statistics leave
-    the run (their missing cells could not be filled as the others')."""
-    sites.keep_answering(strategy, replies, "the imputation round")
+def pooled_fill_transform(config, width: int, feature_names: list[str],
+                          replies) -> FeatureTransform:
+    """The fill of the imputation round's replies, pooled (the sites that gave none have
+    left the run: ``sites.keep_answering``)."""
     stats = [r.arrays for r in replies]
     try:
-        fill = pooled_fill(imputation(strategy), [s.counts for s in stats], [s.sums for s in stats],
-                           [s.histograms for s in stats], strategy.feature_names or None)
+        fill = pooled_fill(imputation(config, width), [s.counts for s in stats],
+                           [s.sums for s in stats], [s.histograms for s in stats],
+                           feature_names or None)
     except ValueError as err:
         raise FederationError(f"cannot impute: {err}") from None
-    strategy.transform = FeatureTransform.fill_only(fill)
+    return FeatureTransform.fill_only(fill)
 
 
-def carried_task(strategy) -> TaskPlan | None:
-    """The task the describe round can carry for ``strategy`` (None: a round of its own)."""
-    config = strategy.config
-    if (not strategy.carries_first_task or strategy._resume_phase is not None
-            or config.private or config.data_bounds):
-        return None  # (DP and data-bounds: the first task's parameters need the width)
-    if imputation(strategy) is not None:
-        return impute_task(strategy)
+def scaling_transform(config, replies, fill, ordered_sites) -> FeatureTransform:
+    """The global transform from the statistics round's replies (the sites that gave
+    none have left the run), the imputation's ``fill`` kept."""
+    counts = [r.n_rows for r in replies]
+    if config.scale == "standard":
+        means = [r.arrays.means for r in replies]
+        deviations = [r.arrays.deviation_sums for r in replies]
+        m2s = [r.arrays.m2 for r in replies]
+        transform = scaling.standard_transform(counts, means, deviations, m2s)
+    else:
+        private.warn_extremes(ordered_sites, "scale 'minmax'")
+        minima = [r.arrays.minima for r in replies]
+        maxima = [r.arrays.maxima for r in replies]
+        transform = scaling.minmax_transform(minima, maxima)
+    return unscaled_levels(transform, config.schema_file).with_fill(fill)
+
+
+def unscaled_levels(transform, schema_file: str):
+    """A schema's category levels and missing-indicators keep their 0/1 (times the
+    column's ``category-weight``) under ``scale``: standardising a 0/1 column would blow a
+    rare level up to 1/sqrt(q(1 - q)) and let a many-level category outweigh a lab value,
+    while weight 1 already puts two rows of different levels at the squared distance of
+    two random rows of a standardised column (2)."""
+    run = run_schema(schema_file)
+    if run is None:
+        return transform
+    keep = np.asarray([kind != "numeric" for kind in encoded_kinds(run[0])])
+    if keep.shape != transform.shift.shape or not keep.any():
+        return transform
+    shift, factor = transform.shift.copy(), transform.factor.copy()
+    shift[keep], factor[keep] = 0.0, 1.0
+    return scaling.FeatureTransform(transform.kind, shift, factor, transform.fill)
+
+
+def carried_task(config, width: int, resuming: bool, init_plan) -> TaskPlan | None:
+    """The task the describe round carries (None: a round of its own): none on a resume,
+    under DP or data-bounds (the first task's parameters need the width); else the
+    imputation's, the statistics', or the start's: ``init_plan()`` (None where the start
+    cannot be carried: given centroids, checked against the width first, or a start that
+    grows) where it needs nothing the handshake tells (no per-site arrays or
+    parameters, no sample, no arrays)."""
+    if resuming or config.private or config.data_bounds:
+        return None
+    if imputation(config, width) is not None:
+        return impute_task(config, width)
     if config.scale != "none":
-        return strategy.stats_task()
-    if strategy.initial_centroids is not None or strategy.warm_start is not None:
-        return None  # training starts at once, from centroids checked against the width
-    if strategy.init_rounds() > 1:
-        return None  # a start that grows (divisive) sends centroids of the width
-    plan = strategy.init_task()
-    if plan.per_site or plan.per_site_arrays or plan.sample or protocol.to_arrays(plan.arrays):
+        return stats_task(config)
+    plan = init_plan()
+    if plan is None or plan.per_site or plan.per_site_arrays or plan.sample or protocol.to_arrays(plan.arrays):
         return None
     return plan
 
 
-def reduce_carried(strategy, server_round: int, carried: TaskPlan) -> None:
-    """Validate the admitted sites' replies to the carried task and reduce them as the
-    phase the describe round left the strategy in (``stats`` or ``init``) would."""
-    keys = {site.node_id: site.key for site in strategy.sites.values()}
+def carried_received(carried: TaskPlan, keys: dict[int, str]) -> list:
+    """The admitted sites' (``keys``: node id -> site key) replies to the carried task,
+    as ``round_replies.check_replies`` takes them; a site that refused the carried task
+    alone (``protocol.THEN_ERROR``) gives an error reply of it. A site rejected at
+    describe is not looked at."""
     received = []
     for node_id, (arrays, metrics, n_rows) in carried.received.items():
-        if node_id not in keys:  # rejected at describe: its carried reply is not looked at
+        if node_id not in keys:
             continue
-        if protocol.THEN_ERROR in metrics:  # the site refused the carried task alone
+        if protocol.THEN_ERROR in metrics:
             metrics = {protocol.ERROR: metrics[protocol.THEN_ERROR]}
         received.append((node_id, keys[node_id], arrays, metrics, n_rows))
-    replies, failed = sites.check_replies(strategy, server_round, carried, keys, received)
-    for reason in failed:
-        log(logging.WARNING, "round %s (%s): dropped %s", server_round, carried.task, reason)
-    strategy.round_failures = failed
-    if strategy.phase in (Phase.IMPUTE, Phase.STATS):
-        reduce(strategy, server_round, carried, replies)
-    elif strategy.phase == Phase.INIT:
-        sites.require_answers(strategy, replies, carried.task)
-        strategy.take_init(carried, replies)
-    else:
-        raise RuntimeError(f"a carried {carried.task} task in phase {strategy.phase}")
+    return received

@@ -107,11 +107,12 @@ def box_from_data(config: RunConfig, mins: np.ndarray,
     return lo, hi
 
 
-def warn_extremes(strategy, what: str) -> None:
+def warn_extremes(sites, what: str) -> None:
     """Per-feature minima and maxima (``what`` sent them) are the extremes of each site's
     groups' means, each a mean of at least its min-cluster-size rows, as every reply is;
-    a site that answers from its rows (min-cluster-size 1) sent single values: say so."""
-    from_rows = [site.key for site in strategy.ordered_sites() if site.group_size in (None, 1)]
+    a site that answers from its rows (min-cluster-size 1) sent single values: say so
+    (``sites``: the admitted sites, in site order)."""
+    from_rows = [site.key for site in sites if site.group_size in (None, 1)]
     if from_rows:
         warn_leak(f"{what}: site(s) {', '.join(from_rows)} answer from their rows (min-cluster-"
                   "size 1), so their per-feature minima and maxima are single values of their "
@@ -143,30 +144,30 @@ def noise_share(config: RunConfig, n_sites: int) -> float:
     return 1.0 / math.sqrt(t)
 
 
-def task_params(strategy, task: str, server_round: int, n_sites: int) -> dict:
+def task_params(facts, task: str, server_round: int, n_sites: int) -> dict:
     """The parameters a round of ``n_sites`` sites adds to the task: ``data-bounds``
     (every task but ``describe`` and ``stats``, when the box is known) and, under DP,
     ``dp-rho``, ``dp-rho-planned`` (the whole run's budget, for a site's ``dp-budget``),
     ``dp-noise-share`` (``noise_share``; a site charges its budget rho / share^2, the
     zCDP of its own noise, ``privacy.own_noise_rho``) and ``dp-round`` (names the round;
     the noise seed in simulation). ``describe`` carries the planned rho and the share."""
-    if task == "describe" and strategy.config.private:  # a site's dp-budget checks it
+    if task == "describe" and facts.config.private:  # a site's dp-budget checks it
         # and the share the site would add if every site asked took part (a site charges
         # its own noise, planned rho / share^2; fewer sites give a larger share)
-        return {protocol.DP_RHO_PLANNED: privacy.rho_from_epsilon(strategy.config.dp_epsilon,
-                                                                  strategy.config.dp_delta),
-                "dp-noise-share": noise_share(strategy.config, n_sites)}
-    if task in ("describe", "stats", "bounds") or strategy.box is None:
-        if strategy.config.private and task in DP_PARAM_TASKS:
+        return {protocol.DP_RHO_PLANNED: privacy.rho_from_epsilon(facts.config.dp_epsilon,
+                                                                  facts.config.dp_delta),
+                "dp-noise-share": noise_share(facts.config, n_sites)}
+    if task in ("describe", "stats", "bounds") or facts.box is None:
+        if facts.config.private and task in DP_PARAM_TASKS:
             raise RuntimeError(f"a DP {task} round without a clipping box")
         return {}
-    out = {"data-bounds": privacy.encode_bounds(*strategy.box)}
-    if strategy.config.private and task in DP_PARAM_TASKS:
-        out.update({protocol.DP_RHO: strategy.dp_rho_round,
-                    protocol.DP_RHO_PLANNED: privacy.rho_from_epsilon(strategy.config.dp_epsilon,
-                                                                      strategy.config.dp_delta),
-                    "dp-noise-share": noise_share(strategy.config, n_sites),
-                    "dp-round": server_round + strategy.round_offset})
+    out = {"data-bounds": privacy.encode_bounds(*facts.box)}
+    if facts.config.private and task in DP_PARAM_TASKS:
+        out.update({protocol.DP_RHO: facts.dp_rho_round,
+                    protocol.DP_RHO_PLANNED: privacy.rho_from_epsilon(facts.config.dp_epsilon,
+                                                                      facts.config.dp_delta),
+                    "dp-noise-share": noise_share(facts.config, n_sites),
+                    "dp-round": server_round + facts.round_offset})
     return out
 
 
@@ -184,17 +185,17 @@ def noise_sigmas(task: str, box, rho: float) -> dict[str, float]:
     return {}
 
 
-def secure_scales(strategy, task: str, names: list[str], scales: list[float],
+def secure_scales(facts, task: str, names: list[str], scales: list[float],
                   n_sites: int) -> list[float]:
     """The agreed scales of a secure round, under distributed DP widened by
     ``secure.NOISE_MARGIN`` standard deviations of one site's share of the noise (a
     site's noisy term exceeds its data bound by the noise), unchanged otherwise. The box
     lies within the data bound (checked once, when it is set: the run config for
     ``data-bounds``, ``box_from_data`` for a box from the data)."""
-    if not strategy.config.private:
+    if not facts.config.private:
         return scales
-    sigmas = noise_sigmas(task, strategy.box, strategy.dp_rho_round)
-    margin = secure.NOISE_MARGIN * noise_share(strategy.config, n_sites)
+    sigmas = noise_sigmas(task, facts.box, facts.dp_rho_round)
+    margin = secure.NOISE_MARGIN * noise_share(facts.config, n_sites)
     return [scale + margin * sigmas.get(name, 0.0) for name, scale in zip(names, scales)]
 
 

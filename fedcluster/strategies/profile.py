@@ -51,50 +51,51 @@ def not_profiled(config) -> str | None:
     return None
 
 
-def first_phase(strategy) -> Phase | None:
-    """The phase the profile starts with once the final metrics are known (None: none)."""
-    why = not_profiled(strategy.config)
-    strategy.profile_note = why or ""
+def first_phase(config, feature_names: list[str], width: int) -> tuple[Phase | None, str]:
+    """The phase the profile starts with once the final metrics are known (None: none),
+    and why there is none ("" where there is)."""
+    why = not_profiled(config)
     if why is not None:
-        return None
-    unknown = np.isnan(declared_ranges(strategy)[0]).any()
-    if unknown and not strategy.config.secure_aggregation:
-        return Phase.PROFILE_RANGE
-    return Phase.PROFILE
+        return None, why
+    unknown = np.isnan(declared_ranges(config, feature_names, width)[0]).any()
+    if unknown and not config.secure_aggregation:
+        return Phase.PROFILE_RANGE, ""
+    return Phase.PROFILE, ""
 
 
-def _schema(strategy):
-    run = run_schema(strategy.config.schema_file)
+def _schema(config):
+    run = run_schema(config.schema_file)
     return None if run is None else run[0]
 
 
-def floor(strategy) -> int:
+def floor(config, sites) -> int:
     """Table 1's floor p, its small-cell rule's (a pooled count of 1 to p-1 reads "<p"):
     the highest any site applies (the run's ``min-cluster-size``, or a site's own above
-    it), so the table keeps the strictest rule of the hospitals whose rows it counts."""
-    return max([strategy.config.min_cluster_size,
-                *(s.group_size or 1 for s in strategy.sites.values())])
+    it: ``sites``, the admitted sites), so the table keeps the strictest rule of the
+    hospitals whose rows it counts."""
+    return max([config.min_cluster_size, *(s.group_size or 1 for s in sites)])
 
 
-def _bins(strategy) -> int:
-    schema = _schema(strategy)
+def bins(config) -> int:
+    """The histograms' bins per variable: the schema's ``median-bins`` or the default."""
+    schema = _schema(config)
     return schema.median_bins if schema is not None else DEFAULT_MEDIAN_BINS
 
 
-def variables(strategy) -> list[profile.Variable]:
+def variables(config, feature_names: list[str], width: int) -> list[profile.Variable]:
     """Table 1's variables: the schema's feature columns, or every feature numeric."""
-    schema = _schema(strategy)
-    names = strategy.feature_names or [f"feature {j}" for j in range(strategy.n_features)]
+    schema = _schema(config)
+    names = feature_names or [f"feature {j}" for j in range(width)]
     return profile.variables_of(schema, None if schema is not None else names)
 
 
-def declared_ranges(strategy) -> tuple[np.ndarray, np.ndarray]:
+def declared_ranges(config, feature_names: list[str], width: int) -> tuple[np.ndarray, np.ndarray]:
     """Per encoded feature, the histogram's range as far as the run knows it unasked: a
     numeric column's declared ``range`` (NaN where the schema declares none, or the run
     has no schema), [0, weight] for a category level, [0, 1] for any other column (a
     missing indicator: not in Table 1)."""
-    lower, upper = np.zeros(strategy.n_features), np.ones(strategy.n_features)
-    for v in variables(strategy):
+    lower, upper = np.zeros(width), np.ones(width)
+    for v in variables(config, feature_names, width):
         if v.kind == "categorical":
             upper[list(v.columns)] = v.weight
         else:
@@ -102,44 +103,35 @@ def declared_ranges(strategy) -> tuple[np.ndarray, np.ndarray]:
     return lower, upper
 
 
-def value_box(strategy) -> tuple[np.ndarray, np.ndarray]:
+def value_box(config, feature_names: list[str], width: int,
+              transform) -> tuple[np.ndarray, np.ndarray]:
     """Under secure aggregation, per encoded feature the interval every cell lies in (the
     scales of the profile's sums): its declared range, else the ``secagg-data-bound`` box
-    of the scaled rows in the encoded units."""
-    lower, upper = declared_ranges(strategy)
-    bound = strategy.config.secagg_data_bound
+    of the scaled rows in the encoded units (``transform``: the run's)."""
+    lower, upper = declared_ranges(config, feature_names, width)
+    bound = config.secagg_data_bound
     corners = np.vstack([np.full(len(lower), -bound), np.full(len(lower), bound)])
-    if strategy.transform is not None:
-        corners = strategy.transform.inverse(corners)
+    if transform is not None:
+        corners = transform.inverse(corners)
     unknown = np.isnan(lower)
     lower[unknown], upper[unknown] = corners.min(axis=0)[unknown], corners.max(axis=0)[unknown]
     return lower, upper
 
 
-def plan(strategy) -> TaskPlan:
-    """The profile's round: in the range phase each site's least and greatest group means
-    (``value_range``), else the profile over the ranges found."""
-    if strategy.phase == Phase.PROFILE_RANGE:
-        return TaskPlan("value_range")
-    if strategy.profile_range is None:  # declared (secure: the box where not declared)
-        strategy.profile_range = (value_box(strategy) if strategy.config.secure_aggregation
-                                  else declared_ranges(strategy))
-    return profile_task(strategy, *strategy.profile_range, bins=_bins(strategy))
+def unasked_range(config, feature_names: list[str], width: int, transform):
+    """The histograms' range where no ``value_range`` round asks the sites: the declared
+    ranges (secure: the :func:`value_box` where none is declared)."""
+    if config.secure_aggregation:
+        return value_box(config, feature_names, width, transform)
+    return declared_ranges(config, feature_names, width)
 
 
-def reduce(strategy, plan: TaskPlan, replies) -> dict:
-    """Reduce the round of the profile phase the strategy is in."""
-    if strategy.phase == Phase.PROFILE_RANGE:
-        return reduce_range(strategy, plan, replies)
-    return reduce_profile(strategy, plan, replies)
-
-
-def reduce_range(strategy, plan: TaskPlan, replies) -> dict:
-    """The range of each feature without a declared one: from the least to the greatest
-    of the sites' groups' means of present cells (``value_range``), so that no median
-    or quartile read from the histograms lies outside what the groups' values span; a
-    feature with no spread spans one unit about its value."""
-    lower, upper = declared_ranges(strategy)
+def range_from_sites(declared: tuple[np.ndarray, np.ndarray], replies) -> tuple[np.ndarray, np.ndarray]:
+    """The range of each feature without a ``declared`` one: from the least to the
+    greatest of the sites' groups' means of present cells (``value_range``), so that no
+    median or quartile read from the histograms lies outside what the groups' values
+    span; a feature with no spread spans one unit about its value."""
+    lower, upper = (np.array(v, dtype=np.float64) for v in declared)
     unknown = np.isnan(lower)
     lo, hi = np.zeros(len(lower)), np.ones(len(lower))
     if replies:
@@ -148,49 +140,45 @@ def reduce_range(strategy, plan: TaskPlan, replies) -> dict:
     lower[unknown], upper[unknown] = lo[unknown], hi[unknown]
     flat = ~(upper > lower)
     lower[flat], upper[flat] = lower[flat] - 0.5, lower[flat] + 0.5
-    strategy.profile_range = (lower, upper)
-    strategy.phase = Phase.PROFILE
-    return {}
+    return lower, upper
 
 
-def profile_task(strategy, lower: np.ndarray, upper: np.ndarray, bins: int) -> TaskPlan:
+def profile_task(centroids: np.ndarray, transform, lower: np.ndarray, upper: np.ndarray,
+                 bins: int) -> TaskPlan:
     """A ``profile`` round: the final centroids, the references (the centroids in the
-    encoded units), the histogram's range and bins (the sites know their levels)."""
-    centroids = np.asarray(strategy.best["centroids"], dtype=np.float64)
-    references = (centroids if strategy.transform is None
-                  else strategy.transform.inverse(centroids))
+    encoded units: ``transform`` undone), the histogram's range and bins (the sites know
+    their levels)."""
+    centroids = np.asarray(centroids, dtype=np.float64)
+    references = centroids if transform is None else transform.inverse(centroids)
     inputs = protocol.ProfileInputs(centroids, np.asarray(references, dtype=np.float64),
                                     np.asarray(lower, dtype=np.float64),
                                     np.asarray(upper, dtype=np.float64))
     return TaskPlan("profile", params={protocol.BINS: int(bins)}, arrays=inputs, max_rows=bins)
 
 
-def reduce_profile(strategy, plan: TaskPlan, replies) -> dict:
-    """Table 1's tidy rows from the sites' profiles (one reply: the secure sum)."""
-    strategy.phase = Phase.DONE
-    strategy.finished = True
+def table1_rows(plan: TaskPlan, replies, variables: list, floor: int,
+                answered: profile.Answered, n_sites: int) -> tuple[dict | None, str]:
+    """Table 1's tidy rows from the sites' profiles (one reply: the secure sum), as the
+    run keeps them (data: checkpointed), and a note where not every one of the
+    ``n_sites`` admitted sites answered (None, a note: nobody did)."""
     if not replies:
-        strategy.profile_note = "no site answered the profile round"
-        return {}
+        return None, "no site answered the profile round"
     inputs = plan.arrays
     pooled = profile.pool([r.arrays for r in replies])
-    table = profile.table1(pooled, variables(strategy), inputs.references, inputs.lower,
-                           inputs.upper, floor(strategy), answered_by(strategy, replies))
-    # (as data: the strategy's state is checkpointed)
-    strategy.profile_table = {"rows": table.rows, "notes": table.notes}
-    answered = sum(r.n_sites for r in replies)
-    if answered < len(strategy.sites):
-        strategy.profile_note = (f"{answered} of {len(strategy.sites)} sites answered the "
-                                 "profile round: Table 1 counts their rows only")
-    return {}
+    table = profile.table1(pooled, variables, inputs.references, inputs.lower, inputs.upper,
+                           floor, answered)
+    n_answered = sum(r.n_sites for r in replies)
+    note = (f"{n_answered} of {n_sites} sites answered the profile round: Table 1 counts "
+            "their rows only") if n_answered < n_sites else ""
+    return {"rows": table.rows, "notes": table.notes}, note
 
 
-def answered_by(strategy, replies) -> profile.Answered:
+def answered_by(config, sites, replies) -> profile.Answered:
     """Who answered the profile round: their rows and floors (a site's floor: the run's
     ``min-cluster-size`` or its own group size, the larger), and in a plain round each
     site's own profile."""
-    run = strategy.config.min_cluster_size
-    floors = {key: max(run, site.group_size or 1) for key, site in strategy.sites.items()}
+    run = config.min_cluster_size
+    floors = {key: max(run, site.group_size or 1) for key, site in sites.items()}
     if any(r.n_sites > 1 for r in replies):  # the secure sum: no site's own figures
         return profile.Answered(sum(r.n_rows for r in replies), max(floors.values()))
     return profile.Answered(sum(r.n_rows for r in replies),
@@ -200,19 +188,22 @@ def answered_by(strategy, replies) -> profile.Answered:
                             {r.site_key: floors[r.site_key] for r in replies})
 
 
-def table1_of(strategy) -> dict | None:
+def table1_of(config, ordered_sites: list, profile_table: dict | None,
+              profile_note: str) -> dict | None:
     """Table 1 as the model keeps it (``Model.table1``): its rows, the floor its "<p"
-    cells name, whether it came from a secure sum, and its notes (None: no profile)."""
-    if strategy.profile_table is None:
+    cells name, whether it came from a secure sum, and its notes (None: no profile);
+    ``ordered_sites`` the admitted sites in site order, ``profile_table`` and
+    ``profile_note`` the run's (:func:`table1_rows`)."""
+    if profile_table is None:
         return None
     otherwise = ("the secagg-data-bound box: a median or quartile may then lie outside "
                  "what the values span; declare the column's range in the schema"
-                 if strategy.config.secure_aggregation
+                 if config.secure_aggregation
                  else "the least to the greatest of the sites' group means")
-    notes = [f"Medians and quartiles come from a histogram of {_bins(strategy)} bins per "
+    notes = [f"Medians and quartiles come from a histogram of {bins(config)} bins per "
              f"variable over its range (the schema's; else {otherwise}), linear within a "
              "bin: exact to one bin where a site answers from its rows."]
-    if any((s.group_size or 1) > 1 for s in strategy.sites.values()):
+    if any((s.group_size or 1) > 1 for s in ordered_sites):
         notes.append("Sites answer from groups of rows (each at least its min-cluster-size): "
                      "a group is counted whole in the cluster its mean is nearest to, as the "
                      "run's metrics count it, and enters the histograms at its mean, which "
@@ -225,16 +216,16 @@ def table1_of(strategy) -> dict | None:
                      "(the dominance rule, or a spread that would give values back) the site's "
                      "pooled spread of the variable standing in for it, which can make an SD "
                      "larger than the rows' own.")
-    notes += strategy.profile_table["notes"]
-    accounts = [site.rows for site in strategy.ordered_sites() if site.rows]
+    notes += profile_table["notes"]
+    accounts = [site.rows for site in ordered_sites if site.rows]
     if (short := sum(site_rows.not_answered(rows) for rows in accounts)):
         usable = sum(rows["usable"] for rows in accounts)
         notes.append(f"The sites answered from {usable - short} of their {usable} usable rows: "
                      f"{short} were in no group or held back by the versions audit (run "
                      "summary and model.json, site-rows); Table 1 describes the rows answered "
                      "from.")
-    if strategy.profile_note:
-        notes.append(strategy.profile_note[0].upper() + strategy.profile_note[1:] + ".")
-    return {"rows": strategy.profile_table["rows"], "floor": floor(strategy),
-            "secure": bool(strategy.config.secure_aggregation), "notes": notes,
-            "from-groups": any((s.group_size or 1) > 1 for s in strategy.sites.values())}
+    if profile_note:
+        notes.append(profile_note[0].upper() + profile_note[1:] + ".")
+    return {"rows": profile_table["rows"], "floor": floor(config, ordered_sites),
+            "secure": bool(config.secure_aggregation), "notes": notes,
+            "from-groups": any((s.group_size or 1) > 1 for s in ordered_sites)}

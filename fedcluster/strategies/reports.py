@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from fedcluster.common.profile import protected_composition
-from fedcluster.strategies.validation import Reply
+from fedcluster.strategies.reply import Reply
 
 
 def site_stats(reply: Reply) -> dict:

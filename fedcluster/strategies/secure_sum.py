@@ -21,21 +21,16 @@ from flwr.common.logger import log
 
 from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
-from fedcluster.strategies import private, profile, sites
-from fedcluster.strategies.sites import site_order
+from fedcluster.strategies import private
 from fedcluster.strategies.errors import FederationError
-from fedcluster.strategies.validation import Expect, Reply, ReplyError, cluster_profile
-from fedcluster.strategies.phases import SECURE_PHASES, Phase
+from fedcluster.strategies.round_facts import RoundFacts
+from fedcluster.strategies.round_replies import RoundOutcome, failure_reason
+from fedcluster.strategies.sites import site_order
+from fedcluster.strategies.reply import Expect, Reply, ReplyError
+from fedcluster.strategies.validation import cluster_profile
 
 
-def is_secure_round(strategy) -> bool:
-    """Whether the strategy's next round runs under SecAgg+: in a secure run, the rounds
-    whose task is a sum (training, evaluation, and a start of sums: ``divisive``)."""
-    return strategy.config.secure_aggregation and (strategy.phase in SECURE_PHASES or (
-        strategy.phase == Phase.INIT and strategy.init_task().task in protocol.SECURE_TASKS))
-
-
-def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
+def terms_and_scales(facts: RoundFacts, plan, sites) -> tuple[list[str], list[float]]:
     """The terms a secure round of ``plan`` over ``sites`` sums, and their agreed scales
     (``secure.term_bounds``; under distributed DP widened by ``private.secure_scales``).
 
@@ -45,7 +40,7 @@ def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
         For a task that is not a sum, or a federation beyond the protocol's range
         (``secure.check_protocol_range``).
     """
-    config = strategy.config
+    config = facts.config
     if plan.task not in protocol.SECURE_TASKS:
         raise FederationError(f"task {plan.task} is not a sum; it cannot run under "
                               "secure-aggregation")
@@ -57,7 +52,7 @@ def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
     names = secure.term_names(
         plan.task,
         # EWF's plain mean of centroids is for training; a start's Lloyd rounds weight
-        dynamic=getattr(strategy, "dynamic", True) or strategy.phase == Phase.INIT,
+        dynamic=facts.dynamic,
         fuzzy_eval="fuzzifier" in plan.params,
         # under DP a training round sends no SSE (docs/how-to/differential-privacy.md)
         with_sse=(plan.task == "lloyd" and not config.private) or (
@@ -69,12 +64,11 @@ def terms_and_scales(strategy, plan, sites) -> tuple[list[str], list[float]]:
              "evaluate": getattr(plan.arrays, "centroids", None)}.get(plan.task)
     if plan.task == "profile":
         inputs = plan.arrays
-        scales = secure.profile_term_bounds(names, *profile.value_box(strategy),
-                                            inputs.references, n_max)
+        scales = secure.profile_term_bounds(names, *facts.value_box, inputs.references, n_max)
     else:
         scales = secure.term_bounds(names, np.asarray(plan.arrays.centroids),
                                     config.secagg_data_bound, n_max, means)
-    return names, private.secure_scales(strategy, plan.task, names, scales, len(sites))
+    return names, private.secure_scales(facts, plan.task, names, scales, len(sites))
 
 
 def check_sum(sums: dict, n_rows: int, k: int, d: int) -> None:
@@ -92,16 +86,16 @@ def check_sum(sums: dict, n_rows: int, k: int, d: int) -> None:
             raise ReplyError(f"term {name} has shape {sums[name].shape}, expected {shape}")
 
 
-def sum_reply(strategy, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
+def sum_reply(facts: RoundFacts, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
     """The reply that stands for a secure round's decoded ``sums`` over ``n_sites``
     sites with ``n_rows`` rows, in the layout of one site's plain reply (ReplyError
     when the sum does not validate). Under distributed DP the noisy sum is
     post-processed here (``private.release_sum``)."""
-    config, k = strategy.config, plan.n_clusters or strategy.k
-    check_sum(sums, n_rows, k, strategy.n_features)
+    config, k = facts.config, plan.n_clusters or facts.k
+    check_sum(sums, n_rows, k, facts.n_features)
     if config.private:
         arrays, metrics_out = private.release_sum(
-            plan.task, sums, n_rows, config.min_cluster_size, strategy.box,
+            plan.task, sums, n_rows, config.min_cluster_size, facts.box,
             np.asarray(plan.arrays.centroids, dtype=np.float64))
         return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)
     for name in ("w-int", "counts", "hidden"):
@@ -129,7 +123,7 @@ def sum_reply(strategy, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
     elif plan.task == "profile":
         terms = {name: sums[protocol.PROFILE_TERM + name] for name in protocol.ClusterProfile._fields}
         terms["squares"] = np.maximum(terms["squares"], 0.0)  # quantisation about an exact 0
-        expect = Expect("profile", strategy.n_features, k, plan.max_rows, config.min_cluster_size)
+        expect = Expect("profile", facts.n_features, k, plan.max_rows, config.min_cluster_size)
         arrays = cluster_profile(protocol.ClusterProfile(**terms), expect, n_rows, n_sites)
     elif plan.task == "evaluate":
         arrays = protocol.Evaluation(sums["counts"].astype(np.int64), sums["sums"],
@@ -140,41 +134,41 @@ def sum_reply(strategy, plan, sums: dict, n_sites: int, n_rows: int) -> Reply:
     return Reply("secure-sum", -1, n_rows, arrays, metrics_out, n_sites=n_sites)
 
 
-def secure_replies(strategy, server_round: int, plan, keys: dict[int, str], results, failures,
-               failed: list[str]) -> list[Reply]:
-    """The decoded sum of a secure round as ONE reply standing for its N sites (the
-    reductions then run unchanged), or none when the aggregate fails validation.
+def secure_replies(facts: RoundFacts, plan, outcome: RoundOutcome, results, failures) -> None:
+    """The decoded sum of a secure round into ``outcome`` as ONE reply standing for its N
+    sites (the reductions then run unchanged), or none when the aggregate fails
+    validation; the sites left out of the sum named in it.
 
     SecAgg+ gives the server the sum only: a site's reply cannot be validated on its
     own, so the aggregate is (finite, shapes, counts within the rows of the sites that
     contributed, the row total equal to theirs); a site that sends bad values makes
     the whole round unusable, and cannot be named."""
+    keys = outcome.keys
     contributors = [keys[int(proxy.node_id)] for proxy, _ in results]
-    for key in contributors:
-        sites.count_answer(strategy.sites.get(key), plan.task)
-    errors = "; ".join(sites.failure_reason(f, keys)[1] for f in failures)
+    outcome.answered += [(key, None) for key in contributors]
+    errors = "; ".join(failure_reason(f, keys)[1] for f in failures)
     if errors:
         log(logging.WARNING, "secure round (%s): SecAgg+ failures: %s", plan.task, errors)
     for key in sorted(set(keys.values()) - set(contributors), key=site_order):
         reason = "left out of the secure sum (no masked reply; see the site's log)"
-        failed.append(f"site {key}: {reason}")
-        strategy.site_failures.setdefault(key, []).append(
-            f"round {server_round + strategy.round_offset} ({plan.task}): {reason}")
+        outcome.failed.append(f"site {key}: {reason}")
+        outcome.notes.append((key, reason))
     if not results:
-        return []
+        return
     names, scales = plan.secure
     n_sites = len(contributors)
-    n_rows = sum(strategy.sites[key].n_rows for key in contributors)
+    n_rows = sum(facts.sites[key].n_rows for key in contributors)
     aggregate = parameters_to_ndarrays(results[0][1].parameters)
     try:
         sums = secure.decode(aggregate, names, scales, n_sites)
-        reply = sum_reply(strategy, plan, sums, n_sites, n_rows)
+        reply = sum_reply(facts, plan, sums, n_sites, n_rows)
     except ReplyError as err:
         reason = f"secure sum of sites {', '.join(sorted(contributors, key=site_order))}: {err}"
-        failed.append(reason)
+        outcome.failed.append(reason)
         log(logging.ERROR, "secure round (%s) unusable: %s", plan.task, reason)
-        return []
+        return
     except ValueError as err:
-        failed.append(f"secure sum: {err}")
-        return []
-    return [reply]
+        outcome.failed.append(f"secure sum: {err}")
+        return
+    outcome.replies.append(reply)
+    outcome.in_sum = contributors

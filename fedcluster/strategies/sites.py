@@ -11,6 +11,7 @@ After a resume every site must be the checkpoint's site of the same id, size and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections import Counter
@@ -19,14 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.common.logger import log
 
-from fedcluster.common import protocol, scaling
-from fedcluster.common.kernels.spread import SPREAD_MIN_SIZE
-from fedcluster.common.schema import encoded_kinds, run_schema
+from fedcluster.common import protocol
+from fedcluster.common.schema import run_schema
 
-from fedcluster.strategies import aggregate, private, site_rows
-from fedcluster.strategies.errors import FederationError, SiteFailure
-from fedcluster.strategies.validation import Reply, ReplyError, check_reply
-from fedcluster.strategies.phases import Phase
+from fedcluster.strategies import site_rows
+from fedcluster.strategies.errors import FederationError
+from fedcluster.strategies.reply import Reply
 
 
 @dataclass
@@ -79,33 +78,35 @@ def declared_group_size(reply: Reply) -> int | None:
     return None if value is None else int(value)
 
 
-def admit(strategy, replies: list[Reply]) -> None:
-    """Admit the sites of the describe round into ``strategy.sites`` (replies in site
-    order); reject the others into ``strategy.rejected`` with the reason.
+def admit(config, replies: list[Reply], rejected: dict[str, str]) -> tuple[dict, dict]:
+    """The sites of the describe round (replies in site order): ``(sites, rejected)``,
+    the admitted ones by key and ``rejected`` with the others added, each with its reason.
 
     Raises
     ------
     FederationError
         When fewer than ``min-sites`` sites are admitted.
     """
+    admitted: dict[str, Site] = {}
+    rejected = dict(rejected)
     widths = Counter(int(r.metrics["n-features"]) for r in replies)
     if not widths:
-        raise FederationError(too_few(strategy, "no site described its data"))
+        raise FederationError(too_few(config, rejected, "no site described its data"))
     # The majority width is the federation's; replies are in site order and the
     # Counter keeps first-seen order, so a tie goes to the width of the first site.
     width = max(widths, key=widths.get)
     for r in replies:
         n_features = int(r.metrics["n-features"])
-        if r.site_key in strategy.sites:
-            strategy.rejected[r.site_key] = f"duplicate site id {r.site_key!r} (node {r.node_id})"
-        elif (mismatch := schema_mismatch(strategy.config.schema_file, r)) is not None:
-            strategy.rejected[r.site_key] = mismatch
+        if r.site_key in admitted:
+            rejected[r.site_key] = f"duplicate site id {r.site_key!r} (node {r.node_id})"
+        elif (mismatch := schema_mismatch(config.schema_file, r)) is not None:
+            rejected[r.site_key] = mismatch
         elif n_features != width:
-            strategy.rejected[r.site_key] = (
+            rejected[r.site_key] = (
                 f"its data has {n_features} columns but the other sites have {width}"
             )
         else:
-            strategy.sites[r.site_key] = Site(
+            admitted[r.site_key] = Site(
                 key=r.site_key,
                 node_id=r.node_id,
                 n_rows=r.n_rows,
@@ -121,12 +122,13 @@ def admit(strategy, replies: list[Reply]) -> None:
                 group_size=declared_group_size(r),
                 rows=site_rows.account(r),
             )
-            site_rows.warn(r.site_key, strategy.sites[r.site_key].rows)
+            site_rows.warn(r.site_key, admitted[r.site_key].rows)
             continue
-        log(logging.ERROR, "site %s rejected: %s", r.site_key, strategy.rejected[r.site_key])
-    check_feature_names(strategy)
-    if len(strategy.sites) < strategy.config.min_sites:
-        raise FederationError(too_few(strategy, f"{len(strategy.sites)} usable site(s)"))
+        log(logging.ERROR, "site %s rejected: %s", r.site_key, rejected[r.site_key])
+    admitted, rejected = alike_feature_names(admitted, rejected)
+    if len(admitted) < config.min_sites:
+        raise FederationError(too_few(config, rejected, f"{len(admitted)} usable site(s)"))
+    return admitted, rejected
 
 
 def schema_mismatch(schema_path: str, reply: Reply) -> str | None:
@@ -158,9 +160,11 @@ def table_facts(reply: Reply) -> dict:
     return facts
 
 
-def readmit(strategy, replies: list[Reply]) -> None:
-    """After a resume: each site must be the checkpoint's site of the same id (same
-    size and width); its node id is updated. Others are rejected with the reason.
+def readmit(config, known: dict[str, Site], replies: list[Reply],
+            rejected: dict[str, str]) -> tuple[dict, dict]:
+    """After a resume, ``(sites, rejected)``: each site must be the checkpoint's site of
+    the same id (same size and width), taken with its new node id; others are rejected
+    with the reason, and a checkpoint's site that is not back is kept unconnected.
 
     Raises
     ------
@@ -168,8 +172,10 @@ def readmit(strategy, replies: list[Reply]) -> None:
         When fewer than ``min-sites`` of the checkpoint's sites are back.
     """
     seen = set()
+    back = dict(known)
+    rejected = dict(rejected)
     for r in replies:
-        site = strategy.sites.get(r.site_key)
+        site = known.get(r.site_key)
         width = int(r.metrics["n-features"])
         if site is None:
             reason = "not a site of the checkpointed run"
@@ -179,37 +185,40 @@ def readmit(strategy, replies: list[Reply]) -> None:
             reason = (f"holds {r.n_rows} rows x {width} columns, but {site.n_rows} x "
                       f"{site.n_features} in the checkpointed run")
         else:
-            site.node_id = r.node_id
             # A resumed run is a new run to the site: its count starts again.
-            site.max_rounds, site.rounds_answered = declared_max_rounds(r), 0
-            site.group_size = declared_group_size(r)
-            site.rows = site_rows.account(r)
-            site_rows.warn(r.site_key, site.rows)
+            back[r.site_key] = dataclasses.replace(
+                site, node_id=r.node_id, max_rounds=declared_max_rounds(r), rounds_answered=0,
+                group_size=declared_group_size(r), rows=site_rows.account(r))
+            site_rows.warn(r.site_key, back[r.site_key].rows)
             seen.add(r.site_key)
             continue
-        strategy.rejected[r.site_key] = reason
+        rejected[r.site_key] = reason
         log(logging.ERROR, "site %s rejected on resume: %s", r.site_key, reason)
-    for key in set(strategy.sites) - seen:
-        strategy.sites[key].node_id = -1  # not connected now: never asked until it is
+    for key in sorted(set(known) - seen, key=site_order):
+        back[key] = dataclasses.replace(known[key], node_id=-1)  # never asked until it is back
         log(logging.WARNING, "site %s of the checkpointed run is not connected", key)
-    if len(seen) < strategy.config.min_sites:
-        raise FederationError(too_few(strategy, f"{len(seen)} site(s) of the checkpointed run"))
+    if len(seen) < config.min_sites:
+        raise FederationError(too_few(config, rejected, f"{len(seen)} site(s) of the checkpointed run"))
+    return back, rejected
 
 
-def check_feature_names(strategy) -> None:
-    """Sites that name their columns must name them alike (the majority wins)."""
-    named = [s for s in strategy.ordered_sites() if s.feature_names]
+def alike_feature_names(admitted: dict[str, Site], rejected: dict[str, str]) -> tuple[dict, dict]:
+    """Sites that name their columns must name them alike (the majority wins):
+    ``(sites, rejected)`` with the others rejected."""
+    named = [s for s in sorted(admitted.values(), key=lambda s: site_order(s.key)) if s.feature_names]
     votes = Counter(tuple(s.feature_names) for s in named)
     if len(votes) < 2:
-        return
+        return admitted, rejected
     names = list(max(votes, key=votes.get))
+    admitted, rejected = dict(admitted), dict(rejected)
     for site in named:
         if site.feature_names != names:
-            del strategy.sites[site.key]
-            strategy.rejected[site.key] = (
+            del admitted[site.key]
+            rejected[site.key] = (
                 f"its columns {site.feature_names} differ from the other sites' {names}"
             )
-            log(logging.ERROR, "site %s rejected: %s", site.key, strategy.rejected[site.key])
+            log(logging.ERROR, "site %s rejected: %s", site.key, rejected[site.key])
+    return admitted, rejected
 
 
 def count_answer(site: Site | None, task: str, rounds_left=None) -> None:
@@ -229,198 +238,60 @@ def count_answer(site: Site | None, task: str, rounds_left=None) -> None:
             "policy); it is not asked again in this run", site.key, site.max_rounds)
 
 
-def failure_reason(failure, keys: dict[int, str]) -> tuple[str, str]:
-    """(site key, reason) of a failed reply."""
-    if isinstance(failure, SiteFailure):
-        return keys.get(failure.node_id) or f"node-{failure.node_id}", failure.reason
-    if isinstance(failure, BaseException):
-        return "?", str(failure)
-    proxy, res = failure
-    return keys.get(int(proxy.node_id)) or f"node-{proxy.node_id}", res.status.message
-
-
-def record_failures(strategy, server_round: int, task: str, keys: dict[int, str],
-                    failures) -> list[str]:
-    """Note a round's failed replies in ``strategy.site_failures``; return them as
-    "site K: reason" lines."""
-    failed = []
-    for failure in failures:
-        key, reason = failure_reason(failure, keys)
-        failed.append(f"site {key}: {reason}")
-        strategy.site_failures.setdefault(key, []).append(
-            f"round {server_round + strategy.round_offset} ({task}): {reason}")
-    return failed
-
-
-def check_replies(strategy, server_round: int, plan, keys: dict[int, str],
-                  received) -> tuple[list[Reply], list[str]]:
-    """A round's replies, validated: the valid ones in site order, and a "site K: reason"
-    line per dropped one. ``received`` holds (node id, site key, arrays, metrics, rows) per
-    reply. Each answer of a joined site counts towards its max-rounds; a reply that does
-    not validate is dropped and noted in ``strategy.site_failures`` (at describe, the site
-    is rejected), and the round goes on with the others."""
-    replies, dropped = [], []
-    for node_id, key, arrays, metrics, n_rows in received:
-        if protocol.ERROR not in metrics and keys.get(node_id) == key:
-            count_answer(strategy.sites.get(key), plan.task, metrics.get(protocol.ROUNDS_LEFT))
-        try:
-            replies.append(check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows))
-        except ReplyError as err:
-            dropped.append(f"site {key}: {err}")
-            strategy.site_failures.setdefault(key, []).append(
-                f"round {server_round + strategy.round_offset} ({plan.task}): reply dropped: {err}")
-            if plan.task == "describe":
-                strategy.rejected[key] = str(err)
-    replies.sort(key=lambda r: site_order(r.site_key))
-    return replies, dropped
-
-
-def participation(keys: dict[int, str], replies: list[Reply], failed: list[str],
-                  in_sum: list[str], admitted: dict | None = None) -> dict:
-    """A round's history columns on who was asked and who answered: counts, the
-    reasons of the failures, and ``answered``, the keys of the sites whose valid replies
-    the round used (those in a secure round's sum, ``in_sum``) as :func:`key_list`
-    writes them; the rows those replies came from, and the usable rows of those sites
-    they did not (``admitted``: the sites, their rows accounted for: ``site_rows.py``).
-    ``sites-offline`` and ``sites-late`` are the simulated absences
-    (``server_app/availability.py`` sets them; 0 here)."""
-    answered = sum(r.n_sites for r in replies)
-    names = [r.site_key for r in replies if r.n_sites == 1] + list(in_sum)
-    admitted = admitted or {}
-    return {"sites-asked": len(keys), "sites-answered": answered,
-            "sites-failed": len(keys) - answered, "sites-offline": 0, "sites-late": 0,
-            "failures": "; ".join(failed), "answered": key_list(names),
-            "rows-answered": sum(r.n_rows for r in replies),
-            "rows-not-answered": sum(site_rows.not_answered(admitted[key].rows)
-                                     for key in names if key in admitted)}
-
-
-def key_list(keys) -> str:
-    """Site keys in site order, a run of consecutive numbers written as its ends
-    (``0-3,7,9-12,H1``): a round of 10,000 sites that all answered is ``0-9999``."""
-    parts: list[str] = []
-    run: list[int] = []  # the current run of consecutive numeric keys: [first, last]
-    for key in sorted(keys, key=site_order):
-        if key.isdigit() and run and int(key) == run[1] + 1 and str(int(key)) == key:
-            run[1] += 1
-            continue
-        if run:
-            parts.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
-            run = []
-        if key.isdigit() and str(int(key)) == key:
-            run = [int(key), int(key)]
-        else:
-            parts.append(key)
-    if run:
-        parts.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
-    return ",".join(parts)
-
-
-def too_few(strategy, what: str) -> str:
+def too_few(config, rejected: dict[str, str], what: str) -> str:
     """Why the run cannot go on: ``what`` against min-sites, and every rejection."""
-    reasons = "; ".join(f"site {k}: {v}" for k, v in strategy.rejected.items())
+    reasons = "; ".join(f"site {k}: {v}" for k, v in rejected.items())
     return (
-        f"{what}, but min-sites = {strategy.config.min_sites}"
+        f"{what}, but min-sites = {config.min_sites}"
         + (f". Rejected: {reasons}" if reasons else "")
     )
 
 
-def require_answers(strategy, replies: list[Reply], task: str) -> None:
-    """Stop the run (FederationError naming the round's dropped replies) when fewer than
-    min-sites valid replies came back, except in a training round of any algorithm (its
+def require_answers(config, replies: list[Reply], task: str, training: bool, n_sites: int,
+                    round_failures: list[str]) -> None:
+    """Stop the run (FederationError naming the round's dropped replies,
+    ``round_failures``) when fewer than min-sites valid replies came back (or fewer than
+    the ``n_sites`` admitted), except in a ``training`` round of any algorithm (its
     fraction-C sample may be smaller; with no reply the centroids stay, and the round
     still counts)."""
     if not replies:
         log(logging.WARNING, "task %s: no valid reply this round", task)
     answered = sum(r.n_sites for r in replies)
-    training = task == "lloyd" or strategy.phase == Phase.TRAIN
-    if not training and answered < min(strategy.config.min_sites, len(strategy.sites)):
-        dropped = "; ".join(strategy.round_failures)
+    if not training and answered < min(config.min_sites, n_sites):
+        dropped = "; ".join(round_failures)
         raise FederationError(f"task {task}: only {answered} valid replies, min-sites = "
-                              f"{strategy.config.min_sites}" + (f"; dropped: {dropped}" * bool(dropped)))
+                              f"{config.min_sites}" + (f"; dropped: {dropped}" * bool(dropped)))
 
 
-def sample(strategy, usable: list[Site]) -> list[Site]:
-    """The round's seeded fraction-C sample of the usable sites (all when C covers them)."""
-    m = max(1, round(strategy.config.fraction * len(usable)))
+def sample(usable: list[Site], fraction: float, seed: int, train_round: int) -> list[Site]:
+    """A round's seeded fraction-C sample of the ``usable`` sites (all when C covers them),
+    drawn from the repetition's ``seed`` and the training round."""
+    m = max(1, round(fraction * len(usable)))
     if m >= len(usable):
         return usable
-    rng = np.random.default_rng([strategy.seed, strategy.train_round, 7919])
+    rng = np.random.default_rng([seed, train_round, 7919])
     chosen = np.sort(rng.choice(len(usable), size=m, replace=False))
     return [usable[i] for i in chosen]
 
 
-def keep_answering(strategy, replies: list[Reply], what: str) -> None:
-    """Only the sites that answered round ``what`` stay in the run (the others are
-    rejected with the reason their reply gave)."""
+def keep_answering(config, admitted: dict[str, Site], rejected: dict[str, str],
+                   replies: list[Reply], round_failures: list[str], what: str) -> tuple[dict, dict]:
+    """Only the sites that answered round ``what`` stay in the run: ``(sites, rejected)``,
+    the others rejected with the reason their reply gave (``round_failures``).
+
+    Raises
+    ------
+    FederationError
+        When fewer than ``min-sites`` stay, or none answered.
+    """
     answered = {r.site_key for r in replies}
-    for key in [k for k in strategy.sites if k not in answered]:
-        del strategy.sites[key]
-        said = [f for f in strategy.round_failures if f.startswith(f"site {key}: ")]
-        strategy.rejected[key] = (f"no valid reply to {what}"
-                                  + (f": {said[0][len(f'site {key}: '):]}" if said else ""))
-        log(logging.ERROR, "site %s rejected: %s", key, strategy.rejected[key])
-    if len(strategy.sites) < strategy.config.min_sites or not replies:
-        raise FederationError(too_few(strategy, f"{len(strategy.sites)} site(s) answered {what}"))
-
-
-def fix_transform(strategy, replies: list[Reply]) -> None:
-    """The global transform from the statistics round (after the imputation's fill, if
-    any); sites without valid statistics leave the run (their rows would be clustered
-    unscaled by the others' transform)."""
-    keep_answering(strategy, replies, "the statistics round (scale)")
-    fill = None if strategy.transform is None else strategy.transform.fill
-    counts = [r.n_rows for r in replies]
-    if strategy.config.scale == "standard":
-        means = [r.arrays.means for r in replies]
-        deviations = [r.arrays.deviation_sums for r in replies]
-        m2s = [r.arrays.m2 for r in replies]
-        strategy.transform = scaling.standard_transform(counts, means, deviations, m2s)
-    else:
-        private.warn_extremes(strategy, "scale 'minmax'")
-        minima = [r.arrays.minima for r in replies]
-        maxima = [r.arrays.maxima for r in replies]
-        strategy.transform = scaling.minmax_transform(minima, maxima)
-    strategy.transform = unscaled_levels(strategy.transform, strategy.config.schema_file).with_fill(fill)
-
-
-def unscaled_levels(transform, schema_file: str):
-    """A schema's category levels and missing-indicators keep their 0/1 (times the
-    column's ``category-weight``) under ``scale``: standardising a 0/1 column would blow a
-    rare level up to 1/sqrt(q(1 - q)) and let a many-level category outweigh a lab value,
-    while weight 1 already puts two rows of different levels at the squared distance of
-    two random rows of a standardised column (2)."""
-    run = run_schema(schema_file)
-    if run is None:
-        return transform
-    keep = np.asarray([kind != "numeric" for kind in encoded_kinds(run[0])])
-    if keep.shape != transform.shift.shape or not keep.any():
-        return transform
-    shift, factor = transform.shift.copy(), transform.factor.copy()
-    shift[keep], factor[keep] = 0.0, 1.0
-    return scaling.FeatureTransform(transform.kind, shift, factor, transform.fill)
-
-
-#: The k-means strategies' default ``score-tol`` where a site splits its groups by their
-#: spread (p_site >= SPREAD_MIN_SIZE): a split group's share moves a little every round,
-#: so the centroids approach their fixed point only linearly (as FFCM's do) and the
-#: movement rule alone ran MNIST to the round cap (bench/quality.py).
-SPLIT_SCORE_TOL = 1e-6
-
-
-def default_score_tol(strategy) -> float:
-    """``score-tol`` 0's meaning: the strategy's ``default_score_tol`` (FFCM's), or for a
-    k-means strategy (None) :data:`SPLIT_SCORE_TOL` where a site's groups are split by
-    their spread, else 0 (the movement rule alone, as before)."""
-    if strategy.default_score_tol is not None:
-        return strategy.default_score_tol
-    split = any((site.group_size or 1) >= SPREAD_MIN_SIZE for site in strategy.sites.values())
-    return SPLIT_SCORE_TOL if split else 0.0
-
-
-def score_stalled(strategy, scores: list[float]) -> bool:
-    """Whether this repetition's training ``scores`` have stalled: ``score-tol`` (0: its
-    :func:`default_score_tol`) and the strategy's ``score_best_patience`` (GTV's, EWF's) through
-    ``aggregate.score_stalled``."""
-    return aggregate.score_stalled(scores, strategy.config.score_tol or default_score_tol(strategy),
-                                   best_patience=strategy.score_best_patience)
+    admitted, rejected = dict(admitted), dict(rejected)
+    for key in [k for k in admitted if k not in answered]:
+        del admitted[key]
+        said = [f for f in round_failures if f.startswith(f"site {key}: ")]
+        rejected[key] = (f"no valid reply to {what}"
+                         + (f": {said[0][len(f'site {key}: '):]}" if said else ""))
+        log(logging.ERROR, "site %s rejected: %s", key, rejected[key])
+    if len(admitted) < config.min_sites or not replies:
+        raise FederationError(too_few(config, rejected, f"{len(admitted)} site(s) answered {what}"))
+    return admitted, rejected

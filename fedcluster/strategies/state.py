@@ -1,8 +1,7 @@
 """A strategy's state as data: typed JSON plus named numpy arrays (checkpoints, issue 17).
 
 The state of a strategy is every attribute of the instance (``vars(strategy)``) except
-:data:`TRANSIENT` ones: the run config (stored and compared on its own) and the round in
-flight (a checkpoint is written between rounds; ``configure_fit`` sets it anew). So an
+:data:`TRANSIENT` ones: the run config (stored and compared on its own). So an
 attribute a strategy gains is in the checkpoint without being declared; one of a type
 this module cannot write fails :func:`encode_state` (and the checkpoint test) instead of
 being left out.
@@ -33,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Mapping
 
@@ -44,8 +44,9 @@ from fedcluster.strategies.metrics import PooledStats
 from fedcluster.strategies.sites import Site
 
 #: Instance attributes that are not state: the run config (the checkpoint stores it
-#: beside the state; a resumed run takes the new, equal one) and the round in flight.
-TRANSIENT = frozenset({"config", "_pending"})
+#: beside the state; a resumed run takes the new, equal one). The round in flight is
+#: the Flower adapter's (``flower_adapter.RoundInFlight``), not the run's.
+TRANSIENT = frozenset({"config"})
 #: The dataclasses a checkpoint may hold, by name.
 DATACLASSES = {cls.__name__: cls for cls in (Site, PooledStats, FeatureTransform,
                                                 DivisiveStart)}
@@ -61,13 +62,27 @@ class StateError(ValueError):
     """A value cannot be written as state, or stored state is malformed."""
 
 
-def state_attributes(strategy) -> dict[str, Any]:
-    """The strategy's state: its instance attributes but :data:`TRANSIENT` ones."""
-    return {name: value for name, value in vars(strategy).items() if name not in TRANSIENT}
+def state_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's state: its instance ``attributes`` (``vars(run)``) but :data:`TRANSIENT` ones."""
+    return {name: value for name, value in attributes.items() if name not in TRANSIENT}
 
 
-def encode_state(strategy) -> tuple[dict, dict[str, np.ndarray]]:
-    """``(document, arrays)``: the state as JSON-ready data naming its arrays by key.
+@dataclass(frozen=True)
+class Snapshot:
+    """A run's state as a checkpoint writes it (``Run.snapshot``): ``document`` (typed
+    JSON naming its arrays by key: the class and every state attribute), the ``arrays``,
+    and what the checkpoint says beside it: the run config, the last round, finished."""
+
+    document: dict
+    arrays: dict[str, np.ndarray]
+    config: Any
+    last_round: int
+    finished: bool
+
+
+def encode_state(class_name: str, attributes: Mapping[str, Any]) -> tuple[dict, dict[str, np.ndarray]]:
+    """``(document, arrays)``: the state (:func:`state_attributes` of ``attributes``) of
+    a run of class ``class_name`` as JSON-ready data naming its arrays by key.
 
     Raises
     ------
@@ -77,44 +92,45 @@ def encode_state(strategy) -> tuple[dict, dict[str, np.ndarray]]:
     """
     encoder = Encoder()
     document = {
-        "class": type(strategy).__name__,
+        "class": class_name,
         "attributes": {name: encoder.encode(value, name)
-                       for name, value in state_attributes(strategy).items()},
+                       for name, value in state_attributes(attributes).items()},
     }
     return document, encoder.stored
 
 
-def restore_state(strategy, document: Mapping, arrays: Mapping[str, np.ndarray]):
-    """Set the state of ``document`` on ``strategy`` (a fresh one of the same class,
-    built for the run config); returns it.
+def decode_state(document: Mapping, arrays: Mapping[str, np.ndarray], class_name: str,
+                 fresh: Mapping[str, Any]) -> dict[str, Any]:
+    """The attribute values of ``document`` for a run of class ``class_name`` whose
+    fresh instance has the attributes ``fresh`` (``vars`` of it): a Phase written as a
+    string given back as a Phase.
 
     Raises
     ------
     StateError
         If the document is malformed, names another strategy class, or lacks an
-        attribute the fresh strategy has (a checkpoint of another fedcluster version).
+        attribute the fresh run has (a checkpoint of another fedcluster version).
     """
     if not isinstance(document, Mapping) or not isinstance(document.get("attributes"), Mapping):
         raise StateError("no strategy state")
-    if document.get("class") != type(strategy).__name__:
+    if document.get("class") != class_name:
         raise StateError(f"the state is of strategy {document.get('class')!r}, the run config "
-                         f"makes a {type(strategy).__name__}")
+                         f"makes a {class_name}")
     decoder = Decoder(arrays)
     values = {name: decoder.decode(value, name) for name, value in document["attributes"].items()}
-    missing = sorted(set(state_attributes(strategy)) - set(values))
+    missing = sorted(set(state_attributes(fresh)) - set(values))
     if missing:
         raise StateError(f"the state lacks the attributes {', '.join(missing)}")
     for name, value in values.items():
         if name in TRANSIENT or not isinstance(name, str) or not name.isidentifier():
             raise StateError(f"{name!r} is not a state attribute")
-        fresh = getattr(strategy, name, None)
-        if isinstance(fresh, StrEnum) and isinstance(value, str):  # a Phase, written as a string
+        known = fresh.get(name)
+        if isinstance(known, StrEnum) and isinstance(value, str):  # a Phase, written as a string
             try:
-                value = type(fresh)(value)
+                values[name] = type(known)(value)
             except ValueError:
-                raise StateError(f"{name}: {value!r} is not a {type(fresh).__name__}") from None
-        setattr(strategy, name, value)
-    return strategy
+                raise StateError(f"{name}: {value!r} is not a {type(known).__name__}") from None
+    return values
 
 
 class Encoder:

@@ -29,7 +29,7 @@ class TaskPlan:
     # keyed by site key; a site not in it gets ``arrays``.
     per_site_arrays: dict[str, tuple] = field(default_factory=dict)
     # Secure aggregation: the terms the sites encode and their agreed scales (set by
-    # configure_fit for a secure round; None: a plain round).
+    # the Flower adapter for a secure round; None: a plain round).
     secure: tuple[list[str], list[float]] | None = None
     seed_base: tuple[int, ...] | None = None
     carries: "TaskPlan | None" = None

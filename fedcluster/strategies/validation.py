@@ -9,46 +9,10 @@ the privacy floor, and finite non-negative SSE.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from fedcluster.common import protocol
-
-
-class ReplyError(ValueError):
-    """A site's reply does not validate; the message says why."""
-
-
-@dataclass
-class Reply:
-    """One validated site reply, in the server's terms."""
-
-    site_key: str
-    node_id: int
-    n_rows: int
-    arrays: tuple  # the task's reply type (common/protocol.py), validated
-    metrics: dict = field(default_factory=dict)
-    # How many sites this reply stands for: 1, or N for the decoded sum of a secure round.
-    n_sites: int = 1
-    # ``evaluate-too``: the site's evaluation of the centroids it received, validated
-    evaluation: "Reply | None" = None
-
-
-@dataclass(frozen=True)
-class Expect:
-    """What a task's reply must look like."""
-
-    task: str
-    n_features: int | None = None
-    n_clusters: int | None = None  # rows of the centroid array (exact)
-    max_rows: int | None = None  # rows of the centroid array (at most), for local_kmeans
-    floor: int = 1
-    declared_rows: int | None = None  # the size the site declared in its first reply
-    scale: str | None = None  # the statistics round's kind: "standard" or "minmax"
-    private: bool = False  # a DP run: a lloyd reply carries no SSE (it would not be private)
-    far: bool = False  # a minibatch task asked for its farthest rows (protocol.FAR_ROWS)
+from fedcluster.strategies.reply import Expect, ReplyError
 
 
 def _finite(name: str, a: np.ndarray) -> None:
@@ -326,34 +290,3 @@ def _evaluation(reply: protocol.Evaluation, metrics, expect: Expect, n_rows: int
     return protocol.Evaluation(counts, reply.sums.astype(np.float64), reply.sqnorms.astype(np.float64),
                                reply.hidden.astype(bool), reply.distances.astype(np.float64),
                                contingency)
-
-
-def check_reply(strategy, plan, node_id, key, keys, arrays, metrics, n_rows) -> Reply:
-    """One site's reply to ``plan``, validated against what the strategy expects of it."""
-    if plan.task != "describe" and keys.get(node_id) != key:
-        raise ReplyError(f"answered as site {key!r} but node {node_id} joined as {keys.get(node_id)!r}")
-    site = strategy.sites.get(key)
-    expect = Expect(
-        task=plan.task,
-        n_features=strategy.n_features if strategy.sites else None,
-        n_clusters=plan.n_clusters or strategy.k,
-        max_rows=plan.max_rows,
-        floor=strategy.config.min_cluster_size,
-        declared_rows=site.n_rows if site else None,
-        scale=plan.params.get("scale"),
-        far=protocol.FAR_ROWS in plan.params,
-        private=strategy.config.private,
-    )
-    evaluation = None
-    if plan.params.get(protocol.EVALUATE_TOO) and protocol.ERROR not in metrics:
-        try:
-            arrays, metrics, eval_arrays, eval_metrics = protocol.split_evaluation(
-                plan.task, arrays, metrics)
-        except protocol.ProtocolError as err:
-            raise ReplyError(str(err)) from None
-        as_evaluation = dataclasses.replace(expect, task="evaluate", max_rows=None, scale=None)
-        evaluation = Reply(key, node_id, int(n_rows),
-                           validate(eval_arrays, eval_metrics, int(n_rows), as_evaluation),
-                           eval_metrics)
-    typed = validate(arrays, metrics, int(n_rows), expect)
-    return Reply(key, node_id, int(n_rows), typed, metrics, evaluation=evaluation)
