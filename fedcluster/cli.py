@@ -133,7 +133,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from fedcluster.client_app.data.site_data import load_site_file
+    from fedcluster.client_app.data_sources import load_site
     from fedcluster.common.model import Model
 
     try:
@@ -147,10 +147,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
                          f"{args.model} has none")
     from fedcluster.client_app.node_config import parse_node_config
 
-    node = parse_node_config({"columns": args.columns, "id-column": args.id_column,
-                              "label-column": args.label_column})
-    site = load_site_file(args.data, label_column=node.label_column, columns=node.columns,
-                          id_column=node.id_column)
+    # The file is read as a site reads its data-path (data_sources: one choice of reader).
+    node = parse_node_config({"data-path": str(args.data), "columns": args.columns,
+                              "id-column": args.id_column, "label-column": args.label_column})
+    site, _ = load_site(node, {})
     if site.n_features != model.n_features:
         raise SiteDataError(
             f"{args.data}: has {site.n_features} feature columns, the model expects "

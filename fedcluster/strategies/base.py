@@ -127,10 +127,12 @@ class ClusteringStrategy(Run):
         return getattr(self, self.PHASE_TASKS[self.phase])()
 
     def evaluate_task(self) -> TaskPlan:
+        """The evaluation round: the exact figures of the current centroids."""
         return TaskPlan("evaluate", params=self.evaluation_params(),
                         arrays=protocol.Centroids(self.centroids))
 
     def distances_task(self) -> TaskPlan:
+        """Davies-Bouldin's second pass: distances to the pooled means."""
         best = self.best
         return TaskPlan("evaluate_distances",
                         arrays=protocol.CentroidsAndMeans(best["centroids"], best["stats"].means))
@@ -212,6 +214,7 @@ class ClusteringStrategy(Run):
             self.start_training(start)
 
     def start_training(self, centroids: np.ndarray) -> None:
+        """Train from ``centroids`` (checked: k x the width, all finite)."""
         if centroids.shape != (self.k, self.n_features) or not np.isfinite(centroids).all():
             raise FederationError(f"initial centroids have shape {centroids.shape}, expected ({self.k}, "
                                   f"{self.n_features}) and all finite (a NaN or inf is not a start)")

@@ -38,6 +38,7 @@ class FederatedKMeansPruning(ClusteringStrategy):
     """FKM with the paper's ablation switches: prune, init, local-iters, weighted."""
 
     def init_task(self) -> TaskPlan:
+        """Round 0: k-FED's local k-means, or each site's k-means++ seeds (``kmeanspp``)."""
         if self.config.resolved_init == "kfed":
             return kfed_plan(self.seed, self.config.resolved_k_local)
         return TaskPlan(
@@ -51,6 +52,8 @@ class FederatedKMeansPruning(ClusteringStrategy):
         return counts if self.config.resolved_weighted else np.ones_like(counts)
 
     def reduce_init(self, plan, replies) -> np.ndarray:
+        """The union of the sites' centroids clustered into k (weighted k-means,
+        weighted by counts where ``weighted``)."""
         points, counts = _union(replies)
         try:
             return kmeans_on_centroids(points, self.k, self.seed, weights=self._weights(counts))
@@ -58,6 +61,8 @@ class FederatedKMeansPruning(ClusteringStrategy):
             raise FederationError(f"FKM round 0: {err} (after the privacy floor)") from None
 
     def train_task(self) -> TaskPlan:
+        """A training round: the sites' Lloyd iterations with pruning of small local
+        clusters (``prune_lloyd``)."""
         return TaskPlan(
             "prune_lloyd",
             params={
@@ -71,5 +76,7 @@ class FederatedKMeansPruning(ClusteringStrategy):
         )
 
     def reduce_train(self, plan, replies) -> np.ndarray:
+        """One weighted Lloyd step on the union of the sites' centroids, from the
+        current ones (``aggregate.weighted_lloyd``)."""
         points, counts = _union(replies)
         return weighted_lloyd(points, self._weights(counts), self.centroids)

@@ -51,6 +51,8 @@ class FederatedFuzzyCMeans(KFedOrRandomInit, ClusteringStrategy):
     score_metric, default_score_tol = "fuzzy-objective", OBJECTIVE_TOL
 
     def train_task(self) -> TaskPlan:
+        """A training round: ``local-iters`` fuzzy c-means iterations at each sampled
+        site, at the run's fuzzifier (``fcm``)."""
         return TaskPlan(
             "fcm",
             params={"fuzzifier": self.config.fuzzifier, "local-iters": self.config.local_iters},
@@ -65,13 +67,17 @@ class FederatedFuzzyCMeans(KFedOrRandomInit, ClusteringStrategy):
         return fuzzy_on_centroids(means, k, seed, weights, self.config.fuzzifier)
 
     def evaluation_params(self) -> dict:
+        """The evaluation's fuzzy figures: at the run's fuzzifier."""
         return {"fuzzifier": self.config.fuzzifier}
 
     def movement(self, new: np.ndarray, old: np.ndarray) -> float:
-        # The paper's stopping rule: the sum of the centres' movements.
+        """The paper's stopping rule: the sum of the centres' movements."""
         return float(np.linalg.norm(new - old, axis=1).sum())
 
     def reduce_train(self, plan, replies) -> np.ndarray:
+        """avg1: the sites' centres weighted by their fuzzy weights per cluster; avg2:
+        weighted k-means on every site's centres, from the current ones (a cluster no site
+        reports takes avg1's)."""
         centres = np.stack([r.arrays.centres for r in replies])
         weights = np.stack([r.arrays.weights for r in replies])
         avg1 = count_weighted_mean(centres, weights, self.centroids)[0]

@@ -62,6 +62,7 @@ class GTVKMeans(ClusteringStrategy):
 
     # ------------------------------------------------------------- state
     def reset_repetition(self) -> None:
+        """A repetition's state: no site centroids, scores or refining yet."""
         super().reset_repetition()
         self.site_centroids: dict[str, np.ndarray] = {}
         self.site_counts: dict[str, np.ndarray] = {}  # members per site centroid
@@ -79,6 +80,8 @@ class GTVKMeans(ClusteringStrategy):
         self.neighbours = previous.neighbours
 
     def admit_sites(self, replies: list[Reply]) -> None:
+        """Admit the sites (a site without a stable ``site-id`` is rejected: the graph's
+        edges name sites by it) and build the graph over them (``topology``)."""
         named = []
         for r in replies:
             if r.metrics.get("site-id-given", True):
@@ -105,9 +108,13 @@ class GTVKMeans(ClusteringStrategy):
                 "tol": self.config.tol, "n-clusters": self.k}
 
     def init_task(self) -> TaskPlan:
+        """Round 0: ``gtv`` without centroids: each site starts from k-means++ seeds on its
+        own groups (seeded per site) and runs its local step."""
         return TaskPlan("gtv", params=self._params(), seed_base=(self.seed,))
 
     def train_task(self) -> TaskPlan:
+        """A training round: each sampled site gets its own centroids and its
+        neighbours' and runs the GTV step (``gtv``); a site without centroids starts locally."""
         empty = np.zeros((0, self.k, self.n_features))
         payloads = {}
         for site in self.ordered_sites():
@@ -123,6 +130,8 @@ class GTVKMeans(ClusteringStrategy):
                         per_site_arrays=payloads)
 
     def plan_algorithm_round(self) -> TaskPlan:
+        """GTV's own rounds: a refining Lloyd round from the consensus, and the
+        scoring of every site's centroids on all sites (``evaluate_sets``); else the base's."""
         if self.phase == Phase.REFINE:  # a federated Lloyd step from the consensus
             return TaskPlan("lloyd", params={"local-iters": 1, "tol": 0.0},
                             arrays=protocol.Centroids(self.centroids))
@@ -152,28 +161,35 @@ class GTVKMeans(ClusteringStrategy):
         return max(moves) if moves else float("inf")
 
     def reduce_init(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
+        """Keep each site's centroids; the consensus is the run's centroids."""
         if not replies:
             raise FederationError("gtv: no site returned its initial centroids")
         self._store(replies)
         return self.consensus()
 
     def reduce_train(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray:
+        """Keep each site's new centroids; the consensus is the run's centroids."""
         self.site_movement = self._store(replies)
         return self.consensus()
 
     def movement(self, new: np.ndarray, old: np.ndarray) -> float:
+        """The largest movement of any site's own centroids this round."""
         return self.site_movement
 
     def round_metrics(self) -> dict:
+        """This round's GTV per edge and the sites' local scores."""
         return dict(self.last_round)
 
     def start_training(self, centroids: np.ndarray) -> None:
+        """Given initial centroids: every site starts there."""
         if not self.site_centroids:  # given initial centroids: every site starts there
             self.site_centroids = {s.key: np.array(centroids, dtype=np.float64)
                                    for s in self.ordered_sites()}
         super().start_training(centroids)
 
     def reduce_round(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:
+        """GTV's own rounds (refining, scoring every site's centroids); else the
+        base's reduction."""
         if plan.task == "lloyd":
             return self._refine(replies)
         if plan.task != "evaluate_sets":
@@ -212,6 +228,8 @@ class GTVKMeans(ClusteringStrategy):
         return row
 
     def finish_repetition(self, replies: list[Reply]) -> dict:
+        """The base's, keeping the sites' own centroids, their pooled scores, the
+        consensus site and GTV per edge in the repetition."""
         kept = {
             "site-centroids": dict(self.site_centroids),
             "site-scores": dict(self.pooled_scores),

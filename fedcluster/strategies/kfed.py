@@ -61,6 +61,7 @@ class KFedOrRandomInit:
     kfed_min_groups = 1
 
     def reset_repetition(self) -> None:
+        """A repetition's state, and no divisive start yet."""
         super().reset_repetition()
         self.divisive_start: DivisiveStart | None = None
 
@@ -70,6 +71,8 @@ class KFedOrRandomInit:
         return kmeans_on_centroids(means, k, seed, weights=weights)
 
     def init_rounds(self) -> int:
+        """One round (k-FED, the bounds round), or the divisive start's rounds (and a
+        bounds round first under DP without ``data-bounds``)."""
         if self.config.resolved_init != "divisive":
             return 1
         declared = self.config.data_bounds or not self.config.private  # else a bounds round
@@ -83,6 +86,9 @@ class KFedOrRandomInit:
         return None
 
     def init_task(self) -> TaskPlan:
+        """The start's round: k-FED's local k-means, the divisive start's next Lloyd
+        round, or the sites' bounds (``init = "random"`` without a declared box, and DP's
+        clipping box)."""
         init = self.config.resolved_init
         if init == "kfed":
             return kfed_plan(self.seed, self.config.resolved_k_local, self.kfed_min_groups)
@@ -93,6 +99,8 @@ class KFedOrRandomInit:
         return TaskPlan("bounds")  # (DP without data-bounds: the clipping box first)
 
     def reduce_init(self, plan: TaskPlan, replies: list[Reply]) -> np.ndarray | None:
+        """The initial centroids from the start's replies (None: the divisive start
+        goes on), and under DP without ``data-bounds`` the clipping box from the bounds."""
         if plan.task == "local_kmeans":
             return kfed_reduce(replies, self.k, self.seed, self.config.resolved_weighted)
         if plan.task == "lloyd":

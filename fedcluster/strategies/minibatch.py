@@ -43,15 +43,19 @@ class MiniBatchKMeans(KFedOrRandomInit, ClusteringStrategy):
     """Federated mini-batch k-means with server learning rate and dead-cluster re-seeding."""
 
     def reset_repetition(self) -> None:
+        """A repetition's state, and no cluster counting towards re-seeding."""
         super().reset_repetition()
         self.small_streak = np.zeros(self.k, dtype=np.int64)
         self.reseeded: list[int] = []
 
     def can_stop(self) -> bool:
-        # Not while a cluster is counting towards its re-seeding.
+        """Not while a cluster is counting towards its re-seeding."""
         return not np.any(self.small_streak > 0)
 
     def train_task(self) -> TaskPlan:
+        """One training round: ``epochs`` passes of ``batch-size`` mini-batches at each
+        sampled site (seeded per site and round); where a cluster is counting towards its
+        re-seeding, the sites' farthest rows' means are asked for too (not under SecAgg+)."""
         cfg = self.config
         params = {"epochs": cfg.epochs, "batch-size": cfg.batch_size, "beta": cfg.beta}
         if np.any(self.small_streak > 0) and not cfg.secure_aggregation:
@@ -65,6 +69,10 @@ class MiniBatchKMeans(KFedOrRandomInit, ClusteringStrategy):
         )
 
     def reduce_train(self, plan, replies) -> np.ndarray:
+        """The count-weighted mean of the sites' centres, a step of ``learning-rate``
+        towards it; a cluster below ``reassign-fraction`` of the rows for
+        ``reassign-patience`` rounds is re-seeded at the sites' farthest rows (else next to
+        the largest cluster)."""
         gammas = np.stack([r.arrays.centroids for r in replies])
         lambdas = np.stack([r.arrays.counts for r in replies])
         gamma_star, totals = count_weighted_mean(gammas, lambdas, self.centroids)

@@ -83,6 +83,7 @@ class Run:
 
     @property
     def n_features(self) -> int:
+        """The federation's width (its first site's; every admitted site has it)."""
         return next(iter(self.sites.values())).n_features
 
     @property
@@ -92,10 +93,12 @@ class Run:
 
     @property
     def feature_names(self) -> list[str]:
+        """The federation's column names (empty: the sites name none)."""
         names = [s.feature_names for s in self.sites.values() if s.feature_names]
         return names[0] if names else []
 
     def ordered_sites(self) -> list[Site]:
+        """The admitted sites in site order."""
         return sorted(self.sites.values(), key=lambda s: site_order(s.key))
 
     @property
@@ -104,6 +107,7 @@ class Run:
         return min(self.repetitions, key=lambda r: r["score"])
 
     def reset_repetition(self) -> None:
+        """A repetition's own state: no centroids, no training round yet."""
         self.centroids: np.ndarray | None = None
         self.previous: np.ndarray | None = None
         self.train_round = 0

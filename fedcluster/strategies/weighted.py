@@ -47,6 +47,10 @@ class WeightedFedKMeans(KFedOrRandomInit, ClusteringStrategy):
         return None if self.dynamic else aggregate.BEST_PATIENCE
 
     def train_task(self) -> TaskPlan:
+        """One training round: every sampled site runs ``local-iters`` Lloyd iterations from
+        the centroids (``lloyd``); EWF asks each local cluster to hold at least two groups
+        (``protocol.MIN_GROUPS``), and a one-iteration round without SecAgg+ or DP has the
+        sites evaluate the centroids they received too (``protocol.EVALUATE_TOO``)."""
         config = self.config
         params = {"local-iters": config.local_iters, "tol": config.tol}
         if not self.dynamic:
@@ -61,6 +65,9 @@ class WeightedFedKMeans(KFedOrRandomInit, ClusteringStrategy):
                         sample=True)
 
     def reduce_round(self, server_round: int, plan: TaskPlan, replies: list) -> dict:
+        """The round as the base reduces it; a training round in which nothing moved and
+        every site evaluated the centroids it received ends the repetition at once: those
+        evaluations are the evaluation round's (one round fewer)."""
         row = super().reduce_round(server_round, plan, replies)
         if (plan.task == "lloyd" and self.phase == Phase.EVALUATE and row.get("movement") == 0.0
                 and replies and all(r.evaluation is not None for r in replies)
@@ -73,6 +80,9 @@ class WeightedFedKMeans(KFedOrRandomInit, ClusteringStrategy):
         return row
 
     def reduce_train(self, plan, replies) -> np.ndarray:
+        """The new centroids: the sites' centroids weighted by their counts (DWF) or
+        alike (EWF) per cluster (``aggregate.site_weighted_mean``), then the server's step
+        with learning rate eta and momentum mu (``aggregate.momentum_step``)."""
         site_centroids = np.stack([r.arrays.centroids for r in replies])
         site_weights = np.stack([r.arrays.counts for r in replies])
         D = site_weighted_mean(site_centroids, site_weights, dynamic=self.dynamic)
