@@ -252,8 +252,8 @@ def test_a_site_sends_the_clusters_it_shows_whole_and_the_table_keeps_the_rule(
     Lying = NamedTuple("Lying", [(f, np.ndarray) for f in protocol.ProfileInputs._fields]
                        + [("level_weights", np.ndarray)])
 
-    def lying(centroids, transform, lower, upper, bins):
-        plan = plan_of(centroids, transform, lower, upper, bins)
+    def lying(centroids, transform, lower, upper, bins, report=False):
+        plan = plan_of(centroids, transform, lower, upper, bins, report)
         zeros = np.zeros(np.shape(centroids)[1])
         return dataclasses.replace(plan, arrays=Lying(*plan.arrays, zeros))
 

@@ -48,12 +48,12 @@ from fedcluster.client_app.node_config import (
 from fedcluster.client_app import private_tasks, privacy_budget
 from fedcluster.client_app.release import gate
 from fedcluster.client_app.release import ledger as disclosure_ledger
-from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data import group_table, report_table
 from fedcluster.client_app.private_rows import PrivateRows
 from fedcluster.client_app import data_sources
 from fedcluster.client_app.data.site_data import SiteData, SiteDataError, default_cache_dir, in_history
 from fedcluster.client_app.site_groups import SiteGroups
-from fedcluster.client_app.task_io import TaskError, task_param
+from fedcluster.client_app.task_io import TaskError, received_centroids, task_param
 from fedcluster.client_app.task_runner import run_task
 
 def site_key(node: NodeConfig, node_id: int) -> str:
@@ -256,6 +256,10 @@ class SiteClient(NumPyClient):
             site_policy.check_site_rows(self.node, groups.n_rows, groups.waiting,
                                         groups.held_back, groups.held_back_why)
             rows = PrivateRows(self._site.X, self._grouped, groups.source)
+            if config.get(protocol.REPORT) and task in protocol.REPORT_TASKS \
+                    and not config.get(protocol.DP_RHO):
+                groups = self._report_groups(groups, task, parameters, config)
+                groups_digest = groups.digest[:16]
             with self._budget_ledger(config) as budget_ledger:
                 rho, budget = self._charge(budget_ledger, task, config)
                 reply = run_task(groups, [np.asarray(a) for a in parameters], dict(config),
@@ -281,6 +285,28 @@ class SiteClient(NumPyClient):
             return [], 0, {protocol.SITE_KEY: self.key, protocol.ERROR: str(err)}
         site_policy.count_round(self.state, self.run_id, task)
         return answer
+
+    def _report_groups(self, groups: SiteGroups, task: str, parameters, config) -> SiteGroups:
+        """The final model's report table (``data/report_table.py``) at the centroids the
+        task sent; the site's log says what it split, or why it kept its groups whole."""
+        try:
+            centroids = protocol.task_inputs(task, [np.asarray(a) for a in parameters]).centroids
+        except protocol.ProtocolError as err:
+            raise TaskError(f"task {task}: {err}") from None
+        C = received_centroids(centroids, groups)
+        box = private_tasks.site_bounds(dict(config), groups.n_features)
+        transform = str(config["transform"]) if "transform" in config else None
+        group_of_row = group_table.row_groups(self._site, groups.min_size, self._site_dir())
+        try:
+            made = report_table.report_groups(self._site, groups, group_of_row, C, transform, box)
+        except ValueError as err:
+            raise TaskError(f"task {task}: the report's groups: {err}") from None
+        if made.split:
+            log(logging.INFO, "site %s: the report splits %d straddling group(s) (%d row(s) "
+                "counted in the model's cluster)", self.key, made.split, made.moved)
+        elif made.why:
+            log(logging.WARNING, "site %s: the report counts groups whole: %s", self.key, made.why)
+        return made.groups
 
     def _policy_metrics(self, task: str, site: SiteGroups) -> dict:
         """The site's own figures a plain reply carries besides its values (policies and

@@ -127,14 +127,30 @@ class ClusteringStrategy(Run):
         return getattr(self, self.PHASE_TASKS[self.phase])()
 
     def evaluate_task(self) -> TaskPlan:
-        """The evaluation round: the exact figures of the current centroids."""
-        return TaskPlan("evaluate", params=self.evaluation_params(),
-                        arrays=protocol.Centroids(self.centroids))
+        """The evaluation round: the exact figures of the current centroids; of the final
+        model's, over the report's groups (:meth:`reports_model`)."""
+        params = self.evaluation_params()
+        if self.phase == Phase.EVALUATE and self.reports_model():
+            params = {**params, protocol.REPORT: True}
+        return TaskPlan("evaluate", params=params, arrays=protocol.Centroids(self.centroids))
+
+    def reports_model(self) -> bool:
+        """Whether the evaluation is the final model's, from the report's groups
+        (``protocol.REPORT``): one repetition (a site answers one partition per data
+        version), one k, no DP (figures from rows), a site answering from groups."""
+        c = self.config
+        return (c.report_groups and c.n_init == 1 and c.k_bounds is None and not c.private
+                and any(site.group_size != 1 for site in self.sites.values()))
+
+    def report_params(self) -> dict:
+        """Davies-Bouldin's round's: the report's groups where the evaluation used them."""
+        best = self.best
+        return {protocol.REPORT: True} if best is not None and best.get("report") else {}
 
     def distances_task(self) -> TaskPlan:
         """Davies-Bouldin's second pass: distances to the pooled means."""
         best = self.best
-        return TaskPlan("evaluate_distances",
+        return TaskPlan("evaluate_distances", params=self.report_params(),
                         arrays=protocol.CentroidsAndMeans(best["centroids"], best["stats"].means))
 
     def reduce_algorithm_round(self, server_round: int, plan: TaskPlan,
@@ -241,6 +257,7 @@ class ClusteringStrategy(Run):
                 "movement": self.last_movement,
                 # summed distances to the centroids (Davies-Bouldin's, if the means are those)
                 "distances": np.sum([r.arrays.distances for r in replies], axis=0),
+                "report": self.reports_model(),  # figures of the report's groups
             }
         )
         if self.repetition + 1 < self.config.n_init:

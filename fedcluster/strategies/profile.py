@@ -144,16 +144,18 @@ def range_from_sites(declared: tuple[np.ndarray, np.ndarray], replies) -> tuple[
 
 
 def profile_task(centroids: np.ndarray, transform, lower: np.ndarray, upper: np.ndarray,
-                 bins: int) -> TaskPlan:
+                 bins: int, report: bool = False) -> TaskPlan:
     """A ``profile`` round: the final centroids, the references (the centroids in the
     encoded units: ``transform`` undone), the histogram's range and bins (the sites know
-    their levels)."""
+    their levels); ``report``: over the report's groups, as the evaluation was
+    (``protocol.REPORT``)."""
     centroids = np.asarray(centroids, dtype=np.float64)
     references = centroids if transform is None else transform.inverse(centroids)
     inputs = protocol.ProfileInputs(centroids, np.asarray(references, dtype=np.float64),
                                     np.asarray(lower, dtype=np.float64),
                                     np.asarray(upper, dtype=np.float64))
-    return TaskPlan("profile", params={protocol.BINS: int(bins)}, arrays=inputs, max_rows=bins)
+    params = {protocol.BINS: int(bins), **({protocol.REPORT: True} if report else {})}
+    return TaskPlan("profile", params=params, arrays=inputs, max_rows=bins)
 
 
 def table1_rows(plan: TaskPlan, replies, variables: list, floor: int,

@@ -203,7 +203,8 @@ class Run:
                 self.profile_range = profile.unasked_range(self.config, self.feature_names,
                                                            self.width, self.transform)
             return profile.profile_task(self.best["centroids"], self.transform,
-                                        *self.profile_range, bins=profile.bins(self.config))
+                                        *self.profile_range, bins=profile.bins(self.config),
+                                        report=bool(self.best.get("report")))
         return self.plan_algorithm_round()
 
     def reduce_round(self, server_round: int, plan: TaskPlan, replies: list[Reply]) -> dict:

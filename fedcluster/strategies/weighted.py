@@ -59,7 +59,8 @@ class WeightedFedKMeans(KFedOrRandomInit, ClusteringStrategy):
             # would move a centroid as much as a site's whole cluster (BENCHMARKS.md).
             params[protocol.MIN_GROUPS] = 2
         if (self.evaluates_with_training and config.local_iters == 1
-                and not config.secure_aggregation and not config.private):
+                and not config.secure_aggregation and not config.private
+                and not self.reports_model()):  # the model's figures: the report's groups
             params[protocol.EVALUATE_TOO] = True
         return TaskPlan("lloyd", params=params, arrays=protocol.Centroids(self.centroids),
                         sample=True)

@@ -49,8 +49,8 @@ from fedcluster.client_app.release.lone_cells import withhold_lone_cells
 from fedcluster.client_app.site_groups import GroupLabels, SiteGroups
 from fedcluster.client_app.data.versions import joining, row_keys
 
-__all__ = ["build", "group_statistics", "grouping_scale", "judged_features", "row_hashes",
-           "rows_as_groups", "site_groups"]
+__all__ = ["build", "group_statistics", "grouping_scale", "judged_features", "made_groups",
+           "row_groups", "row_hashes", "rows_as_groups", "site_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def site_groups(site: SiteData, min_size: int,
                             "its cache-dir is writable") from None
 
 
-_MEMORY: dict[tuple[int, int], tuple[weakref.ref, SiteGroups, np.ndarray | None]] = {}
+_MEMORY: dict[tuple[int, int], tuple[weakref.ref, SiteGroups, np.ndarray | None, np.ndarray]] = {}
 
 
 def _forget(key: tuple[int, int]) -> None:
@@ -195,7 +195,7 @@ def _in_memory(site: SiteData, min_size: int) -> tuple[SiteGroups, np.ndarray | 
         return hit[1], hit[2]
     groups, group_of_row = build(site, min_size)
     grouped = None if groups.waiting == 0 else group_of_row >= 0
-    _MEMORY[key] = (weakref.ref(site.X), groups, grouped)
+    _MEMORY[key] = (weakref.ref(site.X), groups, grouped, group_of_row)
     weakref.finalize(site.X, _forget, key)
     return groups, grouped
 
@@ -241,6 +241,26 @@ def _read_entry(base: Path, site: SiteData, store_dir: Path):
                      (int(meta.get("held-back", 0)), str(meta.get("held-back-why", ""))))
     grouped = None if groups.waiting == 0 else np.asarray(parts["row-groups"]) >= 0
     return groups, grouped
+
+
+def row_groups(site: SiteData, min_size: int,
+               cache_dir: str | os.PathLike | None = None) -> np.ndarray:
+    """(n,) each row's group in the table :func:`site_groups` hands the tasks (-1: a row
+    waiting), for the one step that needs it after the table is made: the report's groups
+    within the final model's clusters (``report_table.py``). Call after ``site_groups``."""
+    if min_size <= 1:
+        return np.arange(site.n_rows, dtype=np.int64)
+    if site.version is None or site.reading is None or cache_dir is None:
+        _in_memory(site, min_size)
+        return _MEMORY[(id(site.X), min_size)][3]
+    read = group_entries.read_arrays(Path(cache_dir) / "groups" / group_entries.entry_key(site, min_size))
+    if read is None:
+        raise SiteDataError(f"{site.source}: the group table's entry is gone from {cache_dir}")
+    return np.asarray(read[1]["row-groups"], dtype=np.int64)
+
+
+#: The SiteGroups of a table's columns (the lone-cell rule applied; ``report_table.py``).
+made_groups = _groups
 
 
 # ------------------------------------------------------------------ a new version

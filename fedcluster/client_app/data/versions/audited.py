@@ -27,8 +27,10 @@ def _last_units(store: Store) -> np.ndarray:
     """Each instance's spread unit in the last group it was in, or the one its earlier
     version was in (a corrected row's unchanged cells are there: ``links.py``); -1: none."""
     last = np.full(store.n_instances, -1, dtype=np.int64)
-    if store.n_groups:
-        np.maximum.at(last, store.members, np.repeat(np.arange(store.n_groups), np.diff(store.offsets)))
+    if store.n_groups:  # a report's parts (no spread, in no table) are no one's last group
+        number = np.repeat(np.arange(store.n_groups), np.diff(store.offsets))
+        number[store.report_group_mask()[number]] = -1
+        np.maximum.at(last, store.members, number)
     unit = np.where(last >= 0, store.unit[np.maximum(last, 0)], -1)
     while True:  # along a chain of versions
         linked = np.flatnonzero((unit < 0) & (store.link >= 0))

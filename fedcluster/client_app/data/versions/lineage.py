@@ -49,6 +49,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -355,6 +356,25 @@ class Store:
         numbers = np.arange(first, self.n_groups, dtype=np.int64)
         self.unit = np.concatenate([self.unit, numbers])  # each its own until set_units
         return numbers
+
+    def add_report(self, table: int, digest: str, parts: list[np.ndarray], min_size: int) -> None:
+        """Record the report's parts of table ``table`` (its one partition, ``digest``) as
+        answered groups without a spread, and save: every later audit counts them."""
+        sizes = np.array([part.size for part in parts], dtype=np.int64)
+        numbers = self.add_groups(SimpleNamespace(
+            offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+            members=np.concatenate(parts).astype(np.int64)), min_size)
+        self.set_units(numbers, np.full(numbers.size, -1, dtype=np.int64))
+        self.meta.setdefault("reports", {})[str(table)] = digest
+        self.meta.setdefault("report-groups", []).append([int(numbers[0]), int(numbers[-1]) + 1])
+        self.save()
+
+    def report_group_mask(self) -> np.ndarray:
+        """(groups,) bool: the groups a report's parts added (in no table)."""
+        mask = np.zeros(self.n_groups, dtype=bool)
+        for first, stop in self.meta.get("report-groups", []):
+            mask[first:stop] = True
+        return mask
 
     def add_table(self, groups: np.ndarray, record: dict, dropped: np.ndarray | None = None) -> int:
         """Append a table (its groups in order, its dropped rows' groups) and its record;
