@@ -97,7 +97,7 @@ def test_metrics_from_groups_are_those_of_the_groups_partition():
     r = fedcluster.simulate(sites, labels=labels, n_clusters=5, num_rounds=4, min_sites=1,
                             min_cluster_size=1, init="random", report_groups=True)
     C = r.centroids
-    rows, truth, means, counts, scatter, sse = [], [], [], [], [], 0.0
+    rows, truth, means, counts, sse = [], [], [], [], 0.0
     split, groupwise = 0, ([], [], [], [])
     for S, yS in zip(sites, labels):
         site = SiteData(S, None, yS, "site")
@@ -113,9 +113,9 @@ def test_metrics_from_groups_are_those_of_the_groups_partition():
         groupwise[0].append(np.asarray(groups.counts)), groupwise[1].append(M)
         groupwise[2].append(float(groups.m2.sum())), groupwise[3].append(d2.argmin(1))
         truth.append(yS)
-        means.append(M), counts.append(np.asarray(groups.counts)), scatter.append(groups.scatter)
-    found, yp, Xp = np.concatenate(rows), np.concatenate(truth), np.vstack(sites)
-    M, n, s = np.vstack(means), np.concatenate(counts), np.concatenate(scatter)
+        means.append(M), counts.append(np.asarray(groups.counts))
+    Xp = np.vstack(sites)
+    M, n = np.vstack(means), np.concatenate(counts)
     # the label metrics from the sites' contingency tables, each cell of 1 row withheld
     # (the floor: max(the run's 1, the sites' 2))
     tables = [np.histogram2d(yS, fS, bins=[np.arange(6), np.arange(6)])[0]

@@ -44,7 +44,7 @@ def test_stops_on_convergence_and_records_history(sites):
     assert fedcluster.simulate(sites, n_clusters=4).history[0]["task"] == "describe+local_kmeans"
     # ... and lands at the optimum here: a random start takes rounds to converge
     r = fedcluster.simulate(sites, n_clusters=4, num_rounds=40, tol=1e-9, init="random",
-                            data_bounds="-2:7", seed=2)
+                            data_bounds="-2:7", seed=2, report_groups=False)
     train = [h for h in r.history if h["task"] == "lloyd"]
     assert 2 < len(train) < 40 and train[-1]["movement"] < 1e-9
     # converged: the last round moved nothing, so it carried the evaluation, and the
@@ -54,14 +54,34 @@ def test_stops_on_convergence_and_records_history(sites):
     assert r.history[-3]["task"] == "lloyd" and r.history[-3]["evaluated"]
     assert np.isfinite(r.metrics["davies-bouldin"])
     assert r.metrics["rounds"] == len(train)
+    # with the report's groups (the default) the model's evaluation is a round of its own,
+    # asked over the groups re-cut within its clusters
+    reported = fedcluster.simulate(sites, n_clusters=4, num_rounds=40, tol=1e-9, init="random",
+                                   data_bounds="-2:7", seed=2)
+    tasks = [h["task"] for h in reported.history]
+    assert tasks[:len(train) + 1] == [h["task"] for h in r.history][:len(train) + 1]
+    assert tasks[len(train) + 1] == "evaluate" and tasks[-2:] == ["value_range", "profile"]
+    np.testing.assert_array_equal(reported.centroids, r.centroids)
 
 
 
 
 def test_n_init_keeps_lowest_score(sites):
-    runs = [fedcluster.simulate(sites, n_clusters=6, init="random", num_rounds=3, seed=s) for s in (10, 11, 12)]
-    best = fedcluster.simulate(sites, n_clusters=6, init="random", num_rounds=3, seed=10, n_init=3)
+    # the repetitions are chosen by their scores over the groups as training counts them
+    plain = dict(n_clusters=6, init="random", num_rounds=3, report_groups=False)
+    runs = [fedcluster.simulate(sites, **plain, seed=s) for s in (10, 11, 12)]
+    best = fedcluster.simulate(sites, **plain, seed=10, n_init=3)
     assert best.metrics["score"] == pytest.approx(min(r.metrics["score"] for r in runs), rel=1e-12)
+    # with the report's groups (the default), one more evaluation round: the chosen
+    # repetition's centroids over the report's groups, the figures of a one-repetition run
+    # of its seed (whose evaluation is asked so)
+    chosen = (10, 11, 12)[int(np.argmin([r.metrics["score"] for r in runs]))]
+    reported = fedcluster.simulate(sites, **{**plain, "report_groups": True}, seed=10, n_init=3)
+    alone = fedcluster.simulate(sites, **{**plain, "report_groups": True}, seed=chosen)
+    np.testing.assert_array_equal(reported.centroids, alone.centroids)
+    assert reported.metrics["score"] == alone.metrics["score"]
+    assert reported.metrics["cluster-sizes"] == alone.metrics["cluster-sizes"]
+    assert [h["task"] for h in reported.history].count("evaluate") == 4
 
 
 def test_no_reported_cluster_under_floor_end_to_end(sites):
@@ -89,7 +109,8 @@ def test_a_negative_seed_is_a_config_error_naming_it(sites):
 
 
 def test_eval_every_adds_exact_evaluations(sites):
-    r = fedcluster.simulate(sites, n_clusters=4, num_rounds=6, tol=0.0, eval_every=2)
+    r = fedcluster.simulate(sites, n_clusters=4, num_rounds=6, tol=0.0, eval_every=2,
+                            report_groups=False)
     tasks = [h["task"] for h in r.history]
     # after rounds 2 and 4; the final one rode on round 6, which moved nothing
     assert tasks.count("evaluate") == 2 and r.history[-3].get("evaluated")

@@ -21,7 +21,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data import group_table, report_table
 from fedcluster.client_app.data.schema_table import load_schema_table
 from fedcluster.common import kernels, profile, protocol
 from fedcluster.common.clinical_demo import write_clinical
@@ -67,7 +67,7 @@ def _pooled_rows(result, schema_path, files, p_site, tmp_path):
         if p_site == 1:
             groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(X))
         else:
-            groups, group_of_row = group_table.build(data, p_site)
+            groups, group_of_row = _as_reported(path, schema, p_site, result, tmp_path / "cache")
             X = with_kept_means(as_the_groups_keep_them(X, group_of_row, p_site), group_of_row,
                                 groups)
             X = with_kept_spreads(X, group_of_row, np.asarray(groups.m2))
@@ -76,6 +76,21 @@ def _pooled_rows(result, schema_path, files, p_site, tmp_path):
         cluster = kernels.assign(means, result.centroids)[0][group_of_row[kept]]
         parts.append((f"H{i + 1}", X[kept], cluster, absent[kept]))
     return schema, parts
+
+
+def _as_reported(path, schema, p_site: int, result, cache):
+    """The groups the site answered the report from, and each row's (the model's
+    evaluation and profile: ``report_table.py``): its kept table and its answered
+    history in the site's cache, re-cut at the run's centroids: the partition the history
+    records, or, where the site recorded none, the same audit's same refusal.)"""
+    data = load_schema_table(path, schema, cache_dir=cache)
+    groups, _ = group_table.site_groups(data, p_site, cache)
+    group_of_row = group_table.row_groups(data, p_site, cache)
+    history = report_table.ReportHistory(data, groups)  # (the site's, as it recorded it)
+    scaling = result.model.scaling
+    made = report_table.report_groups(data, groups, group_of_row, result.centroids,
+                                      None if scaling is None else scaling.encode(), None, history)
+    return made.groups, group_of_row if made.group_of_row is None else made.group_of_row
 
 
 def _table(result) -> dict:

@@ -298,7 +298,9 @@ class SiteClient(NumPyClient):
         transform = str(config["transform"]) if "transform" in config else None
         group_of_row = group_table.row_groups(self._site, groups.min_size, self._site_dir())
         try:
-            made = report_table.report_groups(self._site, groups, group_of_row, C, transform, box)
+            made = report_table.report_groups(
+                self._site, groups, group_of_row, C, transform, box,
+                report_table.ReportHistory(self._site, groups, run=self.run_id))
         except ValueError as err:
             raise TaskError(f"task {task}: the report's groups: {err}") from None
         if made.split:

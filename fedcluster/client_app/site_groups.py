@@ -142,6 +142,9 @@ class SiteGroups:
     held_back : int
         Of the ``waiting`` rows, those the versions audit held back
         (``data/versions/audited.py``), and ``held_back_why``, the audit's first finding.
+    units : (G,) int64 or None
+        Each group's spread unit, named by its first group (-1: in none), where the table
+        was made in memory (a kept table's are in its store); for the report's audit.
     """
 
     counts: np.ndarray
@@ -161,6 +164,7 @@ class SiteGroups:
     spread_rule: dict | None = None
     held_back: int = 0
     held_back_why: str = ""
+    units: np.ndarray | None = None
 
     @cached_property
     def cells_withheld(self) -> int:

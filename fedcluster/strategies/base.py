@@ -29,7 +29,7 @@ import numpy as np
 
 from fedcluster.common import protocol
 from fedcluster.common.kernels import frobenius
-from fedcluster.strategies import metrics, private, profile, reports, state, stopping
+from fedcluster.strategies import metrics, private, profile, report_round, reports, state, stopping
 from fedcluster.strategies.errors import FederationError
 from fedcluster.strategies.phases import Phase
 from fedcluster.strategies.run import Run
@@ -94,10 +94,11 @@ class ClusteringStrategy(Run):
 
     def max_server_rounds(self) -> int:
         """The most server rounds a run can take (the loop's bound): describe, impute, stats, per
-        repetition init + rounds + interims + evaluate (+ extras), Davies-Bouldin's, profile's 2."""
+        repetition init + rounds + interims + evaluate (+ extras), the report's evaluation,
+        Davies-Bouldin's, profile's 2."""
         c = self.config
         interim = c.num_rounds // c.eval_every if c.eval_every else 0
-        return 6 + c.n_init * (c.num_rounds + interim + 1 + self.init_rounds()
+        return 7 + c.n_init * (c.num_rounds + interim + 1 + self.init_rounds()
                                + self.extra_rounds_per_repetition)
 
     def carried_start(self) -> TaskPlan | None:
@@ -135,12 +136,10 @@ class ClusteringStrategy(Run):
         return TaskPlan("evaluate", params=params, arrays=protocol.Centroids(self.centroids))
 
     def reports_model(self) -> bool:
-        """Whether the evaluation is the final model's, from the report's groups
-        (``protocol.REPORT``): one repetition (a site answers one partition per data
-        version), one k, no DP (figures from rows), a site answering from groups."""
-        c = self.config
-        return (c.report_groups and c.n_init == 1 and c.k_bounds is None and not c.private
-                and any(site.group_size != 1 for site in self.sites.values()))
+        """Whether this evaluation is the final model's, from the report's groups
+        (``protocol.REPORT``): the one repetition's, or the report round's."""
+        return ((self.config.n_init == 1 or self.reporting)
+                and report_round.report_wanted(self.config, self.sites))
 
     def report_params(self) -> dict:
         """Davies-Bouldin's round's: the report's groups where the evaluation used them."""
@@ -239,32 +238,25 @@ class ClusteringStrategy(Run):
         self.phase = Phase.TRAIN if self.has_training else Phase.EVALUATE
 
     def finish_repetition(self, replies: list[Reply]) -> dict:
-        """The evaluation's replies: the repetition's exact score and figures kept; the
-        next repetition, or Davies-Bouldin's pass, or the end of the run."""
-        stats = metrics.pool([reports.site_stats(r) for r in replies])
-        # Under secure aggregation there is no site's own reply to report.
-        per_site = {r.site_key: reports.site_report(r, self.config.min_cluster_size)
-                    for r in replies if r.n_sites == 1 and not self.config.secure_aggregation}
-        score = stats.sse / stats.n_rows
-        self.repetitions.append(
-            {
-                "seed": self.seed,
-                "score": score,
-                "stats": stats,
-                "per-site": per_site,
-                "centroids": self.centroids,
-                "rounds": self.train_round,
-                "movement": self.last_movement,
-                # summed distances to the centroids (Davies-Bouldin's, if the means are those)
-                "distances": np.sum([r.arrays.distances for r in replies], axis=0),
-                "report": self.reports_model(),  # figures of the report's groups
-            }
-        )
+        """The evaluation's replies: the repetition's exact score and figures kept (the
+        report round's: the best repetition's figures); the next repetition, the report
+        round (``report_round.py``), Davies-Bouldin's pass, or the end of the run."""
+        figures = report_round.evaluation_record(replies, self.config)
+        score = figures["stats"].sse / figures["stats"].n_rows
+        if self.reporting:  # its score chose the best repetition: that score stays
+            self.reporting = False
+            self.best.update(figures, report=True)
+        else:
+            self.repetitions.append({"seed": self.seed, "score": score, "centroids": self.centroids,
+                                     "rounds": self.train_round, "movement": self.last_movement,
+                                     "report": self.reports_model(), **figures})
         if self.repetition + 1 < self.config.n_init:
             self.repetition += 1
             self.begin_repetition()
         elif self.config.private:  # Davies-Bouldin is not released under DP: no second pass
             self.finish_run(np.zeros(self.k))
+        elif not self.best.get("report") and report_round.report_wanted(self.config, self.sites):
+            self.reporting, self.centroids, self.phase = True, self.best["centroids"], Phase.EVALUATE
         elif self.fold_distances and metrics.means_are_centroids(self.best["stats"],
                                                                  self.best["centroids"]):
             self.finish_run(self.best["distances"])

@@ -94,7 +94,7 @@ def judged_features(site: SiteData) -> np.ndarray | None:
 
 def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, waiting: int,
             digest: str | None = None, table_ref=None, rows_dropped: int | None = None,
-            spread_rule: dict | None = None, held_back: tuple = (0, "")):
+            spread_rule: dict | None = None, held_back: tuple = (0, ""), units=None):
     """The SiteGroups of a group table as made or kept: a feature's present cells fewer
     than p_site in a group are withheld (``release/lone_cells.py``; applied here, on
     every table handed to tasks, kept ones made before the rule included) and counted
@@ -109,7 +109,7 @@ def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, wa
     return SiteGroups(counts, sums, m2, present, site.source, min_size, digest,
                       site.feature_names, labels, facts, waiting, site.fingerprint,
                       withheld, table_ref, spread_rule, held_back=held_back[0],
-                      held_back_why=held_back[1])
+                      held_back_why=held_back[1], units=units)
 
 
 def rows_as_groups(site: SiteData) -> SiteGroups:
@@ -147,8 +147,9 @@ def build(site: SiteData, min_size: int) -> tuple[SiteGroups, np.ndarray]:
     memory, and each row's group (-1: waiting)."""
     table, group_of_row = _fresh(site, min_size)
     rule = None if table.spreads is None else table.spreads.summary()
+    units = None if table.spreads is None else table.spreads.unit_heads()
     return _groups(site, min_size, *table.held(), table.labels, table.waiting,
-                   spread_rule=rule), group_of_row
+                   spread_rule=rule, units=units), group_of_row
 
 
 # ------------------------------------------------------------------ where tables are kept

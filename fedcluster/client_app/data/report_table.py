@@ -15,40 +15,45 @@ few rows in their group's cluster, not the model's (6.7-8.3 % of the clinical de
 3. keeps a straddler whole where a part it feeds would hold fewer than p_site rows, or
    where the p% rule on means (``release/dominance.py``, from p_site 3) flags a part: its
    rows then count in their group's cluster, as before;
-4. gives every part the site's pooled spread per degree of freedom (a function of the
-   released table, as a withheld spread is: ``release/spreads.py``), so a part releases
-   first moments only; the lone-cell rule applies as to every table;
-5. audits the parts with everything the site answered from (``release/span_audit.py``; a
-   deployed site's whole history, the values' audit too: ``versions/audited.py``): if a
-   combination isolates fewer than p rows, or one row's change, no group is split;
-6. answers one such partition per version of its data (:class:`ReportHistory`): the
-   coordinator chooses the centroids, so it chooses which side of its boundaries each
-   straddler's rows count on; a second, different partition of the same rows would give
-   counts on both sides of two boundaries it picked, which no linear audit judges. The
-   same partition asked again (the evaluation, then the profile) is the same table.
+4. gives the parts a spread derived from released figures alone: the split groups'
+   released spreads plus what re-cutting their rows changes in the squared deviations
+   (from the split groups' and the parts' counts and sums), shared by the parts' degrees
+   of freedom. The report's squared deviations then add up exactly as the table's did
+   (the SSE is the rows' own where every straddler is split), and a part releases no
+   second moment of its own. The lone-cell rule applies as to every table;
+5. audits the parts' counts and sums with everything the site answered from
+   (``report_history.py``: a deployed site's whole history; per feature, with the spread
+   units' sums of squares): where a combination isolates fewer than p rows or values,
+   one row's change, or the sums with the sums of squares determine a value, no group is
+   split;
+6. answers one partition per version of its data (``report_history.py``): the same
+   partition asked again (the evaluation, then the profile) is the same table; another
+   one is answered from the groups whole.
 
-What it costs: a part's spread is the site's pooled one, so SDs and the SSE count the
-parts' rows at the typical spread (a few percent of the rows); a straddler kept whole
-still counts in its group's cluster (the report says how many rows the sites moved).
+What it costs: rows of a straddler kept whole still count in their group's cluster (the
+site's log says how many rows the split moved, and why it kept groups whole); a part's
+spread per cluster is a share of the parts' total (Table 1's SDs per cluster blur a
+little across the parts; the total is exact); and a deployed site's later versions are
+audited with the parts too, so a version that regroups rows a part holds may have to
+hold some of them back (``bench/clinical_report.py`` measures the rows moved and lost).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedcluster.client_app.data import group_stats
 from fedcluster.client_app.data.group_table import judged_features, made_groups, _labels_of_groups
+from fedcluster.client_app.data.report_history import ReportHistory, partition_digest
 from fedcluster.client_app.data.site_data import SiteData
-from fedcluster.client_app.release import dominance, span_audit
+from fedcluster.client_app.release import dominance
+from fedcluster.client_app.release.lone_cells import withhold_lone_cells
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.common import kernels, scaling
 
-__all__ = ["Report", "ReportHistory", "report_groups"]
+__all__ = ["Report", "ReportHistory", "report_groups", "rows_clusters"]
 
 
 @dataclass(frozen=True)
@@ -74,86 +79,6 @@ class Report:
     moved: int
     why: str
     group_of_row: np.ndarray | None = None
-
-
-# ------------------------------------------------------------------ one partition per version
-class ReportHistory:
-    """Which partition of a version's rows the site has answered a report from.
-
-    In memory (data held by this process): per array object. A deployed site: in its
-    answered history's store (``versions/lineage.py``), whose audits then count the parts
-    as answered groups (``Store.add_report``)."""
-
-    _MEMORY: dict[int, tuple[weakref.ref, str]] = {}
-
-    def __init__(self, site: SiteData, groups: SiteGroups) -> None:
-        self.site, self.groups = site, groups
-        self.store = None
-        ref = groups.table_ref
-        if ref is not None:
-            from fedcluster.client_app.data.versions.lineage import Store
-            from pathlib import Path
-            self.store = Store.open(Path(ref.store))
-            self.number = int(ref.number)
-
-    def answered(self) -> str | None:
-        """The digest of the partition answered for this version (None: none yet)."""
-        if self.store is not None:
-            return self.store.meta.get("reports", {}).get(str(self.number))
-        hit = self._MEMORY.get(id(self.site.X))
-        return hit[1] if hit is not None and hit[0]() is self.site.X else None
-
-    def instances(self, rows: np.ndarray) -> np.ndarray:
-        """The audit's unknowns of ``rows``: the store's instances, else the rows."""
-        if self.store is None:
-            return rows
-        from fedcluster.client_app.data import group_table
-        from fedcluster.client_app.data.versions import row_keys
-        keys = row_keys.instance_keys(group_table.row_hashes(self.site), self.site.row_ids)
-        return self.store.match(keys, self.site.row_ids)[0][rows]
-
-    def audit(self, parts: list[np.ndarray], straddlers: list[np.ndarray], p: int) -> str | None:
-        """Why the parts (instances) may not be answered, with all the site answered
-        from (None: they may)."""
-        if self.store is not None:
-            from fedcluster.client_app.data.versions import audited
-            store = self.store
-            present = None
-            if store.present is not None:
-                width = self.site.n_features
-                present = lambda instances: store.present_cells(instances, width)  # noqa: E731
-            failing = audited._failures(store, parts, np.full(len(parts), -1, dtype=np.int64),
-                                        p, present)
-            return failing[0][1] if failing else None
-        groups = straddlers + parts
-        sizes = np.array([g.size for g in groups], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        members = np.concatenate(groups).astype(np.int64)
-        X = self.site.X
-        present = None
-        if np.isnan(X[members]).any():
-            present = lambda rows: ~np.isnan(X[rows])  # noqa: E731
-
-            def reports(ids):
-                return np.array([present(members[offsets[g]:offsets[g + 1]]).sum(axis=0) >= p
-                                 for g in np.asarray(ids).tolist()])
-        findings = span_audit.audit(offsets, members, X.shape[0],
-                                    np.arange(len(straddlers), len(groups)),
-                                    np.full(len(groups), p), p, lambda u, w: False, present,
-                                    reports if present is not None else None)
-        return findings[0].reason if findings else None
-
-    def record(self, digest: str, parts: list[np.ndarray], p: int) -> None:
-        """This version's partition is ``digest`` (its parts, as instances)."""
-        if self.store is None:
-            self._MEMORY[id(self.site.X)] = (weakref.ref(self.site.X), digest)
-            return
-        self.store.add_report(self.number, digest, parts, p)
-
-
-def _digest(parts: list[np.ndarray], p: int) -> str:
-    text = json.dumps([p, [np.sort(part).tolist() for part in parts]])
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # ------------------------------------------------------------------ the rows' clusters
@@ -216,7 +141,7 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     box : (lo, hi) or None
         The task's ``data-bounds`` clipping.
     history : ReportHistory, optional
-        Where the site keeps the partition it answered (default: made for ``site``).
+        Where the site keeps the partition it answered (default: ``site``'s, run None).
     """
     p, k = groups.min_size, int(centroids.shape[0])
     whole = Report(groups, 0, 0, "")
@@ -230,6 +155,7 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     np.minimum.at(lo, g, cluster)
     np.maximum.at(hi, g, cluster)
     split = lo != hi
+    history = history or ReportHistory(site, groups)
     observed = np.concatenate([np.ones((rows.size, 1)), ~np.isnan(np.asarray(site.X[rows]))],
                               axis=1)  # what a cut counts: rows, and each feature's cells
     for _ in range(groups.n_groups + 1):  # keep whole what a part or a cut would expose
@@ -247,24 +173,42 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
         return Report(groups, 0, 0, "" if (lo == hi).all() else
                       f"splitting its straddling groups would give sums of fewer than {p} "
                       "rows or cells (a part, or a part less its groups)")
-    history = history or ReportHistory(site, groups)
     clusters = [c for c in range(k) if np.any(part == c)]
-    local_parts = [np.flatnonzero(part == c) for c in clusters]
     instances = history.instances(rows)
-    parts = [instances[members] for members in local_parts]
-    digest = _digest(parts, p)
+    parts = [instances[np.flatnonzero(part == c)] for c in clusters]
+    digest = partition_digest(parts, p)
     done = history.answered()
     if done is not None and done != digest:
         return Report(groups, 0, 0, "the site answered a report over another partition of this "
                       "version of its data; one per version (its groups count whole)")
     if done is None:
-        straddlers = [instances[np.flatnonzero(g == j)] for j in np.flatnonzero(split).tolist()]
-        if (finding := history.audit(parts, straddlers, p)) is not None:
+        finding = history.audit(parts, np.flatnonzero(split), group_of_row, p)
+        if finding is not None:
             return Report(groups, 0, 0, f"the audit keeps the groups whole: {finding}")
         history.record(digest, parts, p)
     moved = _moved(g, cluster, split, groups.n_groups, k)
     table, report_of_row = _table(site, groups, rows, g, split, part, clusters)
     return Report(table, int(split.sum()), moved, "", report_of_row)
+
+
+def _part_spreads(groups: SiteGroups, split: np.ndarray, cells: np.ndarray,
+                  sums: np.ndarray) -> np.ndarray:
+    """The parts' m2 (module docstring, 4): per feature, the split groups' released
+    spreads plus what the re-cut changes in the squared deviations, sum_S n_S mean_S^2 -
+    sum_P n_P mean_P^2 over the split groups S and the parts P (the same rows: the exact
+    total of the report's groups' squared deviations, as the table's is), shared by the
+    parts' degrees of freedom. Every term is a released figure (the split groups' spreads,
+    counts and sums; the parts' counts and sums): the parts release no second moment."""
+    present_s = (np.broadcast_to(groups.counts[:, None], groups.sums.shape) if groups.present is None
+                 else groups.present)[split].astype(np.float64)
+    sums_s = np.asarray(groups.sums[split], dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        before = np.where(present_s > 0, sums_s ** 2 / present_s, 0.0).sum(axis=0)
+        after = np.where(cells > 0, sums ** 2 / cells, 0.0).sum(axis=0)
+    total = np.maximum(np.asarray(groups.m2[split]).sum(axis=0) + before - after, 0.0)
+    dof = np.maximum(cells - 1.0, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(dof.sum(axis=0) > 0, total * dof / dof.sum(axis=0), 0.0)
 
 
 #: The most clusters whose every cut :func:`_short_cuts` tries (2^k - 2 cuts); beyond,
@@ -309,8 +253,8 @@ def _moved(g: np.ndarray, cluster: np.ndarray, split: np.ndarray, n_groups: int,
 
 def _table(site: SiteData, groups: SiteGroups, rows: np.ndarray, g: np.ndarray,
            split: np.ndarray, part: np.ndarray, clusters: list[int]):
-    """The kept groups (as they are) then one group per part, as a SiteGroups, and each
-    row's group in it."""
+    """The kept groups (as they are) then one group per part (its spread derived:
+    :func:`_part_spreads`), as a SiteGroups, and each row's group in it."""
     keep = np.flatnonzero(~split)
     slot = np.full(int(part.max()) + 1, -1, dtype=np.int64)
     slot[clusters] = np.arange(len(clusters))
@@ -318,26 +262,22 @@ def _table(site: SiteData, groups: SiteGroups, rows: np.ndarray, g: np.ndarray,
     part_of_row[rows] = np.where(part >= 0, slot[np.maximum(part, 0)], -1)
     counts, sums, _, present = group_stats.group_statistics(site.X, part_of_row, len(clusters))
     width = site.n_features
+    cells = np.repeat(counts[:, None], width, axis=1) if present is None else present
+    shown_sums, _, shown, _ = withhold_lone_cells(sums, None, cells, groups.min_size)
+    m2 = _part_spreads(groups, split, np.asarray(shown, dtype=np.float64), shown_sums)
     kept_present = None if groups.present is None else groups.present[keep] + (
         0 if groups.withheld is None else groups.withheld[keep])
     if present is None and kept_present is not None:
-        present = np.repeat(counts[:, None], width, axis=1)
+        present = cells
     if kept_present is None and present is not None:
         kept_present = np.repeat(groups.counts[keep][:, None], width, axis=1)
-    # the parts' spread: the site's pooled one per degree of freedom (released already)
-    cells = (np.broadcast_to(groups.counts[:, None], groups.sums.shape) if groups.present is None
-             else groups.present)
-    dof = np.maximum(cells - 1, 0).sum(axis=0)
-    typical = np.where(dof > 0, groups.m2.sum(axis=0) / np.maximum(dof, 1), 0.0)
-    part_cells = np.repeat(counts[:, None], width, axis=1) if present is None else present
-    m2 = np.concatenate([groups.m2[keep], typical[None, :] * np.maximum(part_cells - 1, 0)])
     report_of_row = np.full(site.n_rows, -1, dtype=np.int64)
     renumber = np.full(groups.n_groups, -1, dtype=np.int64)
     renumber[keep] = np.arange(keep.size)
     report_of_row[rows] = np.where(split[g], keep.size + part_of_row[rows], renumber[g])
     return made_groups(
         site, groups.min_size, np.concatenate([groups.counts[keep], counts]),
-        np.concatenate([groups.sums[keep], sums]), m2,
+        np.concatenate([groups.sums[keep], sums]), np.concatenate([groups.m2[keep], m2]),
         None if present is None else np.concatenate([kept_present, present]).astype(np.int64),
         _labels_of_groups(site, report_of_row), groups.waiting, table_ref=None,
         rows_dropped=None if groups.table is None else groups.table.rows_dropped,

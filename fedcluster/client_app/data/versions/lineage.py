@@ -26,8 +26,9 @@ The store holds:
 - ``table-<n>.npy``: the groups of table n, in the table's order; ``store.json``: the
   tables' records (the group table entry each is kept as, its lineage, what the version
   kept, withdrew and held back) and the arrays' lengths (written last: arrays only grow,
-  so a reader takes the first lengths); ``table-<n>-dropped.npy``: the groups of the rows
-  the schema's ``drop-row`` dropped (``dropped_rows.py``).
+  so a reader takes the first lengths), and the report partitions answered (per table
+  its digest; the parts are groups in no table: ``data/report_history.py``);
+  ``table-<n>-dropped.npy``: the groups of the rows ``drop-row`` dropped.
 
 Every table counts as answered from the moment it is made (``fedcluster site check``
 makes the version it shows, too): the site then never has to record, message by
@@ -359,18 +360,16 @@ class Store:
 
     def add_report(self, table: int, digest: str, parts: list[np.ndarray], min_size: int) -> None:
         """Record the report's parts of table ``table`` (its one partition, ``digest``) as
-        answered groups without a spread, and save: every later audit counts them."""
-        sizes = np.array([part.size for part in parts], dtype=np.int64)
-        numbers = self.add_groups(SimpleNamespace(
-            offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
-            members=np.concatenate(parts).astype(np.int64)), min_size)
-        self.set_units(numbers, np.full(numbers.size, -1, dtype=np.int64))
+        answered groups (their spreads derived: no unit), and save: audits count them."""
+        offsets = np.concatenate([[0], np.cumsum([part.size for part in parts])]).astype(np.int64)
+        numbers = self.add_groups(SimpleNamespace(offsets=offsets, members=np.concatenate(parts)), min_size)
+        self.set_units(numbers, np.full(numbers.size, -1))
         self.meta.setdefault("reports", {})[str(table)] = digest
         self.meta.setdefault("report-groups", []).append([int(numbers[0]), int(numbers[-1]) + 1])
         self.save()
 
     def report_group_mask(self) -> np.ndarray:
-        """(groups,) bool: the groups a report's parts added (in no table)."""
+        """(groups,) bool: the groups reports added (in no table)."""
         mask = np.zeros(self.n_groups, dtype=bool)
         for first, stop in self.meta.get("report-groups", []):
             mask[first:stop] = True

@@ -337,7 +337,8 @@ def _new_groups(store: Store, instance_of_row: np.ndarray, group_of_row: np.ndar
     waiting = np.flatnonzero(group_of_row < 0)
     if waiting.size == 0:
         return [], False
-    disclosed = store.disclosed_groups()
+    disclosed = store.disclosed_groups()  # (a report's parts are no one's earlier group)
+    disclosed = disclosed[~store.report_group_mask()[disclosed]]
     last_group = np.full(store.n_instances, -1, dtype=np.int64)
     if disclosed.size:
         offsets, members = store.members_csr(disclosed)

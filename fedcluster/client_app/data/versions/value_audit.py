@@ -167,11 +167,13 @@ def _hosted(store, new: list[np.ndarray], units: np.ndarray, p: int, present) ->
 
 
 def _former(store) -> tuple[np.ndarray, np.ndarray]:
-    """Per instance, how many groups hold it and the last of them (-1: none)."""
+    """Per instance, how many groups of tables hold it and the last of them (-1: none;
+    a report's parts, in no table, are no one's former group: ``Store.add_report``)."""
     group_of = np.repeat(np.arange(store.n_groups), np.diff(store.offsets))
+    mine = ~store.report_group_mask()[group_of]
     last = np.full(store.n_instances, -1, dtype=np.int64)
-    np.maximum.at(last, store.members, group_of)
-    return np.bincount(store.members, minlength=store.n_instances), last
+    np.maximum.at(last, store.members[mine], group_of[mine])
+    return np.bincount(store.members[mine], minlength=store.n_instances), last
 
 
 def _rebuilds(store, members: np.ndarray, need: int, present, owners, last) -> bool:
