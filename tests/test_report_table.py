@@ -3,11 +3,14 @@ issue 56): what a report task answers from, and what it does not give a coordina
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from fedcluster.client_app.data import group_table, report_table
 from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.release import span_audit
+from test_attacks import site_factory  # noqa: F401 (the fixture: one site's real ClientApp)
 
 
 def _site(seed: int = 3, n: int = 240):
@@ -68,57 +71,6 @@ def test_the_audit_rerun_finds_nothing_with_the_report_groups():
     assert findings == []
 
 
-def test_a_cut_of_one_row_is_not_answered():
-    """The attack: a coordinator places a boundary through one group so that one of its
-    rows falls on the other side, alone: the part less the group would be that row."""
-    X = _site(5, 60)
-    site = SiteData(np.ascontiguousarray(X), None, None, "site")
-    groups, group_of_row = group_table.build(site, 2)
-    target = np.flatnonzero(group_of_row == 0)
-    a, b = X[target[0]], X[target[1]]
-    # two centroids just either side of the midpoint between the group's two rows, far
-    # from everything else along the axis between them
-    mid, axis = (a + b) / 2, (b - a) / np.linalg.norm(b - a)
-    C = np.stack([mid - 1e-3 * axis, mid + 1e-3 * axis])
-    made = report_table.report_groups(site, groups, group_of_row, C, None, None)
-    # whatever straddles, no combination isolates fewer than 2 rows: here every group
-    # the boundary cuts stays whole unless the cut holds 2 or more rows on each side
-    if made.split:
-        old = [np.flatnonzero(group_of_row == j) for j in range(groups.n_groups)]
-        new = [np.flatnonzero(made.group_of_row == j) for j in range(made.groups.n_groups)]
-        everything = old + new
-        offsets = np.concatenate([[0], np.cumsum([m.size for m in everything])]).astype(np.int64)
-        assert span_audit.audit(offsets, np.concatenate(everything).astype(np.int64), X.shape[0],
-                                np.arange(len(old), len(everything)), np.full(len(everything), 2),
-                                2, lambda u, w: False) == []
-    # the group of the target rows is never split into its two single rows
-    assert not any(np.array_equal(np.flatnonzero(made.group_of_row == j), target[:1])
-                   for j in range(made.groups.n_groups)) if made.group_of_row is not None else True
-
-
-def test_without_the_audit_the_lone_row_would_leave():
-    """Shown first without the gate: pooling a cut's rows where a straddler's minority is
-    one row gives that row as the part less the group (the attack the audit stops)."""
-    X = _site(5, 60)
-    site = SiteData(np.ascontiguousarray(X), None, None, "site")
-    groups, group_of_row = group_table.build(site, 2)
-    target = np.flatnonzero(group_of_row == 0)
-    a, b = X[target[0]], X[target[1]]
-    mid, axis = (a + b) / 2, (b - a) / np.linalg.norm(b - a)
-    C = np.stack([mid - 1e-3 * axis, mid + 1e-3 * axis])
-    cluster = _cluster(X, C)
-    # every straddler's rows pooled per cluster, no gate: a part minus its straddlers
-    straddle = [j for j in range(groups.n_groups)
-                if np.unique(cluster[group_of_row == j]).size > 1]
-    assert 0 in straddle
-    part = np.flatnonzero(np.isin(group_of_row, straddle) & (cluster == cluster[target[0]]))
-    rest = np.setdiff1d(np.flatnonzero(np.isin(group_of_row, straddle)), part)
-    smaller = min(part.size, rest.size)
-    if smaller < 2:  # the combination part - its groups' rows on that side isolates them
-        made = report_table.report_groups(site, groups, group_of_row, C, None, None)
-        assert made.split == 0 and made.why
-
-
 def test_one_partition_per_version():
     X = _site(3, 600)
     site = SiteData(np.ascontiguousarray(X), None, None, "site")
@@ -129,3 +81,107 @@ def test_one_partition_per_version():
     other = report_table.report_groups(site, groups, group_of_row, C3 + 0.3, None, None)
     assert other.split == 0 and "another partition" in other.why
     assert other.groups is groups  # counted whole, as before the report
+
+
+# ------------------------------------------------------------------ against the real ClientApp
+def _pairs_and_a_target():
+    """Pairs of rows far apart on a grid, each pair a group at p_site 2 (its two rows
+    0.02 apart, vertically), and one TARGET pair at the origin, horizontal: a vertical
+    boundary through the origin cuts the target alone."""
+    rng = np.random.default_rng(11)
+    centres = [(x, y) for x in (-15.0, -10.0, -5.0, 5.0, 10.0, 15.0) for y in (-10.0, 0.0, 10.0)]
+    rows = []
+    for cx, cy in centres:
+        rows += [(cx, cy - 0.01), (cx, cy + 0.01)]
+    target = np.array([[-0.013, 0.002], [0.017, -0.001]])
+    X = np.vstack([np.array(rows) + rng.normal(0, 1e-4, (len(rows), 2)), target])
+    return X, target
+
+
+def _attack(coordinator, X):
+    """The coordinator's attack: a boundary through the target pair's mean (two centroids
+    either side), the report's evaluation asked, and the left cluster's sum less every
+    group it knows lies left (every group's mean and count: ``local_kmeans`` with one
+    cluster per group gives them; here read from the site's table)."""
+    site = SiteData(X, None, None, "site")
+    groups, _ = group_table.build(site, 2)
+    means, counts = np.asarray(groups.means), np.asarray(groups.counts)
+    C = np.array([[-1.0, 0.0], [1.0, 0.0]])
+    arrays, _ = coordinator.ask("evaluate", [C], report=True)
+    from fedcluster.common import protocol
+    reply = protocol.reply_arrays("evaluate", arrays)
+    left = means[:, 0] < 0
+    return reply.sums[0] - (counts[left, None] * means[left]).sum(axis=0), reply
+
+
+def test_a_boundary_through_one_group_gives_its_row_without_the_gate(site_factory, monkeypatch):
+    """Shown first without the gate (the report's checks and audit switched off): the
+    report's left part holds the target's left row alone, and the left cluster's sum less
+    the groups known to lie left is that row, exactly."""
+    from test_attacks import is_row
+
+    X, target = _pairs_and_a_target()
+    monkeypatch.setattr(report_table, "_exposed",
+                        lambda site, rows, g, *rest: np.zeros(int(g.max()) + 1, dtype=bool))
+    monkeypatch.setattr(report_table.ReportHistory, "audit", lambda self, *a: None)
+    recovered, _ = _attack(site_factory(X, {}), X)
+    assert is_row(recovered, X) and np.allclose(recovered, target[0], atol=1e-9)
+
+
+def test_a_boundary_through_one_group_gives_nothing_through_the_gate(site_factory):
+    """Through the gate: the target's rows would be a part of one row (and a part less its
+    group: the other), so the site keeps the group whole; its reply is the evaluation of
+    the groups whole, and the attack's difference is no row."""
+    from test_attacks import is_row
+
+    X, _ = _pairs_and_a_target()
+    recovered, reply = _attack(site_factory(X, {}), X)
+    assert not is_row(recovered, X, tol=1e-3)
+    assert np.allclose(recovered, 0.0, atol=1e-9)  # the left cluster is the groups left, whole
+    assert reply.counts.tolist() == [36 // 2, 36 // 2 + 2]
+
+
+def test_a_deployed_site_answers_one_partition_per_version_across_runs(tmp_path):
+    """Deployed sites (files, a cache): the first run's report partition goes into each
+    site's answered history (its parts are groups of no table, with no spread unit, so
+    every later audit counts them); a second run whose model cuts the rows otherwise is
+    answered from the groups whole: its cluster sizes are those of the groups, each at
+    its mean's nearest centroid."""
+    from fedcluster.client_app.data.schema_table import load_schema_table
+    from fedcluster.client_app.data.versions.lineage import Store
+    from fedcluster.common import kernels
+    from fedcluster.common.clinical_demo import write_clinical
+    from fedcluster.common.schema import load_schema
+    from fedcluster.simulation import run_in_process
+
+    schema_path, *files = write_clinical(tmp_path / "demo", n_sites=3, seed=0)
+    cache = tmp_path / "cache"
+    nodes = [{"data-path": str(f), "schema-path": str(schema_path), "site-id": f"H{i + 1}",
+              "cache-dir": str(cache)} for i, f in enumerate(files)]
+    config = {"algorithm": "dwf", "n-clusters": 4, "scale": "standard", "central-baseline": False,
+              "schema": str(schema_path), "output-dir": "", "profile": False}
+    first = run_in_process(nodes, {**config, "seed": 1})
+    schema = load_schema(schema_path)
+    digests = []
+    for path in files:
+        site = load_schema_table(path, schema, cache_dir=cache)
+        groups, _ = group_table.site_groups(site, 2, cache)
+        history = report_table.ReportHistory(site, groups)
+        digests.append(history.answered())
+        store = Store.open(Path(groups.table_ref.store))
+        parts = np.flatnonzero(store.report_group_mask())
+        assert parts.size and (store.unit[parts] == -1).all()
+        in_tables = np.concatenate([store.table_groups(t["n"]) for t in store.tables])
+        assert not np.isin(parts, in_tables).any()
+    assert all(digests)
+    second = run_in_process(nodes, {**config, "seed": 5, "init": "random"})
+    assert not np.allclose(second.centroids, first.centroids)
+    sizes = np.zeros(4, dtype=np.int64)
+    for path, digest in zip(files, digests):
+        site = load_schema_table(path, schema, cache_dir=cache)
+        groups, _ = group_table.site_groups(site, 2, cache)
+        assert report_table.ReportHistory(site, groups).answered() == digest  # still the first
+        means = groups.in_run_space(second.model.scaling).means
+        sizes += np.bincount(kernels.assign(np.ascontiguousarray(means), second.centroids)[0],
+                             weights=groups.counts, minlength=4).astype(np.int64)
+    assert second.metrics["cluster-sizes"] == sizes.tolist()

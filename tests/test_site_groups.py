@@ -468,6 +468,7 @@ def test_a_site_that_opts_out_is_named_in_the_summary_and_the_model(tmp_path, ca
     summary = summary_table(result.metrics)
     assert "site 1 answered from its rows (its min-cluster-size = 1" in summary
     assert "the sites' groups, each in one cluster whole" in summary
+    assert result.metrics["report-groups"] == ("re-cut within them" in summary)
 
 
 def test_a_column_constant_at_the_site_is_not_weighted_by_its_rounding_noise(blobs):

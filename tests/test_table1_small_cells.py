@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from fedcluster.client_app.data import group_table
+from fedcluster.client_app.data import group_table, report_table
 from fedcluster.client_app.data.schema_table import load_schema_table
 from fedcluster.common import kernels, profile, secure_codec
 from fedcluster.common.clinical_demo import write_clinical
@@ -74,7 +74,6 @@ def tables(demo):
     """(p, k, secure) -> (the run's model, the pooled rows: per site its key, its rows as
     the groups keep them and each row's cluster)."""
     out = {}
-    groups = {p: [group_table.build(d, p) for d in demo["data"]] for p in FLOORS}
     for p in FLOORS:
         for k in KS:
             for secure in (False, True):
@@ -87,7 +86,8 @@ def tables(demo):
                           **(SECURE if secure else {})}
                 model = run_in_process(nodes, config, initial_centroids=demo["starts"][k]).model
                 parts = []
-                for i, (d, (g, group_of_row)) in enumerate(zip(demo["data"], groups[p])):
+                for i, d in enumerate(demo["data"]):
+                    g, group_of_row = _as_reported(demo, i, p, model)
                     kept = group_of_row >= 0
                     cluster = kernels.assign(g.in_run_space(model.scaling).means,
                                              model.centroids)[0][group_of_row[kept]]
@@ -97,6 +97,22 @@ def tables(demo):
                     parts.append((f"H{i + 1}", X, cluster, np.isnan(d.X)[kept]))
                 out[p, k, secure] = model, parts
     return out
+
+
+def _as_reported(demo, i: int, p: int, model):
+    """Site i's groups as it answered the model's report from, and each row's: its kept
+    table and answered history in its cache, re-cut at the model's centroids (the
+    partition its history records; another run's model over the same version: the
+    groups whole, as the site answered it: ``report_table.py``)."""
+    cache = demo["tmp"] / f"cache-{p}"
+    site = load_schema_table(demo["paths"][1 + i], demo["schema"], cache_dir=cache)
+    groups, _ = group_table.site_groups(site, p, cache)
+    group_of_row = group_table.row_groups(site, p, cache)
+    made = report_table.report_groups(
+        site, groups, group_of_row, model.centroids,
+        None if model.scaling is None else model.scaling.encode(), None,
+        report_table.ReportHistory(site, groups))
+    return made.groups, group_of_row if made.group_of_row is None else made.group_of_row
 
 
 # ------------------------------------------------------------------ the truth, from rows

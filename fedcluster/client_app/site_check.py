@@ -230,7 +230,10 @@ def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
               "deviations and M2 over all rows",
               "- training rounds: per cluster (of whole groups) the mean (or sum) and the count "
               "of its members",
-              "- evaluation: per cluster its size, coordinate sums, squared norms and SSE",
+              "- evaluation: per cluster its size, coordinate sums, squared norms and SSE; the "
+              "final model's (and its Table 1) over the report's groups: the groups its "
+              "clusters straddle re-cut within them where the audit allows, one partition per "
+              "version of this data",
               "- Table 1 (profile): per cluster its rows; per feature its present cells, their "
               "sum, their squared deviations (each group's as it keeps it: its spread unit's, "
               "of at least 3 rows), a histogram of its groups' means and the present cells "

@@ -117,8 +117,13 @@ def summary_table(metrics: dict) -> str:
             lines.append(f"    ... {len(per_site) - MAX_SITE_LINES} more in model.json")
     lines += rows_lines(metrics.get("site-rows", {}))
     lines += table_lines(metrics.get("table"))
-    lines.append("  (the score and the metrics are those of the sites' groups, each in one cluster whole;")
-    lines.append("   a site's predict labels its rows one by one, which scores at most that)")
+    if metrics.get("report-groups"):
+        lines.append("  (the score and the metrics are those of the sites' groups, each in one cluster whole,")
+        lines.append("   those the model's clusters straddle re-cut within them where the sites' rules allow;")
+        lines.append("   a site's predict labels its rows one by one: where a group stayed whole, otherwise)")
+    else:
+        lines.append("  (the score and the metrics are those of the sites' groups, each in one cluster whole;")
+        lines.append("   a site's predict labels its rows one by one, which scores at most that)")
     for key in metrics.get("sites-answering-from-rows", []):
         lines.append(f"  site {key} answered from its rows (its min-cluster-size = 1, an explicit "
                      "opt-out of site groups: no promise holds for its rows)")

@@ -49,7 +49,7 @@ img { max-width: 100%; height: auto; border: 1px solid #ddd; }
 
 # Metrics with their own section (or too large for the metrics table).
 NESTED = ("per-site", "rejected-sites", "site-failures", "sites-answering-from-rows",
-          "sites-at-max-rounds", "table", "cluster-sizes", "site-rows")
+          "sites-at-max-rounds", "table", "cluster-sizes", "site-rows", "report-groups")
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -119,6 +119,10 @@ def _metrics(metrics: dict) -> str:
     out = ["<h2>Metrics</h2>",
            '<p class="note">The score is the mean squared distance of a row to its nearest '
            "centroid (in the scaled space when the run scaled); lower is tighter.</p>",
+           *(['<p class="note">Every figure below counts the sites\' groups of rows, each in '
+              "one cluster whole, the groups the model's clusters straddle re-cut within them "
+              "where the sites' rules allow: rows where the model's predict puts them, but "
+              "for a group a site kept whole.</p>"] if metrics.get("report-groups") else []),
            _pairs([(k, v) for k, v in scalars if k not in LABEL_METRICS])]
     if labelled:
         out += ["<h3>Against known labels</h3>",

@@ -226,6 +226,8 @@ def build_model(result: RunResult, config: RunConfig, central: dict | None) -> M
         # Sites that opted out of groups (min-cluster-size = 1) and answered from rows.
         "sites-answering-from-rows": [site.key for site in result.sites
                                       if site.answers_from_rows],
+        # the figures are the report's groups' (strategies/report_round.py)
+        "report-groups": bool(best.get("report")),
         # every site's rows: answered from, waiting, held back (strategies/site_rows.py)
         "site-rows": {site.key: site.rows for site in result.sites if site.rows},
         **private.accounting(config, result.history, result.box, result.bounds_from_data),

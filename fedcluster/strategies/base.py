@@ -288,5 +288,6 @@ class ClusteringStrategy(Run):
             site_failures={key: list(v) for key, v in self.site_failures.items()},
             history=self.history, transform=self.transform, feature_names=self.feature_names,
             box=self.box, bounds_from_data=self.bounds_from_data, profile_note=self.profile_note,
-            table1=profile.table1_of(self.config, ordered, self.profile_table, self.profile_note),
+            table1=profile.table1_of(self.config, ordered, self.profile_table, self.profile_note,
+                                     bool(self.best.get("report")) if self.repetitions else False),
             floor=profile.floor(self.config, ordered))

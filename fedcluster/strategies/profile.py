@@ -191,9 +191,10 @@ def answered_by(config, sites, replies) -> profile.Answered:
 
 
 def table1_of(config, ordered_sites: list, profile_table: dict | None,
-              profile_note: str) -> dict | None:
+              profile_note: str, report: bool = False) -> dict | None:
     """Table 1 as the model keeps it (``Model.table1``): its rows, the floor its "<p"
-    cells name, whether it came from a secure sum, and its notes (None: no profile);
+    cells name, whether it came from a secure sum, and its notes (None: no profile;
+    ``report``: the profile was of the report's groups, ``report_round.py``);
     ``ordered_sites`` the admitted sites in site order, ``profile_table`` and
     ``profile_note`` the run's (:func:`table1_rows`)."""
     if profile_table is None:
@@ -206,9 +207,13 @@ def table1_of(config, ordered_sites: list, profile_table: dict | None,
              f"variable over its range (the schema's; else {otherwise}), linear within a "
              "bin: exact to one bin where a site answers from its rows."]
     if any((s.group_size or 1) > 1 for s in ordered_sites):
+        recut = ("; a site first re-cuts the groups whose rows the model puts in two "
+                 "clusters, each cluster's such rows pooled into one group, where its privacy "
+                 "rules allow (else they count in their group's cluster, where predict may "
+                 "not put them)") if report else ""
         notes.append("Sites answer from groups of rows (each at least its min-cluster-size): "
                      "a group is counted whole in the cluster its mean is nearest to, as the "
-                     "run's metrics count it, and enters the histograms at its mean, which "
+                     f"run's metrics count it{recut}. A group enters the histograms at its mean, which "
                      "draws the quartiles towards the median (on the clinical demo at p_site "
                      "2: a median 1.3 bins, 11% of the rows' IQR, from the rows' own quartiles, "
                      "at worst 9.3 bins; BENCHMARKS.md, table1-quartiles). Means "

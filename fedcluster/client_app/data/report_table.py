@@ -82,33 +82,53 @@ class Report:
 
 
 # ------------------------------------------------------------------ the rows' clusters
+#: Rows per block of the report's passes over a site's rows (a few MB of temporaries).
+BLOCK_ROWS = 1 << 15
+
+
 def rows_clusters(site: SiteData, rows: np.ndarray, centroids: np.ndarray,
                   transform: str | None, box) -> np.ndarray:
     """The cluster of each of ``rows`` (file order) as ``predict`` assigns it: nearest
-    centroid in the run's space (``transform``), clipped to ``box`` where given."""
-    X = np.asarray(site.X[rows], dtype=np.float64)
-    if transform is not None:
-        X = scaling.FeatureTransform.decode(transform).apply(X)
-    if box is not None:
-        X = np.clip(X, *box)
-    return kernels.assign(np.ascontiguousarray(X), np.ascontiguousarray(centroids))[0]
+    centroid in the run's space (``transform``), clipped to ``box`` where given; a block
+    of rows at a time."""
+    decoded = None if transform is None else scaling.FeatureTransform.decode(transform)
+    C = np.ascontiguousarray(centroids, dtype=np.float64)
+    out = np.empty(rows.size, dtype=np.int64)
+    for start in range(0, rows.size, BLOCK_ROWS):
+        X = np.asarray(site.X[rows[start:start + BLOCK_ROWS]], dtype=np.float64)
+        if decoded is not None:
+            X = decoded.apply(X)
+        if box is not None:
+            X = np.clip(X, *box)
+        out[start:start + BLOCK_ROWS] = kernels.assign(np.ascontiguousarray(X), C)[0]
+    return out
 
 
-def _flagged_parts(site: SiteData, rows: np.ndarray, part: np.ndarray, k: int,
-                   p: int) -> np.ndarray:
+def _site_moments(site: SiteData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(d,) (d,): the mean and standard deviation of each feature over ``rows``' present
+    cells (the p% rule's yardsticks), a block of rows at a time."""
+    n, total, squares = (np.zeros(site.n_features) for _ in range(3))
+    for start in range(0, rows.size, BLOCK_ROWS):
+        X = np.asarray(site.X[rows[start:start + BLOCK_ROWS]], dtype=np.float64)
+        here = ~np.isnan(X)
+        filled = np.where(here, X, 0.0)
+        n, total, squares = n + here.sum(axis=0), total + filled.sum(axis=0), \
+            squares + (filled * filled).sum(axis=0)
+    mean = total / np.maximum(n, 1)
+    return mean, np.sqrt(np.maximum(squares / np.maximum(n, 1) - mean ** 2, 0.0))
+
+
+def _flagged_parts(site: SiteData, rows: np.ndarray, part: np.ndarray, k: int, p: int,
+                   moments) -> np.ndarray:
     """(k,) bool: the parts the p% rule on means flags (``release/dominance.py``: from
-    p_site 3, in the judged features), yardsticks the site's grouped rows."""
+    p_site 3, in the judged features; ``moments``: the yardsticks, :func:`_site_moments`)."""
     flagged = np.zeros(k, dtype=bool)
-    if p < dominance.MEANS_FROM_P:
+    if p < dominance.MEANS_FROM_P or moments is None:
         return flagged
-    X = np.asarray(site.X[rows], dtype=np.float64)
-    n = np.maximum((~np.isnan(X)).sum(axis=0), 1)
-    filled = np.where(np.isnan(X), 0.0, X)
-    site_mean = filled.sum(axis=0) / n
-    sd = np.sqrt(np.maximum((filled * filled).sum(axis=0) / n - site_mean ** 2, 0.0))
+    site_mean, sd = moments
     judged = judged_features(site)
     for c in np.unique(part[part >= 0]).tolist():
-        values = X[part == c]
+        values = np.asarray(site.X[rows[part == c]], dtype=np.float64)
         cells = (~np.isnan(values)).sum(axis=0)
         filled = np.where(np.isnan(values), 0.0, values)
         mean = filled.sum(axis=0) / np.maximum(cells, 1)
@@ -156,18 +176,16 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     np.maximum.at(hi, g, cluster)
     split = lo != hi
     history = history or ReportHistory(site, groups)
-    observed = np.concatenate([np.ones((rows.size, 1)), ~np.isnan(np.asarray(site.X[rows]))],
-                              axis=1)  # what a cut counts: rows, and each feature's cells
+    # what a cut counts, of the straddlers' rows: each row, and each feature's cell
+    straddling = np.flatnonzero(split[g])
+    observed = np.concatenate([np.ones((straddling.size, 1)),
+                               ~np.isnan(np.asarray(site.X[rows[straddling]]))], axis=1)
+    moments = _site_moments(site, rows) if p >= dominance.MEANS_FROM_P else None
     for _ in range(groups.n_groups + 1):  # keep whole what a part or a cut would expose
-        short = _short_cuts(g, cluster, observed, split, k, p)
-        part = np.where(split[g], cluster, -1)
-        sizes = np.bincount(part[part >= 0], minlength=k)
-        bad = ((sizes > 0) & (sizes < p)) | _flagged_parts(site, rows, part, k, p)
-        if not bad.any() and not short.any():
+        exposed = _exposed(site, rows, g, cluster, (straddling, observed), split, k, p, moments)
+        if not exposed.any():
             break
-        touching = short.copy()
-        touching[g[(part >= 0) & bad[np.maximum(part, 0)]]] = True
-        split &= ~touching
+        split &= ~exposed
     part = np.where(split[g], cluster, -1)
     if not split.any():
         return Report(groups, 0, 0, "" if (lo == hi).all() else
@@ -189,6 +207,21 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     moved = _moved(g, cluster, split, groups.n_groups, k)
     table, report_of_row = _table(site, groups, rows, g, split, part, clusters)
     return Report(table, int(split.sum()), moved, "", report_of_row)
+
+
+def _exposed(site: SiteData, rows: np.ndarray, g: np.ndarray, cluster: np.ndarray,
+             observed: tuple, split: np.ndarray, k: int, p: int, moments) -> np.ndarray:
+    """(G,) bool: the split groups to keep whole: those a cut under p rests on
+    (:func:`_short_cuts`; ``observed``: the straddlers' rows and what a cut counts of
+    them), and those feeding a part of fewer than p rows or one the p% rule on means
+    flags (:func:`_flagged_parts`)."""
+    at, counted = observed
+    touching = _short_cuts(g[at], cluster[at], counted, split, k, p)
+    part = np.where(split[g], cluster, -1)
+    sizes = np.bincount(part[part >= 0], minlength=k)
+    bad = ((sizes > 0) & (sizes < p)) | _flagged_parts(site, rows, part, k, p, moments)
+    touching[g[(part >= 0) & bad[np.maximum(part, 0)]]] = True
+    return touching & split
 
 
 def _part_spreads(groups: SiteGroups, split: np.ndarray, cells: np.ndarray,
@@ -221,25 +254,32 @@ def _short_cuts(g: np.ndarray, cluster: np.ndarray, observed: np.ndarray, split:
     """(G,) bool: the split groups to keep whole so that no cut of the clusters isolates
     fewer than p rows or cells. For clusters T, the parts in T less the split groups'
     sums give each split group's rows on one side of T's boundary: summed over the groups
-    the smaller side (``observed``: per row, 1 and each feature's present cell), that
-    combination's support. A cut under p (not 0) keeps its groups whole; the audit judges
+    the smaller side (``g``, ``cluster``: the straddlers' rows' groups and clusters;
+    ``observed``: per such row, 1 and each feature's present cell), that combination's
+    support. A cut under p (not 0) keeps its groups whole; the audit judges
     the rest. A pre-filter that spares the audit's refusal: the audit decides."""
     out = np.zeros(split.size, dtype=bool)
     if k > MAX_CUT_CLUSTERS or not split.any():
         return out
     mine = split[g]
-    G = split.size
-    per_cluster = np.zeros((G, k, observed.shape[1]))
-    np.add.at(per_cluster, (g[mine], cluster[mine]), observed[mine])
+    ids, local = np.unique(g[mine], return_inverse=True)  # the split groups alone
+    per_cluster = np.zeros((ids.size, k, observed.shape[1]))
+    np.add.at(per_cluster, (local, cluster[mine]), observed[mine])
     total = per_cluster.sum(axis=1)
-    for mask in range(1, (1 << k) - 1):
-        inside = np.array([(mask >> c) & 1 for c in range(k)], dtype=bool)
-        side = per_cluster[:, inside].sum(axis=1)
-        smaller = np.minimum(side, total - side)  # (G, 1 + d)
+    # every cut once (T and its complement are one cut: the last cluster stays outside),
+    # in Gray-code order, so that each side is the last one with one cluster moved
+    side = np.zeros_like(total)
+    previous = 0
+    for step in range(1, 1 << (k - 1)):
+        mask = step ^ (step >> 1)
+        moved = (mask ^ previous).bit_length() - 1
+        side += per_cluster[:, moved] if mask & (1 << moved) else -per_cluster[:, moved]
+        previous = mask
+        smaller = np.minimum(side, total - side)  # (split groups, 1 + d)
         support = smaller.sum(axis=0)
         short = (support > 0) & (support < p)
         if short.any():
-            out |= (smaller[:, short] > 0).any(axis=1)
+            out[ids[(smaller[:, short] > 0).any(axis=1)]] = True
     return out
 
 
