@@ -141,6 +141,11 @@ class ClusteringStrategy(Run):
         return ((self.config.n_init == 1 or self.reporting)
                 and report_round.report_wanted(self.config, self.sites))
 
+    @property
+    def reporting(self) -> bool:
+        """An evaluation after every repetition's: the best's report round (report_round.py)."""
+        return self.phase == Phase.EVALUATE and len(self.repetitions) >= self.config.n_init
+
     def report_params(self) -> dict:
         """Davies-Bouldin's round's: the report's groups where the evaluation used them."""
         best = self.best
@@ -244,7 +249,6 @@ class ClusteringStrategy(Run):
         figures = report_round.evaluation_record(replies, self.config)
         score = figures["stats"].sse / figures["stats"].n_rows
         if self.reporting:  # its score chose the best repetition: that score stays
-            self.reporting = False
             self.best.update(figures, report=True)
         else:
             self.repetitions.append({"seed": self.seed, "score": score, "centroids": self.centroids,
@@ -256,7 +260,7 @@ class ClusteringStrategy(Run):
         elif self.config.private:  # Davies-Bouldin is not released under DP: no second pass
             self.finish_run(np.zeros(self.k))
         elif not self.best.get("report") and report_round.report_wanted(self.config, self.sites):
-            self.reporting, self.centroids, self.phase = True, self.best["centroids"], Phase.EVALUATE
+            self.centroids, self.phase = self.best["centroids"], Phase.EVALUATE  # reporting
         elif self.fold_distances and metrics.means_are_centroids(self.best["stats"],
                                                                  self.best["centroids"]):
             self.finish_run(self.best["distances"])

@@ -58,7 +58,6 @@ class Run:
         self.round_failures: list[str] = []  # this round's, named if too few sites answered
         self.history: list[dict] = []
         self.repetitions: list[dict] = []  # one per n-init seed: score, centroids
-        self.reporting = False  # the best repetition's report round (report_round.py)
         self.phase = Phase.DESCRIBE
         self.repetition = 0
         self.finished = False
