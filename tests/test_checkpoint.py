@@ -88,6 +88,33 @@ def test_resumed_run_equals_uninterrupted(algorithm, sites, tmp_path, monkeypatc
     assert [h["round"] for h in resumed.history] == list(range(1, len(resumed.history) + 1))
 
 
+def test_a_checkpoint_written_before_a_key_existed_resumes_as_its_release_ran(sites, tmp_path,
+                                                                              monkeypatch):
+    """A checkpoint whose run config lacks a key a later release added (``report-groups``,
+    checkpoint.ADDED_KEYS) resumes under the resuming config's default as the older release
+    ran: the same as an uninterrupted run with the key at that value; a key changed on
+    purpose is still refused."""
+    import json
+
+    config = {"n_clusters": 5, "num_rounds": 6, "tol": 0.0, "min_sites": 3, "seed": 4,
+              "n_init": 2, "output_dir": str(tmp_path)}
+    monkeypatch.setattr(simulation, "InProcessGrid", crashing_grid(9))
+    with pytest.raises(ServerKilled):
+        fedcluster.simulate(sites, run_name="stopped", report_groups=False, **config)
+    monkeypatch.undo()
+    document = tmp_path / "stopped" / "checkpoint.json"
+    saved = json.loads(document.read_text())
+    assert saved["config"].pop("report-groups") is False  # as an older release wrote it
+    document.write_text(json.dumps(saved))
+    resumed = fedcluster.simulate(sites, run_name="resumed",
+                                  resume_from=str(tmp_path / "stopped"), **config)
+    whole = fedcluster.simulate(sites, run_name="whole", report_groups=False, **config)
+    np.testing.assert_array_equal(resumed.centroids, whole.centroids)
+    assert resumed.metrics["score"] == whole.metrics["score"]
+    assert resumed.metrics["cluster-sizes"] == whole.metrics["cluster-sizes"]
+    assert resumed.metrics["report-groups"] is False
+
+
 def test_resume_refuses_a_changed_config_or_a_missing_checkpoint(sites, tmp_path, monkeypatch):
     config = {"n_clusters": 5, "num_rounds": 6, "min_sites": 3, "output_dir": str(tmp_path)}
     monkeypatch.setattr(simulation, "InProcessGrid", crashing_grid(3))

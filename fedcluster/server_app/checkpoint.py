@@ -51,6 +51,10 @@ FORMAT_1_FILE = "checkpoint.pkl"
 #: Run-config keys that may differ between the checkpointed run and the resumed one:
 #: where to write, how long to wait. Everything that shapes the result must be equal.
 OPERATIONAL_KEYS = ("resume-from", "run-name", "output-dir", "round-timeout")
+#: Keys added after checkpoints were first written, with the value that gives the older
+#: release's behaviour: a checkpoint written before a key existed resumes with that value
+#: where the resuming config leaves the key at its default.
+ADDED_KEYS = {"report-groups": False}
 _KEY = "run-config key 'resume-from'"
 
 
@@ -128,6 +132,13 @@ def _restore(path: Path, config: RunConfig):
     if not isinstance(before, dict):
         raise _unreadable(path, "no run config")
     now = config.model_dump(by_alias=True)
+    for key, older in ADDED_KEYS.items():
+        if key not in before:  # written before the key existed: run on as that release did
+            before[key] = older
+            field = key.replace("-", "_")
+            if now[key] == type(config).model_fields[field].default:
+                config = config.model_copy(update={field: older})
+                now[key] = older
     changed = sorted(key for key in now if key not in OPERATIONAL_KEYS and before.get(key) != now[key])
     if "schema" in changed and now["schema"] and document.get("schema-hash"):
         # the schema file moved (or simulate wrote it anew): the same content resumes
