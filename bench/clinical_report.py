@@ -94,7 +94,6 @@ def _rows_elsewhere(model, files: list[Path], schema_path: Path, p: int,
     transform = None if model.scaling is None else model.scaling.encode()
     for path in files:
         site = load_schema_table(path, schema, cache_dir=cache)
-        groups, _ = group_table.site_groups(site, p, cache)
         group_of_row = group_table.row_groups(site, p, cache)
         with open(path, newline="") as handle:
             rows = list(csv.reader(handle))
@@ -104,11 +103,9 @@ def _rows_elsewhere(model, files: list[Path], schema_path: Path, p: int,
         for group in np.unique(group_of_row[group_of_row >= 0]):
             members = labels[group_of_row == group]
             whole += len(members) - int(np.bincount(members).max())
-        made = report_table.report_groups(site, groups, group_of_row, model.centroids, transform,
-                                          None, report_table.ReportHistory(site, groups))
-        of_row = group_of_row if made.group_of_row is None else made.group_of_row
-        means = made.groups.in_run_space(model.scaling).means if model.scaling is not None \
-            else made.groups.means
+        answered, of_row = report_table.as_answered(site, p, cache, model.centroids, transform)
+        means = answered.in_run_space(model.scaling).means if model.scaling is not None \
+            else answered.means
         counted = kernels.assign(np.ascontiguousarray(means), model.centroids)[0]
         grouped = of_row >= 0
         reported += int(np.count_nonzero(counted[of_row[grouped]] != labels[grouped]))

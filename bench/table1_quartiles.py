@@ -62,17 +62,10 @@ def measure(p_site: int, work: Path) -> list[tuple[float, float, str]]:
         if p_site == 1:
             groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(data.X))
         else:  # the report's groups, as the site keeps them in its cache and history
-            cache = work / f"cache-{p_site}"
-            site = load_schema_table(path, schema, cache_dir=cache)
-            groups, _ = group_table.site_groups(site, p_site, cache)
-            group_of_row = group_table.row_groups(site, p_site, cache)
-            scaling = result.model.scaling
-            made = report_table.report_groups(
-                site, groups, group_of_row, result.centroids,
-                None if scaling is None else scaling.encode(), None,
-                report_table.ReportHistory(site, groups))
-            groups = made.groups
-            group_of_row = group_of_row if made.group_of_row is None else made.group_of_row
+            cache, scaling = work / f"cache-{p_site}", result.model.scaling
+            groups, group_of_row = report_table.as_answered(
+                load_schema_table(path, schema, cache_dir=cache), p_site, cache,
+                result.centroids, None if scaling is None else scaling.encode())
         cluster = kernels.assign(groups.in_run_space(result.model.scaling).means,
                                  result.centroids)[0][group_of_row]
         frame = pd.DataFrame(data.X, columns=schema.feature_names())

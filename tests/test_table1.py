@@ -80,17 +80,12 @@ def _pooled_rows(result, schema_path, files, p_site, tmp_path):
 
 def _as_reported(path, schema, p_site: int, result, cache):
     """The groups the site answered the report from, and each row's (the model's
-    evaluation and profile: ``report_table.py``): its kept table and its answered
-    history in the site's cache, re-cut at the run's centroids: the partition the history
-    records, or, where the site recorded none, the same audit's same refusal.)"""
-    data = load_schema_table(path, schema, cache_dir=cache)
-    groups, _ = group_table.site_groups(data, p_site, cache)
-    group_of_row = group_table.row_groups(data, p_site, cache)
-    history = report_table.ReportHistory(data, groups)  # (the site's, as it recorded it)
+    evaluation and profile: ``report_table.as_answered``, from the site's own cache and
+    answered history)."""
     scaling = result.model.scaling
-    made = report_table.report_groups(data, groups, group_of_row, result.centroids,
-                                      None if scaling is None else scaling.encode(), None, history)
-    return made.groups, group_of_row if made.group_of_row is None else made.group_of_row
+    return report_table.as_answered(load_schema_table(path, schema, cache_dir=cache), p_site,
+                                    cache, result.centroids,
+                                    None if scaling is None else scaling.encode())
 
 
 def _table(result) -> dict:

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from fedcluster.client_app.data import group_table, report_table
+from fedcluster.client_app.data import report_table
 from fedcluster.client_app.data.schema_table import load_schema_table
 from fedcluster.common import kernels, profile, secure_codec
 from fedcluster.common.clinical_demo import write_clinical
@@ -100,19 +100,13 @@ def tables(demo):
 
 
 def _as_reported(demo, i: int, p: int, model):
-    """Site i's groups as it answered the model's report from, and each row's: its kept
-    table and answered history in its cache, re-cut at the model's centroids (the
-    partition its history records; another run's model over the same version: the
-    groups whole, as the site answered it: ``report_table.py``)."""
+    """Site i's groups as it answered the model's report from, and each row's
+    (``report_table.as_answered``: the partition its history records; another run's model
+    over the same version: the groups whole, as the site answered it)."""
     cache = demo["tmp"] / f"cache-{p}"
     site = load_schema_table(demo["paths"][1 + i], demo["schema"], cache_dir=cache)
-    groups, _ = group_table.site_groups(site, p, cache)
-    group_of_row = group_table.row_groups(site, p, cache)
-    made = report_table.report_groups(
-        site, groups, group_of_row, model.centroids,
-        None if model.scaling is None else model.scaling.encode(), None,
-        report_table.ReportHistory(site, groups))
-    return made.groups, group_of_row if made.group_of_row is None else made.group_of_row
+    return report_table.as_answered(site, p, cache, model.centroids,
+                                    None if model.scaling is None else model.scaling.encode())
 
 
 # ------------------------------------------------------------------ the truth, from rows

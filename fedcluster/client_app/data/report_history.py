@@ -39,7 +39,8 @@ __all__ = ["ReportHistory", "partition_digest"]
 
 
 def partition_digest(parts: list[np.ndarray], p: int) -> str:
-    """The key of a partition: its parts' members (instances), sorted, and p."""
+    """The key of a partition of one version's rows: its parts' rows (their places in the
+    version, which the store's table number names), sorted, and p."""
     text = json.dumps([p, [np.sort(part).tolist() for part in parts]])
     return hashlib.sha256(text.encode()).hexdigest()
 

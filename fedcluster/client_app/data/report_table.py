@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedcluster.client_app.data import group_stats
+from fedcluster.client_app.data import group_stats, group_table
 from fedcluster.client_app.data.group_table import judged_features, made_groups, _labels_of_groups
 from fedcluster.client_app.data.report_history import ReportHistory, partition_digest
 from fedcluster.client_app.data.site_data import SiteData
@@ -53,7 +53,7 @@ from fedcluster.client_app.release.lone_cells import withhold_lone_cells
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.common import kernels, scaling
 
-__all__ = ["Report", "ReportHistory", "report_groups", "rows_clusters"]
+__all__ = ["Report", "ReportHistory", "as_answered", "report_groups", "rows_clusters"]
 
 
 @dataclass(frozen=True)
@@ -192,14 +192,15 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
                       f"splitting its straddling groups would give sums of fewer than {p} "
                       "rows or cells (a part, or a part less its groups)")
     clusters = [c for c in range(k) if np.any(part == c)]
-    instances = history.instances(rows)
-    parts = [instances[np.flatnonzero(part == c)] for c in clusters]
-    digest = partition_digest(parts, p)
+    members = [np.flatnonzero(part == c) for c in clusters]  # into ``rows``
+    digest = partition_digest([rows[m] for m in members], p)
     done = history.answered()
     if done is not None and done != digest:
         return Report(groups, 0, 0, "the site answered a report over another partition of this "
                       "version of its data; one per version (its groups count whole)")
-    if done is None:
+    if done is None:  # (the rows' instances only here: the same partition asked again is known)
+        instances = history.instances(rows)
+        parts = [instances[m] for m in members]
         finding = history.audit(parts, np.flatnonzero(split), group_of_row, p)
         if finding is not None:
             return Report(groups, 0, 0, f"the audit keeps the groups whole: {finding}")
@@ -207,6 +208,20 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     moved = _moved(g, cluster, split, groups.n_groups, k)
     table, report_of_row = _table(site, groups, rows, g, split, part, clusters)
     return Report(table, int(split.sum()), moved, "", report_of_row)
+
+
+def as_answered(site: SiteData, min_size: int, cache_dir, centroids: np.ndarray,
+                transform: str | None) -> tuple[SiteGroups, np.ndarray]:
+    """The groups ``site`` answered the report at ``centroids`` from, and each row's group
+    in them (-1: waiting): its table (kept in ``cache_dir``, else in memory) re-cut through
+    its answered history, the partition it recorded or, for another, its groups whole.
+    Where it recorded none, the same audit decides again (and records what it passes):
+    for the tests and benchmarks that compare the report with the rows."""
+    groups, _ = group_table.site_groups(site, min_size, cache_dir)
+    group_of_row = group_table.row_groups(site, min_size, cache_dir)
+    made = report_groups(site, groups, group_of_row, centroids, transform, None,
+                         ReportHistory(site, groups))
+    return made.groups, group_of_row if made.group_of_row is None else made.group_of_row
 
 
 def _exposed(site: SiteData, rows: np.ndarray, g: np.ndarray, cluster: np.ndarray,
