@@ -6,7 +6,8 @@ floor p (every site's ``min-cluster-size``, the run's too) with 3 run seeds. Per
 
 - ``reported ARI``: the adjusted Rand index against the true phenotype that the run
   itself reports (its final evaluation, over the report's groups: each site's groups with
-  the straddling ones re-cut within the model's clusters where the promise allows,
+  the straddling ones re-cut within the model's clusters where the promise allows, a
+  numeric feature a cut would isolate fewer than p cells of carried at a stood-in mean,
   ``client_app/data/report_table.py``);
 - ``model ARI``: the same index of ``Model.predict_table`` on every site's file, row by
   row (what a site does with the model);

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import itertools
 import uuid
 from collections.abc import Iterable
 from contextlib import contextmanager

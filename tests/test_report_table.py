@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app.data import group_table, report_table
+from fedcluster.client_app.data import group_table, report_cuts, report_table
 from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.release import span_audit
 from test_attacks import site_factory  # noqa: F401 (the fixture: one site's real ClientApp)
@@ -121,8 +121,8 @@ def test_a_boundary_through_one_group_gives_its_row_without_the_gate(site_factor
     from test_attacks import is_row
 
     X, target = _pairs_and_a_target()
-    monkeypatch.setattr(report_table, "_exposed",
-                        lambda site, rows, g, *rest: np.zeros(int(g.max()) + 1, dtype=bool))
+    monkeypatch.setattr(report_cuts, "exposed", lambda site, rows, g, *rest: (
+        np.zeros(int(g.max()) + 1, dtype=bool), np.zeros(site.n_features, dtype=bool)))
     monkeypatch.setattr(report_table.ReportHistory, "audit", lambda self, *a: None)
     recovered, _ = _attack(site_factory(X, {}), X)
     assert is_row(recovered, X) and np.allclose(recovered, target[0], atol=1e-9)
@@ -185,3 +185,166 @@ def test_a_deployed_site_answers_one_partition_per_version_across_runs(tmp_path)
         sizes += np.bincount(kernels.assign(np.ascontiguousarray(means), second.centroids)[0],
                              weights=groups.counts, minlength=4).astype(np.int64)
     assert second.metrics["cluster-sizes"] == sizes.tolist()
+
+
+# ------------------------------------------------------------------ a feature carried
+def _two_groups_across():
+    """Vertical pairs far apart on a grid (each a group at p_site 2) with a third feature
+    z, and two TARGET groups of three rows, A at y = 0 and B at y = 30, that a vertical
+    boundary through x = 0 cuts: A's two left rows hold its z cells (its right row's z is
+    missing), B has one row left. The cut isolates 2 rows (p_site 2: the report may split
+    the groups) but one present cell of z, B's left one: the left part less A's released
+    sum. z is carried."""
+    from fedcluster.client_app.site_groups import TableFacts
+
+    rng = np.random.default_rng(11)
+    rows = []
+    for cx in (-30.0, -25.0, -20.0, 20.0, 25.0, 30.0):
+        for cy in (-10.0, 0.0, 10.0):
+            z = rng.normal(50.0, 5.0)
+            rows += [(cx, cy - 0.01, z), (cx, cy + 0.01, z + 1.0)]
+    X = np.array(rows)
+    X[:, :2] += rng.normal(0, 1e-4, X[:, :2].shape)
+    target = np.array([(-0.010, 0.0, 50.2), (-0.012, 0.01, 50.3), (0.015, 0.005, np.nan),
+                       (-0.011, 30.0, 50.4), (0.012, 30.01, 50.5), (0.014, 29.99, 50.6)])
+    X = np.ascontiguousarray(np.vstack([X, target]))
+    return X, SiteData(X, None, None, "site", table=TableFacts(None, "", 0, {"z": 1}))
+
+
+def _fill(X):
+    from fedcluster.common import scaling
+    return scaling.FeatureTransform.fill_only(np.nanmean(X, axis=0)).encode()
+
+
+C_Z = np.array([[-1.0, 0.0, 50.0], [1.0, 0.0, 50.0]])
+
+
+def test_a_feature_whose_cut_isolates_few_cells_is_carried_at_a_stood_in_mean():
+    """The report splits both groups (rows: exact) and carries z: the parts' z sums are
+    their cells at their cluster's groups' mean, shifted so that the site's z total
+    stays the groups' own, not their rows' z; and the span audit over the table and the
+    parts (z: the parts report no value of it) finds nothing, while with the parts' own
+    z it would find B's left cell."""
+    X, site = _two_groups_across()
+    groups, group_of_row = group_table.build(site, 2)
+    a, b = group_of_row[-6], group_of_row[-3]
+    assert (group_of_row[-6:] == [a, a, a, b, b, b]).all() and a != b  # the scenario
+    made = report_table.report_groups(site, groups, group_of_row, C_Z, _fill(X), None)
+    assert made.split == 2 and made.carried == 1 and made.why == ""
+    report = made.groups
+    parts = report.n_groups - 2 + np.arange(2)
+    assert report.counts[parts].tolist() == [3, 3] and report.present[parts, 2].tolist() == [3, 2]
+    left_rows = X.shape[0] - np.array([6, 5, 3])
+    np.testing.assert_allclose(report.sums[parts[0], :2], X[left_rows, :2].sum(0), rtol=1e-12)
+    assert not np.isclose(report.sums[parts[0], 2], X[left_rows, 2].sum(), atol=1e-3)
+    np.testing.assert_allclose(report.sums[:, 2].sum(), groups.sums[:, 2].sum(), rtol=1e-12)
+    # the stood-in means: each cluster's groups whole (means left or right of x = 0), one shift
+    side = [np.asarray(groups.means)[:, 0] < 0, np.asarray(groups.means)[:, 0] >= 0]
+    at = [groups.sums[s, 2].sum() / groups.present[s, 2].sum() for s in side]
+    shift = (groups.sums[[a, b], 2].sum() - (3 * at[0] + 2 * at[1])) / 5
+    np.testing.assert_allclose(report.sums[parts, 2], [3 * (at[0] + shift), 2 * (at[1] + shift)],
+                               rtol=1e-12)
+    # the audit re-run: rows and each feature's cells, the parts reporting x and y only
+    old = [np.flatnonzero(group_of_row == j) for j in range(groups.n_groups)]
+    new = [np.flatnonzero(made.group_of_row == j) for j in parts.tolist()]
+    everything = old + new
+    offsets = np.concatenate([[0], np.cumsum([m.size for m in everything])]).astype(np.int64)
+    members = np.concatenate(everything).astype(np.int64)
+
+    def present(rows):
+        return ~np.isnan(X[rows])
+
+    def audit(carried):
+        def reports(ids):
+            return np.array([(present(members[offsets[g]:offsets[g + 1]]).sum(0) >= 2)
+                             & ~(carried & (g >= len(old))) for g in np.asarray(ids).tolist()])
+        return span_audit.audit(offsets, members, X.shape[0], np.arange(len(old), len(everything)),
+                                np.full(len(everything), 2), 2, lambda u, w: False, present,
+                                reports)
+    assert audit(np.array([False, False, True])) == []
+    assert audit(np.zeros(3, dtype=bool)) != []  # the parts' own z: B's left cell, isolated
+
+
+def _z_attack(coordinator, X, site):
+    """The left cluster's z sum (the run's space: no cell of the left part is missing)
+    less every pair known to lie left and group A's released z sum: B's left row's z,
+    where the left part releases its rows' own."""
+    from fedcluster import client_app as client_module
+    from fedcluster.common import protocol
+
+    client_module.MEMORY_SITES[coordinator.token] = [site]  # (the site, with its facts)
+    groups, group_of_row = group_table.build(site, 2)
+    means, counts = np.asarray(groups.means), np.asarray(groups.counts)
+    arrays, _ = coordinator.ask("evaluate", [C_Z], report=True, transform=_fill(X))
+    reply = protocol.reply_arrays("evaluate", arrays)
+    pairs_left = (means[:, 0] < -10)
+    known = (counts[pairs_left] * means[pairs_left, 2]).sum() + groups.sums[group_of_row[-6], 2]
+    return reply.sums[0][2] - known, reply
+
+
+def test_a_carried_feature_gives_its_cell_without_the_carry(site_factory, monkeypatch):
+    """Shown first without the carry (the report's cut checks and audit switched off):
+    the left part less what the coordinator knows is B's left row's z, exactly."""
+    X, site = _two_groups_across()
+    monkeypatch.setattr(report_cuts, "exposed", lambda site, rows, g, *rest: (
+        np.zeros(int(g.max()) + 1, dtype=bool), np.zeros(site.n_features, dtype=bool)))
+    monkeypatch.setattr(report_table.ReportHistory, "audit", lambda self, *a: None)
+    recovered, reply = _z_attack(site_factory(X, {}), X, site)
+    assert reply.counts.tolist()[0] == 18 + 3  # nine pairs, and the left part's 3 rows
+    assert np.isclose(recovered, X[-3, 2], atol=1e-9)
+
+
+def test_a_carried_feature_gives_no_cell_through_the_report(site_factory):
+    """Through the report: the groups are split (the left cluster counts the three
+    target rows on the left) and z carried, so the attack's difference is no cell."""
+    X, site = _two_groups_across()
+    recovered, reply = _z_attack(site_factory(X, {}), X, site)
+    assert reply.counts.tolist()[0] == 18 + 3
+    cells = X[-6:, 2][~np.isnan(X[-6:, 2])]
+    assert not np.isclose(recovered, cells, atol=1e-3).any()
+
+
+def test_a_deployed_site_audits_and_records_a_carried_feature(tmp_path):
+    """The same two groups read from a file through a schema and a cache: the store's
+    audit (every group the site answered from) passes the parts because they report no
+    value of z, and fails them where they would (the same call without ``carried``); the
+    store records z as carried by the parts, so that every later audit judges them so."""
+    from fedcluster.client_app.data.schema_table import load_schema_table
+    from fedcluster.client_app.data.versions import audited, value_audit
+    from fedcluster.client_app.data.versions.lineage import Store
+    from fedcluster.common.schema import load_schema
+
+    X, _ = _two_groups_across()
+    schema_path = tmp_path / "schema.toml"
+    schema_path.write_text('missing = "impute-mean"\n' + "".join(
+        f'[[columns]]\nname = "{name}"\n' for name in ("x", "y", "z")))
+    path = tmp_path / "site.csv"
+    path.write_text("x,y,z\n" + "".join(",".join("" if np.isnan(v) else repr(float(v)) for v in row)
+                                       + "\n" for row in X))
+    cache = tmp_path / "cache"
+    site = load_schema_table(path, load_schema(schema_path), cache_dir=cache)
+    groups, _ = group_table.site_groups(site, 2, cache)
+    group_of_row = group_table.row_groups(site, 2, cache)
+    history = report_table.ReportHistory(site, groups)
+    judged = {}
+    audit = history.audit
+
+    def spying(parts, straddlers, group_of_row, p, carried):
+        # the store's audit as the report meets it (every group but the parts), with the
+        # parts' own z sums: the same call without ``carried``
+        store = history.store
+
+        def present(instances):
+            return store.present_cells(instances, 3)
+        units = np.full(len(parts), -1)
+        judged["carried"] = audited._failures(store, parts, units, p, present, carried)
+        judged["own"] = audited._failures(store, parts, units, p, present)
+        return audit(parts, straddlers, group_of_row, p, carried)
+    history.audit = spying
+    made = report_table.report_groups(site, groups, group_of_row, C_Z, _fill(X), None, history)
+    assert made.split == 2 and made.carried == 1 and made.why == ""
+    assert judged["carried"] == [] and judged["own"] != []
+    store = Store.open(Path(groups.table_ref.store))
+    carried = value_audit.recorded_carried(store, 3)
+    assert carried[store.report_group_mask()].tolist() == [[False, False, True]] * 2
+    assert not carried[~store.report_group_mask()].any()

@@ -28,15 +28,20 @@ def _site(X, labels=None, source="site") -> SiteData:
     return SiteData(np.ascontiguousarray(X, dtype=np.float64), None, labels, source)
 
 
-def as_the_groups_keep_them(X: np.ndarray, group_of_row: np.ndarray, p_site: int) -> np.ndarray:
+def as_the_groups_keep_them(X: np.ndarray, group_of_row: np.ndarray, p_site: int,
+                            shown: np.ndarray | None = None) -> np.ndarray:
     """The rows with the cells the groups count as missing set NaN: per group, a
     feature's present cells where they number 1 to p_site - 1 (computed here from the
-    rows, not by the site's code)."""
+    rows, not by the site's code), but where the table shows them all (``shown``: its
+    present cells; a report's part shows the few cells of a feature it carries at a
+    stood-in mean, ``report_table.py``)."""
     grouped = group_of_row >= 0
     n_groups = int(group_of_row.max()) + 1
     present = np.stack([np.bincount(group_of_row[grouped], weights=~np.isnan(X[grouped, j]),
                                     minlength=n_groups) for j in range(X.shape[1])], axis=1)
     lone = (present > 0) & (present < p_site)
+    if shown is not None:
+        lone &= np.asarray(shown) != present
     return np.where(grouped[:, None] & lone[np.maximum(group_of_row, 0)], np.nan, X)
 
 

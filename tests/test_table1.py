@@ -68,8 +68,8 @@ def _pooled_rows(result, schema_path, files, p_site, tmp_path):
             groups, group_of_row = group_table.rows_as_groups(data), np.arange(len(X))
         else:
             groups, group_of_row = _as_reported(path, schema, p_site, result, tmp_path / "cache")
-            X = with_kept_means(as_the_groups_keep_them(X, group_of_row, p_site), group_of_row,
-                                groups)
+            X = with_kept_means(as_the_groups_keep_them(X, group_of_row, p_site, groups.present),
+                                group_of_row, groups)
             X = with_kept_spreads(X, group_of_row, np.asarray(groups.m2))
         kept = group_of_row >= 0
         means = groups.in_run_space(result.model.scaling).means

@@ -92,7 +92,7 @@ def tables(demo):
                     cluster = kernels.assign(g.in_run_space(model.scaling).means,
                                              model.centroids)[0][group_of_row[kept]]
                     X = with_kept_spreads(with_kept_means(
-                        as_the_groups_keep_them(d.X, group_of_row, p), group_of_row, g),
+                        as_the_groups_keep_them(d.X, group_of_row, p, g.present), group_of_row, g),
                                           group_of_row, np.asarray(g.m2))[kept]
                     parts.append((f"H{i + 1}", X, cluster, np.isnan(d.X)[kept]))
                 out[p, k, secure] = model, parts

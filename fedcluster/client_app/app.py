@@ -305,7 +305,8 @@ class SiteClient(NumPyClient):
             raise TaskError(f"task {task}: the report's groups: {err}") from None
         if made.split:
             log(logging.INFO, "site %s: the report splits %d straddling group(s) (%d row(s) "
-                "counted in the model's cluster)", self.key, made.split, made.moved)
+                "counted in the model's cluster; %d feature(s) carried at a stood-in mean)",
+                self.key, made.split, made.moved, made.carried)
         elif made.why:
             log(logging.WARNING, "site %s: the report counts groups whole: %s", self.key, made.why)
         return made.groups

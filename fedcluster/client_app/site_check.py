@@ -272,7 +272,6 @@ def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
     config ``history``). ``record``: the table made here is written to the site's history
     in ``cache_dir`` (it then counts as answered from, as when the site answers); else the
     check works on a scratch copy of that history and writes nothing to it."""
-    from fedcluster.client_app.data import group_table
     from fedcluster.client_app.data.schema_table import encode_site_columns, load_schema_table
     from fedcluster.client_app.data.sql_source import SqlSource
     from fedcluster.client_app.data.site_data import in_history
@@ -365,7 +364,6 @@ def read_as_the_site_will(node, record: bool = False) -> str:
     back against its answered history (its ``cache-dir``, else the default cache; a
     scratch copy of it unless ``record``, as :func:`report`)."""
     from fedcluster.client_app.data_sources import load_site
-    from fedcluster.client_app.data import group_table
     from fedcluster.client_app.data.site_data import default_cache_dir, in_history
     from fedcluster.common.config import run_config_defaults
 

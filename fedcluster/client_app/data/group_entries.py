@@ -77,8 +77,8 @@ def write_entry(base: Path, table: group_stats.Table, min_size: int, group_of_ro
     for name in ("counts", "sums", "m2", "present"):
         pieces = table.columns.pop(name)
         if pieces is not None:
-            write_atomic(cache_sibling(base, f".{name}.npy"), lambda f: group_stats.write_column(
-                f, name, pieces, table.width, digest))
+            write_atomic(cache_sibling(base, f".{name}.npy"), lambda f, pieces=pieces:
+                         group_stats.write_column(f, name, pieces, table.width, digest))
             has.append(name)
         del pieces
     labels = table.labels

@@ -1,10 +1,10 @@
 """Where a site keeps the report's partition, and the audit of its parts
 (``report_table.py``; issue 56).
 
-The parts a report adds are groups the site answers from: their counts, their sums per
-feature and, where a part holds enough cells and no row dominates it, their own sums of
-squares (a spread unit each). Before a site answers from them, the audit judges them with
-everything it answered from before:
+The parts a report adds are groups the site answers from: their counts and their sums
+per feature (their spreads are derived from released figures, no unit of their own; a
+feature they carry at a stood-in mean reports no value of their rows). Before a site
+answers from them, the audit judges them with everything it answered from before:
 
 - a deployed site (a file): every group, unit and link of its answered history's store
   (``versions/audited.py``: the instances' audit and the values' audit, first and
@@ -93,11 +93,12 @@ class ReportHistory:
         return self.store.match(keys, self.site.row_ids)[0][rows]
 
     def audit(self, parts: list[np.ndarray], straddlers: np.ndarray, group_of_row: np.ndarray,
-              p: int) -> str | None:
+              p: int, carried: np.ndarray) -> str | None:
         """Why the parts (instances; their sums and counts: their spreads are derived
         from released figures, ``report_table._part_spreads``) may not be answered
         (None: they may). ``straddlers``: the groups they re-cut; ``group_of_row``: each
-        row's group (in memory, the table's)."""
+        row's group (in memory, the table's); ``carried``: (d,) the features the parts
+        carry at stood-in means (no value of their rows: not judged)."""
         units = np.full(len(parts), -1, dtype=np.int64)
         if self.store is not None:
             from fedcluster.client_app.data.versions import audited
@@ -106,11 +107,11 @@ class ReportHistory:
             if store.present is not None:
                 width = self.site.n_features
                 present = lambda instances: store.present_cells(instances, width)  # noqa: E731
-            failing = audited._failures(store, parts, units, p, present)
+            failing = audited._failures(store, parts, units, p, present, carried)
             return failing[0][1] if failing else None
-        return self._in_memory(parts, units, straddlers, group_of_row, p)
+        return self._in_memory(parts, units, straddlers, group_of_row, p, carried)
 
-    def _in_memory(self, parts, units, straddlers, group_of_row, p) -> str | None:
+    def _in_memory(self, parts, units, straddlers, group_of_row, p, carried) -> str | None:
         """The audit over the table held in memory: the instances' (counts and each
         feature's present cells), then per feature the values' with the spread units."""
         heads = self.unit_heads()
@@ -129,8 +130,9 @@ class ReportHistory:
         if absent.any():
             present = lambda rows: ~np.isnan(np.asarray(X[rows]))  # noqa: E731
 
-            def group_reports(ids):
-                return np.array([present(flat[offsets[g]:offsets[g + 1]]).sum(axis=0) >= p
+            def group_reports(ids):  # (a part reports no feature it carries)
+                return np.array([(present(flat[offsets[g]:offsets[g + 1]]).sum(axis=0) >= p)
+                                 & ~(carried & (g >= len(members)))
                                  for g in np.asarray(ids).tolist()])
             reports = group_reports
         findings = span_audit.audit(offsets, flat, X.shape[0],
@@ -144,7 +146,9 @@ class ReportHistory:
         unit_of = np.concatenate([heads[old], np.where(units >= 0, heads.size + units, -1)])
         judged: dict = {}  # the decision depends on who is where, never on the values: a
         for j in range(X.shape[1]):  # feature missing in the same cells is judged once
-            cells = [m[~np.isnan(np.asarray(X[m, j]))] for m in everything]
+            cells = [m[~np.isnan(np.asarray(X[m, j]))] for m in everything[:len(members)]]
+            cells += [np.zeros(0, np.int64) if carried[j] else m[~np.isnan(np.asarray(X[m, j]))]
+                      for m in parts]
             values, local = np.unique(np.concatenate(cells), return_inverse=True)
             if values.size == 0:
                 continue
@@ -163,8 +167,10 @@ class ReportHistory:
                 return f"feature {j}: {reason}"
         return None
 
-    def record(self, digest: str, parts: list[np.ndarray], p: int) -> None:
-        """This version's partition is ``digest`` (its parts, as instances)."""
+    def record(self, digest: str, parts: list[np.ndarray], p: int,
+               carried: np.ndarray | None = None) -> None:
+        """This version's partition is ``digest`` (its parts, as instances; ``carried``:
+        the features they carry at stood-in means)."""
         if self.store is None:
             for stale in [key for key, (ref, _) in self._MEMORY.items() if ref() is None]:
                 del self._MEMORY[stale]
@@ -176,4 +182,4 @@ class ReportHistory:
         with site_files.locked(directory, "store.json"):  # another process may have answered
             store = Store.open(directory)
             if store.meta.get("reports", {}).get(str(self.number)) is None:
-                store.add_report(self.number, digest, parts, p)
+                store.add_report(self.number, digest, parts, p, () if carried is None else carried)

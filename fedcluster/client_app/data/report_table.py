@@ -12,40 +12,60 @@ few rows in their group's cluster, not the model's (6.7-8.3 % of the clinical de
 2. keeps every group whose rows lie in one cluster as it is (its statistics bit for bit),
    and pools the straddlers' rows of each cluster into one new group, a PART (at most k
    per site);
-3. keeps a straddler whole where a part it feeds would hold fewer than p_site rows, or
-   where the p% rule on means (``release/dominance.py``, from p_site 3) flags a part: its
-   rows then count in their group's cluster, as before;
+3. keeps a straddler whole where a part it feeds would hold fewer than p_site rows, where
+   a cut of the clusters (a part, or parts less the groups they came from: the
+   straddlers' rows on one side of the coordinator's boundaries) would isolate fewer than
+   p_site rows, or where the p% rule on means (``release/dominance.py``, from p_site 3)
+   flags a part in a feature it releases: its rows then count in their group's cluster,
+   as before. Where such a cut would isolate fewer than p_site present cells of a
+   numeric feature but not of rows (a feature missing in some of the rows across it),
+   the parts CARRY that feature: each part's cells of it stand at one STOOD-IN mean, the
+   mean of the groups a task assigns to its cluster whole (their released sums over
+   their released cells, as the coordinator can compute it), all shifted by one amount
+   so that the parts' sums add up to the split groups' own. Made of released sums and
+   the parts' cell counts, a carried sum says nothing those do not (not even how many of
+   one straddler's cells lie in a part, which its own mean would); the site's total of
+   the feature stays exact, its rows count where the model puts them, and only the
+   feature's split between the clusters is blurred, as with the groups whole. A level's
+   indicator is a count, not carried (a stood-in mean is no count), nor a feature a
+   straddler withholds cells of; a part's mean that a carried feature moves nearer
+   another centroid leaves the groups whole;
 4. gives the parts a spread derived from released figures alone: the split groups'
    released spreads plus what re-cutting their rows changes in the squared deviations
    (from the split groups' and the parts' counts and sums), shared by the parts' degrees
    of freedom. The report's squared deviations then add up exactly as the table's did
-   (the SSE is the rows' own where every straddler is split), and a part releases no
-   second moment of its own. The lone-cell rule applies as to every table;
+   (the SSE is the rows' own where every straddler is split and nothing is carried), and
+   a part releases no second moment of its own. The lone-cell rule applies as to every
+   table, but to a carried feature (its few cells carry no value of theirs);
 5. audits the parts' counts and sums with everything the site answered from
    (``report_history.py``: a deployed site's whole history; per feature, with the spread
-   units' sums of squares): where a combination isolates fewer than p rows or values,
-   one row's change, or the sums with the sums of squares determine a value, no group is
-   split;
+   units' sums of squares; a carried feature's sums are no sums of the parts' rows, so
+   they report none of its values): where a combination isolates fewer than p rows or
+   values, one row's change, or the sums with the sums of squares determine a value, no
+   group is split;
 6. answers one partition per version of its data (``report_history.py``): the same
    partition asked again (the evaluation, then the profile) is the same table; another
    one is answered from the groups whole.
 
 What it costs: rows of a straddler kept whole still count in their group's cluster (the
-site's log says how many rows the split moved, and why it kept groups whole); a part's
-spread per cluster is a share of the parts' total (Table 1's SDs per cluster blur a
-little across the parts; the total is exact); and a deployed site's later versions are
-audited with the parts too, so a version that regroups rows a part holds may have to
-hold some of them back (``bench/clinical_report.py`` measures the rows moved and lost).
+site's log says how many rows the split moved, how many features it carried, and why it
+kept groups whole); a part's spread per cluster is a share of the parts' total (Table 1's
+SDs per cluster blur a little across the parts; the total is exact); a carried feature's
+mean per cluster holds the parts' cells at the stood-in mean; and a deployed site's later
+versions are audited with the parts too, so a version that regroups rows a part holds
+may have to hold some of them back (``bench/clinical_report.py`` measures the rows moved
+and lost).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fedcluster.client_app.data import group_stats, group_table
-from fedcluster.client_app.data.group_table import judged_features, made_groups, _labels_of_groups
+from fedcluster.client_app.data import group_stats, group_table, report_cuts
+from fedcluster.client_app.data.group_table import made_groups, _labels_of_groups
+from fedcluster.client_app.data.report_cuts import BLOCK_ROWS
 from fedcluster.client_app.data.report_history import ReportHistory, partition_digest
 from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.release import dominance
@@ -72,6 +92,9 @@ class Report:
         Why no group was split ("": none straddles, or the split stands).
     group_of_row : (n,) int or None
         Each row's group in ``groups`` (-1: waiting); None: the site's own table's.
+    carried : int
+        The features the parts carry at a stood-in mean (made of released sums), not at
+        their rows' own (a cut of the clusters would isolate fewer than p of their cells).
     """
 
     groups: SiteGroups
@@ -79,11 +102,10 @@ class Report:
     moved: int
     why: str
     group_of_row: np.ndarray | None = None
+    carried: int = 0
 
 
 # ------------------------------------------------------------------ the rows' clusters
-#: Rows per block of the report's passes over a site's rows (a few MB of temporaries).
-BLOCK_ROWS = 1 << 15
 
 
 def rows_clusters(site: SiteData, rows: np.ndarray, centroids: np.ndarray,
@@ -102,44 +124,6 @@ def rows_clusters(site: SiteData, rows: np.ndarray, centroids: np.ndarray,
             X = np.clip(X, *box)
         out[start:start + BLOCK_ROWS] = kernels.assign(np.ascontiguousarray(X), C)[0]
     return out
-
-
-def _site_moments(site: SiteData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(d,) (d,): the mean and standard deviation of each feature over ``rows``' present
-    cells (the p% rule's yardsticks), a block of rows at a time."""
-    n, total, squares = (np.zeros(site.n_features) for _ in range(3))
-    for start in range(0, rows.size, BLOCK_ROWS):
-        X = np.asarray(site.X[rows[start:start + BLOCK_ROWS]], dtype=np.float64)
-        here = ~np.isnan(X)
-        filled = np.where(here, X, 0.0)
-        n, total, squares = n + here.sum(axis=0), total + filled.sum(axis=0), \
-            squares + (filled * filled).sum(axis=0)
-    mean = total / np.maximum(n, 1)
-    return mean, np.sqrt(np.maximum(squares / np.maximum(n, 1) - mean ** 2, 0.0))
-
-
-def _flagged_parts(site: SiteData, rows: np.ndarray, part: np.ndarray, k: int, p: int,
-                   moments) -> np.ndarray:
-    """(k,) bool: the parts the p% rule on means flags (``release/dominance.py``: from
-    p_site 3, in the judged features; ``moments``: the yardsticks, :func:`_site_moments`)."""
-    flagged = np.zeros(k, dtype=bool)
-    if p < dominance.MEANS_FROM_P or moments is None:
-        return flagged
-    site_mean, sd = moments
-    judged = judged_features(site)
-    for c in np.unique(part[part >= 0]).tolist():
-        values = np.asarray(site.X[rows[part == c]], dtype=np.float64)
-        cells = (~np.isnan(values)).sum(axis=0)
-        filled = np.where(np.isnan(values), 0.0, values)
-        mean = filled.sum(axis=0) / np.maximum(cells, 1)
-        high = np.where(cells > 0, np.where(np.isnan(values), -np.inf, values).max(axis=0), 0.0) - mean
-        low = np.where(cells > 0, np.where(np.isnan(values), np.inf, values).min(axis=0), 0.0) - mean
-        hit = dominance.dominated_means(mean[None], high[None], low[None], cells[None],
-                                        site_mean, sd)[0]
-        if judged is not None:
-            hit &= judged
-        flagged[c] = bool(hit.any())
-    return flagged
 
 
 # ------------------------------------------------------------------ the report's table
@@ -180,9 +164,12 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     straddling = np.flatnonzero(split[g])
     observed = np.concatenate([np.ones((straddling.size, 1)),
                                ~np.isnan(np.asarray(site.X[rows[straddling]]))], axis=1)
-    moments = _site_moments(site, rows) if p >= dominance.MEANS_FROM_P else None
+    fixed = np.concatenate([[True], ~report_cuts.carriable(site, groups, split)])
+    moments = report_cuts.site_moments(site, rows) if p >= dominance.MEANS_FROM_P else None
+    carried = np.zeros(site.n_features, dtype=bool)
     for _ in range(groups.n_groups + 1):  # keep whole what a part or a cut would expose
-        exposed = _exposed(site, rows, g, cluster, (straddling, observed), split, k, p, moments)
+        exposed, carried = report_cuts.exposed(site, rows, g, cluster,
+                                               (straddling, observed, fixed), split, k, p, moments)
         if not exposed.any():
             break
         split &= ~exposed
@@ -190,8 +177,15 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     if not split.any():
         return Report(groups, 0, 0, "" if (lo == hi).all() else
                       f"splitting its straddling groups would give sums of fewer than {p} "
-                      "rows or cells (a part, or a part less its groups)")
+                      "rows (a part, or a part less its groups)")
     clusters = [c for c in range(k) if np.any(part == c)]
+    table, report_of_row = _table(site, groups, rows, g, split, part, clusters, carried,
+                                  _assigned(groups, centroids, transform, box)
+                                  if carried.any() else None)
+    placed = _assigned(table, centroids, transform, box)[table.n_groups - len(clusters):]
+    if (placed != clusters).any():  # (a carried feature can move a part's mean)
+        return Report(groups, 0, 0, "a part's mean, its carried features at its cluster's "
+                      "groups' mean, lies nearer another centroid (its groups count whole)")
     members = [np.flatnonzero(part == c) for c in clusters]  # into ``rows``
     digest = partition_digest([rows[m] for m in members], p)
     done = history.answered()
@@ -201,13 +195,12 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     if done is None:  # (the rows' instances only here: the same partition asked again is known)
         instances = history.instances(rows)
         parts = [instances[m] for m in members]
-        finding = history.audit(parts, np.flatnonzero(split), group_of_row, p)
+        finding = history.audit(parts, np.flatnonzero(split), group_of_row, p, carried)
         if finding is not None:
             return Report(groups, 0, 0, f"the audit keeps the groups whole: {finding}")
-        history.record(digest, parts, p)
+        history.record(digest, parts, p, carried)
     moved = _moved(g, cluster, split, groups.n_groups, k)
-    table, report_of_row = _table(site, groups, rows, g, split, part, clusters)
-    return Report(table, int(split.sum()), moved, "", report_of_row)
+    return Report(table, int(split.sum()), moved, "", report_of_row, int(carried.sum()))
 
 
 def as_answered(site: SiteData, min_size: int, cache_dir, centroids: np.ndarray,
@@ -222,21 +215,6 @@ def as_answered(site: SiteData, min_size: int, cache_dir, centroids: np.ndarray,
     made = report_groups(site, groups, group_of_row, centroids, transform, None,
                          ReportHistory(site, groups))
     return made.groups, group_of_row if made.group_of_row is None else made.group_of_row
-
-
-def _exposed(site: SiteData, rows: np.ndarray, g: np.ndarray, cluster: np.ndarray,
-             observed: tuple, split: np.ndarray, k: int, p: int, moments) -> np.ndarray:
-    """(G,) bool: the split groups to keep whole: those a cut under p rests on
-    (:func:`_short_cuts`; ``observed``: the straddlers' rows and what a cut counts of
-    them), and those feeding a part of fewer than p rows or one the p% rule on means
-    flags (:func:`_flagged_parts`)."""
-    at, counted = observed
-    touching = _short_cuts(g[at], cluster[at], counted, split, k, p)
-    part = np.where(split[g], cluster, -1)
-    sizes = np.bincount(part[part >= 0], minlength=k)
-    bad = ((sizes > 0) & (sizes < p)) | _flagged_parts(site, rows, part, k, p, moments)
-    touching[g[(part >= 0) & bad[np.maximum(part, 0)]]] = True
-    return touching & split
 
 
 def _part_spreads(groups: SiteGroups, split: np.ndarray, cells: np.ndarray,
@@ -259,42 +237,40 @@ def _part_spreads(groups: SiteGroups, split: np.ndarray, cells: np.ndarray,
         return np.where(dof.sum(axis=0) > 0, total * dof / dof.sum(axis=0), 0.0)
 
 
-#: The most clusters whose every cut :func:`_short_cuts` tries (2^k - 2 cuts); beyond,
-#: the audit alone judges.
-MAX_CUT_CLUSTERS = 12
+def _carried_sums(groups: SiteGroups, split: np.ndarray, home: np.ndarray,
+                  clusters: list[int], cells: np.ndarray) -> np.ndarray:
+    """(parts, d): per part and feature, its ``cells`` at a stood-in mean: the mean of the
+    groups training assigns to its cluster whole (``home``: each group's cluster by its
+    mean, as the coordinator can compute it; released sums over released cells; every
+    group's where none of them holds a cell), all shifted by one amount so that the parts'
+    sums add up to the split groups' (the site's total stays exact). Made of released sums
+    and counts only, the parts' sums say nothing those do not: not even how many of one
+    straddler's cells lie in a part (its own mean would)."""
+    released = np.asarray(np.broadcast_to(groups.counts[:, None], groups.sums.shape)
+                          if groups.present is None else groups.present, dtype=np.float64)
+    sums = np.asarray(groups.sums, dtype=np.float64)
+    overall = sums.sum(axis=0) / np.maximum(released.sum(axis=0), 1.0)
+    at = np.empty(cells.shape)
+    for slot, c in enumerate(clusters):
+        total = released[home == c].sum(axis=0)
+        at[slot] = np.where(total > 0, sums[home == c].sum(axis=0) / np.maximum(total, 1.0), overall)
+    shift = (sums[split].sum(axis=0) - (cells * at).sum(axis=0)) / np.maximum(cells.sum(axis=0), 1)
+    return cells * (at + shift[None, :])
 
 
-def _short_cuts(g: np.ndarray, cluster: np.ndarray, observed: np.ndarray, split: np.ndarray,
-                k: int, p: int) -> np.ndarray:
-    """(G,) bool: the split groups to keep whole so that no cut of the clusters isolates
-    fewer than p rows or cells. For clusters T, the parts in T less the split groups'
-    sums give each split group's rows on one side of T's boundary: summed over the groups
-    the smaller side (``g``, ``cluster``: the straddlers' rows' groups and clusters;
-    ``observed``: per such row, 1 and each feature's present cell), that combination's
-    support. A cut under p (not 0) keeps its groups whole; the audit judges
-    the rest. A pre-filter that spares the audit's refusal: the audit decides."""
-    out = np.zeros(split.size, dtype=bool)
-    if k > MAX_CUT_CLUSTERS or not split.any():
-        return out
-    mine = split[g]
-    ids, local = np.unique(g[mine], return_inverse=True)  # the split groups alone
-    per_cluster = np.zeros((ids.size, k, observed.shape[1]))
-    np.add.at(per_cluster, (local, cluster[mine]), observed[mine])
-    total = per_cluster.sum(axis=1)
-    # every cut once (T and its complement are one cut: the last cluster stays outside),
-    # in Gray-code order, so that each side is the last one with one cluster moved
-    side = np.zeros_like(total)
-    previous = 0
-    for step in range(1, 1 << (k - 1)):
-        mask = step ^ (step >> 1)
-        moved = (mask ^ previous).bit_length() - 1
-        side += per_cluster[:, moved] if mask & (1 << moved) else -per_cluster[:, moved]
-        previous = mask
-        smaller = np.minimum(side, total - side)  # (split groups, 1 + d)
-        support = smaller.sum(axis=0)
-        short = (support > 0) & (support < p)
-        if short.any():
-            out[ids[(smaller[:, short] > 0).any(axis=1)]] = True
+def _assigned(groups: SiteGroups, centroids: np.ndarray, transform: str | None, box) -> np.ndarray:
+    """(G,) each group's cluster as a task assigns it whole: its mean, in the run's space
+    (``transform``; clipped to ``box`` where given), to the nearest centroid."""
+    if transform is not None:
+        groups = groups.in_run_space(scaling.FeatureTransform.decode(transform))
+    if box is not None:
+        groups = groups.clipped(*box)
+    means = np.asarray(groups.means, dtype=np.float64)
+    out = np.full(groups.n_groups, -1, dtype=np.int64)  # (-1: a mean the run leaves missing)
+    known = np.isfinite(means).all(axis=1)
+    if known.any():
+        out[known] = kernels.assign(np.ascontiguousarray(means[known]),
+                                    np.ascontiguousarray(centroids, dtype=np.float64))[0]
     return out
 
 
@@ -307,9 +283,11 @@ def _moved(g: np.ndarray, cluster: np.ndarray, split: np.ndarray, n_groups: int,
 
 
 def _table(site: SiteData, groups: SiteGroups, rows: np.ndarray, g: np.ndarray,
-           split: np.ndarray, part: np.ndarray, clusters: list[int]):
+           split: np.ndarray, part: np.ndarray, clusters: list[int], carried: np.ndarray,
+           home: np.ndarray):
     """The kept groups (as they are) then one group per part (its spread derived:
-    :func:`_part_spreads`), as a SiteGroups, and each row's group in it."""
+    :func:`_part_spreads`; its ``carried`` features' sums: its cells at the stood-in
+    means: :func:`_carried_sums`), as a SiteGroups, and each row's group in it."""
     keep = np.flatnonzero(~split)
     slot = np.full(int(part.max()) + 1, -1, dtype=np.int64)
     slot[clusters] = np.arange(len(clusters))
@@ -318,7 +296,10 @@ def _table(site: SiteData, groups: SiteGroups, rows: np.ndarray, g: np.ndarray,
     counts, sums, _, present = group_stats.group_statistics(site.X, part_of_row, len(clusters))
     width = site.n_features
     cells = np.repeat(counts[:, None], width, axis=1) if present is None else present
+    if carried.any():
+        sums[:, carried] = _carried_sums(groups, split, home, clusters, cells)[:, carried]
     shown_sums, _, shown, _ = withhold_lone_cells(sums, None, cells, groups.min_size)
+    shown_sums[:, carried], shown[:, carried] = sums[:, carried], cells[:, carried]
     m2 = _part_spreads(groups, split, np.asarray(shown, dtype=np.float64), shown_sums)
     kept_present = None if groups.present is None else groups.present[keep] + (
         0 if groups.withheld is None else groups.withheld[keep])
@@ -330,10 +311,20 @@ def _table(site: SiteData, groups: SiteGroups, rows: np.ndarray, g: np.ndarray,
     renumber = np.full(groups.n_groups, -1, dtype=np.int64)
     renumber[keep] = np.arange(keep.size)
     report_of_row[rows] = np.where(split[g], keep.size + part_of_row[rows], renumber[g])
-    return made_groups(
+    table = made_groups(
         site, groups.min_size, np.concatenate([groups.counts[keep], counts]),
         np.concatenate([groups.sums[keep], sums]), np.concatenate([groups.m2[keep], m2]),
         None if present is None else np.concatenate([kept_present, present]).astype(np.int64),
         _labels_of_groups(site, report_of_row), groups.waiting, table_ref=None,
         rows_dropped=None if groups.table is None else groups.table.rows_dropped,
-        held_back=(groups.held_back, groups.held_back_why)), report_of_row
+        held_back=(groups.held_back, groups.held_back_why))
+    if carried.any() and table.withheld is not None and table.withheld[keep.size:].any():
+        # a carried feature's few cells in a part stand at a stood-in mean, no value of theirs:
+        # the lone-cell rule (which made_groups applies) has nothing to withhold there
+        at = (slice(keep.size, None), carried)
+        restored = {name: np.array(getattr(table, name)) for name in ("sums", "m2", "present", "withheld")}
+        restored["sums"][at], restored["m2"][at] = sums[:, carried], m2[:, carried]
+        restored["present"][at] = cells[:, carried]
+        restored["withheld"][at] = 0
+        table = replace(table, **restored)
+    return table, report_of_row

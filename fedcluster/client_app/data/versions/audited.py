@@ -153,11 +153,16 @@ def audited(store: Store, candidates: list[np.ndarray], p: int, present, finding
     return final, held, pairing(final)
 
 
-def _failures(store: Store, new: list[np.ndarray], units: np.ndarray, p: int, present):
+def _failures(store: Store, new: list[np.ndarray], units: np.ndarray, p: int, present,
+              carried: np.ndarray | None = None):
     """(indices into ``new``, reason) of the audits' failing components (every group the
-    store holds, and the ``new`` ones): the instances' audit, then the values'."""
+    store holds, and the ``new`` ones): the instances' audit, then the values'.
+    ``carried``: (d,) the features the new groups carry at stood-in means (a report's
+    parts, ``data/report_table.py``): their sums there are no sums of their rows, so
+    they report none of those features' values (nor do the parts the store recorded)."""
     if not new:
         return []
+    carried_of = value_audit.carried_of(store, len(new), carried, present)
     answered = store.disclosed_groups()
     old_offsets, old_members = store.members_csr(answered)
     sizes = np.array([m.size for m in new], dtype=np.int64)
@@ -165,15 +170,16 @@ def _failures(store: Store, new: list[np.ndarray], units: np.ndarray, p: int, pr
     members = np.concatenate([old_members, *new]).astype(np.int64)
     min_size = np.concatenate([store.group_p[answered], np.full(len(new), p)]).astype(np.int64)
     n_old = answered.size
-    reports = None
-    if present is not None:
-        def reports(groups):
-            return np.array([present(members[offsets[g]:offsets[g + 1]]).sum(axis=0) >= min_size[g]
-                             for g in np.asarray(groups).tolist()])
+
+    def reports(groups):  # (a group reports a feature of p cells or more, not one it carries)
+        groups = np.asarray(groups)
+        shown = np.array([present(members[offsets[g]:offsets[g + 1]]).sum(axis=0) >= min_size[g]
+                          for g in groups.tolist()])
+        return shown if carried_of is None or not groups.size else shown & ~carried_of[groups]
     findings = span_audit.audit(offsets, members, store.n_instances,
                                 np.arange(n_old, n_old + len(new)), min_size, p,
-                                store.same_row(), present, reports)
+                                store.same_row(), present, None if present is None else reports)
     out = [(f.groups - n_old, f.reason) for f in findings]
-    return out + value_audit.failures(store, new, units, p, present)
+    return out + value_audit.failures(store, new, units, p, present, carried_of)
 
 

@@ -27,17 +27,16 @@ The store holds:
   tables' records (the group table entry each is kept as, its lineage, what the version
   kept, withdrew and held back) and the arrays' lengths (written last: arrays only grow,
   so a reader takes the first lengths), and the report partitions answered (per table
-  its digest; the parts are groups in no table: ``data/report_history.py``);
+  its digest; the parts, groups in no table, and the features they carry);
   ``table-<n>-dropped.npy``: the groups of the rows ``drop-row`` dropped.
 
-Every table counts as answered from the moment it is made (``fedcluster site check``
-makes the version it shows, too): the site then never has to record, message by
-message, which tables a reply left from, and the audit can only be stricter for it.
+Every table counts as answered once made (``site check`` makes the version it shows, too):
+no reply's tables need recording, and the audit can only be stricter for it.
 
 A LINEAGE is a series of tables each built on the one before (``next_version.py``): a
-version continues the lineage whose newest table holds most of its rows (so a
-file exported under a new name, or a corrected one, continues its lineage), and starts a
-new one when it shares no row with any. The site's DP budget is kept per lineage.
+version continues the lineage whose newest table holds most of its rows (a file exported
+under a new name, or corrected, continues its lineage), and starts a new one when it
+shares no row with any. The site's DP budget is kept per lineage.
 
 Every write happens under the store's lock (``site_files.locked``), by the one process
 that builds a version; a reader maps the arrays.
@@ -200,8 +199,7 @@ class Store:
         return offsets, self.members[index]
 
     def disclosed_groups(self) -> np.ndarray:
-        """Every group of every table (each counts as answered from): every group the
-        store holds, since a group is added with its table."""
+        """Every group the store holds (a table's or a report's): each was answered from."""
         return np.arange(self.n_groups, dtype=np.int64)
 
     def heads(self) -> dict[str, dict]:
@@ -358,20 +356,23 @@ class Store:
         self.unit = np.concatenate([self.unit, numbers])  # each its own until set_units
         return numbers
 
-    def add_report(self, table: int, digest: str, parts: list[np.ndarray], min_size: int) -> None:
+    def add_report(self, table: int, digest: str, parts: list[np.ndarray], min_size: int,
+                   carried=()) -> None:
         """Record the report's parts of table ``table`` (its one partition, ``digest``) as
-        answered groups (their spreads derived: no unit), and save: audits count them."""
+        answered groups (spreads derived: no unit; ``carried``: (d,) the features they
+        carry, ``value_audit.recorded_carried``), and save: audits count them."""
         offsets = np.concatenate([[0], np.cumsum([part.size for part in parts])]).astype(np.int64)
         numbers = self.add_groups(SimpleNamespace(offsets=offsets, members=np.concatenate(parts)), min_size)
         self.set_units(numbers, np.full(numbers.size, -1))
         self.meta.setdefault("reports", {})[str(table)] = digest
-        self.meta.setdefault("report-groups", []).append([int(numbers[0]), int(numbers[-1]) + 1])
+        self.meta.setdefault("report-groups", []).append(
+            [int(numbers[0]), int(numbers[-1]) + 1, np.flatnonzero(carried).tolist()])
         self.save()
 
     def report_group_mask(self) -> np.ndarray:
         """(groups,) bool: the groups reports added (in no table)."""
         mask = np.zeros(self.n_groups, dtype=bool)
-        for first, stop in self.meta.get("report-groups", []):
+        for first, stop, *_ in self.meta.get("report-groups", []):
             mask[first:stop] = True
         return mask
 

@@ -65,7 +65,33 @@ def _values(instances: np.ndarray, links: np.ndarray, hashes: np.ndarray, presen
     return per_feature, chain, True
 
 
-def failures(store, new: list[np.ndarray], units: np.ndarray, p: int, present) -> list:
+def carried_of(store, n_new: int, carried: np.ndarray | None, present) -> np.ndarray | None:
+    """(store's groups + ``n_new``, d) bool or None: per group, the features it carries at
+    stood-in means and so reports no value of (a report's parts: the store's recorded
+    ones, and the new ones' ``carried``); None: no group carries any."""
+    if present is None:
+        return None  # (no cell missing: a part carries no feature)
+    width = max(store.cell_width, 0 if carried is None else np.asarray(carried).size)
+    old = recorded_carried(store, width)
+    new = np.zeros((n_new, width), dtype=bool)
+    if carried is not None:
+        new[:, :np.asarray(carried).size] = np.asarray(carried, dtype=bool)
+    out = np.concatenate([old, new])
+    return out if out.any() else None
+
+
+def recorded_carried(store, width: int) -> np.ndarray:
+    """(store's groups, width) bool: per group, the features whose sums are no sums of its
+    rows (the carried features of a report's parts, as ``Store.add_report`` records them)."""
+    out = np.zeros((store.n_groups, width), dtype=bool)
+    for first, stop, *carried in store.meta.get("report-groups", []):
+        if carried and carried[0]:
+            out[first:stop, [j for j in carried[0] if j < width]] = True
+    return out
+
+
+def failures(store, new: list[np.ndarray], units: np.ndarray, p: int, present,
+             carried: np.ndarray | None = None) -> list:
     """(indices into ``new``, reason) of the components that fail the audit over values.
 
     Parameters
@@ -80,6 +106,8 @@ def failures(store, new: list[np.ndarray], units: np.ndarray, p: int, present) -
         The site's p now.
     present : callable (instances) -> (n, d) bool, or None
         The instances' present cells (None: none missing).
+    carried : (store's groups + len(new), d) bool, optional
+        Per group, the features it reports no value of (:func:`carried_of`).
     """
     if not new:
         return []
@@ -109,7 +137,7 @@ def failures(store, new: list[np.ndarray], units: np.ndarray, p: int, present) -
         if shown[groups[groups >= n_old] - n_old].all():
             continue  # every new group carries fresh values of its own (``_hosted``)
         reason = _judge(store, groups, instances, offsets, members, units, group_p, links,
-                        min(p, int(group_p[groups].min())), present)
+                        min(p, int(group_p[groups].min())), present, carried)
         if reason is not None:
             out.append((groups[groups >= n_old] - n_old, reason))
     return out
@@ -222,7 +250,8 @@ def _rebuilds(store, members: np.ndarray, need: int, present, owners, last) -> b
     return True
 
 
-def _judge(store, groups, instances, offsets, members, units, group_p, links, floor, present):
+def _judge(store, groups, instances, offsets, members, units, group_p, links, floor, present,
+           carried=None):
     """Why one component fails, feature by feature (each distinct pattern once), or None.
     Without a link inside the component its values are its instances, whose sums the
     instances' audit (``release/span_audit``) has judged: the sums of squares then."""
@@ -252,7 +281,9 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
             unit_cells = []
             for g in members_of:
                 here = local[g][cells[local[g], j]]
-                if here.size >= group_p[g]:  # a group reports a feature of p cells or more
+                if here.size >= group_p[g] and (carried is None or j >= carried.shape[1]
+                                                or not carried[g, j]):
+                    # a group reports a feature of p cells or more (not one it carries)
                     group_lists.append(np.unique(value[here]))
                     unit_cells.append(value[here])
             if unit_cells and unit >= 0:
