@@ -140,7 +140,7 @@ for module, name, label in [
         (group_stats, "group_m2", "group_m2 (a window of groups each)"),
         (group_stats, "stats_keys", "stats_keys (hash of each group's statistics)"),
         (group_stats, "canonical_order", "canonical_order"),
-        (group_table, "_labels_of_groups", "labels"),
+        (group_table, "labels_of_groups", "labels"),
         (group_table.group_entries, "write_entry", "write_entry (.npy files, json)"),
         (group_table, "_read_entry", "_read_entry (first a miss; then the entry, mapped)")]:
     timed(module, name, label)

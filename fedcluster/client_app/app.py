@@ -256,13 +256,14 @@ class SiteClient(NumPyClient):
             site_policy.check_site_rows(self.node, groups.n_rows, groups.waiting,
                                         groups.held_back, groups.held_back_why)
             rows = PrivateRows(self._site.X, self._grouped, groups.source)
+            arrays = [np.asarray(a) for a in parameters]
             if config.get(protocol.REPORT) and task in protocol.REPORT_TASKS \
                     and not config.get(protocol.DP_RHO):
-                groups = self._report_groups(groups, task, parameters, config)
+                groups = self._report_groups(groups, task, arrays, config)
                 groups_digest = groups.digest[:16]
             with self._budget_ledger(config) as budget_ledger:
                 rho, budget = self._charge(budget_ledger, task, config)
-                reply = run_task(groups, [np.asarray(a) for a in parameters], dict(config),
+                reply = run_task(groups, arrays, dict(config),
                                  self.node.min_cluster_size, noise_seed=self._noise_seed(config),
                                  private_rows=rows)
             from_rows = self._site.rows_fingerprint()[:16] if rho is not None else None
@@ -286,11 +287,12 @@ class SiteClient(NumPyClient):
         site_policy.count_round(self.state, self.run_id, task)
         return answer
 
-    def _report_groups(self, groups: SiteGroups, task: str, parameters, config) -> SiteGroups:
+    def _report_groups(self, groups: SiteGroups, task: str, arrays: list, config) -> SiteGroups:
         """The final model's report table (``data/report_table.py``) at the centroids the
-        task sent; the site's log says what it split, or why it kept its groups whole."""
+        task sent (``arrays``, as the task reads them); the site's log says what it split,
+        or why it kept its groups whole."""
         try:
-            centroids = protocol.task_inputs(task, [np.asarray(a) for a in parameters]).centroids
+            centroids = protocol.task_inputs(task, arrays).centroids
         except protocol.ProtocolError as err:
             raise TaskError(f"task {task}: {err}") from None
         C = received_centroids(centroids, groups)

@@ -49,7 +49,8 @@ from fedcluster.client_app.release.lone_cells import withhold_lone_cells
 from fedcluster.client_app.site_groups import GroupLabels, SiteGroups
 from fedcluster.client_app.data.versions import joining, row_keys
 
-__all__ = ["build", "group_statistics", "grouping_scale", "judged_features", "made_groups",
+__all__ = ["build", "group_statistics", "grouping_scale", "judged_features", "labels_of_groups",
+           "made_groups",
            "row_groups", "row_hashes", "rows_as_groups", "site_groups"]
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def _label_codes(site: SiteData) -> tuple[np.ndarray, tuple[str, ...]] | None:
     return codes.astype(np.int64), names
 
 
-def _labels_of_groups(site: SiteData, group_of_row: np.ndarray) -> GroupLabels | None:
+def labels_of_groups(site: SiteData, group_of_row: np.ndarray) -> GroupLabels | None:
     if (coded := _label_codes(site)) is None:
         return None
     codes, names = coded
@@ -92,10 +93,12 @@ def judged_features(site: SiteData) -> np.ndarray | None:
     return np.array(judged, dtype=bool) if len(judged) == site.n_features else None
 
 
-def _groups(site: SiteData, min_size: int, counts, sums, m2, present, labels, waiting: int,
-            digest: str | None = None, table_ref=None, rows_dropped: int | None = None,
-            spread_rule: dict | None = None, held_back: tuple = (0, ""), units=None):
-    """The SiteGroups of a group table as made or kept: a feature's present cells fewer
+def made_groups(site: SiteData, min_size: int, counts, sums, m2, present, labels,
+                waiting: int, digest: str | None = None, table_ref=None,
+                rows_dropped: int | None = None, spread_rule: dict | None = None,
+                held_back: tuple = (0, ""), units=None):
+    """The SiteGroups of a group table as made or kept (and of the report's,
+    ``report_table.py``): a feature's present cells fewer
     than p_site in a group are withheld (``release/lone_cells.py``; applied here, on
     every table handed to tasks, kept ones made before the rule included) and counted
     apart (``SiteGroups.withheld``); the table's facts (cells missing in the data, rows
@@ -138,7 +141,7 @@ def _fresh(site: SiteData, min_size: int, scratch: Path | None = None):
     columns, order, spreads = group_stats.ordered(site.X, group_of_row, n_groups, scratch,
                                                   min_size, judged=judged_features(site))
     group_of_row = group_stats.relabel(group_of_row, order)
-    return group_stats.Table(columns, site.n_features, _labels_of_groups(site, group_of_row),
+    return group_stats.Table(columns, site.n_features, labels_of_groups(site, group_of_row),
                              int(np.count_nonzero(group_of_row < 0)), spreads), group_of_row
 
 
@@ -148,7 +151,7 @@ def build(site: SiteData, min_size: int) -> tuple[SiteGroups, np.ndarray]:
     table, group_of_row = _fresh(site, min_size)
     rule = None if table.spreads is None else table.spreads.summary()
     units = None if table.spreads is None else table.spreads.unit_heads()
-    return _groups(site, min_size, *table.held(), table.labels, table.waiting,
+    return made_groups(site, min_size, *table.held(), table.labels, table.waiting,
                    spread_rule=rule, units=units), group_of_row
 
 
@@ -236,7 +239,7 @@ def _read_entry(base: Path, site: SiteData, store_dir: Path):
         coo = np.asarray(parts["labels"])
         labels = GroupLabels(coo[:, 0], coo[:, 1], coo[:, 2], tuple(meta["label-names"]))
     ref = versions.TableRef(str(store_dir), number, str(meta["lineage"]))
-    groups = _groups(site, int(meta["min-size"]), parts["counts"], parts["sums"], parts["m2"],
+    groups = made_groups(site, int(meta["min-size"]), parts["counts"], parts["sums"], parts["m2"],
                      parts.get("present"), labels, int(meta["waiting"]), str(meta["digest"]), ref,
                      int(meta.get("rows-dropped", 0)), meta.get("spreads"),
                      (int(meta.get("held-back", 0)), str(meta.get("held-back-why", ""))))
@@ -258,10 +261,6 @@ def row_groups(site: SiteData, min_size: int,
     if read is None:
         raise SiteDataError(f"{site.source}: the group table's entry is gone from {cache_dir}")
     return np.asarray(read[1]["row-groups"], dtype=np.int64)
-
-
-#: The SiteGroups of a table's columns (the lone-cell rule applied; ``report_table.py``).
-made_groups = _groups
 
 
 # ------------------------------------------------------------------ a new version
@@ -373,7 +372,7 @@ def _version_table(site: SiteData, plan, directory: Path, min_size: int):
                 (columns["present"] or [group_stats.spread(columns["counts"][0], width)])
         for name in ("counts", "sums", "m2"):
             columns[name] = kept[name] + columns[name]
-    table = group_stats.Table(columns, site.n_features, _labels_of_groups(site, group_of_row),
+    table = group_stats.Table(columns, site.n_features, labels_of_groups(site, group_of_row),
                               int(np.count_nonzero(group_of_row < 0)), spreads)
     return table, group_of_row, order
 

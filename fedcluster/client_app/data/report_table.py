@@ -64,7 +64,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from fedcluster.client_app.data import group_stats, group_table, report_cuts
-from fedcluster.client_app.data.group_table import made_groups, _labels_of_groups
+from fedcluster.client_app.data.group_table import labels_of_groups, made_groups
 from fedcluster.client_app.data.report_cuts import BLOCK_ROWS
 from fedcluster.client_app.data.report_history import ReportHistory, partition_digest
 from fedcluster.client_app.data.site_data import SiteData
@@ -315,7 +315,7 @@ def _table(site: SiteData, groups: SiteGroups, rows: np.ndarray, g: np.ndarray,
         site, groups.min_size, np.concatenate([groups.counts[keep], counts]),
         np.concatenate([groups.sums[keep], sums]), np.concatenate([groups.m2[keep], m2]),
         None if present is None else np.concatenate([kept_present, present]).astype(np.int64),
-        _labels_of_groups(site, report_of_row), groups.waiting, table_ref=None,
+        labels_of_groups(site, report_of_row), groups.waiting, table_ref=None,
         rows_dropped=None if groups.table is None else groups.table.rows_dropped,
         held_back=(groups.held_back, groups.held_back_why))
     if carried.any() and table.withheld is not None and table.withheld[keep.size:].any():
