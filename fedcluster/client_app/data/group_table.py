@@ -50,8 +50,7 @@ from fedcluster.client_app.site_groups import GroupLabels, SiteGroups
 from fedcluster.client_app.data.versions import joining, row_keys
 
 __all__ = ["build", "group_statistics", "grouping_scale", "judged_features", "labels_of_groups",
-           "made_groups",
-           "row_groups", "row_hashes", "rows_as_groups", "site_groups"]
+           "made_groups", "row_groups", "row_hashes", "rows_as_groups", "site_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +151,7 @@ def build(site: SiteData, min_size: int) -> tuple[SiteGroups, np.ndarray]:
     rule = None if table.spreads is None else table.spreads.summary()
     units = None if table.spreads is None else table.spreads.unit_heads()
     return made_groups(site, min_size, *table.held(), table.labels, table.waiting,
-                   spread_rule=rule, units=units), group_of_row
+                       spread_rule=rule, units=units), group_of_row
 
 
 # ------------------------------------------------------------------ where tables are kept
@@ -240,9 +239,9 @@ def _read_entry(base: Path, site: SiteData, store_dir: Path):
         labels = GroupLabels(coo[:, 0], coo[:, 1], coo[:, 2], tuple(meta["label-names"]))
     ref = versions.TableRef(str(store_dir), number, str(meta["lineage"]))
     groups = made_groups(site, int(meta["min-size"]), parts["counts"], parts["sums"], parts["m2"],
-                     parts.get("present"), labels, int(meta["waiting"]), str(meta["digest"]), ref,
-                     int(meta.get("rows-dropped", 0)), meta.get("spreads"),
-                     (int(meta.get("held-back", 0)), str(meta.get("held-back-why", ""))))
+                         parts.get("present"), labels, int(meta["waiting"]), str(meta["digest"]),
+                         ref, int(meta.get("rows-dropped", 0)), meta.get("spreads"),
+                         (int(meta.get("held-back", 0)), str(meta.get("held-back-why", ""))))
     grouped = None if groups.waiting == 0 else np.asarray(parts["row-groups"]) >= 0
     return groups, grouped
 

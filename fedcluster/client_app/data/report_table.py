@@ -179,6 +179,12 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
                       f"splitting its straddling groups would give sums of fewer than {p} "
                       "rows (a part, or a part less its groups)")
     clusters = [c for c in range(k) if np.any(part == c)]
+    members = [np.flatnonzero(part == c) for c in clusters]  # into ``rows``
+    digest = partition_digest([rows[m] for m in members], p)
+    done = history.answered()
+    if done is not None and done != digest:
+        return Report(groups, 0, 0, "the site answered a report over another partition of this "
+                      "version of its data; one per version (its groups count whole)")
     table, report_of_row = _table(site, groups, rows, g, split, part, clusters, carried,
                                   _assigned(groups, centroids, transform, box)
                                   if carried.any() else None)
@@ -186,12 +192,6 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     if (placed != clusters).any():  # (a carried feature can move a part's mean)
         return Report(groups, 0, 0, "a part's mean, its carried features at its cluster's "
                       "groups' mean, lies nearer another centroid (its groups count whole)")
-    members = [np.flatnonzero(part == c) for c in clusters]  # into ``rows``
-    digest = partition_digest([rows[m] for m in members], p)
-    done = history.answered()
-    if done is not None and done != digest:
-        return Report(groups, 0, 0, "the site answered a report over another partition of this "
-                      "version of its data; one per version (its groups count whole)")
     if done is None:  # (the rows' instances only here: the same partition asked again is known)
         instances = history.instances(rows)
         parts = [instances[m] for m in members]
@@ -217,6 +217,13 @@ def as_answered(site: SiteData, min_size: int, cache_dir, centroids: np.ndarray,
     return made.groups, group_of_row if made.group_of_row is None else made.group_of_row
 
 
+def _released_cells(groups: SiteGroups) -> np.ndarray:
+    """(G, d) float: each group's present cells of each feature as it released them (its
+    rows, where no cell is missing)."""
+    return np.asarray(np.broadcast_to(groups.counts[:, None], groups.sums.shape)
+                      if groups.present is None else groups.present, dtype=np.float64)
+
+
 def _part_spreads(groups: SiteGroups, split: np.ndarray, cells: np.ndarray,
                   sums: np.ndarray) -> np.ndarray:
     """The parts' m2 (module docstring, 4): per feature, the split groups' released
@@ -225,8 +232,7 @@ def _part_spreads(groups: SiteGroups, split: np.ndarray, cells: np.ndarray,
     total of the report's groups' squared deviations, as the table's is), shared by the
     parts' degrees of freedom. Every term is a released figure (the split groups' spreads,
     counts and sums; the parts' counts and sums): the parts release no second moment."""
-    present_s = (np.broadcast_to(groups.counts[:, None], groups.sums.shape) if groups.present is None
-                 else groups.present)[split].astype(np.float64)
+    present_s = _released_cells(groups)[split]
     sums_s = np.asarray(groups.sums[split], dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         before = np.where(present_s > 0, sums_s ** 2 / present_s, 0.0).sum(axis=0)
@@ -246,8 +252,7 @@ def _carried_sums(groups: SiteGroups, split: np.ndarray, home: np.ndarray,
     sums add up to the split groups' (the site's total stays exact). Made of released sums
     and counts only, the parts' sums say nothing those do not: not even how many of one
     straddler's cells lie in a part (its own mean would)."""
-    released = np.asarray(np.broadcast_to(groups.counts[:, None], groups.sums.shape)
-                          if groups.present is None else groups.present, dtype=np.float64)
+    released = _released_cells(groups)
     sums = np.asarray(groups.sums, dtype=np.float64)
     overall = sums.sum(axis=0) / np.maximum(released.sum(axis=0), 1.0)
     at = np.empty(cells.shape)
