@@ -107,7 +107,7 @@ print(json.dumps({"seconds": seconds, "baseline": baseline, "peak": peak(), "hwm
 SITE_CHILD = PEAK + """
 import sys
 import numpy as np
-from fedcluster.client_app.data import group_stats, group_table, site_data
+from fedcluster.client_app.data import group_stats, group_table, grouped_rows, site_data, version_table
 
 path, warm, g, cache, warm_cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 # the whole build once on a small file: kernels from the disk cache, every code path
@@ -133,9 +133,9 @@ def timed(module, name, label):
 
 for module, name, label in [
         (site_data, "load_site_file", "load_site_file (map, check finite)"),
-        (group_table, "row_hashes", "row_hashes (growth)"),
-        (group_table, "grouping_scale", "grouping_scale"),
-        (group_table, "group_rows", "group_rows"),
+        (version_table, "row_hashes", "row_hashes (growth)"),
+        (grouped_rows, "grouping_scale", "grouping_scale"),
+        (grouped_rows, "group_rows", "group_rows"),
         (group_stats, "group_sums", "group_sums (counts, sums)"),
         (group_stats, "group_m2", "group_m2 (a window of groups each)"),
         (group_stats, "stats_keys", "stats_keys (hash of each group's statistics)"),
@@ -269,7 +269,7 @@ def _left_out(site: np.ndarray, labels: np.ndarray, rule: str) -> np.ndarray:
         return np.bincount(labels)[labels] == 1
     from sklearn.neighbors import NearestNeighbors
 
-    from fedcluster.client_app.data.group_table import grouping_scale
+    from fedcluster.client_app.data.grouping import grouping_scale
 
     scale = grouping_scale(site)
     Z = site if scale is None else site * scale
@@ -288,7 +288,7 @@ def quality(sets: list[str], sizes: tuple[int, ...], seeds: int = 1,
     sys.path.insert(0, str(BENCH))
     from quality import SPLITS, load  # noqa: E402  (bench/quality.py)
 
-    from fedcluster.client_app.data.group_table import grouping_scale
+    from fedcluster.client_app.data.grouping import grouping_scale
     from fedcluster.client_app.data.grouping import group_rows
     from fedcluster.common.datasets import partition
 

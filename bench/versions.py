@@ -19,7 +19,7 @@ waiting rows, and runs the span audit (``client_app/data/versions/``). Two parts
    version is built in a fresh child process (NUMBA_NUM_THREADS=2), as a site's first
    message after the file changed builds it: ``load_site_file`` + ``site_groups``.
    Measured per version: the whole build's seconds; the audit's seconds
-   (``span_audit.audit``) and its own peak memory (tracemalloc: what the audit allocates,
+   (``release/audit.judge``, the one audit) and its own peak memory (tracemalloc: what the audit allocates,
    numpy's arrays included), over the data's size; the child's peak RSS over the data;
    rows waiting and held back. Targets (issue): the audit under 10 s and under 0.5 x the
    data per version on 2 cores.
@@ -125,11 +125,11 @@ import sys, tracemalloc
 import numpy as np
 from fedcluster.client_app.data import group_table, site_data
 from fedcluster.client_app.data.versions import Store, next_version
-from fedcluster.client_app.release import span_audit
+from fedcluster.client_app.release import audit as the_audit
 
 path, cache, p = sys.argv[1], sys.argv[2], int(sys.argv[3])
 audits = []
-audit = span_audit.audit
+audit = the_audit.judge
 
 def timed_audit(*args, **kwargs):
     tracemalloc.start()
@@ -141,7 +141,7 @@ def timed_audit(*args, **kwargs):
         tracemalloc.stop()
 
 from fedcluster.client_app.data.versions import audited as _audited_module  # noqa: E402
-_audited_module.span_audit.audit = timed_audit
+_audited_module.audit.judge = timed_audit
 baseline = peak()
 t0 = time.perf_counter()
 site = site_data.load_site_file(path, cache_dir=cache)
@@ -196,7 +196,7 @@ def scale_part(n: int, d: int, versions: int, change: float, p: int) -> list[str
                f"p_site {p}, then {versions} versions each touching {change:.0%} of the rows "
                "(half corrected, one cell each; a quarter deleted; a quarter appended). Each "
                "version built in a fresh process (NUMBA_NUM_THREADS=2) as the site's first "
-               "message after the change builds it. audit = `span_audit.audit` (seconds; its "
+               "message after the change builds it. audit = `release/audit.judge` (seconds; its "
                "own peak allocation by tracemalloc, over the data); peak RSS = the whole "
                "process's, over the data.", "",
                "| version | rows | kept rows | withdrawn groups | waiting | held back | build s "

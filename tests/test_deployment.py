@@ -209,20 +209,31 @@ def test_first_deployment_tutorial_as_written(sandbox, tmp_path):
         assert list((work / cfg["cache-dir"]).glob("*.json")), cfg
 
 
-def hold_back_history(cache: Path, X: np.ndarray, other: np.ndarray, work: Path, p: int) -> None:
+def hold_back_history(cache: Path, X: np.ndarray, other: np.ndarray, work: Path, p: int,
+                      final: Path) -> None:
     """A site's answered history (kept in ``cache``, at ``min-cluster-size`` ``p``) in
-    which its file ``X`` holds back rows: earlier files of the same columns answered from
-    the first half of its rows; the second half with rows of another site's; then those
-    other rows alone, which regroups the parts of the groups they shared. The second half's
-    rows are then parts of groups whose other parts are in other groups: at p 5 the audit
-    finds a combination that isolates a row and holds them back (246 of 599 rows)."""
+    which its file ``final`` (the rows ``X``) holds back rows: earlier files of the same
+    columns answered from the first half of its rows; the second half with rows of
+    another site's; then those other rows alone, which regroups the parts of the groups
+    they shared. The second half's rows then make groups of parts of earlier groups, and
+    ``final``'s version is made here with the units of those parts grouped two at a time
+    (``joining.lost_group_units``: the versions rule's own makes groups of max(p, 3) units
+    or more, which the audit passes here: it held these rows back only while it gave up
+    on 20,000+ combinations). Two units' group less their two former groups is the two
+    rows they lost: the one audit finds that combination, fewer than ``p`` rows, and holds
+    their rows back: what the site then says of them is what this test reads."""
+    from unittest import mock
+
     from fedcluster.client_app.data import group_table
     from fedcluster.client_app.data.site_data import load_site_file
+    from fedcluster.client_app.data.versions import next_version
 
     half = len(X) // 2
     for name, rows in (("a", X[:half]), ("b", np.vstack([X[half:], other])), ("c", other)):
         path = write_site_csv(work / f"earlier-{name}.csv", rows)
         group_table.site_groups(load_site_file(path, cache_dir=cache), p, cache)
+    with mock.patch.object(next_version.joining, "lost_group_units", lambda min_size: (2,)):
+        group_table.site_groups(load_site_file(final, cache_dir=cache), p, cache)
 
 
 def test_broken_site_is_rejected_held_back_rows_are_named_and_a_failed_run_fails(
@@ -246,7 +257,7 @@ def test_broken_site_is_rejected_held_back_rows_are_named_and_a_failed_run_fails
     lines[5] = ",".join(cells)
     broken.write_text("\n".join(lines) + "\n")
     crafted = tmp_path / "site-2-cache"
-    hold_back_history(crafted, arrays[2], arrays[0][:300], tmp_path, p=5)
+    hold_back_history(crafted, arrays[2], arrays[0][:300], tmp_path, p=5, final=paths[2])
     shutil.copytree(crafted, tmp_path / "harness-cache")  # the harness's site: the same history
     site_2 = {"data-path": str(paths[2]), "site-id": "2", "cache-dir": str(crafted),
               "min-cluster-size": 5}

@@ -347,20 +347,21 @@ def _plain_sites(tmp_path):
     return arrays, paths
 
 
-@pytest.mark.parametrize("missing", ["impute-mean", "drop-row"])
-def test_run_config_missing_reads_plain_tables_with_empty_cells(tmp_path, missing):
+def test_run_config_missing_reads_plain_tables_with_empty_cells(tmp_path):
+    """``missing = "impute-mean"`` fills a plain site's empty cells with the pooled mean
+    (exact Lloyd on the filled rows); ``error`` (the default) rejects the files, naming the
+    empty cell; ``drop-row`` is refused by every site that holds a missing cell, naming the
+    key: dropping their rows would be another reading of its data (its own record and DP
+    budget), which a site does not take at a run's asking (issue 69)."""
     arrays, paths = _plain_sites(tmp_path)
     pooled = np.vstack(arrays)
-    if missing == "impute-mean":
-        fill = np.nanmean(pooled, axis=0)
-        expected_sites = [np.where(np.isnan(X), fill, X) for X in arrays]
-    else:
-        expected_sites = [X[~np.isnan(X).any(axis=1)] for X in arrays]
+    fill = np.nanmean(pooled, axis=0)
+    expected_sites = [np.where(np.isnan(X), fill, X) for X in arrays]
     C0 = np.vstack(expected_sites)[[0, 50, 200]]
     # (the sites answer from their rows: exact Lloyd on the pooled rows)
     nodes = [{"data-path": str(p), "site-id": str(i), "cache-dir": str(tmp_path / "cache"),
               "min-cluster-size": 1} for i, p in enumerate(paths)]
-    config = {"n-clusters": 3, "missing": missing, "num-rounds": 4, "tol": 0.0,
+    config = {"n-clusters": 3, "missing": "impute-mean", "num-rounds": 4, "tol": 0.0,
               "central-baseline": False, "output-dir": str(tmp_path / "out")}
     result = run_in_process(nodes, config, initial_centroids=C0)
     central = KMeans(3, init=C0, n_init=1, max_iter=4, tol=0.0, algorithm="lloyd").fit(
@@ -368,16 +369,15 @@ def test_run_config_missing_reads_plain_tables_with_empty_cells(tmp_path, missin
     np.testing.assert_allclose(result.centroids, central.cluster_centers_, rtol=0, atol=1e-9)
     table = result.metrics["table"]
     assert table["schema-hash"] == ""
-    if missing == "impute-mean":
-        assert result.history[0]["task"] == "describe+impute_stats"
-        np.testing.assert_allclose(result.model.scaling.fill, fill, rtol=1e-12)
-        assert table["cells-missing"]["a"]["total"] == int(np.isnan(pooled[:, 0]).sum())
-    else:
-        assert "impute_stats" not in {h["task"] for h in result.history}
-        assert table["rows-dropped"]["total"] == int(np.isnan(pooled).any(axis=1).sum())
+    assert result.history[0]["task"] == "describe+impute_stats"
+    np.testing.assert_allclose(result.model.scaling.fill, fill, rtol=1e-12)
+    assert table["cells-missing"]["a"]["total"] == int(np.isnan(pooled[:, 0]).sum())
     # under the default (error) the same files are rejected, naming the empty cell
     with pytest.raises(FederationError, match=r"plain-0.csv: data row 1 \(line 2\), column 'a': the cell is empty"):
         run_in_process(nodes, {**config, "missing": "error"}, initial_centroids=C0)
+    with pytest.raises(FederationError) as refused:
+        run_in_process(nodes, {**config, "missing": "drop-row"}, initial_centroids=C0)
+    assert str(refused.value).count("run config 'missing' = \"drop-row\" would read this file") == 3
 
 
 def test_run_config_missing_is_not_for_a_schema_run():

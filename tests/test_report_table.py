@@ -9,7 +9,8 @@ import numpy as np
 
 from fedcluster.client_app.data import group_table, report_cuts, report_table
 from fedcluster.client_app.data.site_data import SiteData
-from fedcluster.client_app.release import span_audit
+from fedcluster.client_app.release import audit, gate
+from fedcluster.client_app.release.audit import span as span_audit
 from test_attacks import site_factory  # noqa: F401 (the fixture: one site's real ClientApp)
 
 
@@ -71,16 +72,45 @@ def test_the_audit_rerun_finds_nothing_with_the_report_groups():
     assert findings == []
 
 
-def test_one_partition_per_version():
+def _admit(site, groups, group_of_row, made):
+    """The release step's judgement of a report's parts with the site's record (data held
+    in memory: its record in this process)."""
+    from fedcluster.client_app.release import record
+
+    with record.Record.of(groups.table_ref).held() as store:
+        instance = report_table.row_instances(site, store)
+        return gate.admit_report(store, groups.table_ref.number,
+                                 [instance[part] for part in made.parts], made.carried_features,
+                                 groups.min_size, groups.n_features)
+
+
+def test_any_number_of_partitions_of_one_version_each_judged_with_the_others():
+    """The same partition asked again is the same table (admitted as it is); another
+    partition of the same version is judged with the first one (both in the record): one
+    drawn at other centroids passes, one that differs from the first by a single row
+    is refused (the two parts' difference would be that row)."""
     X = _site(3, 600)
     site = SiteData(np.ascontiguousarray(X), None, None, "site")
-    groups, group_of_row = group_table.build(site, 2)
+    groups, _ = group_table.site_groups(site, 2)
+    group_of_row = group_table.row_groups(site, 2)
     first = report_table.report_groups(site, groups, group_of_row, C3, None, None)
+    assert first.split > 0 and _admit(site, groups, group_of_row, first).admitted
     again = report_table.report_groups(site, groups, group_of_row, C3, None, None)
-    assert first.split > 0 and again.groups.digest == first.groups.digest
+    assert again.groups.digest == first.groups.digest
+    verdict = _admit(site, groups, group_of_row, again)
+    assert verdict.admitted and verdict.digest == gate.partition_digest(
+        [np.asarray(part) for part in first.parts], 2)
     other = report_table.report_groups(site, groups, group_of_row, C3 + 0.3, None, None)
-    assert other.split == 0 and "another partition" in other.why
-    assert other.groups is groups  # counted whole, as before the report
+    assert other.split > 0 and _admit(site, groups, group_of_row, other).admitted
+    # a partition one row off the first: move one straddling row to another part
+    parts = [np.array(part) for part in first.parts]
+    mover = parts[0][0]
+    crafted = report_table.Report(first.groups, first.split, first.moved, "", None, 0,
+                                  (parts[0][1:], np.sort(np.r_[parts[1], mover]), *parts[2:]),
+                                  first.carried_features, first.straddlers)
+    refused = _admit(site, groups, group_of_row, crafted)
+    assert not refused.admitted and "isolates 1 row" in refused.why
+    assert mover in refused.instances
 
 
 # ------------------------------------------------------------------ against the real ClientApp
@@ -123,7 +153,7 @@ def test_a_boundary_through_one_group_gives_its_row_without_the_gate(site_factor
     X, target = _pairs_and_a_target()
     monkeypatch.setattr(report_cuts, "exposed", lambda site, rows, g, *rest: (
         np.zeros(int(g.max()) + 1, dtype=bool), np.zeros(site.n_features, dtype=bool)))
-    monkeypatch.setattr(report_table.ReportHistory, "audit", lambda self, *a: None)
+    monkeypatch.setattr(audit, "judge", lambda *a, **k: [])
     recovered, _ = _attack(site_factory(X, {}), X)
     assert is_row(recovered, X) and np.allclose(recovered, target[0], atol=1e-9)
 
@@ -141,14 +171,14 @@ def test_a_boundary_through_one_group_gives_nothing_through_the_gate(site_factor
     assert reply.counts.tolist() == [36 // 2, 36 // 2 + 2]
 
 
-def test_a_deployed_site_answers_one_partition_per_version_across_runs(tmp_path):
+def test_deployed_sites_answer_each_run_its_own_partition_judged_with_the_others(tmp_path):
     """Deployed sites (files, a cache): the first run's report partition goes into each
-    site's answered history (its parts are groups of no table, with no spread unit, so
-    every later audit counts them); a second run whose model cuts the rows otherwise is
-    answered from the groups whole: its cluster sizes are those of the groups, each at
-    its mean's nearest centroid."""
+    site's record (its parts are groups of no table, with no spread unit, so every later
+    audit counts them); a second run whose model cuts the rows otherwise answers its own
+    partition, judged with the first and recorded beside it: its cluster sizes are those
+    of the groups each site answered it from (``report_table.as_answered``)."""
     from fedcluster.client_app.data.schema_table import load_schema_table
-    from fedcluster.client_app.data.versions.lineage import Store
+    from fedcluster.client_app.release.record import Store
     from fedcluster.common import kernels
     from fedcluster.common.clinical_demo import write_clinical
     from fedcluster.common.schema import load_schema
@@ -162,28 +192,30 @@ def test_a_deployed_site_answers_one_partition_per_version_across_runs(tmp_path)
               "schema": str(schema_path), "output-dir": "", "profile": False}
     first = run_in_process(nodes, {**config, "seed": 1})
     schema = load_schema(schema_path)
-    digests = []
-    for path in files:
-        site = load_schema_table(path, schema, cache_dir=cache)
-        groups, _ = group_table.site_groups(site, 2, cache)
-        history = report_table.ReportHistory(site, groups)
-        digests.append(history.answered())
-        store = Store.open(Path(groups.table_ref.store))
+
+    def stores():
+        for path in files:
+            site = load_schema_table(path, schema, cache_dir=cache)
+            groups, _ = group_table.site_groups(site, 2, cache)
+            yield site, groups, Store.open(Path(groups.table_ref.store))
+    for _, groups, store in stores():
         parts = np.flatnonzero(store.report_group_mask())
         assert parts.size and (store.unit[parts] == -1).all()
         in_tables = np.concatenate([store.table_groups(t["n"]) for t in store.tables])
         assert not np.isin(parts, in_tables).any()
-    assert all(digests)
+        assert len(store.reports_of(groups.table_ref.number)) == 1
     second = run_in_process(nodes, {**config, "seed": 5, "init": "random"})
     assert not np.allclose(second.centroids, first.centroids)
     sizes = np.zeros(4, dtype=np.int64)
-    for path, digest in zip(files, digests):
-        site = load_schema_table(path, schema, cache_dir=cache)
-        groups, _ = group_table.site_groups(site, 2, cache)
-        assert report_table.ReportHistory(site, groups).answered() == digest  # still the first
-        means = groups.in_run_space(second.model.scaling).means
+    transform = second.model.scaling.encode()
+    partitions = 0
+    for site, groups, store in stores():
+        partitions += len(store.reports_of(groups.table_ref.number))
+        answered, _ = report_table.as_answered(site, 2, cache, second.centroids, transform)
+        means = answered.in_run_space(second.model.scaling).means
         sizes += np.bincount(kernels.assign(np.ascontiguousarray(means), second.centroids)[0],
-                             weights=groups.counts, minlength=4).astype(np.int64)
+                             weights=answered.counts, minlength=4).astype(np.int64)
+    assert partitions > 3  # a second partition recorded beside the first
     assert second.metrics["cluster-sizes"] == sizes.tolist()
 
 
@@ -288,7 +320,7 @@ def test_a_carried_feature_gives_its_cell_without_the_carry(site_factory, monkey
     X, site = _two_groups_across()
     monkeypatch.setattr(report_cuts, "exposed", lambda site, rows, g, *rest: (
         np.zeros(int(g.max()) + 1, dtype=bool), np.zeros(site.n_features, dtype=bool)))
-    monkeypatch.setattr(report_table.ReportHistory, "audit", lambda self, *a: None)
+    monkeypatch.setattr(audit, "judge", lambda *a, **k: [])
     recovered, reply = _z_attack(site_factory(X, {}), X, site)
     assert reply.counts.tolist()[0] == 18 + 3  # nine pairs, and the left part's 3 rows
     assert np.isclose(recovered, X[-3, 2], atol=1e-9)
@@ -305,13 +337,13 @@ def test_a_carried_feature_gives_no_cell_through_the_report(site_factory):
 
 
 def test_a_deployed_site_audits_and_records_a_carried_feature(tmp_path):
-    """The same two groups read from a file through a schema and a cache: the store's
+    """The same two groups read from a file through a schema and a cache: the record's
     audit (every group the site answered from) passes the parts because they report no
-    value of z, and fails them where they would (the same call without ``carried``); the
-    store records z as carried by the parts, so that every later audit judges them so."""
+    value of z, and fails them where they would (the same call without the carried
+    feature); the release step records z as carried by the parts (CARRIED stand-ins), so
+    that every later audit judges them so."""
     from fedcluster.client_app.data.schema_table import load_schema_table
-    from fedcluster.client_app.data.versions import audited, value_audit
-    from fedcluster.client_app.data.versions.lineage import Store
+    from fedcluster.client_app.release import record
     from fedcluster.common.schema import load_schema
 
     X, _ = _two_groups_across()
@@ -325,26 +357,20 @@ def test_a_deployed_site_audits_and_records_a_carried_feature(tmp_path):
     site = load_schema_table(path, load_schema(schema_path), cache_dir=cache)
     groups, _ = group_table.site_groups(site, 2, cache)
     group_of_row = group_table.row_groups(site, 2, cache)
-    history = report_table.ReportHistory(site, groups)
-    judged = {}
-    audit = history.audit
-
-    def spying(parts, straddlers, group_of_row, p, carried):
-        # the store's audit as the report meets it (every group but the parts), with the
-        # parts' own z sums: the same call without ``carried``
-        store = history.store
+    made = report_table.report_groups(site, groups, group_of_row, C_Z, _fill(X), None)
+    assert made.split == 2 and made.carried == 1 and made.why == ""
+    with record.Record.of(groups.table_ref).held() as store:
+        instance = report_table.row_instances(site, store)
+        parts = [instance[part] for part in made.parts]
 
         def present(instances):
             return store.present_cells(instances, 3)
         units = np.full(len(parts), -1)
-        judged["carried"] = audited._failures(store, parts, units, p, present, carried)
-        judged["own"] = audited._failures(store, parts, units, p, present)
-        return audit(parts, straddlers, group_of_row, p, carried)
-    history.audit = spying
-    made = report_table.report_groups(site, groups, group_of_row, C_Z, _fill(X), None, history)
-    assert made.split == 2 and made.carried == 1 and made.why == ""
-    assert judged["carried"] == [] and judged["own"] != []
-    store = Store.open(Path(groups.table_ref.store))
-    carried = value_audit.recorded_carried(store, 3)
+        assert audit.judge(store, parts, units, 2, present, 3, made.carried_features) == []
+        assert audit.judge(store, parts, units, 2, present, 3) != []
+        assert gate.admit_report(store, groups.table_ref.number, parts, made.carried_features,
+                                 2, 3).admitted
+    store = record.Store.open(Path(groups.table_ref.store))
+    carried = store.stood_in(3, kinds=(record.CARRIED,))
     assert carried[store.report_group_mask()].tolist() == [[False, False, True]] * 2
     assert not carried[~store.report_group_mask()].any()

@@ -269,8 +269,10 @@ TASK_MODULES = ["tasks", "site_statistics", "site_profile", "task_runner", "task
                 "local_kmeans", "private_tasks"]
 #: Where values leave a site (the release step and its rules): no module of it holds rows.
 RELEASE_MODULES = ["release.gate", "release.floor", "release.spreads", "release.dominance",
-                   "release.lone_cells",
-                   "release.span_audit", "release.versions_audit", "release.ledger"]
+                   "release.lone_cells", "release.ledger", "release.record",
+                   "release.record.store", "release.record.instances", "release.audit",
+                   "release.audit.span", "release.audit.support", "release.audit.values",
+                   "release.audit.moments"]
 
 
 def _holds_rows(module: str) -> bool:
@@ -309,7 +311,8 @@ def test_the_data_layer_is_one_package_and_holds_the_row_modules():
     held = {p.relative_to(package).with_suffix("").as_posix() for p in package.rglob("*.py")}
     # the sources, the cache, where rows become groups, and the versions
     assert {"site_data", "tables", "table_files", "schema_table", "grouping", "group_stats",
-            "group_table", "group_entries", "versions/__init__", "versions/lineage"} <= held
+            "group_table", "group_entries", "version_table", "versions/__init__",
+            "versions/next_version", "report_table"} <= held
     # nothing that reads rows is left beside the tasks
     beside = {p.stem for p in package.parent.glob("*.py")}
     assert not beside & {"site_data", "tables", "table_files", "schema_table", "grouping",
@@ -432,7 +435,7 @@ def test_the_grouping_scale_reads_a_memmap_as_scaling_does(tmp_path, blobs, monk
     monkeypatch.setattr(kernels, "CHUNK_ROWS", 64)
     mapped = np.load(_write_npy(tmp_path / "rows.npy", blobs), mmap_mode="r")
     assert np.array_equal(grouping._moments(mapped)[1], scaling.site_moments(blobs)[2])
-    assert np.array_equal(group_table.grouping_scale(mapped), group_table.grouping_scale(blobs))
+    assert np.array_equal(grouping.grouping_scale(mapped), grouping.grouping_scale(blobs))
 
 
 def test_row_hashes_are_those_of_earlier_entries(blobs):
@@ -484,7 +487,7 @@ def test_a_column_constant_at_the_site_is_not_weighted_by_its_rounding_noise(blo
     X = np.ascontiguousarray(np.hstack([blobs, constant]))
     mean, m2 = grouping._moments(X)
     assert m2[-1] > 0  # the noise is there: without the guard this column's weight explodes
-    scale = group_table.grouping_scale(X)
+    scale = grouping.grouping_scale(X)
     d = X.shape[1]
     total = float((m2[:-1] / len(X)).sum())
     assert scale[-1] == pytest.approx(np.sqrt(1.0 / total))

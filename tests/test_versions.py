@@ -33,7 +33,7 @@ from fedcluster import client_app as client_module
 from fedcluster.client_app.data import group_table
 from fedcluster.client_app.data.site_data import load_site_file
 from fedcluster.client_app.data.versions import Store
-from fedcluster.client_app.release import span_audit
+from fedcluster.client_app.release.audit import span as span_audit
 from fedcluster.common.config import run_config_defaults
 from fedcluster.simulation import InProcessGrid
 
@@ -299,11 +299,17 @@ def _svd_verdict(member_lists: list[list[int]], p: int, pairs) -> str | None:
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
-def test_the_exact_audit_agrees_with_an_svd_on_random_components(p):
+def test_the_audit_agrees_with_an_svd_on_random_components(p):
     """Random components (old groups, and new groups of their rows and fresh ones): the
-    site's exact audit and an independent floating-point check give the same verdict."""
+    site's audit never passes what an independent floating-point check finds (sound);
+    at p 2 and 3, and on the components that make chains or a bipartite graph at every
+    p, it gives the same verdict (exact); at p 4 on the others its linear-programming
+    bound refuses some components the check passes, fewer than a third of them."""
+    from fedcluster.client_app.release.audit import support
+
     rng = np.random.default_rng(p)
     verdicts = {None: 0, "small": 0, "change": 0}
+    bounded = refused = 0
     for _ in range(120):
         n_old, lists, next_instance = int(rng.integers(1, 4)), [], 0
         for _ in range(n_old):
@@ -320,15 +326,24 @@ def test_the_exact_audit_agrees_with_an_svd_on_random_components(p):
         same = {(u, w) for u in range(next_instance) for w in range(u + 1, next_instance)
                 if rng.random() < 0.2}
         same_row = lambda u, w, same=same: (min(u, w), max(u, w)) in same  # noqa: E731
-        mine = span_audit.component_finding([np.array(m) for m in lists], p, same_row)
+        arrays = [np.array(m) for m in lists]
+        mine = span_audit.component_finding(arrays, p, same_row)
         theirs = _svd_verdict(lists, p, sorted(same))
         expected = {None: None, "small": "isolates", "change": "two versions"}[theirs]
-        assert (mine is None) == (theirs is None), (lists, mine, theirs)
-        assert theirs is None or expected in mine
+        if theirs is not None:  # sound: what the check finds, the audit refuses
+            assert mine is not None and expected in mine, (lists, mine, theirs)
+        exact = p <= 3 or span_audit._smallest_cut(arrays) is not None or \
+            support.graph_cut(support.atoms(arrays)) is not None
+        if exact:
+            assert (mine is None) == (theirs is None), (lists, mine, theirs)
+        elif theirs is None:
+            bounded += 1
+            refused += mine is not None
         verdicts[theirs] += 1
     assert verdicts[None] > 10 and verdicts["small"] > 10  # both verdicts were exercised
     if p == 2:
         assert verdicts["change"] > 3
+    assert refused <= bounded / 3, (refused, bounded)
 
 
 # ------------------------------------------------------------------ the DP budget follows

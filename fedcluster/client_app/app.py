@@ -26,6 +26,7 @@ The site's own policy (``allow-algorithms``, ``max-rounds``; see
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import zlib
@@ -46,7 +47,7 @@ from fedcluster.client_app.node_config import (
     ConfigError, NodeConfig, parse_node_config,
 )
 from fedcluster.client_app import private_tasks, privacy_budget
-from fedcluster.client_app.release import gate
+from fedcluster.client_app.release import gate, record
 from fedcluster.client_app.release import ledger as disclosure_ledger
 from fedcluster.client_app.data import group_table, report_table
 from fedcluster.client_app.private_rows import PrivateRows
@@ -55,6 +56,11 @@ from fedcluster.client_app.data.site_data import SiteData, SiteDataError, defaul
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.task_io import TaskError, received_centroids, task_param
 from fedcluster.client_app.task_runner import run_task
+
+#: How many times a report's table is made again, with the groups the release step's
+#: findings rest on kept whole, before every group counts whole.
+REPORT_ROUNDS = 8
+
 
 def site_key(node: NodeConfig, node_id: int) -> str:
     """A stable name for this site: ``site-id``, else ``partition-id``, else node id."""
@@ -139,7 +145,7 @@ class SiteClient(NumPyClient):
         (no history kept) its file and the way it is read; data held in memory (the
         ledger is then the run's own) the rows' fingerprint."""
         ref = self._groups.table_ref if self._groups is not None else None
-        if ref is not None:
+        if ref is not None and ref.lineage is not None:
             return f"lineage-{ref.lineage}"
         if self._site.lineage is not None:
             return f"lineage-file-{self._site.lineage}"
@@ -257,22 +263,32 @@ class SiteClient(NumPyClient):
                                         groups.held_back, groups.held_back_why)
             rows = PrivateRows(self._site.X, self._grouped, groups.source)
             arrays = [np.asarray(a) for a in parameters]
-            if config.get(protocol.REPORT) and task in protocol.REPORT_TASKS \
-                    and not config.get(protocol.DP_RHO):
-                groups = self._report_groups(groups, task, arrays, config)
-                groups_digest = groups.digest[:16]
-            with self._budget_ledger(config) as budget_ledger:
-                rho, budget = self._charge(budget_ledger, task, config)
-                reply = run_task(groups, arrays, dict(config),
-                                 self.node.min_cluster_size, noise_seed=self._noise_seed(config),
-                                 private_rows=rows)
-            from_rows = self._site.rows_fingerprint()[:16] if rho is not None else None
+            report = bool(config.get(protocol.REPORT)) and task in protocol.REPORT_TASKS \
+                and not config.get(protocol.DP_RHO)
+            # a report's parts are judged and recorded under the record's one lock, held
+            # until the reply's ledger line is written (``release/gate.py``, 0)
+            held = record.Record.of(groups.table_ref) if report else None
+            with contextlib.ExitStack() as stack:
+                if held is not None:
+                    store = stack.enter_context(_refuse_on_os_error(
+                        held.held(), "the site's record", Path(held.name)))
+                    groups = self._report_groups(groups, task, arrays, config, store)
+                    groups_digest = groups.digest[:16]
+                if not gate.in_record(groups):
+                    raise TaskError(f"task {task}: the table it would answer from is not in "
+                                    "the site's record (nothing leaves unjudged)")
+                with self._budget_ledger(config) as budget_ledger:
+                    rho, budget = self._charge(budget_ledger, task, config)
+                    reply = run_task(groups, arrays, dict(config),
+                                     self.node.min_cluster_size, noise_seed=self._noise_seed(config),
+                                     private_rows=rows)
+                from_rows = self._site.rows_fingerprint()[:16] if rho is not None else None
 
-            def write(**fields):
-                self._disclose(task, config, groups=groups_digest, rows=from_rows, dp_rho=rho,
-                               budget=budget, **fields)
-            answer = gate.leave(reply, task, config, groups.n_rows, self.key, write,
-                                self._policy_metrics(task, groups))
+                def write(**fields):
+                    self._disclose(task, config, groups=groups_digest, rows=from_rows, dp_rho=rho,
+                                   budget=budget, **fields)
+                answer = gate.leave(reply, task, config, groups.n_rows, self.key, write,
+                                    self._policy_metrics(task, groups))
         except (site_policy.PolicyRefusal, disclosure_ledger.LedgerUnwritable, SiteDataError,
                 TaskError, secure.SecureAggregationError) as err:
             log(logging.ERROR, "site %s: task %s refused: %s", self.key, task, err)
@@ -287,31 +303,61 @@ class SiteClient(NumPyClient):
         site_policy.count_round(self.state, self.run_id, task)
         return answer
 
-    def _report_groups(self, groups: SiteGroups, task: str, arrays: list, config) -> SiteGroups:
+    def _report_groups(self, groups: SiteGroups, task: str, arrays: list, config,
+                       store) -> SiteGroups:
         """The final model's report table (``data/report_table.py``) at the centroids the
-        task sent (``arrays``, as the task reads them); the site's log says what it split,
-        or why it kept its groups whole."""
+        task sent (``arrays``, as the task reads them), its parts judged with the site's
+        record ``store`` (held under its lock) and recorded by the release step; where
+        the judgement refuses, made again with the groups its finding rests on kept
+        whole (:data:`REPORT_ROUNDS` times at most), then every group whole. The site's
+        log says what it split, or why it kept groups whole."""
         try:
             centroids = protocol.task_inputs(task, arrays).centroids
         except protocol.ProtocolError as err:
             raise TaskError(f"task {task}: {err}") from None
+        if not self.node.report_parts:
+            return groups  # the site answers every report from its groups whole
         C = received_centroids(centroids, groups)
         box = private_tasks.site_bounds(dict(config), groups.n_features)
         transform = str(config["transform"]) if "transform" in config else None
         group_of_row = group_table.row_groups(self._site, groups.min_size, self._site_dir())
-        try:
-            made = report_table.report_groups(
-                self._site, groups, group_of_row, C, transform, box,
-                report_table.ReportHistory(self._site, groups, run=self.run_id))
-        except ValueError as err:
-            raise TaskError(f"task {task}: the report's groups: {err}") from None
-        if made.split:
-            log(logging.INFO, "site %s: the report splits %d straddling group(s) (%d row(s) "
-                "counted in the model's cluster; %d feature(s) carried at a stood-in mean)",
-                self.key, made.split, made.moved, made.carried)
-        elif made.why:
-            log(logging.WARNING, "site %s: the report counts groups whole: %s", self.key, made.why)
-        return made.groups
+        keep = np.zeros(groups.n_groups, dtype=bool)
+        instance, why = None, ""
+        for _ in range(REPORT_ROUNDS):
+            try:
+                made = report_table.report_groups(self._site, groups, group_of_row, C,
+                                                  transform, box, keep)
+            except ValueError as err:
+                raise TaskError(f"task {task}: the report's groups: {err}") from None
+            if not made.split:
+                why = why or made.why
+                break
+            if instance is None:
+                instance = report_table.row_instances(self._site, store)
+            verdict = gate.admit_report(store, groups.table_ref.number,
+                                        [instance[part] for part in made.parts],
+                                        made.carried_features, groups.min_size,
+                                        groups.n_features, np.flatnonzero(keep))
+            if verdict.admitted:
+                self._log_report(made, why)
+                return dataclasses.replace(made.groups, table_ref=dataclasses.replace(
+                    groups.table_ref, partition=verdict.digest))
+            why = f"the audit keeps groups whole: {verdict.why}"
+            rests_on = np.isin(instance, verdict.instances) & (group_of_row >= 0)
+            grown = keep | made.straddlers & np.isin(np.arange(groups.n_groups),
+                                                      group_of_row[rests_on])
+            if verdict.instances.size == 0 or (grown == keep).all():
+                grown = keep | made.straddlers  # nothing named: every straddler whole
+            keep = grown
+        if why:
+            log(logging.WARNING, "site %s: the report counts groups whole: %s", self.key, why)
+        return groups
+
+    def _log_report(self, made, why: str) -> None:
+        log(logging.INFO, "site %s: the report splits %d straddling group(s) (%d row(s) "
+            "counted in the model's cluster; %d feature(s) carried at a stood-in mean)%s",
+            self.key, made.split, made.moved, made.carried,
+            f"; others kept whole ({why})" if why else "")
 
     def _policy_metrics(self, task: str, site: SiteGroups) -> dict:
         """The site's own figures a plain reply carries besides its values (policies and

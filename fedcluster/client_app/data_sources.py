@@ -12,7 +12,8 @@ source         node config                                           rows from
 ``memory``     ``data-path = "memory://<token>/<i>"``                :data:`MEMORY_SITES`
 ``schema``     ``data-path`` with ``schema-path`` (or ``units``)     ``schema_table.py``
 ``table``      ``data-path``: Parquet, or CSV/TSV under a ``missing`` ``schema_table.py``
-               policy other than ``error``
+               policy other than ``error`` (the same reading: missing
+               cells kept, the run's policy applied over them)
 ``file``       ``data-path``: CSV or ``.npy`` of numbers             ``site_data.py``
 ``partition``  ``partition-id``/``num-partitions`` (Flower's engine) ``site_data.py``
 ============== ===================================================== ================
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from flwr.common import ConfigRecord
 
-from fedcluster.client_app.data.schema_table import load_plain_table, load_schema_table
+from fedcluster.client_app.data.schema_table import load_plain_table, load_schema_table, missing_policy
 from fedcluster.client_app.data.site_data import (
     SiteData, SiteDataError, load_partition, load_site_file,
 )
@@ -150,9 +151,11 @@ def _database(node: NodeConfig, run_config: dict, context=None) -> tuple[SiteDat
     and mapped from the cache for the run's later messages (a fresh ClientApp process
     each), so every task of a run answers from one version, and the database is not
     queried per message."""
-    reading = sql_reading(node, str(run_config.get("missing", "error")))
+    reading = sql_reading(node)
+    policy = (lambda site: site) if reading.schema is not None else (  # noqa: E731
+        lambda site: missing_policy(site, str(run_config.get("missing", "error"))))
     if context is None:
-        return load_sql_table(reading, cache_dir=node.cache_dir), {}
+        return policy(load_sql_table(reading, cache_dir=node.cache_dir)), {}
     state, run_id = context
     record = state.config_records.get(SQL_VERSION_RECORD)
     pinned = None
@@ -162,7 +165,7 @@ def _database(node: NodeConfig, run_config: dict, context=None) -> tuple[SiteDat
     site = load_sql_table(reading, cache_dir=node.cache_dir, version=pinned)
     state.config_records[SQL_VERSION_RECORD] = ConfigRecord(
         {"run-id": str(run_id), "reading": reading.key, "version": site.version})
-    return site, {}
+    return policy(site), {}
 
 
 #: Each source's loader: (node config, run config, (state, run id) or None) -> (rows,

@@ -68,6 +68,10 @@ class NodeConfig(_Strict):
     # whether the site answers only DP tasks.
     dp_budget: tuple[float, float] = Field(DEFAULT_DP_BUDGET)
     require_dp: bool = False
+    # Whether a report (the final evaluation, Davies-Bouldin's pass, Table 1) may re-cut the
+    # groups the model's clusters straddle into parts (a partition of the coordinator's
+    # drawing, judged by the release step); false: every report from the groups whole.
+    report_parts: bool = True
     # The disclosure ledger (client_app/release/ledger.py): a JSONL file, "off" for none.
     ledger_path: str | None = None
     # A named answered history (a study of its own; None: one per way of reading the data).

@@ -157,8 +157,8 @@ def format_lineage(groups) -> list[str]:
     from fedcluster.client_app.data.versions import Store
 
     ref = groups.table_ref
-    if ref is None:
-        return []
+    if ref is None or ref.lineage is None:
+        return []  # (data held in memory: one table, its record in this process)
     tables = [t for t in Store.read_tables(ref.store) if t["lineage"] == ref.lineage]
     lines = ["Versions of this data (every table counts as answered from): a new version keeps "
              "the groups of any earlier version whose rows are all there, withdraws whole a "
@@ -232,8 +232,8 @@ def would_send(table: EncodedTable, schema: Schema, floor: int) -> list[str]:
               "of its members",
               "- evaluation: per cluster its size, coordinate sums, squared norms and SSE; the "
               "final model's (and its Table 1) over the report's groups: the groups its "
-              "clusters straddle re-cut within them where the audit allows, one partition per "
-              "version of this data",
+              "clusters straddle re-cut within them where the audit allows (each partition "
+              "judged with everything this site released: its record)",
               "- Table 1 (profile): per cluster its rows; per feature its present cells, their "
               "sum, their squared deviations (each group's as it keeps it: its spread unit's, "
               "of at least 3 rows), a histogram of its groups' means and the present cells "

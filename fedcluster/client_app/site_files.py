@@ -13,14 +13,21 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 
+#: The locks this thread holds (a lock taken again by its holder is held already: a
+#: second ``flock`` on another descriptor of the same file would wait for itself).
+_HELD = threading.local()
+
+
 @contextlib.contextmanager
 def locked(directory: str | os.PathLike, name: str) -> Iterator[Path]:
-    """Hold the lock of ``directory/name`` (made if missing) and yield that path.
+    """Hold the lock of ``directory/name`` (made if missing) and yield that path; a thread
+    that holds it already holds it on.
 
     Raises
     ------
@@ -30,11 +37,18 @@ def locked(directory: str | os.PathLike, name: str) -> Iterator[Path]:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / name
+    held = _HELD.__dict__.setdefault("paths", set())
+    key = os.path.realpath(target)
+    if key in held:
+        yield target
+        return
     with open(target.with_name(target.name + ".lock"), "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        held.add(key)
         try:
             yield target
         finally:
+            held.discard(key)
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 

@@ -4,11 +4,12 @@
 Training assigns each site's groups whole; the figures a person reads (the final
 evaluation's metrics, Davies-Bouldin's pass, Table 1's profile and the pictures drawn
 from them) are asked with ``protocol.REPORT`` so that each site answers from its groups
-re-cut within the model's clusters, where the promise allows. A site answers one such
-partition per version of its data, so only the model's centroids are asked: with
-``n-init`` 1 the repetition's own evaluation; with more, one more evaluation round of the
-best repetition's centroids once they are known (its figures replace that repetition's;
-its score, which chose it, stays).
+re-cut within the model's clusters, where the promise allows. Each partition a site
+answers is judged with everything it has released and joins its record, so only the
+model's centroids are asked (a partition of no use to the report is no partition worth
+recording): with ``n-init`` 1 the repetition's own evaluation; with more, one more
+evaluation round of the best repetition's centroids once they are known (its figures
+replace that repetition's; its score, which chose it, stays).
 """
 
 from __future__ import annotations

@@ -93,6 +93,7 @@ class Spreads:
     dominated: int = 0
     dominated_means: int = 0
     replaced: dict = field(default_factory=dict)  # position -> features: sums stood in for
+    forced: set = field(default_factory=set)  # (position, feature) of them: a protected cell's
     alone: set = field(default_factory=set)
     _leaf: np.ndarray | None = None
     _leaves: list | None = None
@@ -128,6 +129,14 @@ class Spreads:
                 "merged-units": len(merged),
                 "withheld": int(self.withheld_cells), "dominated": int(self.dominated),
                 "dominated-means": int(self.dominated_means)}
+
+    def stand_ins(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(positions, features, forced) of the sums the table stands in for: the p% rule
+        on means flagged them, or (``forced`` True) they hold a cell it withheld before."""
+        pairs = sorted((p, f) for p, features in self.replaced.items() for f in set(features))
+        positions = np.array([p for p, _ in pairs], dtype=np.int64)
+        features = np.array([f for _, f in pairs], dtype=np.int64)
+        return positions, features, np.array([pair in self.forced for pair in pairs], dtype=bool)
 
     def unit_heads(self) -> np.ndarray:
         """(G,) each position's unit named by its smallest position (-1: in none)."""
@@ -194,7 +203,7 @@ class Spreads:
     @classmethod
     def of(cls, order, counts, sums, absent, m2, moments: tuple, found: list, min_size: int,
            prior: tuple | None = None, units: np.ndarray | None = None,
-           means_flagged: tuple | None = None) -> "Spreads":
+           means_flagged: tuple | None = None, forced: tuple | None = None) -> "Spreads":
         """The rule's record of a table made of these groups (their statistics in group
         order; ``moments``: :func:`site_moments`; ``found``: :func:`candidates` of each
         window; ``units``: a unit label per group number, where the versions audit
@@ -213,6 +222,11 @@ class Spreads:
         record._mend(lambda: record._points(sums, sd) if points is None else points)
         record._dominance(found)
         record._withhold_means(means_flagged)
+        if forced is not None and np.size(forced[0]):
+            position = np.empty(order.size, dtype=np.int64)
+            position[order] = np.arange(order.size)
+            record.forced = set(zip(position[np.asarray(forced[0], dtype=np.int64)].tolist(),
+                                    np.asarray(forced[1], dtype=np.int64).tolist()))
         total, dof = np.zeros(width), np.zeros(width)
         if prior is not None:
             total, dof = total + prior[0], dof + prior[1]

@@ -29,6 +29,7 @@ import numpy as np
 
 from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.client_app.release import dominance
+from fedcluster.client_app.release.record.instances import mix
 from fedcluster.client_app.site_groups import GroupLabels
 
 __all__ = ["DTYPES", "Table", "canonical_order", "group_m2", "group_statistics", "group_sums",
@@ -154,15 +155,6 @@ def group_statistics(X: np.ndarray, group_of_row: np.ndarray, n_groups: int):
 
 
 # ------------------------------------------------------------------ canonical order
-def mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (a bijection of uint64 that spreads every bit)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def _stats_bits(counts, sums, m2, present) -> list[np.ndarray]:
     """The bits of some groups' statistics, one uint64 column per value (count, then per
     feature sums, m2, present)."""
@@ -280,7 +272,8 @@ DTYPES = {"counts": np.int64, "sums": np.float64, "m2": np.float64, "present": n
 
 def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Path | None,
             min_size: int = 1, prior: tuple | None = None, units: np.ndarray | None = None,
-            base: tuple | None = None, judged: np.ndarray | None = None):
+            base: tuple | None = None, judged: np.ndarray | None = None,
+            forced: tuple[np.ndarray, np.ndarray] | None = None):
     """The statistics of groups 0..n_groups-1 as a table's columns, in canonical order,
     the order, and the spread rule's record (:class:`group_spreads.Spreads`; None at
     ``min_size`` 1, which keeps every group's own m2). With ``scratch`` (a directory) the
@@ -294,7 +287,9 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
     measure rows against the whole version's moments; ``judged``: the features the rule
     on means judges, None all). The p% rule on means replaces
     its flagged groups' sums (``group_spreads.stand_in_means``) and withholds their
-    units' spreads."""
+    units' spreads; ``forced``: (groups, features) that hold a cell the rule withheld
+    before (``release/audit.protected_features``), stood in alike (the spread rule's
+    record names them: ``Spreads.forced``)."""
     from fedcluster.client_app.data import group_means, group_spreads
 
     width = X.shape[1]
@@ -332,6 +327,8 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
             spill.flush()
             m2 = np.memmap(spill, dtype=np.float64, mode="r", shape=(n_groups, width))
     means_flagged = None
+    if forced is not None and np.size(forced[0]):
+        flagged.append(tuple(np.asarray(part, dtype=np.int64) for part in forced))
     if flagged:
         means_flagged = tuple(np.concatenate(part) for part in zip(*flagged))
         group_means.stand_in_means(counts, sums, absent, means_flagged)
@@ -351,7 +348,7 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
     m2_piece = piece(m2, order)
     if sd is not None:
         spreads = group_spreads.Spreads.of(order, counts, sums, absent, m2, moments, candidates,
-                                           min_size, prior, units, means_flagged)
+                                           min_size, prior, units, means_flagged, forced)
         m2_piece = (n_groups, spreads.take)
     columns = {"counts": [piece(counts, order)], "sums": [piece(sums, order)],
                "m2": [m2_piece], "present": None}

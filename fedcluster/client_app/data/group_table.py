@@ -31,7 +31,6 @@ site's answered history (``versions/lineage.py``).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import weakref
@@ -40,56 +39,20 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.client_app import site_files
-from fedcluster.client_app.data import (group_entries, group_spreads, group_stats, grouped_rows,
+from fedcluster.client_app.data import (group_entries, group_stats, grouped_rows, version_table,
                                          versions)
 from fedcluster.client_app.data.group_stats import group_statistics
-from fedcluster.client_app.data.grouping import grouping_scale
+from fedcluster.client_app.data.grouped_rows import (judged_features, label_codes,
+                                                      labels_of_groups, row_hashes)
 from fedcluster.client_app.data.site_data import SiteData, SiteDataError
+from fedcluster.client_app.release import record
 from fedcluster.client_app.release.lone_cells import withhold_lone_cells
 from fedcluster.client_app.site_groups import GroupLabels, SiteGroups
-from fedcluster.client_app.data.versions import joining, row_keys
 
-__all__ = ["build", "group_statistics", "grouping_scale", "judged_features", "labels_of_groups",
+__all__ = ["build", "group_statistics", "judged_features", "labels_of_groups",
            "made_groups", "row_groups", "row_hashes", "rows_as_groups", "site_groups"]
 
 logger = logging.getLogger(__name__)
-
-
-# ------------------------------------------------------------------ labels and digest
-def _label_codes(site: SiteData) -> tuple[np.ndarray, tuple[str, ...]] | None:
-    """Each row's label as an index into the site's sorted distinct labels, and their text."""
-    if site.labels is None:
-        return None
-    values, codes = np.unique(site.labels, return_inverse=True)
-    names = tuple(str(site.label_names[v]) if site.label_names is not None else str(int(v))
-                  for v in values)
-    return codes.astype(np.int64), names
-
-
-def labels_of_groups(site: SiteData, group_of_row: np.ndarray) -> GroupLabels | None:
-    if (coded := _label_codes(site)) is None:
-        return None
-    codes, names = coded
-    grouped = group_of_row >= 0
-    key = group_of_row[grouped] * len(names) + codes[grouped]
-    pairs, count = np.unique(key, return_counts=True)
-    return GroupLabels(pairs // len(names), pairs % len(names), count.astype(np.int64), names)
-
-
-def judged_features(site: SiteData) -> np.ndarray | None:
-    """(d,) bool: the features the p% rule on means judges (``release/dominance.py``):
-    a schema's numeric columns (a level's indicator sums to a count, which Table 1's
-    small-cell rule protects; a stood-in mean would not be one), every column without a
-    schema (None)."""
-    schema = None if site.table is None else site.table.schema
-    if schema is None:
-        return None
-    judged = []
-    for column in schema.features:
-        judged += [column.type == "numeric"] if column.type == "numeric" \
-            else [False] * len(column.categories)
-        judged += [False] if column.missing_indicator else []
-    return np.array(judged, dtype=bool) if len(judged) == site.n_features else None
 
 
 def made_groups(site: SiteData, min_size: int, counts, sums, m2, present, labels,
@@ -124,7 +87,7 @@ def rows_as_groups(site: SiteData) -> SiteGroups:
         if missing.any():
             present, X = (~missing).astype(np.int64), np.where(missing, 0.0, X)
     labels = None
-    if (coded := _label_codes(site)) is not None:
+    if (coded := label_codes(site)) is not None:
         labels = GroupLabels(np.arange(n), coded[0], np.ones(n, dtype=np.int64), coded[1])
     # The table is the rows themselves: its digest is theirs.
     digest = hashlib.sha256(f"{group_entries.GROUPS_FORMAT}\0rows\0{site.rows_fingerprint()}".encode()).hexdigest()
@@ -191,16 +154,46 @@ def _forget(key: tuple[int, int]) -> None:
 
 def _in_memory(site: SiteData, min_size: int) -> tuple[SiteGroups, np.ndarray | None]:
     """The groups of data held in memory, made once per array object in this process
-    (O(1) per call: an entry goes when its array does)."""
+    (O(1) per call: an entry goes when its array does), with their record in memory
+    (``release/record``: the table's groups, units, present cells and stand-ins, what a
+    report's parts are judged with)."""
     key = (id(site.X), min_size)
     hit = _MEMORY.get(key)
     if hit is not None and hit[0]() is site.X and hit[1].source == site.source:
         return hit[1], hit[2]
-    groups, group_of_row = build(site, min_size)
+    table, group_of_row = _fresh(site, min_size)
+    rule = None if table.spreads is None else table.spreads.summary()
+    units = None if table.spreads is None else table.spreads.unit_heads()
+    name = record.in_memory(site.X, lambda store: _memory_record(store, site, table, group_of_row,
+                                                                  units, min_size))
+    groups = made_groups(site, min_size, *table.held(), table.labels, table.waiting,
+                         spread_rule=rule, units=units,
+                         table_ref=record.TableRef(name, 0, None))
     grouped = None if groups.waiting == 0 else group_of_row >= 0
     _MEMORY[key] = (weakref.ref(site.X), groups, grouped, group_of_row)
     weakref.finalize(site.X, _forget, key)
     return groups, grouped
+
+
+def _memory_record(store, site: SiteData, table, group_of_row: np.ndarray, units, min_size: int):
+    """Fill an empty record in memory with the table of data held in memory: its rows the
+    instances (their places), its groups, spread units, the rows' present cells and the
+    table's stand-ins."""
+    n = site.n_rows
+    store.match(np.stack([np.arange(n, dtype=np.uint64), np.zeros(n, dtype=np.uint64)], axis=1), None)
+    store.cell_width = site.n_features
+    if site.table is not None and site.table.has_missing:
+        store.add_present(np.arange(n), versions.present_rows(site.X, np.arange(n)))
+    n_groups = int(group_of_row.max()) + 1 if group_of_row.size else 0
+    order = np.argsort(group_of_row, kind="stable")
+    order = order[group_of_row[order] >= 0]
+    sizes = np.bincount(group_of_row[order], minlength=n_groups)
+    numbers = store.add_groups(versions.GroupMembers(np.concatenate([[0], np.cumsum(sizes)]), order),
+                               min_size)
+    if units is not None:
+        store.set_units(numbers, np.where(units >= 0, numbers[np.maximum(units, 0)], -1))
+    version_table.record_stand_ins(store, table.spreads, numbers)
+    store.add_table(numbers, {"entry": "memory", "lineage": "memory", "p": min_size})
 
 
 def _kept(site: SiteData, min_size: int, directory: Path):
@@ -213,7 +206,7 @@ def _kept(site: SiteData, min_size: int, directory: Path):
     with site_files.locked(store_dir, "store.json"):  # one process builds, the others read
         found = _read_entry(base, site, store_dir)
         if found is None:
-            _new_version(site, min_size, directory, versions.Store.open(store_dir), key)
+            version_table.new_version(site, min_size, directory, versions.Store.open(store_dir), key)
             found = _read_entry(base, site, store_dir)
     if found is None:
         raise OSError(f"the group table written to {base} cannot be read back")
@@ -263,140 +256,3 @@ def row_groups(site: SiteData, min_size: int,
 
 
 # ------------------------------------------------------------------ a new version
-def row_hashes(site: SiteData) -> np.ndarray:
-    """(n, 2) uint64: each row's content, wherever it sits in the file (its cells' bits
-    and its label's text: ``versions.row_keys.content_keys``)."""
-    return row_keys.content_keys(site.X, *(_label_codes(site) or (None, None)))
-
-
-def _new_version(site: SiteData, min_size: int, directory: Path, store, key: str) -> None:
-    """Make and keep the group table of a new version of the site's data
-    (``versions.next_version``), and record it in the store."""
-    content = row_hashes(site)
-    keys = row_keys.instance_keys(content, site.row_ids)
-    has_missing = site.table is not None and site.table.has_missing
-    if not store.tables and (earlier := _earlier_release(directory, site, min_size)) is not None:
-        (meta, parts), entry = earlier
-        versions.import_release_table(store, site.X, keys, content, site.row_ids,
-                                      np.asarray(parts["row-hashes"]), np.asarray(parts["row-groups"]),
-                                      int(meta["min-size"]), entry, has_missing)
-    plan, _ = versions.plan_for(store, site.X, keys, site.row_ids, min_size,
-                                lambda rows, size=min_size: grouped_rows.grouped(site, size, rows, directory),
-                                lambda rows, unit, lost, fresh, labels, lost_units: _join_units(
-                                    site, rows, unit, lost, fresh, labels, min_size, lost_units),
-                                has_missing, versions.lineage_name(key),
-                                lambda groups: group_spreads.pair_rows(site.X, groups),
-                                lambda record: group_entries.read_arrays(
-                                    directory / record["entry"]) is not None,
-                                lambda groups: grouped_rows.mended(site, groups, min_size, directory))
-    table, group_of_row, order = _version_table(site, plan, directory, min_size)
-    lineage = plan.lineage
-    number = len(store.tables)
-    dropped = versions.dropped_groups(site.dropped_keys, None if plan.base is None else
-                                      store.table_dropped(plan.base["n"]), min_size)
-    rows_dropped = int(dropped.shape[0])
-    spread_rule = None if table.spreads is None else table.spreads.summary()
-    group_entries.write_entry(directory / key, table, min_size, group_of_row, content,
-                              {"table": number, "lineage": lineage, "rows-dropped": rows_dropped,
-                               "spreads": spread_rule, "held-back": plan.record["held-back"],
-                               "held-back-why": plan.findings[0] if plan.record["held-back"] else ""})
-    new = store.add_groups(plan.new_members.take(order), min_size)
-    if table.spreads is not None:  # each new group's spread unit, named by one of its groups
-        heads = table.spreads.unit_heads()
-        store.set_units(new, np.where(heads >= 0, new[np.maximum(heads, 0)], -1))
-    store.add_table(np.concatenate([plan.kept, new]), {"entry": key, "lineage": lineage, "p": min_size,
-                                                       "file": str(site.source),
-                                                  **plan.record, "rows-dropped": rows_dropped,
-                                                  "findings": plan.findings[:8]}, dropped)
-    store.save()
-    record = plan.record
-    if plan.base is not None:
-        logger.info("%s: a new version of the data: %d groups kept, %d withdrawn, %d new; %d "
-                    "rows waiting", site.source, record["kept-groups"], record["withdrawn-groups"],
-                    record["new-groups"], record["waiting"])
-    if record["reused-groups"]:
-        logger.info("%s: %d group(s) of earlier tables reused whole (%d rows)", site.source,
-                    record["reused-groups"], record["reused-rows"])
-    if record["held-back"]:
-        logger.warning("%s: the versions audit held back %d row(s) (%s); they wait for a later "
-                       "version", site.source, record["held-back"], plan.findings[0])
-
-
-def _join_units(site: SiteData, rows: np.ndarray, unit: np.ndarray, lost: np.ndarray,
-                fresh: np.ndarray, labels: np.ndarray, min_size: int, lost_units: int) -> np.ndarray:
-    """``versions.joining.join_units`` on the rows as the grouping measures them (a
-    missing cell at its feature's site mean; ``grouping_scale``)."""
-    together = np.concatenate([rows, fresh])
-    order = np.argsort(together, kind="stable")
-    with grouped_rows.grouping_rows(site, together[order]) as X:
-        scale = grouping_scale(X)
-        Z = np.empty((together.size, X.shape[1]))
-        Z[order] = np.asarray(X) * (1.0 if scale is None else scale)
-    return joining.join_units(Z[:rows.size], unit, lost, Z[rows.size:], labels, min_size,
-                              lost_units)
-
-
-def _earlier_release(directory: Path, site: SiteData, min_size: int):
-    """The latest table an earlier release kept for this file (((meta, arrays), its
-    entry key) or None)."""
-    pointer = group_entries.lineage_path(directory, site, min_size)
-    try:
-        entry = json.loads(pointer.read_text())["entry"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    read = group_entries.read_arrays(directory / entry)
-    return None if read is None else (read, entry)
-
-
-def _version_table(site: SiteData, plan, directory: Path, min_size: int):
-    """The version's table (the kept groups first, their statistics copied bit for bit
-    from the base table's entry, then the new groups in canonical order), each row's
-    group in it, and the new groups' canonical order."""
-    group_of_row, n_kept = plan.group_of_row, int(plan.kept.size)
-    new_of_row = np.where(group_of_row >= n_kept, group_of_row - n_kept, -1)
-    kept, prior, base = None, None, None
-    if n_kept:
-        kept = _kept_columns(site, plan, directory, np.where(group_of_row < n_kept, group_of_row, -1),
-                             min_size)
-        prior, base = group_spreads.kept_summary(kept, site.n_features, min_size)
-    columns, order, spreads = group_stats.ordered(site.X, new_of_row, len(plan.new_members),
-                                                  directory, min_size, prior, plan.units, base,
-                                                  judged_features(site))
-    group_of_row = np.where(group_of_row >= n_kept, group_stats.relabel(new_of_row, order) + n_kept,
-                            group_of_row)
-    if n_kept:
-        width = site.n_features
-        if columns["present"] is not None or kept["present"] is not None:
-            columns["present"] = (kept["present"] or [group_stats.spread(kept["counts"][0], width)]) + \
-                (columns["present"] or [group_stats.spread(columns["counts"][0], width)])
-        for name in ("counts", "sums", "m2"):
-            columns[name] = kept[name] + columns[name]
-    table = group_stats.Table(columns, site.n_features, labels_of_groups(site, group_of_row),
-                              int(np.count_nonzero(group_of_row < 0)), spreads)
-    return table, group_of_row, order
-
-
-def _kept_columns(site: SiteData, plan, directory: Path, kept_of_row: np.ndarray,
-                  min_size: int) -> dict:
-    """The kept groups' columns, from the entries of the tables they were kept from (bit
-    for bit); recomputed from their rows, with a warning, where such an entry is gone."""
-    reads = [(group_entries.read_arrays(directory / table["entry"]), positions)
-             for table, positions in plan.kept_from]
-    gone = [table["entry"] for (read, _), (table, _) in zip(reads, plan.kept_from) if read is None]
-    if not gone:
-        width = site.n_features
-        pieces = {name: [] for name in ("counts", "sums", "m2", "present")}
-        for (_, parts), positions in reads:
-            for name in ("counts", "sums", "m2"):
-                pieces[name].append(group_stats.piece(parts[name], positions))
-            pieces["present"].append(group_stats.piece(parts["present"], positions)
-                                     if "present" in parts
-                                     else group_stats.spread(pieces["counts"][-1], width))
-        if all("present" not in parts for (_, parts), _ in reads):
-            pieces["present"] = None
-        return {name: None if column is None else [group_stats.joined(column)]
-                for name, column in pieces.items()}
-    logger.warning("%s: the entry %s of a table the kept groups come from is gone: their "
-                   "statistics are computed again from their rows", site.source, gone[0])
-    return group_stats.kept_again(site.X, kept_of_row, int(plan.kept.size), min_size,
-                                  judged_features(site))

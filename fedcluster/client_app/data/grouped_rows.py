@@ -18,9 +18,12 @@ import numpy as np
 from fedcluster.client_app.data import present_groups
 from fedcluster.client_app.data.grouping import group_rows, grouping_scale
 from fedcluster.client_app.data.site_data import SiteData, release_pages
+from fedcluster.client_app.data.versions import row_keys
 from fedcluster.client_app.mapped_pages import rows_in_spans
+from fedcluster.client_app.site_groups import GroupLabels
 
-__all__ = ["CHUNK_ROWS", "grouped", "grouping_rows", "grouping_sums", "mended"]
+__all__ = ["CHUNK_ROWS", "grouped", "grouping_rows", "grouping_sums", "judged_features",
+           "label_codes", "labels_of_groups", "mended", "row_hashes"]
 
 #: Rows per chunk of a pass over the rows: bounds the temporaries to a few CHUNK_ROWS x d
 #: values (the same figure as group_table's passes).
@@ -131,3 +134,46 @@ def mended(site: SiteData, groups: list[np.ndarray], min_size: int,
     order = np.argsort(merged, kind="stable")
     ends = np.cumsum(np.bincount(merged))[:-1]
     return [np.sort(part) for part in np.split(rows[order], ends)]
+
+
+# ------------------------------------------------------------------ what a table says besides its statistics
+def label_codes(site: SiteData) -> tuple[np.ndarray, tuple[str, ...]] | None:
+    """Each row's label as an index into the site's sorted distinct labels, and their text."""
+    if site.labels is None:
+        return None
+    values, codes = np.unique(site.labels, return_inverse=True)
+    names = tuple(str(site.label_names[v]) if site.label_names is not None else str(int(v))
+                  for v in values)
+    return codes.astype(np.int64), names
+
+
+def labels_of_groups(site: SiteData, group_of_row: np.ndarray) -> GroupLabels | None:
+    if (coded := label_codes(site)) is None:
+        return None
+    codes, names = coded
+    grouped = group_of_row >= 0
+    key = group_of_row[grouped] * len(names) + codes[grouped]
+    pairs, count = np.unique(key, return_counts=True)
+    return GroupLabels(pairs // len(names), pairs % len(names), count.astype(np.int64), names)
+
+
+def judged_features(site: SiteData) -> np.ndarray | None:
+    """(d,) bool: the features the p% rule on means judges (``release/dominance.py``):
+    a schema's numeric columns (a level's indicator sums to a count, which Table 1's
+    small-cell rule protects; a stood-in mean would not be one), every column without a
+    schema (None)."""
+    schema = None if site.table is None else site.table.schema
+    if schema is None:
+        return None
+    judged = []
+    for column in schema.features:
+        judged += [column.type == "numeric"] if column.type == "numeric" \
+            else [False] * len(column.categories)
+        judged += [False] if column.missing_indicator else []
+    return np.array(judged, dtype=bool) if len(judged) == site.n_features else None
+
+
+def row_hashes(site: SiteData) -> np.ndarray:
+    """(n, 2) uint64: each row's content, wherever it sits in the file (its cells' bits
+    and its label's text: ``versions.row_keys.content_keys``)."""
+    return row_keys.content_keys(site.X, *(label_codes(site) or (None, None)))

@@ -42,10 +42,10 @@ def site_moments(site: SiteData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 def _flagged_parts(site: SiteData, rows: np.ndarray, part: np.ndarray, k: int, p: int,
                    moments, released: np.ndarray) -> np.ndarray:
-    """(k,) bool: the parts the p% rule on means flags (``release/dominance.py``: from
-    p_site 3, in the judged features the parts release as their rows' own: ``released``;
-    ``moments``: the yardsticks, :func:`site_moments`)."""
-    flagged = np.zeros(k, dtype=bool)
+    """(k, d) bool: per part, the features where the p% rule on means flags it
+    (``release/dominance.py``: from p_site 3, in the judged features the parts release as
+    their rows' own: ``released``; ``moments``: the yardsticks, :func:`site_moments`)."""
+    flagged = np.zeros((k, site.n_features), dtype=bool)
     if p < dominance.MEANS_FROM_P or moments is None:
         return flagged
     site_mean, sd = moments
@@ -60,7 +60,7 @@ def _flagged_parts(site: SiteData, rows: np.ndarray, part: np.ndarray, k: int, p
         low = np.where(cells > 0, np.where(np.isnan(values), np.inf, values).min(axis=0), 0.0) - mean
         hit = dominance.dominated_means(mean[None], high[None], low[None], cells[None],
                                         site_mean, sd)[0] & judged
-        flagged[c] = bool(hit.any())
+        flagged[c] = hit
     return flagged
 
 
@@ -70,16 +70,20 @@ def exposed(site: SiteData, rows: np.ndarray, g: np.ndarray, cluster: np.ndarray
     carry at a stood-in mean. ``observed``: the straddlers' rows, what a cut counts of
     them (1 a row, each feature's present cell) and the columns no cut may isolate under
     p of (the rows, and the features not :func:`carriable`). A carriable feature some cut
-    isolates under p cells of is carried; a split group is kept whole where a cut under p
+    isolates under p cells of, or in which the p% rule on means flags a part
+    (:func:`_flagged_parts`), is carried; a split group is kept whole where a cut under p
     of another column rests on it (:func:`_short_cuts`), or where it feeds a part of fewer
-    than p rows or one the p% rule on means flags in a feature the parts release
-    (:func:`_flagged_parts`)."""
+    than p rows or one the p% rule flags in a feature that cannot be carried."""
     at, counted, fixed = observed
     touching, short = _short_cuts(g[at], cluster[at], counted, split, k, p, fixed)
     carried = short[1:] & ~fixed[1:]
     part = np.where(split[g], cluster, -1)
     sizes = np.bincount(part[part >= 0], minlength=k)
-    bad = ((sizes > 0) & (sizes < p)) | _flagged_parts(site, rows, part, k, p, moments, ~carried)
+    # a part the p% rule flags in a feature stands in there (carried), as a group would;
+    # where the feature cannot be carried, its straddlers stay whole
+    flagged = _flagged_parts(site, rows, part, k, p, moments, ~carried)
+    carried |= flagged.any(axis=0) & ~fixed[1:]
+    bad = ((sizes > 0) & (sizes < p)) | (flagged & fixed[None, 1:]).any(axis=1)
     touching[g[(part >= 0) & bad[np.maximum(part, 0)]]] = True
     return touching & split, carried
 

@@ -37,15 +37,14 @@ few rows in their group's cluster, not the model's (6.7-8.3 % of the clinical de
    (the SSE is the rows' own where every straddler is split and nothing is carried), and
    a part releases no second moment of its own. The lone-cell rule applies as to every
    table, but to a carried feature (its few cells carry no value of theirs);
-5. audits the parts' counts and sums with everything the site answered from
-   (``report_history.py``: a deployed site's whole history; per feature, with the spread
-   units' sums of squares; a carried feature's sums are no sums of the parts' rows, so
-   they report none of its values): where a combination isolates fewer than p rows or
-   values, one row's change, or the sums with the sums of squares determine a value, no
-   group is split;
-6. answers one partition per version of its data (``report_history.py``): the same
-   partition asked again (the evaluation, then the profile) is the same table; another
-   one is answered from the groups whole.
+5. keeps whole a straddler whose released sum of a feature is a stand-in (the p% rule's,
+   or a protected cell's: its sum no sum of its rows, which a part would give back);
+6. hands the parts to the release step (``release/gate.admit_report``), which judges
+   them with the site's whole record, every table and every report partition of the
+   data's lineage, and records them, under the record's lock, before any value of them
+   leaves; where the judgement refuses, the straddlers its finding rests on are kept
+   whole (``keep_whole``) and the table is made again. The same partition asked again
+   (the evaluation, then the profile) is the same table; another one is judged with it.
 
 What it costs: rows of a straddler kept whole still count in their group's cluster (the
 site's log says how many rows the split moved, how many features it carried, and why it
@@ -66,14 +65,14 @@ import numpy as np
 from fedcluster.client_app.data import group_stats, group_table, report_cuts
 from fedcluster.client_app.data.group_table import labels_of_groups, made_groups
 from fedcluster.client_app.data.report_cuts import BLOCK_ROWS
-from fedcluster.client_app.data.report_history import ReportHistory, partition_digest
 from fedcluster.client_app.data.site_data import SiteData
+from fedcluster.client_app.data.versions import row_keys
 from fedcluster.client_app.release import dominance
 from fedcluster.client_app.release.lone_cells import withhold_lone_cells
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.common import kernels, scaling
 
-__all__ = ["Report", "ReportHistory", "as_answered", "report_groups", "rows_clusters"]
+__all__ = ["Report", "as_answered", "report_groups", "row_instances", "rows_clusters"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,12 @@ class Report:
     carried : int
         The features the parts carry at a stood-in mean (made of released sums), not at
         their rows' own (a cut of the clusters would isolate fewer than p of their cells).
+    parts : list of int arrays
+        Each part's rows (file order): what the release step judges and records.
+    carried_features : (d,) bool or None
+        Which features they carry.
+    straddlers : (G,) bool or None
+        The groups the parts re-cut.
     """
 
     groups: SiteGroups
@@ -103,6 +108,9 @@ class Report:
     why: str
     group_of_row: np.ndarray | None = None
     carried: int = 0
+    parts: tuple = ()
+    carried_features: np.ndarray | None = None
+    straddlers: np.ndarray | None = None
 
 
 # ------------------------------------------------------------------ the rows' clusters
@@ -129,9 +137,10 @@ def rows_clusters(site: SiteData, rows: np.ndarray, centroids: np.ndarray,
 # ------------------------------------------------------------------ the report's table
 def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
                   centroids: np.ndarray, transform: str | None, box,
-                  history: ReportHistory | None = None) -> Report:
+                  keep_whole: np.ndarray | None = None) -> Report:
     """The report's table (module docstring) of ``groups`` (as made, in the encoded
-    units; ``group_of_row`` each row's group, -1 waiting) at the final ``centroids``.
+    units; ``group_of_row`` each row's group, -1 waiting) at the final ``centroids``: a
+    candidate for the release step, which judges and records its parts.
 
     Parameters
     ----------
@@ -144,8 +153,8 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
         The run's transform (its exact text) the centroids live in.
     box : (lo, hi) or None
         The task's ``data-bounds`` clipping.
-    history : ReportHistory, optional
-        Where the site keeps the partition it answered (default: ``site``'s, run None).
+    keep_whole : (G,) bool, optional
+        Groups the release step's judgement keeps whole (module docstring, 6).
     """
     p, k = groups.min_size, int(centroids.shape[0])
     whole = Report(groups, 0, 0, "")
@@ -158,8 +167,10 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     hi = np.full(groups.n_groups, -1, dtype=np.int64)
     np.minimum.at(lo, g, cluster)
     np.maximum.at(hi, g, cluster)
-    split = lo != hi
-    history = history or ReportHistory(site, groups)
+    straddles = lo != hi
+    split = straddles & ~_stood_in(site, groups, rows, g, straddles)
+    if keep_whole is not None:
+        split &= ~keep_whole
     # what a cut counts, of the straddlers' rows: each row, and each feature's cell
     straddling = np.flatnonzero(split[g])
     observed = np.concatenate([np.ones((straddling.size, 1)),
@@ -175,16 +186,11 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
         split &= ~exposed
     part = np.where(split[g], cluster, -1)
     if not split.any():
-        return Report(groups, 0, 0, "" if (lo == hi).all() else
+        return Report(groups, 0, 0, "" if not straddles.any() else
                       f"splitting its straddling groups would give sums of fewer than {p} "
-                      "rows (a part, or a part less its groups)")
+                      "rows (a part, or a part less its groups), or a sum the p% rule withheld")
     clusters = [c for c in range(k) if np.any(part == c)]
     members = [np.flatnonzero(part == c) for c in clusters]  # into ``rows``
-    digest = partition_digest([rows[m] for m in members], p)
-    done = history.answered()
-    if done is not None and done != digest:
-        return Report(groups, 0, 0, "the site answered a report over another partition of this "
-                      "version of its data; one per version (its groups count whole)")
     table, report_of_row = _table(site, groups, rows, g, split, part, clusters, carried,
                                   _assigned(groups, centroids, transform, box)
                                   if carried.any() else None)
@@ -192,29 +198,63 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     if (placed != clusters).any():  # (a carried feature can move a part's mean)
         return Report(groups, 0, 0, "a part's mean, its carried features at its cluster's "
                       "groups' mean, lies nearer another centroid (its groups count whole)")
-    if done is None:  # (the rows' instances only here: the same partition asked again is known)
-        instances = history.instances(rows)
-        parts = [instances[m] for m in members]
-        finding = history.audit(parts, np.flatnonzero(split), group_of_row, p, carried)
-        if finding is not None:
-            return Report(groups, 0, 0, f"the audit keeps the groups whole: {finding}")
-        history.record(digest, parts, p, carried)
     moved = _moved(g, cluster, split, groups.n_groups, k)
-    return Report(table, int(split.sum()), moved, "", report_of_row, int(carried.sum()))
+    return Report(table, int(split.sum()), moved, "", report_of_row, int(carried.sum()),
+                  tuple(rows[m] for m in members), carried, split)
+
+
+def _stood_in(site: SiteData, groups: SiteGroups, rows: np.ndarray, g: np.ndarray,
+              straddles: np.ndarray) -> np.ndarray:
+    """(G,) bool: the straddlers whose released sum of some feature is no sum of their
+    rows' cells (a stand-in: the p% rule's, a protected cell's), found by summing their
+    rows again: a part would give the withheld sum back (``release/audit``, 1)."""
+    out = np.zeros(groups.n_groups, dtype=bool)
+    at = np.flatnonzero(straddles[g])
+    if at.size == 0:
+        return out
+    ids, local = np.unique(g[at], return_inverse=True)
+    values = np.asarray(site.X[rows[at]], dtype=np.float64)
+    sums = np.zeros((ids.size, site.n_features))
+    np.add.at(sums, local, np.where(np.isnan(values), 0.0, values))
+    released = np.asarray(groups.sums[ids], dtype=np.float64)
+    judged = np.ones_like(sums, dtype=bool) if groups.withheld is None \
+        else np.asarray(groups.withheld[ids]) == 0  # (a lone cell withheld: no sum of it)
+    differs = np.abs(sums - released) > 1e-9 * np.maximum(1.0, np.maximum(np.abs(sums), np.abs(released)))
+    out[ids] = (differs & judged).any(axis=1)
+    return out
+
+
+def row_instances(site: SiteData, store) -> np.ndarray:
+    """(n,) the record's instance of each row (``store``: the record the table's groups
+    are in, held under its lock): a deployed site's rows by their keys; data held in
+    memory by their places."""
+    if store.directory is None:
+        return np.arange(site.n_rows, dtype=np.int64)
+    keys = row_keys.instance_keys(group_table.row_hashes(site), site.row_ids)
+    return store.match(keys, site.row_ids)[0]
 
 
 def as_answered(site: SiteData, min_size: int, cache_dir, centroids: np.ndarray,
                 transform: str | None) -> tuple[SiteGroups, np.ndarray]:
     """The groups ``site`` answered the report at ``centroids`` from, and each row's group
-    in them (-1: waiting): its table (kept in ``cache_dir``, else in memory) re-cut through
-    its answered history, the partition it recorded or, for another, its groups whole.
-    Where it recorded none, the same audit decides again (and records what it passes):
-    for the tests and benchmarks that compare the report with the rows."""
+    in them (-1: waiting): its table (kept in ``cache_dir``, else in memory) re-cut as a
+    partition its record holds (made again with the groups the release step kept whole),
+    else its groups whole. For the tests and benchmarks that compare the report with the
+    rows; it records nothing."""
+    from fedcluster.client_app.release import gate, record
+
     groups, _ = group_table.site_groups(site, min_size, cache_dir)
     group_of_row = group_table.row_groups(site, min_size, cache_dir)
-    made = report_groups(site, groups, group_of_row, centroids, transform, None,
-                         ReportHistory(site, groups))
-    return made.groups, group_of_row if made.group_of_row is None else made.group_of_row
+    with record.Record.of(groups.table_ref).held() as store:
+        for answered in store.reports_of(groups.table_ref.number):
+            keep = np.zeros(groups.n_groups, dtype=bool)
+            keep[np.asarray(answered.get("whole", []), dtype=np.int64)] = True
+            made = report_groups(site, groups, group_of_row, centroids, transform, None, keep)
+            instance = row_instances(site, store)
+            if made.split and gate.partition_digest([instance[part] for part in made.parts],
+                                                    min_size) == answered["digest"]:
+                return made.groups, made.group_of_row
+    return groups, group_of_row
 
 
 def _released_cells(groups: SiteGroups) -> np.ndarray:

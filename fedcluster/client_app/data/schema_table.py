@@ -161,8 +161,19 @@ def load_plain_table(path: str | os.PathLike, *, cache_dir=None, label_column=No
                      columns=None, id_column=None, missing: str = "error") -> SiteData:
     """A site file read without a schema (a Parquet file, or a CSV/TSV under a run config
     ``missing`` other than ``error``): numeric features through ``plain_schema`` and the
-    same cache. Its facts carry no schema hash (no agreed schema to check), but the rows
-    dropped and cells missing, which the imputation round fills."""
+    same cache. The site reads it ONE way, whatever a run asks: its missing cells kept
+    (NaN), so the rows, the site's record and its DP budget are those of every run on it
+    (``reading`` is a plain file's: the columns chosen, never the run's ``missing``). The
+    run's ``missing`` is applied over that reading (:func:`missing_policy`). Its facts
+    carry no schema hash (no agreed schema to check), but the cells missing, which the
+    imputation round fills.
+
+    Raises
+    ------
+    SiteDataError
+        The file does not fit, or the run's ``missing`` cannot be applied over the site's
+        reading (the message names the run-config key).
+    """
     from fedcluster.client_app.data.table_files import parquet_columns
     from fedcluster.client_app.data.tables import DELIMITERS, read_header
 
@@ -171,9 +182,48 @@ def load_plain_table(path: str | os.PathLike, *, cache_dir=None, label_column=No
         raise SiteDataError(f"data-path '{path}' does not exist")
     suffix = path.suffix.lower()
     header = parquet_columns(path) if suffix == ".parquet" else read_header(path, DELIMITERS[suffix])
-    schema = plain_schema(header, str(path), label_column, columns, id_column, missing)
+    schema = plain_schema(header, str(path), label_column, columns, id_column, KEPT)
     data = load_schema_table(path, schema, cache_dir=cache_dir)
-    facts = None
-    if missing != "error":
-        facts = TableFacts(schema, "", data.table.rows_dropped, dict(data.table.cells_missing))
-    return dataclasses.replace(data, table=facts)
+    data = dataclasses.replace(
+        data, lineage=site_data.lineage_key(path, label_column, columns, id_column),
+        reading=site_data.reading_key("plain", label_column, columns, id_column))
+    return missing_policy(data, missing)
+
+
+#: How a plain table is read: its missing cells kept (the run's ``missing`` is applied
+#: over them).
+KEPT = "impute-mean"
+
+
+def missing_policy(data: SiteData, missing: str) -> SiteData:
+    """A plain table (its missing cells kept) under the run config's ``missing``: as read
+    (``impute-mean``: the run fills them); refused where it holds a missing cell and the
+    run says ``error`` (naming the cell) or ``drop-row`` (which would read it another
+    way: other rows, another record); facts that say how many cells are missing.
+
+    Raises
+    ------
+    SiteDataError
+        Naming the run-config key ``missing``.
+    """
+    cells = dict(data.table.cells_missing) if data.table is not None else {}
+    if any(cells.values()) and missing in ("error", "drop-row"):
+        rows, columns = np.nonzero(np.isnan(np.asarray(data.X)))
+        names = data.feature_names or tuple(f"x{j}" for j in range(data.n_features))
+        cell = (f"data row {int(rows[0]) + 1}, column {names[int(columns[0])]!r}: the cell is "
+                "missing" if rows.size else "a cell is missing")
+        if missing == "error":
+            raise SiteDataError(
+                f"{data.source}: {cell} (run config 'missing' is \"error\"; \"impute-mean\" "
+                "fills a missing cell with the pooled mean of its column)")
+        raise SiteDataError(
+            f"{data.source}: {sum(cells.values())} missing cell(s) ({cell}); run config "
+            "'missing' = \"drop-row\" would read this file without their rows, which a site does "
+            "not do at a run's asking (its rows, its record and its DP budget are those of its "
+            "one reading: docs/explanation/privacy-model.md). Ask for \"impute-mean\", or the "
+            "site reads its file through a schema whose columns say drop-row (node config "
+            "'schema-path')")
+    if missing == "error":
+        return dataclasses.replace(data, table=None)
+    schema = data.table.schema.model_copy(update={"missing": missing})
+    return dataclasses.replace(data, table=TableFacts(schema, "", data.table.rows_dropped, cells))

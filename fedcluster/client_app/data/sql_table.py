@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.client_app.data import site_data
-from fedcluster.client_app.data.schema_table import plain_schema
+from fedcluster.client_app.data.schema_table import KEPT, plain_schema
 from fedcluster.client_app.data.site_data import SiteData, SiteDataError
 from fedcluster.client_app.data.sql_source import SqlSource, chunk_columns, query_result
 from fedcluster.client_app.data.tables import encode_labels
@@ -60,7 +60,6 @@ class Reading:
     label_column: str | None = None
     columns: tuple[str, ...] | None = None
     id_column: str | None = None
-    missing: str = "error"
 
     @property
     def schema_digest(self) -> str | None:
@@ -71,8 +70,7 @@ class Reading:
         """``SiteData.reading``: the key of the site's answered history."""
         return site_data.reading_key(SQL_CACHE_FORMAT, *self.source.reading, self.schema_digest,
                                      json.dumps(self.units or {}, sort_keys=True),
-                                     self.label_column, self.columns, self.id_column,
-                                     self.missing)
+                                     self.label_column, self.columns, self.id_column)
 
 
 def _npy_header(n_rows: int, width: int) -> bytes:
@@ -112,7 +110,7 @@ def _stream(reading: Reading, directory: Path):
         with os.fdopen(fd, "wb") as out, query_result(source) as (names, chunks):
             schema = reading.schema or plain_schema(
                 names, source.source, reading.label_column, reading.columns, reading.id_column,
-                reading.missing)
+                KEPT)
             out.write(_npy_header(0, 0))
             version, read, kept = _Version(), 0, 0
             labels, ids, dropped, missing, width = [], [], [], {}, None
@@ -157,11 +155,10 @@ def reading_has_labels(schema: Schema) -> bool:
 
 
 def _facts(reading: Reading, schema: Schema, meta: dict) -> TableFacts | None:
-    facts = TableFacts(schema, reading.schema_digest or "", int(meta["rows-dropped"]),
-                       {str(k): int(v) for k, v in meta["cells-missing"].items()})
-    if reading.schema is None and reading.missing == "error":
-        return None  # a plain table, read as a plain file is (load_plain_table)
-    return facts
+    # (a plain table: its missing cells kept; the run's ``missing`` is applied over it by
+    # ``schema_table.missing_policy``)
+    return TableFacts(schema, reading.schema_digest or "", int(meta["rows-dropped"]),
+                      {str(k): int(v) for k, v in meta["cells-missing"].items()})
 
 
 def _cached(reading: Reading, base: Path, known: dict, min_rows: int) -> SiteData | None:
@@ -260,10 +257,10 @@ def read_sql_columns(source: SqlSource) -> tuple[list[str], list]:
     return names, columns
 
 
-def sql_reading(node, missing: str = "error") -> Reading:
-    """The :class:`Reading` of a node config with ``data-url`` (``node_config.NodeConfig``;
-    ``missing``: the run config's, for a table read without a schema), its keys checked
-    together: ``schema-path`` with its ``units``, or else the plain keys ``columns``,
+def sql_reading(node) -> Reading:
+    """The :class:`Reading` of a node config with ``data-url`` (``node_config.NodeConfig``:
+    the site's own; a run's ``missing`` is applied over it, ``schema_table.missing_policy``),
+    its keys checked together: ``schema-path`` with its ``units``, or else the plain keys ``columns``,
     ``label-column`` and ``id-column``.
 
     Raises
@@ -282,5 +279,5 @@ def sql_reading(node, missing: str = "error") -> Reading:
     schema = reading_schema(node)
     if schema is None:
         return Reading(source, label_column=node.label_column, columns=node.columns,
-                       id_column=node.id_column, missing=missing)
+                       id_column=node.id_column)
     return Reading(source, schema, node.units)

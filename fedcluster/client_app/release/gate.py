@@ -4,6 +4,14 @@ A task computes its reply from what it was given (the site's groups, never rows;
 DP the site's clipped rows) and says which of its figures rest on which rows (its
 ``rules``: ``floor.py``). The gate then:
 
+0. :func:`in_record` and :func:`admit_report` - before the task runs, the table it
+   answers from must be in the site's RECORD (``record/``: every group of rows the site
+   ever released values from, of every run, reading, process and report): a version's
+   table is recorded where it is made, after the one audit (``audit/``) judged it; a
+   report's parts are judged here, with the whole record, and recorded, under the
+   record's one lock (:meth:`record.Record.held`, which the ClientApp holds from reading
+   the record through the task to writing the reply's ledger line). A table the record
+   does not hold answers nothing;
 1. :func:`admit` - before the task runs: a reply over all the site's rows is refused by
    a site with fewer rows than the floor (``floor.WHOLE_SITE``);
 2. :func:`screen` - after it: the floor's rules applied (a cluster under p withheld, a
@@ -15,27 +23,32 @@ DP the site's clipped rows) and says which of its figures rest on which rows (it
    its line written to the site's disclosure ledger first (``ledger.py``: every value,
    the basis; a ledger that cannot be written stops the reply: nothing leaves unrecorded).
 
-What the table's statistics may be was settled when the table was made, by the rules of
-this package applied in the data layer: the lone-cell rule (``lone_cells.py``), spread
-units and the dominance rule (``spreads.py``, ``dominance.py``), and the versions audit
-over values (``versions_audit.py``). docs/explanation/privacy-model.md says what each
-rule does and does not stop.
+What a table's own statistics may be is settled by the rules of this package that need
+its values, applied in the data layer where the table is made: the lone-cell rule
+(``lone_cells.py``), spread units and the dominance rule (``spreads.py``,
+``dominance.py``, the p% rule on means); what the record may take is the one audit's
+(``audit/``). docs/explanation/privacy-model.md says what each rule does and does not
+stop.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 import numpy as np
 
+from fedcluster.client_app.release import audit
 from fedcluster.client_app.release import floor as floor_rules
+from fedcluster.client_app.release import record
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.task_io import TaskReply
 from fedcluster.common import protocol
 from fedcluster.common import secure_codec as secure
 
-__all__ = ["STATISTICS", "admit", "basis", "leave", "screen", "values_of"]
+__all__ = ["STATISTICS", "Admission", "admit", "admit_report", "basis", "in_record", "leave",
+           "partition_digest", "screen", "values_of"]
 
 #: Which of a group table's statistics each task's reply is a function of: ``counts``
 #: (rows per group), ``sums`` (per feature, over present cells), ``spreads`` (the spread
@@ -66,6 +79,76 @@ def values_of(reply_arrays, evaluation=None) -> dict:
     return values
 
 
+def partition_digest(parts: list[np.ndarray], p: int) -> str:
+    """The key of a report partition: its parts' instances, sorted, and p."""
+    text = json.dumps([p, [np.sort(part).tolist() for part in parts]])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """The release step's judgement of a report's parts.
+
+    Attributes
+    ----------
+    admitted : bool
+        The record holds them (now, or from an earlier task): their values may leave.
+    why : str
+        Where not: the audit's first finding.
+    instances : (n,) int64
+        The instances its findings rest on (a coarser answer leaves them out).
+    digest : str
+        The partition's key (``TableRef.partition`` of the table it makes).
+    """
+
+    admitted: bool
+    why: str = ""
+    digest: str = ""
+    instances: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+def in_record(groups: SiteGroups) -> bool:
+    """Whether the table ``groups`` answers from is in the site's record (a table of rows,
+    p_site 1, has no record: it opted out of the promise)."""
+    ref = groups.table_ref
+    if groups.min_size <= 1:
+        return True
+    if ref is None:
+        return False
+    if str(ref.store).startswith(record.MEMORY_PREFIX):
+        return True  # (made with its record, in this process; a report's parts admitted)
+    meta = record.Store.read_meta(ref.store)
+    if int(ref.number) >= len(meta.get("tables", [])):
+        return False
+    if ref.partition is None:
+        return True
+    store = record.Store(None, {**meta, "instances": 0, "groups": 0, "members": 0})
+    return any(known["digest"] == ref.partition for known in store.reports_of(ref.number))
+
+
+def admit_report(store, table: int, parts: list[np.ndarray], carried, p: int, width: int,
+                 whole=()) -> Admission:
+    """Judge a report's ``parts`` (the record's instances) of table ``table`` with the
+    whole record ``store`` (held under its lock by the caller) and record them if they
+    pass (``carried``: (d,) the features they carry at a stood-in mean; ``whole``: the
+    table's groups kept whole in them). A partition the record holds already is admitted
+    as it is (the same table asked again)."""
+    digest = partition_digest(parts, p)
+    if any(known["digest"] == digest for known in store.reports_of(table)):
+        return Admission(True, digest=digest)
+    present = None if store.present is None else \
+        (lambda instances: store.present_cells(instances, width))  # noqa: E731
+    findings = audit.judge(store, list(parts), np.full(len(parts), -1), p, present, width,
+                           np.asarray(carried, dtype=bool))
+    if findings:
+        rests_on = [np.asarray(getattr(reason, "instances", ()), dtype=np.int64)
+                    for _, reason in findings]
+        return Admission(False, str(findings[0][1]), instances=np.unique(np.concatenate(rests_on)))
+    store.add_report(table, digest, list(parts), p, carried, whole)
+    store.save()
+    return Admission(True, digest=digest)
+
+
 def admit(task: str, groups: SiteGroups, floor: int) -> None:
     """Refuse, before it runs, a task whose reply is over all the site's rows when the
     site holds fewer than ``floor`` rows (``floor.WHOLE_SITE``)."""
@@ -79,6 +162,8 @@ def basis(task: str, groups: SiteGroups, private: bool) -> dict:
     out = {"table": groups.digest[:16], "p-site": int(groups.min_size)}
     if groups.table_ref is not None:
         out["table-number"] = int(groups.table_ref.number)
+        if groups.table_ref.partition is not None:
+            out["partition"] = groups.table_ref.partition[:16]
     if private:
         out["rows"] = "clipped, noised"
     else:

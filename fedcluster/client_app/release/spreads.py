@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EQUAL_WITHIN", "LEAF_GROUPS", "SPREAD_MIN_ROWS", "ZERO_WITHIN", "pair_reveals",
+__all__ = ["EQUAL_WITHIN", "LEAF_GROUPS", "SPREAD_MIN_ROWS", "ZERO_WITHIN", "host_size", "pair_reveals",
            "pair_shares", "shares", "spread_partners", "tiny_spread", "unit_reveals"]
 
 #: No second moment of fewer than this many rows leaves a site (DataSHIELD's default
@@ -53,6 +53,13 @@ LEAF_GROUPS = 64
 EQUAL_WITHIN = 1e-9
 #: A spread per cell under (this x the feature's scale)^2 is 0 (equal values' rounding).
 ZERO_WITHIN = 1e-12
+
+
+def host_size(min_size: int) -> int:
+    """The fewest fresh rows a group that takes rows answered from before must hold
+    (``data/versions/joining.py``): p, and :data:`SPREAD_MIN_ROWS`, so that its sum and
+    its sum of squares each carry values found in no other group."""
+    return max(int(min_size), SPREAD_MIN_ROWS)
 
 
 # ------------------------------------------------------------------ pairing

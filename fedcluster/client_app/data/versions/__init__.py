@@ -6,21 +6,20 @@ the groups of both. This package makes every version's group table safe together
 every table the site has answered from before:
 
 - ``row_keys.py``: what makes a row the same row in two versions (its content, or its id);
-- ``lineage.py``: the site's answered history, kept beside its data cache (every row
-  instance, every group, every table);
 - ``next_version.py``: the rule: groups of the last version whose rows are all there stay
   bit for bit, a group that lost or changed a row is withdrawn whole, new rows are
   grouped among themselves and the withdrawn groups' other rows join them
   (``joining.py``), and the audit decides;
 - ``links.py``: which new row may be a version of a row that left (its cells' values);
-- ``value_audit.py``: everything the site answered from as the versions audit sees it,
-  per feature over the cells' values (``release/versions_audit.py`` judges, with
-  ``release/span_audit.py``: no combination isolates fewer than p rows or values, one
-  row's change, or, with the spread units' sums of squares, determines a value);
+- ``audited.py``: the new groups' spread units, and the one audit's judgement of them
+  (``release/audit``: no combination of everything the site released isolates fewer
+  than p rows or values, one row's change, or, with the spread units' sums of squares,
+  determines a value; no sum holds a cell the p% rule withheld), holding back what fails;
 - ``dropped_rows.py``: the rows a schema drops, counted by groups too.
 
 The group table itself (its statistics, kept as files) is ``group_table.py``'s; this
-package decides who is grouped with whom.
+package decides who is grouped with whom; the site's record of it all (every instance,
+group and table) is ``release/record``'s.
 """
 
 from __future__ import annotations
@@ -30,14 +29,14 @@ import numpy as np
 from fedcluster.client_app.mapped_pages import rows_in_spans
 from fedcluster.client_app.data.versions import links, next_version, row_keys
 from fedcluster.client_app.data.versions.dropped_rows import dropped_groups
-from fedcluster.client_app.data.versions.lineage import Store, TableRef
+from fedcluster.client_app.release.record import Store, TableRef
 from fedcluster.client_app.data.versions.next_version import GroupMembers, Plan, lineage_name
 
 __all__ = ["GroupMembers", "Plan", "Store", "TableRef", "dropped_groups", "import_release_table",
-           "lineage_name", "plan_for"]
+           "lineage_name", "plan_for", "present_rows"]
 
 
-def _present_rows(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def present_rows(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """(len(rows), d) bool: the rows' present cells, read a chunk at a time."""
     out = np.empty((rows.size, X.shape[1]), dtype=bool)
     for start in range(0, rows.size, row_keys.CHUNK_ROWS):
@@ -84,7 +83,7 @@ def plan_for(store: Store, X: np.ndarray, keys: np.ndarray, row_ids, min_size: i
     present = None
     if has_missing or store.present is not None:
         rows = np.flatnonzero(new)
-        store.add_present(instance_of_row[rows], _present_rows(X, rows))
+        store.add_present(instance_of_row[rows], present_rows(X, rows))
         width = X.shape[1]
         present = lambda instances: store.present_cells(instances, width)  # noqa: E731
     plan = next_version.plan_version(store, instance_of_row, min_size, group_waiting, attach,
@@ -119,7 +118,7 @@ def import_release_table(store: Store, X: np.ndarray, keys: np.ndarray, content:
         # the rows still there: their cells; the others: taken as present (not known here)
         cells = np.ones((instances.size, X.shape[1]), dtype=bool)
         there = np.flatnonzero(now_row >= 0)
-        cells[there] = _present_rows(X, now_row[there])
+        cells[there] = present_rows(X, now_row[there])
         store.add_present(instances[new], cells[new])
     groups = next_version._split(np.asarray(earlier_groups), instances)
     numbers = store.add_groups(groups, min_size)

@@ -2,19 +2,20 @@
 (``next_version.py`` makes the groups; this module judges them and pairs them).
 
 The new groups' spread units (``release/spreads.py``) are made here, before the audits,
-so that the audits judge the units the table will keep (:func:`spread_units`). Then the instances' audit (``release/span_audit``)
-and the values' (``value_audit.py``, ``release/versions_audit``); in a failing component
-each new group's rows with a history are held back and the rest audited again
-(:func:`audited`).
+so that the audits judge the units the table will keep (:func:`spread_units`). Then the
+one audit (``release/audit``: the record's protected cells, the instances', the values');
+in a failing component each new group's rows with a history are held back and the rest
+audited again (:func:`audited`). A new group holding a cell the p% rule withheld stands
+in there (its FORCED stand-ins, ``audit.protected_features``, which the table applies).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.client_app.data.versions import value_audit
-from fedcluster.client_app.data.versions.lineage import Store
-from fedcluster.client_app.release import span_audit, spreads
+from fedcluster.client_app.release import audit, spreads
+from fedcluster.client_app.release.audit import values
+from fedcluster.client_app.release.record import Store
 
 __all__ = ["AUDIT_ROUNDS", "audited", "spread_units"]
 
@@ -110,15 +111,16 @@ def audited(store: Store, candidates: list[np.ndarray], p: int, present, finding
     """The new groups that pass the audits, how many rows they held back, and the new
     groups' spread units (None: nothing of the history touched, the table makes them).
 
-    Two audits: the instances' (``span_audit``: every row version an unknown) and the
-    values' (``value_audit``: linked versions' unchanged cells one value, with the spread
-    units' sums of squares). In a failing component, each new group's rows with a history
+    The one audit (``release/audit.judge``): the protected cells, the instances' (every row
+    version an unknown) and the values' (linked versions' unchanged cells one value, with
+    the spread units' sums of squares). In a failing component, each new group's rows with a history
     (in a group before, or a version of a row that was) are held back, and its fresh rows
     stay a group if they are at least p; the audits run again on what is left (the spread
     units change with it), until they pass."""
-    history = value_audit.with_history(store)
+    history = values.with_history(store)
     if not any(history[m].any() for m in candidates):
         return candidates, 0, None
+    width = max(store.cell_width, 1)
     last_unit = _last_units(store)
 
     def pairing(groups):
@@ -131,7 +133,8 @@ def audited(store: Store, candidates: list[np.ndarray], p: int, present, finding
     held = 0
     for _ in range(AUDIT_ROUNDS):
         units = pairing(candidates)
-        failing = _failures(store, candidates, units, p, present)
+        failing = audit.judge(store, candidates, units, p, present, width,
+                              audit.protected_features(store, candidates, width))
         if not failing:
             return candidates, held, units
         findings.extend(reason for _, reason in failing)
@@ -151,35 +154,3 @@ def audited(store: Store, candidates: list[np.ndarray], p: int, present, finding
             final.append(part)
         held += int(members.size - (0 if part is None else part.size))
     return final, held, pairing(final)
-
-
-def _failures(store: Store, new: list[np.ndarray], units: np.ndarray, p: int, present,
-              carried: np.ndarray | None = None):
-    """(indices into ``new``, reason) of the audits' failing components (every group the
-    store holds, and the ``new`` ones): the instances' audit, then the values'.
-    ``carried``: (d,) the features the new groups carry at stood-in means (a report's
-    parts, ``data/report_table.py``): their sums there are no sums of their rows, so
-    they report none of those features' values (nor do the parts the store recorded)."""
-    if not new:
-        return []
-    carried_of = value_audit.carried_of(store, len(new), carried, present)
-    answered = store.disclosed_groups()
-    old_offsets, old_members = store.members_csr(answered)
-    sizes = np.array([m.size for m in new], dtype=np.int64)
-    offsets = np.concatenate([old_offsets, old_offsets[-1] + np.cumsum(sizes)])
-    members = np.concatenate([old_members, *new]).astype(np.int64)
-    min_size = np.concatenate([store.group_p[answered], np.full(len(new), p)]).astype(np.int64)
-    n_old = answered.size
-
-    def reports(groups):  # (a group reports a feature of p cells or more, not one it carries)
-        groups = np.asarray(groups)
-        shown = np.array([present(members[offsets[g]:offsets[g + 1]]).sum(axis=0) >= min_size[g]
-                          for g in groups.tolist()])
-        return shown if carried_of is None or not groups.size else shown & ~carried_of[groups]
-    findings = span_audit.audit(offsets, members, store.n_instances,
-                                np.arange(n_old, n_old + len(new)), min_size, p,
-                                store.same_row(), present, None if present is None else reports)
-    out = [(f.groups - n_old, f.reason) for f in findings]
-    return out + value_audit.failures(store, new, units, p, present, carried_of)
-
-

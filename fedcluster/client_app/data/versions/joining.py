@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedcluster.client_app.data.grouping import group_rows
+from fedcluster.client_app.release.spreads import host_size
 
 __all__ = ["NEAREST_GROUPS", "host_size", "join_units", "lost_group_units", "nearest_groups"]
 
@@ -115,14 +116,6 @@ def join_units(Z: np.ndarray, unit: np.ndarray, lost: np.ndarray, fresh_Z: np.nd
             joined[left] = np.where(of_unit >= 0, of_unit + made, -1)
             made += int(of_unit.max()) + 1 if (of_unit >= 0).any() else 0
     return joined[unit_of_row]
-
-
-def host_size(min_size: int) -> int:
-    """The fewest fresh rows a group that takes rows answered from before must hold
-    (``release/spreads.SPREAD_MIN_ROWS`` and p: module docstring)."""
-    from fedcluster.client_app.release.spreads import SPREAD_MIN_ROWS
-
-    return max(int(min_size), SPREAD_MIN_ROWS)
 
 
 def lost_group_units(min_size: int) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.client_app.data.group_stats import mix
+from fedcluster.client_app.release.record.instances import mix
 from fedcluster.client_app.data.versions import row_keys
 from fedcluster.client_app.mapped_pages import rows_in_spans
 

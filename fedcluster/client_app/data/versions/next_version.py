@@ -25,9 +25,8 @@ The rule (docs/explanation/privacy-model.md, "Versions"):
    of them a group), which the audit judges, or wait. A former group's rows always move together.
 4. **Audits.** Before the version answers anything, its new groups and their spread units
    go through the audits (``audited.py``): every table ever made (each counts as
-   answered from), over row versions (``release/span_audit.py``) and over the cells'
-   values, sums and sums of squares together (``value_audit.py``,
-   ``release/versions_audit.py``). In a component that fails, the new groups' rows with
+   answered from), through the one audit (``release/audit``): over row versions and over
+   the cells' values, sums and sums of squares together. In a component that fails, the new groups' rows with
    a history wait (they are HELD BACK: a later version, with more new rows around them,
    tries again), and their fresh rows stay a group if they are at least p.
 
@@ -44,7 +43,7 @@ import numpy as np
 
 from fedcluster.client_app.data.versions import joining, links
 from fedcluster.client_app.data.versions.audited import audited
-from fedcluster.client_app.data.versions.lineage import Store
+from fedcluster.client_app.release.record import Store
 
 __all__ = ["GroupMembers", "Plan", "plan_version"]
 

@@ -15,7 +15,7 @@ import hashlib
 
 import numpy as np
 
-from fedcluster.client_app.data.group_stats import mix
+from fedcluster.client_app.release.record.instances import mix
 from fedcluster.client_app.mapped_pages import release_pages
 
 __all__ = ["CHUNK_ROWS", "content_keys", "id_keys", "instance_keys"]

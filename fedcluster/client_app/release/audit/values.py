@@ -1,5 +1,5 @@
-"""Everything a site has answered from, as the versions audit over values sees it
-(``release/versions_audit.py`` judges; this module, in the data layer, reads the store).
+"""Everything a site has released, as the audit over VALUES sees it (``moments.py``
+judges each component; this module reads the record, ``release/record``).
 
 The parts: every group of every table (its instances), every spread unit (the groups
 whose m2 one sum of squares gives), the new version's candidate groups and units, and
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.client_app.release import versions_audit
+from fedcluster.client_app.release.audit import moments
+from fedcluster.client_app.release.spreads import host_size
 
-__all__ = ["failures", "with_history"]
+__all__ = ["failures", "stood_of", "with_history"]
 
 
 def _components(offsets, members, n_groups, n_instances, links, units) -> np.ndarray:
@@ -65,29 +66,18 @@ def _values(instances: np.ndarray, links: np.ndarray, hashes: np.ndarray, presen
     return per_feature, chain, True
 
 
-def carried_of(store, n_new: int, carried: np.ndarray | None, present) -> np.ndarray | None:
-    """(store's groups + ``n_new``, d) bool or None: per group, the features it carries at
-    stood-in means and so reports no value of (a report's parts: the store's recorded
-    ones, and the new ones' ``carried``); None: no group carries any."""
-    if present is None:
-        return None  # (no cell missing: a part carries no feature)
-    width = max(store.cell_width, 0 if carried is None else np.asarray(carried).size)
-    old = recorded_carried(store, width)
+def stood_of(store, n_new: int, stood: np.ndarray | None, width: int) -> np.ndarray | None:
+    """(store's groups + ``n_new``, width) bool or None: per group, the features whose
+    released sum is a stand-in (the record's, ``Store.stood_in``, and the new groups'
+    ``stood``), so that it reports no value of its rows there; None: none is."""
+    old = store.stood_in(width)
     new = np.zeros((n_new, width), dtype=bool)
-    if carried is not None:
-        new[:, :np.asarray(carried).size] = np.asarray(carried, dtype=bool)
+    if stood is not None:
+        stood = np.asarray(stood, dtype=bool)
+        new[:, :min(width, stood.shape[-1])] = stood.reshape(-1, stood.shape[-1])[:, :width] \
+            if stood.ndim == 2 else stood[None, :width]
     out = np.concatenate([old, new])
     return out if out.any() else None
-
-
-def recorded_carried(store, width: int) -> np.ndarray:
-    """(store's groups, width) bool: per group, the features whose sums are no sums of its
-    rows (the carried features of a report's parts, as ``Store.add_report`` records them)."""
-    out = np.zeros((store.n_groups, width), dtype=bool)
-    for first, stop, *carried in store.meta.get("report-groups", []):
-        if carried and carried[0]:
-            out[first:stop, [j for j in carried[0] if j < width]] = True
-    return out
 
 
 def failures(store, new: list[np.ndarray], units: np.ndarray, p: int, present,
@@ -107,7 +97,7 @@ def failures(store, new: list[np.ndarray], units: np.ndarray, p: int, present,
     present : callable (instances) -> (n, d) bool, or None
         The instances' present cells (None: none missing).
     carried : (store's groups + len(new), d) bool, optional
-        Per group, the features it reports no value of (:func:`carried_of`).
+        Per group, the features it reports no value of (:func:`stood_of`).
     """
     if not new:
         return []
@@ -128,7 +118,8 @@ def failures(store, new: list[np.ndarray], units: np.ndarray, p: int, present,
     order = np.argsort(component, kind="stable")
     starts = np.searchsorted(component[order], np.unique(component[n_old:]))
     counts = np.bincount(component)
-    shown = _hosted(store, new, np.where(units[n_old:] >= 0, units[n_old:] - n_old, -1), p, present)
+    shown = _hosted(store, new, np.where(units[n_old:] >= 0, units[n_old:] - n_old, -1), p, present,
+                    carried)
     for c, start in zip(np.unique(component[n_old:]).tolist(), starts.tolist()):
         groups = order[start:start + int(counts[c])]
         instances = np.unique(np.concatenate([members[offsets[g]:offsets[g + 1]] for g in groups]))
@@ -159,8 +150,9 @@ def with_history(store) -> np.ndarray:
     return history
 
 
-def _hosted(store, new: list[np.ndarray], units: np.ndarray, p: int, present) -> np.ndarray:
-    """Per new group, whether it is safe whatever the rest (``joining.join_units``):
+def _hosted(store, new: list[np.ndarray], units: np.ndarray, p: int, present,
+            stood: np.ndarray | None = None) -> np.ndarray:
+    """Per new group, whether it is safe whatever the rest (``data/versions/joining.join_units``):
     fresh rows only, in a unit of such groups; a unit of its own whose fresh rows (in no
     group before, no version of a row that was) hold at least max(p, 3) present cells of
     every feature; or old rows only that :func:`_rebuilds` finds safe. Its sum and sum
@@ -169,8 +161,6 @@ def _hosted(store, new: list[np.ndarray], units: np.ndarray, p: int, present) ->
     more unknowns found nowhere else, so it isolates at least max(p, 3) of them and
     determines nothing), or sums the site released before; the family without it was
     judged before."""
-    from fedcluster.client_app.data.versions.joining import host_size
-
     history = with_history(store)
     need = host_size(p)
     fresh_only = np.array([not history[m].any() for m in new])
@@ -184,7 +174,8 @@ def _hosted(store, new: list[np.ndarray], units: np.ndarray, p: int, present) ->
         fresh = members[~history[members]]
         if fresh.size == 0:
             former = _former(store) if former is None else former
-            out[j] = _rebuilds(store, members, need, present, *former)
+            own = None if stood is None else stood[store.n_groups + j]
+            out[j] = _rebuilds(store, members, need, present, *former, stood, own)
             continue
         if mates.size != 1 or fresh.size < need:
             continue
@@ -204,7 +195,8 @@ def _former(store) -> tuple[np.ndarray, np.ndarray]:
     return np.bincount(store.members[mine], minlength=store.n_instances), last
 
 
-def _rebuilds(store, members: np.ndarray, need: int, present, owners, last) -> bool:
+def _rebuilds(store, members: np.ndarray, need: int, present, owners, last, stood=None,
+              own=None) -> bool:
     """Whether a group of old rows only (``joining.py``: whole former groups, after a
     raised p or corrected in the same features) is safe whatever the rest: its rows,
     each itself or a later version of a row of an earlier group (its ORIGIN), are every
@@ -213,7 +205,9 @@ def _rebuilds(store, members: np.ndarray, need: int, present, owners, last) -> b
     cell of it (the new sum is then the sum of sums released before), or at least
     ``need`` rows hold a new present value (found in no other group: the argument of
     the fresh rows). Its spread unit holds whole earlier units or is withheld
-    (``audited.spread_units``)."""
+    (``audited.spread_units``). A stand-in (``stood``: per group of the record; ``own``:
+    the new group's) is no sum released before: where an earlier group stood in and the
+    new one reports the feature, the new sum would give back what was withheld."""
     link = store.link
     origin = members.astype(np.int64)
     for _ in range(members.size + 1):  # back along each chain of versions to a grouped one
@@ -241,9 +235,14 @@ def _rebuilds(store, members: np.ndarray, need: int, present, owners, last) -> b
     moved = changed.any(axis=0)
     if (moved & (fresh_values < need)).any():
         return False
-    if moved.all() or present is None:
+    if moved.all():
         return True
+    reported = ~moved if own is None else ~moved & ~np.asarray(own, dtype=bool)[:moved.size]
     for g, rows in zip(groups.tolist(), held):  # unchanged features: sums released before
+        if stood is not None and (stood[g, :moved.size] & reported).any():
+            return False  # a stand-in is no sum released before: the new one's would be
+        if present is None:
+            continue
         count = np.asarray(present(rows), dtype=bool)[:, ~moved].sum(axis=0)
         if ((count > 0) & (count < store.group_p[g])).any():
             return False
@@ -254,7 +253,7 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
            carried=None):
     """Why one component fails, feature by feature (each distinct pattern once), or None.
     Without a link inside the component its values are its instances, whose sums the
-    instances' audit (``release/span_audit``) has judged: the sums of squares then."""
+    instances' audit (``span.py``) has judged: the sums of squares then."""
     width = max(store.cell_width, 1)
     cells = np.ones((instances.size, width), dtype=bool) if present is None \
         else np.asarray(present(instances), dtype=bool)
@@ -291,11 +290,11 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
         used = np.unique(np.concatenate(group_lists)) if group_lists else np.zeros(0, np.int64)
         remap = np.full(value.size, -1, dtype=np.int64)
         remap[used] = np.arange(used.size)
-        part = versions_audit.Component(
+        part = moments.Component(
             [remap[g] for g in group_lists],
             [remap[u][remap[u] >= 0] for u in unit_lists],
             used.size, chain[used] if used.size else used)
-        reason = versions_audit.component_finding(part, floor, sums=linked)
+        reason = moments.component_finding(part, floor, sums=linked)
         if reason is not None:
             return f"feature {j}: {reason}"
     return None

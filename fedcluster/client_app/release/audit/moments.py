@@ -2,7 +2,7 @@
 
 A cell's value is what the promise protects. Across versions a corrected row's
 unchanged cells are the same values, and a group's sum and its spread unit's sum of
-squares pin a set of two values; the instance audit (``span_audit.py``: every row
+squares pin a set of two values; the instance audit (``span.py``: every row
 version its own unknown, first moments) sees neither (issue 54: one correction and one
 appended row gave the appended row to an honest coordinator comparing two versions'
 totals). This audit takes, per feature:
@@ -19,7 +19,7 @@ totals). This audit takes, per feature:
 and checks, exactly where it is exact:
 
 1. **first moments**: no combination of the groups isolates fewer than p values, nor
-   the change of one row's cell (``span_audit.component_finding`` over the values);
+   the change of one row's cell (``span.component_finding`` over the values);
 2. **second moments**: no combination of the units' sums of squares covers fewer than
    max(3, p) values (the same routine over the units);
 3. **both together**: no value, and no row's change, is determined by the sums and the
@@ -32,26 +32,31 @@ and checks, exactly where it is exact:
    (rank + 1) / PRIME). The decision depends on which cells are in which group and unit,
    never on their values, so it tells a coordinator nothing.
 
+How 3 stays small: values in exactly the same groups and units (an atom of the first and
+second moments together) enter the Jacobian only through their sum s and their weighted
+sum q = sum x_i z_i (the null vectors' z), a map onto (s, q) for an atom of two values or
+more: the atom is two columns (one where it lies in no unit), and a value is determined
+exactly when its own functional of them (z_i itself for a one-value atom, (x_j s - q) /
+(x_j - x_i) for a pair; never for three values or more, which keep a direction of their
+own) lies in the compressed row space. Every component is decided, whatever its size.
+
 Where it is conservative: a unit whose spread was merged or withheld counts as released;
-two cells whose 16-bit hashes collide count as one value; a component of more than
-:data:`MAX_VALUES` values fails. Where it is not exact: at non-generic values (cells that
-tie), where a sum of squares can pin what the generic analysis leaves free: ``spreads.py``
-merges the units where that shows (a spread of 0, a 2-cell group carrying its unit's).
+two cells whose 16-bit hashes collide count as one value. Where it is not exact: at
+non-generic values (cells that tie), where a sum of squares can pin what the generic
+analysis leaves free: ``spreads.py`` merges the units where that shows (a spread of 0, a
+2-cell group carrying its unit's).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.client_app.release import span_audit
+from fedcluster.client_app.release.audit import span
 
-__all__ = ["MAX_VALUES", "PRIME", "Component", "component_finding", "determined"]
+__all__ = ["PRIME", "Component", "component_finding", "determined"]
 
 #: The field the Jacobian's row space is computed in.
 PRIME = 2_147_483_647
-#: A component of more values than this fails (the audit never passes what it has not
-#: shown); the versions rule keeps components small (a former group and what joined it).
-MAX_VALUES = 4000
 
 
 # ------------------------------------------------------------------ linear algebra mod P
@@ -86,6 +91,48 @@ def _null_space_mod(matrix: np.ndarray) -> np.ndarray:
     return basis
 
 
+def _inverse(value: int) -> int:
+    return pow(int(value) % PRIME, PRIME - 2, PRIME)
+
+
+def _compressed(first: list[np.ndarray], second: list[np.ndarray], n: int, x: np.ndarray):
+    """The Jacobian compressed by atoms (module docstring, "How 3 stays small"): the
+    matrix (rows: first, then second), and per value its functional of the columns
+    ({column: coefficient} mod PRIME), None for a value with a direction of its own."""
+    rows_of: list[list[int]] = [[] for _ in range(n)]
+    for r, members in enumerate(list(first) + list(second)):
+        for i in np.asarray(members).tolist():
+            rows_of[i].append(r)
+    atoms: dict[tuple[int, ...], list[int]] = {}
+    for i in range(n):
+        atoms.setdefault(tuple(rows_of[i]), []).append(i)
+    columns: list[dict[int, int]] = []
+    functional: list[dict[int, int] | None] = [None] * n
+    for rows, values in atoms.items():
+        sums = [r for r in rows if r < len(first)]
+        squares = [r for r in rows if r >= len(first)]
+        if len(values) == 1:
+            i = values[0]
+            columns.append({**dict.fromkeys(sums, 1), **dict.fromkeys(squares, 2 * int(x[i]) % PRIME)})
+            functional[i] = {len(columns) - 1: 1}
+            continue
+        columns.append(dict.fromkeys(sums, 1))
+        s = len(columns) - 1
+        if not squares:
+            continue  # a direction of its own: sum 0 within the atom
+        columns.append(dict.fromkeys(squares, 1))
+        q = len(columns) - 1
+        if len(values) == 2:  # z_i + z_j = s, x_i z_i + x_j z_j = q
+            i, j = values
+            for a, b in ((i, j), (j, i)):
+                scale = _inverse(int(x[b]) - int(x[a]))
+                functional[a] = {s: int(x[b]) * scale % PRIME, q: (-scale) % PRIME}
+    J = np.zeros((len(first) + len(second), len(columns)), dtype=np.int64)
+    for c, entries in enumerate(columns):
+        J[list(entries), c] = list(entries.values())
+    return J, functional
+
+
 def determined(first: list[np.ndarray], second: list[np.ndarray], n: int,
                changes: list[tuple[int, int]], trials: int = 1) -> str | None:
     """Whether the sums over ``first`` (index arrays into n values) and the sums of
@@ -99,18 +146,28 @@ def determined(first: list[np.ndarray], second: list[np.ndarray], n: int,
     rng = np.random.default_rng(0x51A7)  # fixed: the decision depends on no value
     for _ in range(trials):
         x = rng.integers(1, PRIME, size=n, dtype=np.int64)
-        J = np.zeros((len(first) + len(second), n), dtype=np.int64)
-        for r, members in enumerate(first):
-            J[r, members] = 1
-        for r, members in enumerate(second, start=len(first)):
-            J[r, members] = (2 * x[members]) % PRIME
+        J, functional = _compressed(first, second, n, x)
         null = _null_space_mod(J)
-        pinned = ~null.any(axis=0) if null.size else np.ones(n, dtype=bool)
-        if pinned.any():
-            return (f"the groups' sums and sums of squares determine {int(pinned.sum())} "
-                    "value(s)")
+
+        def pinned(f: dict | None) -> bool:
+            if f is None:
+                return False
+            if null.size == 0:
+                return True
+            total = np.zeros(null.shape[0], dtype=np.int64)
+            for column, coefficient in f.items():
+                total = (total + null[:, column] * coefficient) % PRIME
+            return not total.any()
+        count = sum(pinned(f) for f in functional)
+        if count:
+            return f"the groups' sums and sums of squares determine {count} value(s)"
         for u, w in changes:
-            if null.size == 0 or np.array_equal(null[:, u], null[:, w]):
+            if functional[u] is None or functional[w] is None:
+                continue
+            difference = dict(functional[u])
+            for column, coefficient in functional[w].items():
+                difference[column] = (difference.get(column, 0) - coefficient) % PRIME
+            if pinned(difference):
                 return "the groups' sums and sums of squares determine a row's change"
     return None
 
@@ -158,8 +215,6 @@ def component_finding(part: Component, p: int, sums: bool = True) -> str | None:
     """Why a component breaks the promise over values (module docstring, 1-3), or None
     (``sums`` False: its values are its row versions, whose sums the instances' audit has
     judged already; 2 and 3 only)."""
-    if part.n > MAX_VALUES:
-        return f"too many values to audit together ({part.n} > {MAX_VALUES})"
     changes = part.changes()
     chain = part.chain
 
@@ -167,13 +222,13 @@ def component_finding(part: Component, p: int, sums: bool = True) -> str | None:
         return bool(chain[u] == chain[w])
 
     groups = [g for g in part.groups if g.size]
-    reason = span_audit.component_finding(groups, p, same_row) \
+    reason = span.component_finding(groups, p, same_row) \
         if sums and len(groups) > 1 else None
     if reason is not None:
         return f"values: {reason}"
     units = [u for u in part.units if u.size]
     if len(units) > 1 or (units and units[0].size < max(3, p)):
-        reason = span_audit.component_finding(units, max(3, p), lambda u, w: False, chains=False) \
+        reason = span.component_finding(units, max(3, p), lambda u, w: False, chains=False) \
             if len(units) > 1 else f"a unit's sum of squares covers {units[0].size} value(s)"
         if reason is not None:
             return f"squares: {reason}"

@@ -30,20 +30,24 @@ the groups that report the feature (a group's present cells of a feature number 
 least its p, ``release/lone_cells.withhold_lone_cells``): a coordinator may know which cells are
 missing, and a missing cell is then a known zero.
 
-How it stays fast: instances in exactly the same groups (an ATOM) are indistinguishable
-by any statistic, so every vector of the row space is constant on atoms, and only atoms
-of fewer than p instances ("light") can make a small support. A vector over the atoms is
-in the row space exactly when it is a linear dependency among the columns of Z, the left
-null space of the atoms-by-groups matrix; so 1 asks whether some light atoms whose
-weights add up to less than p have dependent Z-columns (a zero column, two parallel
-ones, or, at p >= 4, a few more, tried by exact rank once the light columns are known to
-be dependent at all), and 2 whether two one-instance atoms have equal columns. A
-component is an old group and the new ones its rows joined, or a short chain of such:
-its matrices are small.
+How it decides (``support.py`` proves each step): instances in exactly the same groups
+(an ATOM) are indistinguishable by any statistic, so every vector of the row space is
+constant on atoms, and only atoms of fewer than p instances ("light") can make a small
+support.
 
-A component whose check would try more than :data:`MAX_SUBSETS` sets of atoms is
-treated as failing (the caller then holds its new groups back): the audit never passes
-what it has not shown.
+- Groups that form CHAINS (as the versions rule makes them) or a bipartite GRAPH (a table
+  and one report partition of it, each row in its group and at most one part): the
+  smallest support is a minimum cut, exact, by integer maximum flows.
+- Otherwise, at p <= 3, exactly by linear algebra over the integers: a vector over the
+  atoms is in the row space exactly when it is a linear dependency among the columns of
+  Z, the left null space of the atoms-by-groups matrix; so 1 asks whether a light atom's
+  Z-column is zero or (p = 3) two one-instance atoms' columns are parallel, and 2 whether
+  two one-instance atoms have equal columns.
+- Otherwise (p >= 4, groups overlapping in three ways or more, as report partitions of
+  one version drawn at several k), a sound bound by linear programs, polynomial in the
+  record: it passes only what it proves, and refuses the rest, naming the support it found
+  (fewer than p rows: a finding; p or more: the bound could not exclude a smaller one).
+  There is no budget after which the audit gives up: every component is decided.
 """
 
 from __future__ import annotations
@@ -54,11 +58,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Finding", "MAX_SUBSETS", "audit", "component_finding"]
+from fedcluster.client_app.release.audit import support
 
-#: The most sets of atoms (or hyperplanes) one component's check tries before it fails
-#: the component (only at p >= 4, where the light atoms' columns are dependent).
-MAX_SUBSETS = 20_000
+__all__ = ["Finding", "Reason", "audit", "component_finding"]
+
+
+class Reason(str):
+    """Why a component breaks the promise (its text), with the instances its finding
+    rests on (``instances``: the support found; empty where the finding names none), so
+    that a coarser answer can leave them out."""
+
+    instances: np.ndarray
+
+    def __new__(cls, text: str, instances=()) -> "Reason":
+        made = super().__new__(cls, text)
+        made.instances = np.asarray(instances, dtype=np.int64).ravel()
+        return made
 
 
 @dataclass(frozen=True)
@@ -69,12 +84,13 @@ class Finding:
     ----------
     groups : (m,) int64
         The component's NEW groups (indices into the audited groups).
-    reason : str
-        What the row space would hold (for the site's log and ``site check``).
+    reason : Reason
+        What the row space would hold (for the site's log and ``site check``), and the
+        instances it rests on.
     """
 
     groups: np.ndarray
-    reason: str
+    reason: "Reason"
 
 
 # ------------------------------------------------------------------ exact linear algebra
@@ -130,26 +146,7 @@ def _transpose(matrix: list[list]) -> list[list]:
     return [list(column) for column in zip(*matrix)]
 
 
-def _rank(columns: list[tuple[int, ...]]) -> int:
-    """The rank of a few integer columns (exact)."""
-    return len(_echelon([list(c) for c in columns])[0]) if columns else 0
-
-
 # ------------------------------------------------------------------ one component
-def _atoms(member_lists: list[np.ndarray]) -> tuple[list[tuple[int, ...]], list[list[int]]]:
-    """The atoms of groups' member lists: (each atom's groups, each atom's instances),
-    in a fixed order."""
-    groups_of: dict[int, list[int]] = {}
-    for g, members in enumerate(member_lists):
-        for instance in members.tolist():
-            groups_of.setdefault(instance, []).append(g)
-    atoms: dict[tuple[int, ...], list[int]] = {}
-    for instance in sorted(groups_of):
-        atoms.setdefault(tuple(groups_of[instance]), []).append(instance)
-    keys = sorted(atoms)
-    return keys, [atoms[k] for k in keys]
-
-
 def _direction(column: tuple[int, ...]) -> tuple[int, ...]:
     """A nonzero integer column up to its scale and sign (parallel columns share it)."""
     ints = list(column)
@@ -174,9 +171,6 @@ def _smallest_cut(member_lists: list[np.ndarray], reports=None, present=None) ->
     such a cut within its support). Exact, by integer maximum flows. For one feature's values,
     a group that does not report it has a zero coefficient (its node joins its child's)
     and an instance without a present cell is no edge."""
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import connected_components, maximum_flow
-
     m = len(member_lists)
     groups_of: dict[int, list[int]] = {}
     for g, members in enumerate(member_lists):  # groups in the order they were made
@@ -213,33 +207,23 @@ def _smallest_cut(member_lists: list[np.ndarray], reports=None, present=None) ->
             edges[min(a, c), max(a, c)] = edges.get((min(a, c), max(a, c)), 0) + 1
     if not edges:
         return 2**31  # nothing to isolate: every combination is zero
-    ends = np.array(list(edges), dtype=np.int64)
-    capacity = np.array(list(edges.values()), dtype=np.int32)
-    graph = csr_matrix((np.r_[capacity, capacity], (np.r_[ends[:, 0], ends[:, 1]],
-                                                     np.r_[ends[:, 1], ends[:, 0]])),
-                       shape=(m + 1, m + 1))
     # phi is free but for "beyond" (0), and a shift of phi changes nothing that matters
-    # here: the smallest support is the smallest positive cut, the global minimum cut
-    # of each connected part of the edges (a fixed node against every other one)
-    _, part = connected_components(graph, directed=False)
-    smallest = 2**31
-    for label in np.unique(part[np.unique(ends)]):
-        nodes = np.flatnonzero(part == label)
-        smallest = min([smallest] + [int(maximum_flow(graph, int(nodes[0]), int(t)).flow_value)
-                                     for t in nodes[1:]])
-    return smallest
+    # here: the smallest support is the smallest positive cut (``support.minimum_cut``)
+    ends = np.array(list(edges), dtype=np.int64)
+    return support.minimum_cut(ends, np.array(list(edges.values()), dtype=np.int64), m + 1)[0]
+
+
+def _isolates(rows: int, p: int, instances=(), proved: bool = True) -> Reason:
+    if proved:
+        return Reason(f"a combination of the groups isolates {rows} row(s), fewer than {p}",
+                      instances)
+    return Reason(f"the audit's bound cannot exclude a combination of fewer than {p} rows "
+                  f"(its best lies on {rows})", instances)
 
 
 def component_finding(member_lists: list[np.ndarray], p: int, same_row, reports=None,
-                      present=None, chains: bool = True) -> str | None:
+                      present=None, chains: bool = True) -> Reason | None:
     """Why a component's row space breaks the promise (module docstring), or None.
-
-    A vector c over the atoms lies in the row space exactly when it is a linear
-    dependency among the columns of Z, the left null space of the atoms-by-groups matrix
-    (Z c = 0). So a combination isolating fewer than p instances is a DEPENDENT set of
-    light atoms' Z-columns of weight under p: one zero column (one atom), two parallel
-    ones, or a few more (:func:`_small_dependency`). A one-row change (p = 2) is two
-    one-instance atoms with EQUAL columns.
 
     Parameters
     ----------
@@ -253,86 +237,81 @@ def component_finding(member_lists: list[np.ndarray], p: int, same_row, reports=
         For one feature's values: which groups report it (a bool per list), and the
         instances with a present cell (an array); the others count as known.
     chains : bool
-        Try the minimum cut first (the lists may form chains, as the versions rule makes
-        groups); False: straight to the atoms (spread units, which do not).
+        Try the minimum cut of chains first (the lists may form chains, as the versions
+        rule makes groups); False: not (spread units, which do not).
     """
     if p >= 3 and chains:
         cut = _smallest_cut(member_lists, reports, present)
         if cut is not None:  # the groups form chains (module docstring): exact by a cut
-            return None if cut >= p else \
-                f"a combination of the groups isolates {cut} row(s), fewer than {p}"
+            return None if cut >= p else _isolates(cut, p)
     if reports is not None:
         member_lists = [np.intersect1d(m, present, assume_unique=True)
                         for m, report in zip(member_lists, reports) if report]
     member_lists = [m for m in member_lists if m.size]
     if len(member_lists) < 2:
         return None  # one group: its own sum, of at least p rows
-    groups, atom_instances = _atoms(member_lists)
-    incidence = [[int(g in atom) for g in range(len(member_lists))] for atom in map(set, groups)]
-    weights = [len(instances) for instances in atom_instances]
+    found = support.atoms(member_lists)
+    light = found.weights < p
+    if not light.any() and p > 2:
+        return None  # every support holds an atom of p rows or more
+    graph = support.graph_cut(found)
+    if graph is not None:
+        smallest, cut = graph
+        if smallest < p:
+            return _isolates(smallest, p, _members(found, cut))
+        if p > 2 or not _change_candidates(found, same_row):
+            return None
+    if p <= 3:
+        return _by_columns(found, p, same_row)
+    bound = support.lp_bound(found, p)
+    if bound.holds:
+        return None
+    if bound.witness is None:
+        return Reason("the audit's linear programs did not solve: nothing is shown")
+    return _isolates(bound.witness, p, _members(found, bound.atoms), bound.witness < p)
+
+
+def _members(found: support.Atoms, chosen: np.ndarray) -> np.ndarray:
+    """The instances of the ``chosen`` atoms."""
+    picked = [found.members[a] for a in np.flatnonzero(chosen).tolist()]
+    return np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+
+
+def _change_candidates(found: support.Atoms, same_row) -> bool:
+    """Whether two one-instance atoms may be versions of one row (p <= 2: their
+    difference must not lie in the row space)."""
+    singles = [int(found.members[a][0]) for a in np.flatnonzero(found.weights == 1).tolist()]
+    return any(same_row(u, w) for u, w in itertools.combinations(singles, 2))
+
+
+def _by_columns(found: support.Atoms, p: int, same_row) -> Reason | None:
+    """The exact test of the module docstring at p <= 3, by the columns of Z: a light
+    atom's zero column; at p = 3 two one-instance atoms' parallel columns; at p <= 2 two
+    one-instance versions of a row with equal columns."""
+    weights = found.weights.tolist()
+    incidence = [[int(g in atom) for g in range(found.n_sets)] for atom in map(set, found.sets)]
     left_null = _null_space(_transpose(incidence), len(incidence))
     column = [tuple(z[a] for z in left_null) for a in range(len(incidence))]
-    light = sorted((a for a, w in enumerate(weights) if w < p), key=lambda a: weights[a])
-    for a in light:
+    for a in sorted((a for a, w in enumerate(weights) if w < p), key=lambda a: weights[a]):
         if not any(column[a]):
-            return f"a combination of the groups isolates {weights[a]} row(s), fewer than {p}"
-    if p <= 2:
-        equal: dict[tuple, list[int]] = {}
-        for a in (a for a, w in enumerate(weights) if w == 1):
-            equal.setdefault(column[a], []).append(atom_instances[a][0])
-        for instances in equal.values():
-            if any(same_row(u, w) for u, w in itertools.combinations(instances, 2)):
-                return "a combination of the groups gives the difference of two versions of a row"
+            return _isolates(weights[a], p, found.members[a])
+    singles = [a for a, w in enumerate(weights) if w == 1]
+    if p == 3:
+        parallel: dict[tuple, int] = {}
+        for a in singles:
+            direction = _direction(column[a])
+            if direction in parallel:
+                return _isolates(2, p, np.r_[found.members[parallel[direction]], found.members[a]])
+            parallel[direction] = a
         return None
-    return _small_dependency(column, weights, light, p)
-
-
-def _small_dependency(column: list[tuple], weights: list[int], light: list[int], p: int) -> str | None:
-    """Whether some light atoms whose weights add up to less than p have dependent
-    Z-columns (p >= 3; none is zero). The dependencies among the light columns are a
-    space V (the row space's vectors on light atoms alone); only the atoms some vector of
-    V touches can be in one. Its smallest support is found either over the sets of fewer
-    than p of those atoms (exact rank) or over V's hyperplanes (rank(V) - 1 of its rows at
-    a time), whichever is fewer; past :data:`MAX_SUBSETS` the component fails."""
-    dependencies = _null_space(_transpose([list(column[a]) for a in light]) or [[0] * len(light)],
-                               len(light)) if light else []
-    if not dependencies:
-        return None  # the light atoms' columns are independent: no small dependency
-    touched = [i for i in range(len(light)) if any(x[i] for x in dependencies)]
-    weight = {i: weights[light[i]] for i in touched}
-    if sum(weight.values()) < p:
-        return (f"a combination of the groups isolates at most {sum(weight.values())} "
-                f"row(s), fewer than {p}")
-    parallel: dict[tuple, int] = {}
-    for i in touched:
-        direction = _direction(column[light[i]])
-        if direction in parallel and weight[parallel[direction]] + weight[i] < p:
-            return (f"a combination of the groups isolates "
-                    f"{weight[parallel[direction]] + weight[i]} row(s), fewer than {p}")
-        parallel.setdefault(direction, i)
-    rank = len(dependencies)
-    by_sets = sum(math.comb(len(touched), size) for size in range(3, p))
-    by_hyperplanes = math.comb(len(touched), rank - 1)
-    if min(by_sets, by_hyperplanes) > MAX_SUBSETS:
-        return f"too many combinations to audit ({MAX_SUBSETS}+)"
-    if by_hyperplanes < by_sets:
-        basis = _transpose(_echelon([[x[i] for i in touched] for x in dependencies])[0])
-        for chosen in itertools.combinations(range(len(touched)), rank - 1):
-            directions = _null_space([basis[r] for r in chosen], rank)
-            if len(directions) != 1:
-                continue  # dependent rows: not a hyperplane's basis
-            mu = directions[0]
-            support = sum(weight[touched[r]] for r, row in enumerate(basis)
-                          if sum(a * b for a, b in zip(row, mu)))
-            if support < p:
-                return f"a combination of the groups isolates {support} row(s), fewer than {p}"
-        return None
-    for size in range(3, p):
-        for chosen in itertools.combinations(touched, size):
-            total = sum(weight[i] for i in chosen)
-            if total < p and _rank([column[light[i]] for i in chosen]) < size:
-                return (f"a combination of the groups isolates at most {total} row(s), "
-                        f"fewer than {p}")
+    equal: dict[tuple, list[int]] = {}
+    for a in singles:
+        equal.setdefault(column[a], []).append(a)
+    for atoms in equal.values():
+        for a, b in itertools.combinations(atoms, 2):
+            if same_row(int(found.members[a][0]), int(found.members[b][0])):
+                return Reason("a combination of the groups gives the difference of two "
+                              "versions of a row", np.r_[found.members[a], found.members[b]])
     return None
 
 

@@ -1,0 +1,238 @@
+"""The fewest rows (or values) a combination of released row sets can isolate: the
+decision every audit of a site's record rests on.
+
+A released sum over a row set S is the sum of a per-row value over S; a coordinator that
+holds sums over the sets S_1 .. S_m holds sum_i y_i (sum over S_i) for every y, a sum
+weighted by c = sum_i y_i 1_{S_i} over the rows: the combination ISOLATES the support of c.
+The question is whether some nonzero c of that row space has a support of fewer than p
+rows (a sparsest-vector question, NP-hard in general). What this module answers:
+
+**Atoms.** Rows in exactly the same sets (an ATOM of the sets' common refinement) get one
+coefficient in every c, so a support is a union of atoms; an atom of p rows or more
+(heavy) makes any support that holds it p or more, so only combinations supported on
+LIGHT atoms (fewer than p rows) matter: the space V of row-space vectors that vanish on
+every heavy atom.
+
+**Exact where the sets make a graph** (:func:`graph_cut`). Where every atom lies in at most
+two of the sets and the sets' graph (a set a node, an atom in two sets an edge between
+them, an atom in one set an edge to a node "beyond" held at 0) has no odd cycle, flipping
+the sign of one side's coefficients makes every c a difference of node potentials: its
+support is the cut between the nodes' levels, and the smallest support of a nonzero c is
+the graph's minimum cut (integer maximum flows, exact). One table and one report
+partition of it (each row in its group and at most one part), or one table and the next
+version's groups, are such graphs.
+
+**A sound bound everywhere else** (:func:`lp_bound`). For a nonzero c of V with support
+weight W < p, scale c so that its largest coefficient in magnitude is 1 at atom a0: then
+sum_a w_a |c_a| <= W, since |c_a| <= 1 on its support and 0 off it. So the linear program
+
+    LP(a0) = min sum_a w_a t_a  subject to  c = A^T y,  c_a = 0 on heavy atoms,
+             c_a0 = 1,  -t_a <= c_a <= t_a <= 1
+
+is at most W <= p - 1 for that a0. Contrapositive: where LP(a0) > p - 1 for every light
+atom a0, no combination isolates fewer than p rows (a proof by a polynomial number of
+linear programs, with a margin for the solver's tolerance). Where some LP(a0) <= p - 1,
+its optimal c names a support: fewer than p rows is a finding proved by example; more is
+the bound's own refusal (a combination of fewer than p rows is not excluded). On graphs the
+bound is exact (the cut LP has integral optima), so it refuses only where sets overlap in
+three or more ways, as report partitions of one version drawn at several k do;
+``tests/test_audit_support.py`` measures how often against a brute-force search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Atoms", "Bound", "LP_MARGIN", "atoms", "graph_cut", "lp_bound", "minimum_cut"]
+
+#: How far above p - 1 a linear program's optimum must lie to prove a bound (the solver's
+#: feasibility tolerance is 1e-7; supports are whole numbers of rows).
+LP_MARGIN = 1e-3
+
+
+@dataclass(frozen=True)
+class Atoms:
+    """The common refinement of some row sets.
+
+    Attributes
+    ----------
+    sets : list of tuple of int
+        Each atom's sets (indices into the row sets), sorted.
+    weights : (A,) int64
+        Each atom's rows.
+    members : list of int arrays
+        Each atom's rows.
+    n_sets : int
+    """
+
+    sets: list
+    weights: np.ndarray
+    members: list
+    n_sets: int
+
+
+def atoms(member_lists: list[np.ndarray]) -> Atoms:
+    """The atoms of ``member_lists`` (each a set's rows), in a fixed order."""
+    if not member_lists:
+        return Atoms([], np.zeros(0, dtype=np.int64), [], 0)
+    owner = np.repeat(np.arange(len(member_lists)), [m.size for m in member_lists])
+    rows = np.concatenate(member_lists).astype(np.int64)
+    order = np.lexsort((owner, rows))  # by row, then by set
+    rows, owner = rows[order], owner[order]
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    stops = np.r_[starts[1:], rows.size]
+    found: dict[tuple[int, ...], list[int]] = {}
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        found.setdefault(tuple(owner[a:b].tolist()), []).append(int(rows[a]))
+    keys = sorted(found)
+    return Atoms(keys, np.array([len(found[k]) for k in keys], dtype=np.int64),
+                 [np.array(found[k], dtype=np.int64) for k in keys], len(member_lists))
+
+
+# ------------------------------------------------------------------ graphs: exact
+def _bipartite(edges: list[tuple[int, int]], n: int) -> bool:
+    """Whether the graph of ``edges`` on nodes 0..n-1 has no odd cycle."""
+    adjacent: list[list[int]] = [[] for _ in range(n)]
+    for u, v in edges:
+        adjacent[u].append(v)
+        adjacent[v].append(u)
+    side = [-1] * n
+    for start in range(n):
+        if side[start] >= 0:
+            continue
+        side[start], todo = 0, [start]
+        while todo:
+            u = todo.pop()
+            for v in adjacent[u]:
+                if side[v] < 0:
+                    side[v] = 1 - side[u]
+                    todo.append(v)
+                elif side[v] == side[u]:
+                    return False
+    return True
+
+
+def minimum_cut(ends: np.ndarray, capacity: np.ndarray, n_nodes: int) -> tuple[int, np.ndarray]:
+    """The smallest positive cut of the graph of ``ends`` ((E, 2) nodes, E >= 1) with
+    ``capacity`` (E,) on nodes 0..n_nodes-1, and which edges it cuts ((E,) bool): per
+    connected part, a fixed node's maximum flow to every other node (exact, integers);
+    the cut's side is what the flow's residual graph reaches from the source."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import breadth_first_order, connected_components, maximum_flow
+
+    capacity = np.minimum(np.asarray(capacity, dtype=np.int64), 2**31 - 1)  # (so large: no finding)
+    both = (np.r_[ends[:, 0], ends[:, 1]], np.r_[ends[:, 1], ends[:, 0]])
+    graph = csr_matrix((np.r_[capacity, capacity].astype(np.int32), both), shape=(n_nodes, n_nodes))
+    _, part = connected_components(graph, directed=False)
+    smallest, best = 2**31, None
+    for label in np.unique(part[np.unique(ends)]).tolist():
+        nodes = np.flatnonzero(part == label)
+        for t in nodes[1:].tolist():
+            flow = maximum_flow(graph, int(nodes[0]), t)
+            if flow.flow_value < smallest:
+                smallest, best = int(flow.flow_value), (int(nodes[0]), flow)
+    cut = np.zeros(ends.shape[0], dtype=bool)
+    if best is not None:
+        source, flow = best
+        residual = (graph - flow.flow).tocsr()
+        residual.data = np.where(residual.data > 0, 1, 0)
+        residual.eliminate_zeros()
+        side = np.zeros(n_nodes, dtype=bool)
+        side[breadth_first_order(residual, source, directed=True, return_predecessors=False)] = True
+        cut = side[ends[:, 0]] != side[ends[:, 1]]
+    return smallest, cut
+
+
+def graph_cut(found: Atoms) -> tuple[int, np.ndarray] | None:
+    """The smallest support of a nonzero combination, exactly, where the sets make a
+    bipartite graph (module docstring), and the atoms of one such support ((A,) bool);
+    None where they do not (an atom in three or more sets, or an odd cycle)."""
+    if any(len(s) > 2 for s in found.sets):
+        return None
+    beyond = found.n_sets
+    pairs = [(s[0], s[1]) for s in found.sets if len(s) == 2]
+    if not _bipartite(pairs, found.n_sets):
+        return None
+    if not found.sets:
+        return 2**31, np.zeros(0, dtype=bool)
+    ends = np.array([(s[0], s[1] if len(s) == 2 else beyond) for s in found.sets], dtype=np.int64)
+    # parallel atoms (the same two sets) add up: one edge of their rows
+    keys, slot = np.unique(ends, axis=0, return_inverse=True)
+    slot = slot.ravel()
+    capacity = np.bincount(slot, weights=found.weights, minlength=keys.shape[0])
+    smallest, cut = minimum_cut(keys, capacity.astype(np.int64), found.n_sets + 1)
+    return smallest, cut[slot]
+
+
+# ------------------------------------------------------------------ a sound bound
+@dataclass(frozen=True)
+class Bound:
+    """What the linear programs showed.
+
+    Attributes
+    ----------
+    holds : bool
+        Every LP(a0) above p - 1: no combination isolates fewer than p rows.
+    witness : int or None
+        Where it does not hold: the rows of the support the failing program found (under
+        p: a combination found; p or more: the bound's own refusal); None where the
+        solver did not finish.
+    atoms : (A,) bool
+        That support's atoms.
+    programs : int
+        How many programs were solved.
+    """
+
+    holds: bool
+    witness: int | None
+    atoms: np.ndarray
+    programs: int
+
+
+def lp_bound(found: Atoms, p: int) -> Bound:
+    """The bound of the module docstring over the light atoms of ``found``, at ``p``."""
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_matrix, hstack, identity, vstack
+
+    weights = found.weights
+    light = np.flatnonzero(weights < p)
+    if light.size == 0:
+        return Bound(True, None, np.zeros(weights.size, dtype=bool), 0)
+    heavy = np.flatnonzero(weights >= p)
+    sizes = np.array([len(s) for s in found.sets], dtype=np.int64)
+    incidence = csr_matrix((np.ones(int(sizes.sum())),
+                            (np.repeat(np.arange(len(found.sets)), sizes),
+                             np.concatenate([np.array(s, dtype=np.int64) for s in found.sets]))),
+                           shape=(len(found.sets), found.n_sets))
+    on_light, n_light, n_sets = incidence[light], light.size, found.n_sets
+    eye = identity(n_light, format="csr")
+    upper = vstack([hstack([on_light, -eye]), hstack([-on_light, -eye])], format="csr")
+    cost = np.r_[np.zeros(n_sets), weights[light].astype(np.float64)]
+    bounds = [(None, None)] * n_sets + [(0.0, 1.0)] * n_light
+    zero_t = csr_matrix((1, n_light))
+    fixed = hstack([incidence[heavy], csr_matrix((heavy.size, n_light))], format="csr")
+    programs, best = 0, None
+    for a0 in light[np.argsort(weights[light], kind="stable")].tolist():
+        equal = vstack([fixed, hstack([incidence[a0], zero_t])], format="csr")
+        rhs = np.r_[np.zeros(heavy.size), 1.0]
+        programs += 1
+        result = linprog(cost, A_ub=upper, b_ub=np.zeros(2 * n_light), A_eq=equal, b_eq=rhs,
+                         bounds=bounds, method="highs")
+        if result.status == 2:
+            continue  # no combination reaches a0 without a heavy atom
+        if result.status != 0:
+            return Bound(False, None, np.zeros(weights.size, dtype=bool), programs)  # unsolved
+        if result.fun > p - 1 + LP_MARGIN:
+            continue
+        c = incidence @ result.x[:n_sets]
+        support = np.abs(c) > 1e-7
+        found = Bound(False, int(weights[support].sum()), support, programs)
+        if best is None or found.witness < best.witness:
+            best = found
+        if best.witness < p:
+            break  # a combination found: the finding is proved
+    if best is not None:
+        return Bound(False, best.witness, best.atoms, programs)
+    return Bound(True, None, np.zeros(weights.size, dtype=bool), programs)
