@@ -26,7 +26,6 @@ The site's own policy (``allow-algorithms``, ``max-rounds``; see
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import zlib
@@ -49,18 +48,13 @@ from fedcluster.client_app.node_config import (
 from fedcluster.client_app import private_tasks, privacy_budget
 from fedcluster.client_app.release import gate, record
 from fedcluster.client_app.release import ledger as disclosure_ledger
-from fedcluster.client_app.data import group_table, report_table
+from fedcluster.client_app.data import group_table
 from fedcluster.client_app.private_rows import PrivateRows
-from fedcluster.client_app import data_sources
+from fedcluster.client_app import data_sources, site_report
 from fedcluster.client_app.data.site_data import SiteData, SiteDataError, default_cache_dir, in_history
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.task_io import TaskError, received_centroids, task_param
 from fedcluster.client_app.task_runner import run_task
-
-#: How many times a report's table is made again, with the groups the release step's
-#: findings rest on kept whole, before every group counts whole.
-REPORT_ROUNDS = 8
-
 
 def site_key(node: NodeConfig, node_id: int) -> str:
     """A stable name for this site: ``site-id``, else ``partition-id``, else node id."""
@@ -305,59 +299,31 @@ class SiteClient(NumPyClient):
 
     def _report_groups(self, groups: SiteGroups, task: str, arrays: list, config,
                        store) -> SiteGroups:
-        """The final model's report table (``data/report_table.py``) at the centroids the
-        task sent (``arrays``, as the task reads them), its parts judged with the site's
-        record ``store`` (held under its lock) and recorded by the release step; where
-        the judgement refuses, made again with the groups its finding rests on kept
-        whole (:data:`REPORT_ROUNDS` times at most), then every group whole. The site's
-        log says what it split, or why it kept groups whole."""
+        """The final model's report table at the centroids the task sent (``arrays``, as
+        the task reads them): ``site_report.report_table``, judged with the site's record
+        ``store`` (held under its lock)."""
         try:
             centroids = protocol.task_inputs(task, arrays).centroids
         except protocol.ProtocolError as err:
             raise TaskError(f"task {task}: {err}") from None
         if not self.node.report_parts:
             return groups  # the site answers every report from its groups whole
-        C = received_centroids(centroids, groups)
-        box = private_tasks.site_bounds(dict(config), groups.n_features)
-        transform = str(config["transform"]) if "transform" in config else None
         group_of_row = group_table.row_groups(self._site, groups.min_size, self._site_dir())
-        keep = np.zeros(groups.n_groups, dtype=bool)
-        instance, why = None, ""
-        for _ in range(REPORT_ROUNDS):
-            try:
-                made = report_table.report_groups(self._site, groups, group_of_row, C,
-                                                  transform, box, keep)
-            except ValueError as err:
-                raise TaskError(f"task {task}: the report's groups: {err}") from None
-            if not made.split:
-                why = why or made.why
-                break
-            if instance is None:
-                instance = report_table.row_instances(self._site, store)
-            verdict = gate.admit_report(store, groups.table_ref.number,
-                                        [instance[part] for part in made.parts],
-                                        made.carried_features, groups.min_size,
-                                        groups.n_features, np.flatnonzero(keep))
-            if verdict.admitted:
-                self._log_report(made, why)
-                return dataclasses.replace(made.groups, table_ref=dataclasses.replace(
-                    groups.table_ref, partition=verdict.digest))
-            why = f"the audit keeps groups whole: {verdict.why}"
-            rests_on = np.isin(instance, verdict.instances) & (group_of_row >= 0)
-            grown = keep | made.straddlers & np.isin(np.arange(groups.n_groups),
-                                                      group_of_row[rests_on])
-            if verdict.instances.size == 0 or (grown == keep).all():
-                grown = keep | made.straddlers  # nothing named: every straddler whole
-            keep = grown
-        if why:
+        try:
+            made, why = site_report.report_table(
+                self._site, groups, group_of_row, received_centroids(centroids, groups),
+                str(config["transform"]) if "transform" in config else None,
+                private_tasks.site_bounds(dict(config), groups.n_features), store)
+        except ValueError as err:
+            raise TaskError(f"task {task}: the report's groups: {err}") from None
+        if made.split:
+            log(logging.INFO, "site %s: the report splits %d straddling group(s) (%d row(s) "
+                "counted in the model's cluster; %d feature(s) carried at a stood-in mean)%s",
+                self.key, made.split, made.moved, made.carried,
+                f"; others kept whole ({why})" if why else "")
+        elif why:
             log(logging.WARNING, "site %s: the report counts groups whole: %s", self.key, why)
-        return groups
-
-    def _log_report(self, made, why: str) -> None:
-        log(logging.INFO, "site %s: the report splits %d straddling group(s) (%d row(s) "
-            "counted in the model's cluster; %d feature(s) carried at a stood-in mean)%s",
-            self.key, made.split, made.moved, made.carried,
-            f"; others kept whole ({why})" if why else "")
+        return made.groups
 
     def _policy_metrics(self, task: str, site: SiteGroups) -> dict:
         """The site's own figures a plain reply carries besides its values (policies and

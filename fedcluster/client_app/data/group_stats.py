@@ -327,8 +327,14 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
             spill.flush()
             m2 = np.memmap(spill, dtype=np.float64, mode="r", shape=(n_groups, width))
     means_flagged = None
-    if forced is not None and np.size(forced[0]):
-        flagged.append(tuple(np.asarray(part, dtype=np.int64) for part in forced))
+    if forced is not None and np.size(forced[0]):  # (a pair the rule flags itself stays its)
+        own = {pair for groups, features in flagged
+               for pair in zip(groups.tolist(), features.tolist())}
+        pairs = [pair for pair in zip(np.asarray(forced[0]).tolist(), np.asarray(forced[1]).tolist())
+                 if pair not in own]
+        forced = (np.array([g for g, _ in pairs], dtype=np.int64),
+                  np.array([f for _, f in pairs], dtype=np.int64))
+        flagged.append(forced)
     if flagged:
         means_flagged = tuple(np.concatenate(part) for part in zip(*flagged))
         group_means.stand_in_means(counts, sums, absent, means_flagged)

@@ -72,7 +72,8 @@ from fedcluster.client_app.release.lone_cells import withhold_lone_cells
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.common import kernels, scaling
 
-__all__ = ["Report", "as_answered", "report_groups", "row_instances", "rows_clusters"]
+__all__ = ["Report", "answered", "as_answered", "earlier_parts", "report_groups", "row_instances",
+           "rows_clusters"]
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,8 @@ def rows_clusters(site: SiteData, rows: np.ndarray, centroids: np.ndarray,
 # ------------------------------------------------------------------ the report's table
 def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
                   centroids: np.ndarray, transform: str | None, box,
-                  keep_whole: np.ndarray | None = None) -> Report:
+                  keep_whole: np.ndarray | None = None, earlier: np.ndarray | None = None,
+                  snapped: np.ndarray | None = None) -> Report:
     """The report's table (module docstring) of ``groups`` (as made, in the encoded
     units; ``group_of_row`` each row's group, -1 waiting) at the final ``centroids``: a
     candidate for the release step, which judges and records its parts.
@@ -155,13 +157,20 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
         The task's ``data-bounds`` clipping.
     keep_whole : (G,) bool, optional
         Groups the release step's judgement keeps whole (module docstring, 6).
+    earlier : (n,) int, optional
+        Each row's part in the partitions the site answered before (-1: none).
+    snapped : (n,) bool, optional
+        Rows that go with their earlier part, to the cluster that holds most of its rows
+        now (module docstring, 6: the release step's judgement).
     """
     p, k = groups.min_size, int(centroids.shape[0])
     whole = Report(groups, 0, 0, "")
     if p <= 1 or groups.n_groups == 0:
         return whole  # rows answer for themselves: every group is one row
     rows = np.flatnonzero(group_of_row >= 0)
-    cluster = rows_clusters(site, rows, centroids, transform, box)
+    cluster = _stable(rows_clusters(site, rows, centroids, transform, box),
+                      None if earlier is None else earlier[rows],
+                      None if snapped is None else snapped[rows], k)
     g = group_of_row[rows]
     lo = np.full(groups.n_groups, k, dtype=np.int64)
     hi = np.full(groups.n_groups, -1, dtype=np.int64)
@@ -203,6 +212,23 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
                   tuple(rows[m] for m in members), carried, split)
 
 
+def _stable(cluster: np.ndarray, earlier: np.ndarray | None, snapped: np.ndarray | None,
+            k: int) -> np.ndarray:
+    """Each row's cluster for the report: the model's, but a ``snapped`` row goes with its
+    earlier part (``earlier``), to the cluster that holds most of that part's rows now (a
+    part of an earlier partition that this one would cut by a row gives the row away)."""
+    if earlier is None or snapped is None or not (snapped & (earlier >= 0)).any():
+        return cluster
+    out = cluster.copy()
+    labels, slot = np.unique(earlier[earlier >= 0], return_inverse=True)
+    votes = np.zeros((labels.size, k), dtype=np.int64)
+    np.add.at(votes, (slot, cluster[earlier >= 0]), 1)
+    at = np.flatnonzero(earlier >= 0)
+    moved = snapped[at]
+    out[at[moved]] = votes.argmax(axis=1)[slot][moved]
+    return out
+
+
 def _stood_in(site: SiteData, groups: SiteGroups, rows: np.ndarray, g: np.ndarray,
               straddles: np.ndarray) -> np.ndarray:
     """(G,) bool: the straddlers whose released sum of some feature is no sum of their
@@ -234,27 +260,59 @@ def row_instances(site: SiteData, store) -> np.ndarray:
     return store.match(keys, site.row_ids)[0]
 
 
+def earlier_parts(store, instance: np.ndarray, before: int | None = None) -> np.ndarray | None:
+    """(n,) each row's part in the report partitions the record holds (the latest a row
+    is in; -1: none; ``instance``: each row's instance; ``before``: only the parts
+    numbered below it), None: none holds a row."""
+    parts = np.flatnonzero(store.report_group_mask())
+    if before is not None:
+        parts = parts[parts < before]
+    if parts.size == 0:
+        return None
+    offsets, members = store.members_csr(parts)
+    owner = np.repeat(parts, np.diff(offsets))
+    part_of = np.full(store.n_instances, -1, dtype=np.int64)
+    part_of[members] = owner  # (later parts after earlier ones: the latest wins)
+    out = part_of[np.minimum(instance, part_of.size - 1)]
+    return out if (out >= 0).any() else None
+
+
+def answered(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
+             centroids: np.ndarray, transform: str | None, box, store,
+             instance: np.ndarray) -> tuple[Report, str] | None:
+    """The partition the record holds of ``groups``' table at ``centroids``, made again as
+    the release step made it (the groups it kept whole, the rows it moved with an earlier
+    part), and its digest; None where none is this one (``store`` held under its lock)."""
+    from fedcluster.client_app.release import gate
+
+    for known in store.reports_of(groups.table_ref.number):
+        keep = np.zeros(groups.n_groups, dtype=bool)
+        keep[np.asarray(known.get("whole", []), dtype=np.int64)] = True
+        snapped = np.zeros(site.n_rows, dtype=bool)
+        snapped[np.asarray(known.get("snapped", []), dtype=np.int64)] = True
+        earlier = earlier_parts(store, instance, known.get("parts", [None])[0])
+        made = report_groups(site, groups, group_of_row, centroids, transform, box, keep,
+                             earlier, snapped)
+        if made.split and gate.partition_digest([instance[part] for part in made.parts],
+                                                groups.min_size) == known["digest"]:
+            return made, known["digest"]
+    return None
+
+
 def as_answered(site: SiteData, min_size: int, cache_dir, centroids: np.ndarray,
                 transform: str | None) -> tuple[SiteGroups, np.ndarray]:
     """The groups ``site`` answered the report at ``centroids`` from, and each row's group
     in them (-1: waiting): its table (kept in ``cache_dir``, else in memory) re-cut as a
-    partition its record holds (made again with the groups the release step kept whole),
-    else its groups whole. For the tests and benchmarks that compare the report with the
-    rows; it records nothing."""
-    from fedcluster.client_app.release import gate, record
+    partition its record holds (:func:`answered`), else its groups whole. For the tests
+    and benchmarks that compare the report with the rows; it records nothing."""
+    from fedcluster.client_app.release import record
 
     groups, _ = group_table.site_groups(site, min_size, cache_dir)
     group_of_row = group_table.row_groups(site, min_size, cache_dir)
     with record.Record.of(groups.table_ref).held() as store:
-        for answered in store.reports_of(groups.table_ref.number):
-            keep = np.zeros(groups.n_groups, dtype=bool)
-            keep[np.asarray(answered.get("whole", []), dtype=np.int64)] = True
-            made = report_groups(site, groups, group_of_row, centroids, transform, None, keep)
-            instance = row_instances(site, store)
-            if made.split and gate.partition_digest([instance[part] for part in made.parts],
-                                                    min_size) == answered["digest"]:
-                return made.groups, made.group_of_row
-    return groups, group_of_row
+        found = answered(site, groups, group_of_row, centroids, transform, None, store,
+                         row_instances(site, store))
+    return (groups, group_of_row) if found is None else (found[0].groups, found[0].group_of_row)
 
 
 def _released_cells(groups: SiteGroups) -> np.ndarray:

@@ -127,11 +127,12 @@ def in_record(groups: SiteGroups) -> bool:
 
 
 def admit_report(store, table: int, parts: list[np.ndarray], carried, p: int, width: int,
-                 whole=()) -> Admission:
+                 whole=(), snapped=()) -> Admission:
     """Judge a report's ``parts`` (the record's instances) of table ``table`` with the
     whole record ``store`` (held under its lock by the caller) and record them if they
-    pass (``carried``: (d,) the features they carry at a stood-in mean; ``whole``: the
-    table's groups kept whole in them). A partition the record holds already is admitted
+    pass (``carried``: (d,) the features they carry at a stood-in mean; ``whole``, the
+    table's groups kept whole in them, and ``snapped``, the rows that went with an earlier
+    part: how to make the same table again). A partition the record holds already is admitted
     as it is (the same table asked again)."""
     digest = partition_digest(parts, p)
     if any(known["digest"] == digest for known in store.reports_of(table)):
@@ -144,7 +145,7 @@ def admit_report(store, table: int, parts: list[np.ndarray], carried, p: int, wi
         rests_on = [np.asarray(getattr(reason, "instances", ()), dtype=np.int64)
                     for _, reason in findings]
         return Admission(False, str(findings[0][1]), instances=np.unique(np.concatenate(rests_on)))
-    store.add_report(table, digest, list(parts), p, carried, whole)
+    store.add_report(table, digest, list(parts), p, carried, whole, snapped)
     store.save()
     return Admission(True, digest=digest)
 

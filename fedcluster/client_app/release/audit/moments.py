@@ -225,11 +225,11 @@ def component_finding(part: Component, p: int, sums: bool = True) -> str | None:
     reason = span.component_finding(groups, p, same_row) \
         if sums and len(groups) > 1 else None
     if reason is not None:
-        return f"values: {reason}"
+        return span.Reason(f"values: {reason}", getattr(reason, "instances", ()))
     units = [u for u in part.units if u.size]
     if len(units) > 1 or (units and units[0].size < max(3, p)):
         reason = span.component_finding(units, max(3, p), lambda u, w: False, chains=False) \
             if len(units) > 1 else f"a unit's sum of squares covers {units[0].size} value(s)"
         if reason is not None:
-            return f"squares: {reason}"
+            return span.Reason(f"squares: {reason}", getattr(reason, "instances", ()))
     return determined(groups, units, part.n, changes)

@@ -398,5 +398,5 @@ def _feature_findings(groups: np.ndarray, lists: list[np.ndarray], floor: int, s
         seen.add(key)
         reason = component_finding(lists, floor, same_row, reports[:, j], instances[cells[:, j]])
         if reason is not None:
-            return f"feature {j}: {reason}"
+            return Reason(f"feature {j}: {reason}", reason.instances)
     return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedcluster.client_app.release.audit import moments
+from fedcluster.client_app.release.audit.span import Reason
 from fedcluster.client_app.release.spreads import host_size
 
 __all__ = ["failures", "stood_of", "with_history"]
@@ -295,6 +296,7 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
             [remap[u][remap[u] >= 0] for u in unit_lists],
             used.size, chain[used] if used.size else used)
         reason = moments.component_finding(part, floor, sums=linked)
-        if reason is not None:
-            return f"feature {j}: {reason}"
+        if reason is not None:  # (its instances: the values' first instances here)
+            witness = np.asarray(getattr(reason, "instances", ()), dtype=np.int64)
+            return Reason(f"feature {j}: {reason}", instances[used[witness]] if witness.size else ())
     return None

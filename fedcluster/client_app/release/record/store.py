@@ -265,17 +265,20 @@ class Store(Instances):
         return numbers
 
     def add_report(self, table: int, digest: str, parts: list[np.ndarray], min_size: int,
-                   carried=(), whole=()) -> np.ndarray:
+                   carried=(), whole=(), snapped=()) -> np.ndarray:
         """Record a report partition of table ``table`` (``digest``) as answered groups:
         its parts (instances; spreads derived: no unit; ``carried``: (d,) the features they
         carry at a stood-in mean, recorded as :data:`CARRIED` stand-ins; ``whole``: the
-        table's groups the release step kept whole in it). A table may have any number of
+        table's groups the release step kept whole in it; ``snapped``: the rows it moved
+        with an earlier part). A table may have any number of
         partitions: each is judged with all the others. Their numbers."""
         offsets = np.concatenate([[0], np.cumsum([part.size for part in parts])]).astype(np.int64)
         numbers = self.add_groups(SimpleNamespace(offsets=offsets, members=np.concatenate(parts)), min_size)
         self.set_units(numbers, np.full(numbers.size, -1))
         self.meta.setdefault("reports", {})[str(table)] = self.reports_of(table) + [
-            {"digest": digest, "whole": np.asarray(whole, dtype=np.int64).tolist()}]
+            {"digest": digest, "whole": np.asarray(whole, dtype=np.int64).tolist(),
+             "snapped": np.asarray(snapped, dtype=np.int64).tolist(),
+             "parts": [int(numbers[0]), int(numbers[-1]) + 1]}]
         features = np.flatnonzero(np.asarray(carried, dtype=bool)).tolist()
         self.meta.setdefault("report-groups", []).append([int(numbers[0]), int(numbers[-1]) + 1, features])
         self.add_stand_ins(np.repeat(numbers, len(features)), np.tile(features, numbers.size), CARRIED)
@@ -287,6 +290,17 @@ class Store(Instances):
         known = self.meta.get("reports", {}).get(str(table))
         known = [] if known is None else [known] if isinstance(known, str) else list(known)
         return [{"digest": k, "whole": []} if isinstance(k, str) else dict(k) for k in known]
+
+    def beside(self, instances) -> np.ndarray:
+        """The instances of every report part that holds one of ``instances`` (what a
+        coarser partition keeps apart from them)."""
+        parts = np.flatnonzero(self.report_group_mask())
+        if parts.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        offsets, members = self.members_csr(parts)
+        owner = np.repeat(np.arange(parts.size), np.diff(offsets))
+        holding = np.unique(owner[np.isin(members, instances)])
+        return np.unique(members[np.isin(owner, holding)])
 
     def report_group_mask(self) -> np.ndarray:
         """(groups,) bool: the groups reports added (in no table)."""
