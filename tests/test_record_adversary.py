@@ -179,7 +179,7 @@ def unguarded(patch) -> None:
     patch.setattr(report_cuts, "exposed", lambda site, rows, g, *rest: (
         np.zeros(int(g.max()) + 1, dtype=bool), np.zeros(site.n_features, dtype=bool)))
     patch.setattr(report_table, "_stood_in", lambda site, groups, *rest: np.zeros(
-        groups.n_groups, dtype=bool))
+        (groups.n_groups, site.n_features), dtype=bool))
 
 
 def test_the_adversary_finds_values_where_the_site_judges_nothing(tmp_path, monkeypatch):

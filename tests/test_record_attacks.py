@@ -86,7 +86,7 @@ def _builder_unguarded(patch) -> None:
     """The report's builder without its two pre-filters against this attack: it splits a
     straddler whose sum stood in, and no part's own p% flag carries the feature."""
     patch.setattr(report_table, "_stood_in", lambda site, groups, *rest: np.zeros(
-        groups.n_groups, dtype=bool))
+        (groups.n_groups, site.n_features), dtype=bool))
     patch.setattr(report_cuts, "_flagged_parts", lambda site, rows, part, k, *rest: np.zeros(
         (k, site.n_features), dtype=bool))
 
@@ -178,9 +178,10 @@ def test_two_report_tasks_at_once_on_one_cache_give_no_row(tmp_path):
     X, r0 = _pairs_across()
     bare = _race(tmp_path, X, True, "bare")
     found = _one_row(bare, X)
-    assert found and np.allclose(found[0], X[r0], atol=1e-12)  # the row, without the defence
+    assert found and np.allclose(found[0], X[r0], atol=1e-12), bare  # the row, without the defence
     for attempt in range(3):
-        assert _one_row(_race(tmp_path, X, False, f"locked-{attempt}"), X) == []
+        replies = _race(tmp_path, X, False, f"locked-{attempt}")
+        assert _one_row(replies, X) == [], replies
 
 
 # ------------------------------------------------------------------ the reading is the site's

@@ -37,8 +37,10 @@ few rows in their group's cluster, not the model's (6.7-8.3 % of the clinical de
    (the SSE is the rows' own where every straddler is split and nothing is carried), and
    a part releases no second moment of its own. The lone-cell rule applies as to every
    table, but to a carried feature (its few cells carry no value of theirs);
-5. keeps whole a straddler whose released sum of a feature is a stand-in (the p% rule's,
-   or a protected cell's: its sum no sum of its rows, which a part would give back);
+5. where a straddler's released sum of a feature is a stand-in (the p% rule's, or a
+   protected cell's: its sum no sum of its rows, which a part would give back), the
+   parts carry that feature (a level's indicator, or a feature a straddler withholds
+   cells of, cannot be carried: the straddler stays whole);
 6. hands the parts to the release step (``release/gate.admit_report``), which judges
    them with the site's whole record, every table and every report partition of the
    data's lineage, and records them, under the record's lock, before any value of them
@@ -177,7 +179,10 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     np.minimum.at(lo, g, cluster)
     np.maximum.at(hi, g, cluster)
     straddles = lo != hi
-    split = straddles & ~_stood_in(site, groups, rows, g, straddles)
+    # a straddler whose released sum of a feature stood in splits only where the parts
+    # carry that feature (at a stood-in mean: no part then sums its rows' own values)
+    stood = _stood_in(site, groups, rows, g, straddles)
+    split = straddles & ~(stood & ~report_cuts.carriable(site, groups, straddles)).any(axis=1)
     if keep_whole is not None:
         split &= ~keep_whole
     # what a cut counts, of the straddlers' rows: each row, and each feature's cell
@@ -190,6 +195,7 @@ def report_groups(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     for _ in range(groups.n_groups + 1):  # keep whole what a part or a cut would expose
         exposed, carried = report_cuts.exposed(site, rows, g, cluster,
                                                (straddling, observed, fixed), split, k, p, moments)
+        carried |= stood[split].any(axis=0)
         if not exposed.any():
             break
         split &= ~exposed
@@ -231,10 +237,11 @@ def _stable(cluster: np.ndarray, earlier: np.ndarray | None, snapped: np.ndarray
 
 def _stood_in(site: SiteData, groups: SiteGroups, rows: np.ndarray, g: np.ndarray,
               straddles: np.ndarray) -> np.ndarray:
-    """(G,) bool: the straddlers whose released sum of some feature is no sum of their
-    rows' cells (a stand-in: the p% rule's, a protected cell's), found by summing their
-    rows again: a part would give the withheld sum back (``release/audit``, 1)."""
-    out = np.zeros(groups.n_groups, dtype=bool)
+    """(G, d) bool: per straddler, the features whose released sum is no sum of its rows'
+    cells (a stand-in: the p% rule's, a protected cell's), found by summing its rows
+    again: a part that summed them would give the withheld sum back (``release/audit``,
+    1)."""
+    out = np.zeros((groups.n_groups, site.n_features), dtype=bool)
     at = np.flatnonzero(straddles[g])
     if at.size == 0:
         return out
@@ -246,7 +253,7 @@ def _stood_in(site: SiteData, groups: SiteGroups, rows: np.ndarray, g: np.ndarra
     judged = np.ones_like(sums, dtype=bool) if groups.withheld is None \
         else np.asarray(groups.withheld[ids]) == 0  # (a lone cell withheld: no sum of it)
     differs = np.abs(sums - released) > 1e-9 * np.maximum(1.0, np.maximum(np.abs(sums), np.abs(released)))
-    out[ids] = (differs & judged).any(axis=1)
+    out[ids] = differs & judged
     return out
 
 
