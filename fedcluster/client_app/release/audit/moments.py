@@ -51,44 +51,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.client_app.release.audit import span
+from fedcluster.client_app.release.audit import span, support
 
 __all__ = ["PRIME", "Component", "component_finding", "determined"]
 
 #: The field the Jacobian's row space is computed in.
-PRIME = 2_147_483_647
-
-
-# ------------------------------------------------------------------ linear algebra mod P
-def _null_space_mod(matrix: np.ndarray) -> np.ndarray:
-    """A basis of {z : matrix z = 0} over GF(PRIME), as the rows of a (k, n) array."""
-    A = np.array(matrix, dtype=np.int64) % PRIME
-    m, n = A.shape
-    pivots, row = [], 0
-    for col in range(n):
-        if row == m:
-            break
-        nonzero = np.flatnonzero(A[row:, col])
-        if nonzero.size == 0:
-            continue
-        at = row + int(nonzero[0])
-        if at != row:
-            A[[row, at]] = A[[at, row]]
-        inverse = pow(int(A[row, col]), PRIME - 2, PRIME)
-        A[row] = (A[row] * inverse) % PRIME
-        others = np.flatnonzero(A[:, col])
-        others = others[others != row]
-        if others.size:
-            A[others] = (A[others] - (A[others, col][:, None] * A[row][None, :]) % PRIME) % PRIME
-        pivots.append(col)
-        row += 1
-    free = [c for c in range(n) if c not in set(pivots)]
-    basis = np.zeros((len(free), n), dtype=np.int64)
-    for k, f in enumerate(free):
-        basis[k, f] = 1
-        for r, p in enumerate(pivots):
-            basis[k, p] = (-A[r, f]) % PRIME
-    return basis
+PRIME = support.PRIMES[0]
 
 
 def _inverse(value: int) -> int:
@@ -147,7 +115,7 @@ def determined(first: list[np.ndarray], second: list[np.ndarray], n: int,
     for _ in range(trials):
         x = rng.integers(1, PRIME, size=n, dtype=np.int64)
         J, functional = _compressed(first, second, n, x)
-        null = _null_space_mod(J)
+        null = support.null_space_mod(J, PRIME)
 
         def pinned(f: dict | None) -> bool:
             if f is None:

@@ -53,7 +53,6 @@ support.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,69 +92,7 @@ class Finding:
     reason: "Reason"
 
 
-# ------------------------------------------------------------------ exact linear algebra
-# Integers only (Python's, unbounded): fraction-free Gauss-Jordan, each row kept divided
-# by the gcd of its entries, so the numbers stay as small as the matrices' minors allow.
-def _reduced(row: list[int]) -> list[int]:
-    common = math.gcd(*row)
-    return row if common in (0, 1) else [v // common for v in row]
-
-
-def _echelon(matrix: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-    """The reduced echelon form over the rationals, as integer rows (each pivot the only
-    nonzero of its column, not scaled to 1), and the pivot columns."""
-    rows = [list(row) for row in matrix if any(row)]
-    width = len(matrix[0]) if matrix else 0
-    pivots: list[int] = []
-    top = 0
-    for col in range(width):
-        if top == len(rows):
-            break
-        pivot = next((i for i in range(top, len(rows)) if rows[i][col]), None)
-        if pivot is None:
-            continue
-        rows[top], rows[pivot] = rows[pivot], rows[top]
-        lead = rows[top]
-        for i in range(len(rows)):
-            factor = rows[i][col]
-            if i != top and factor:
-                rows[i] = _reduced([a * lead[col] - b * factor for a, b in zip(rows[i], lead)])
-        pivots.append(col)
-        top += 1
-    return rows[:top], pivots
-
-
-def _null_space(matrix: list[list[int]], width: int) -> list[list[int]]:
-    """An integer basis of {x : matrix x = 0} (x of length ``width``)."""
-    reduced, pivots = _echelon(matrix) if matrix else ([], [])
-    basis = []
-    pivot_set = set(pivots)
-    for free in (c for c in range(width) if c not in pivot_set):
-        scale = math.lcm(*(row[col] for row, col in zip(reduced, pivots) if row[free])) \
-            if any(row[free] for row in reduced) else 1
-        vector = [0] * width
-        vector[free] = scale
-        for row, col in zip(reduced, pivots):
-            if row[free]:
-                vector[col] = -row[free] * scale // row[col]
-        basis.append(_reduced(vector))
-    return basis
-
-
-def _transpose(matrix: list[list]) -> list[list]:
-    return [list(column) for column in zip(*matrix)]
-
-
 # ------------------------------------------------------------------ one component
-def _direction(column: tuple[int, ...]) -> tuple[int, ...]:
-    """A nonzero integer column up to its scale and sign (parallel columns share it)."""
-    ints = list(column)
-    common = math.gcd(*ints)
-    ints = [v // common for v in ints]
-    first = next(v for v in ints if v)
-    return tuple(-v for v in ints) if first < 0 else tuple(ints)
-
-
 def _smallest_cut(member_lists: list[np.ndarray], reports=None, present=None) -> int | None:
     """The smallest number of instances a nonzero combination of the groups isolates,
     when the groups form CHAINS (None when they do not).
@@ -248,8 +185,34 @@ def component_finding(member_lists: list[np.ndarray], p: int, same_row, reports=
         member_lists = [np.intersect1d(m, present, assume_unique=True)
                         for m, report in zip(member_lists, reports) if report]
     member_lists = [m for m in member_lists if m.size]
+    for part in _connected(member_lists):  # (what shares no row with the rest: its own)
+        reason = _part_finding([member_lists[g] for g in part], p, same_row)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _connected(member_lists: list[np.ndarray]) -> list[np.ndarray]:
+    """The lists in connected parts (two share a part where they share an instance),
+    the parts of two lists or more."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     if len(member_lists) < 2:
-        return None  # one group: its own sum, of at least p rows
+        return []
+    owner = np.repeat(np.arange(len(member_lists)), [m.size for m in member_lists])
+    instances, where = np.unique(np.concatenate(member_lists), return_inverse=True)
+    size = len(member_lists) + instances.size
+    graph = coo_matrix((np.ones(owner.size, dtype=np.int8), (owner, len(member_lists) + where)),
+                       shape=(size, size))
+    label = connected_components(graph, directed=False)[1][:len(member_lists)]
+    order = np.argsort(label, kind="stable")
+    parts = np.split(order, np.flatnonzero(np.diff(label[order])) + 1)
+    return [part for part in parts if part.size > 1]
+
+
+def _part_finding(member_lists: list[np.ndarray], p: int, same_row) -> Reason | None:
+    """:func:`component_finding` of one connected part (module docstring)."""
     found = support.atoms(member_lists)
     light = found.weights < p
     if not light.any() and p > 2:
@@ -284,34 +247,48 @@ def _change_candidates(found: support.Atoms, same_row) -> bool:
     return any(same_row(u, w) for u, w in itertools.combinations(singles, 2))
 
 
+def _columns(found: support.Atoms, prime: int) -> np.ndarray:
+    """(atoms, k) the atoms' columns of Z, the left null space of the atoms-by-groups
+    incidence, modulo ``prime``."""
+    incidence = np.zeros((len(found.sets), found.n_sets), dtype=np.int64)
+    for a, sets in enumerate(found.sets):
+        incidence[a, list(sets)] = 1
+    return support.null_space_mod(incidence.T, prime).T
+
+
 def _by_columns(found: support.Atoms, p: int, same_row) -> Reason | None:
-    """The exact test of the module docstring at p <= 3, by the columns of Z: a light
-    atom's zero column; at p = 3 two one-instance atoms' parallel columns; at p <= 2 two
-    one-instance versions of a row with equal columns."""
-    weights = found.weights.tolist()
-    incidence = [[int(g in atom) for g in range(found.n_sets)] for atom in map(set, found.sets)]
-    left_null = _null_space(_transpose(incidence), len(incidence))
-    column = [tuple(z[a] for z in left_null) for a in range(len(incidence))]
-    for a in sorted((a for a, w in enumerate(weights) if w < p), key=lambda a: weights[a]):
-        if not any(column[a]):
-            return _isolates(weights[a], p, found.members[a])
-    singles = [a for a, w in enumerate(weights) if w == 1]
-    if p == 3:
-        parallel: dict[tuple, int] = {}
-        for a in singles:
-            direction = _direction(column[a])
-            if direction in parallel:
-                return _isolates(2, p, np.r_[found.members[parallel[direction]], found.members[a]])
-            parallel[direction] = a
-        return None
-    equal: dict[tuple, list[int]] = {}
-    for a in singles:
-        equal.setdefault(column[a], []).append(a)
-    for atoms in equal.values():
-        for a, b in itertools.combinations(atoms, 2):
-            if same_row(int(found.members[a][0]), int(found.members[b][0])):
-                return Reason("a combination of the groups gives the difference of two "
-                              "versions of a row", np.r_[found.members[a], found.members[b]])
+    """The test of the module docstring at p <= 3, by the columns of Z: a light atom's
+    zero column; at p = 3 two one-instance atoms' parallel columns; at p <= 2 two
+    one-instance versions of a row with equal columns. Over the integers modulo each of
+    ``support.PRIMES``, a finding under either refused (a rank modulo a prime falls short
+    of the rational rank only where the prime divides every maximal nonzero minor)."""
+    weights = found.weights
+    light = np.flatnonzero(weights < p)
+    light = light[np.argsort(weights[light], kind="stable")]
+    singles = np.flatnonzero(weights == 1)
+    for prime in support.PRIMES:
+        column = _columns(found, prime)
+        for a in light.tolist():
+            if not column[a].any():
+                return _isolates(int(weights[a]), p, found.members[a])
+        if p == 3:
+            seen: dict[bytes, int] = {}
+            for a in singles.tolist():
+                first = np.flatnonzero(column[a])[0]
+                direction = (column[a] * pow(int(column[a, first]), prime - 2, prime)) % prime
+                key = direction.tobytes()
+                if key in seen:
+                    return _isolates(2, p, np.r_[found.members[seen[key]], found.members[a]])
+                seen[key] = a
+        elif p <= 2:
+            equal: dict[bytes, list[int]] = {}
+            for a in singles.tolist():
+                equal.setdefault(column[a].tobytes(), []).append(a)
+            for atoms in equal.values():
+                for a, b in itertools.combinations(atoms, 2):
+                    if same_row(int(found.members[a][0]), int(found.members[b][0])):
+                        return Reason("a combination of the groups gives the difference of two "
+                                      "versions of a row", np.r_[found.members[a], found.members[b]])
     return None
 
 

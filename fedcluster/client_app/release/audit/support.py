@@ -45,7 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Atoms", "Bound", "LP_MARGIN", "atoms", "graph_cut", "lp_bound", "minimum_cut"]
+__all__ = ["Atoms", "Bound", "LP_MARGIN", "PRIMES", "atoms", "graph_cut", "lp_bound", "minimum_cut",
+           "null_space_mod"]
 
 #: How far above p - 1 a linear program's optimum must lie to prove a bound (the solver's
 #: feasibility tolerance is 1e-7; supports are whole numbers of rows).
@@ -89,6 +90,47 @@ def atoms(member_lists: list[np.ndarray]) -> Atoms:
     keys = sorted(found)
     return Atoms(keys, np.array([len(found[k]) for k in keys], dtype=np.int64),
                  [np.array(found[k], dtype=np.int64) for k in keys], len(member_lists))
+
+
+#: The fields exact linear algebra is done in (integers modulo a prime, numpy's int64: a
+#: product of two residues stays under 2^62). An integer matrix's rank modulo p is its
+#: rank over the rationals unless p divides every maximal nonzero minor; the audit asks
+#: both primes and refuses what either finds, so a finding is missed only where both
+#: divide one such minor of a 0/1 matrix (for a minor of 1,000 bits, one prime near 2^31
+#: in 10^7 does).
+PRIMES = (2_147_483_647, 2_147_483_629)
+
+
+def null_space_mod(matrix: np.ndarray, prime: int = PRIMES[0]) -> np.ndarray:
+    """A basis of {z : matrix z = 0} over GF(``prime``), as the rows of a (k, n) array
+    (Gauss-Jordan, a pivot's column cleared in every other row at once)."""
+    A = np.array(matrix, dtype=np.int64) % prime
+    m, n = A.shape
+    pivots, row = [], 0
+    for col in range(n):
+        if row == m:
+            break
+        nonzero = np.flatnonzero(A[row:, col])
+        if nonzero.size == 0:
+            continue
+        at = row + int(nonzero[0])
+        if at != row:
+            A[[row, at]] = A[[at, row]]
+        A[row] = (A[row] * pow(int(A[row, col]), prime - 2, prime)) % prime
+        others = np.flatnonzero(A[:, col])
+        others = others[others != row]
+        if others.size:
+            A[others] = (A[others] - (A[others, col][:, None] * A[row][None, :]) % prime) % prime
+        pivots.append(col)
+        row += 1
+    is_pivot = np.zeros(n, dtype=bool)
+    is_pivot[pivots] = True
+    free = np.flatnonzero(~is_pivot)
+    basis = np.zeros((free.size, n), dtype=np.int64)
+    basis[np.arange(free.size), free] = 1
+    if pivots:
+        basis[:, pivots] = (-A[:len(pivots)][:, free].T) % prime
+    return basis
 
 
 # ------------------------------------------------------------------ graphs: exact

@@ -1,0 +1,146 @@
+"""What the one audit costs a reply (issue 69, must-show 4): a site's record of
+``--versions`` versions of its data and ``--runs`` runs' reports, and the audit of one
+more reply against all of it.
+
+One site of ``--rows`` x ``--dim`` float64 rows (a ``.npy``, ``bench/grouping.py``'s
+blobs), then ``--versions`` versions each touching ``--change`` of the rows (half
+corrected, a quarter deleted, a quarter appended: ``bench/versions.py``'s edit), each
+built in a fresh process as a site's first message after the change builds it; after
+every (versions / runs)-th version, a run's report: the report's evaluation at 8
+centroids (the first 8 rows, moved a little each run), asked of the site's real
+ClientApp in a fresh process, whose release step judges the report's parts with the
+whole record (``release/gate.admit_report``: the one audit, ``release/audit.judge``) and
+records them. Measured per report: the seconds of its admission (the judgement and the
+record's write; its own peak allocation by tracemalloc, over the data's size), the
+seconds of a plain reply's check (``gate.in_record``: the table in the record), and what
+the record then holds (groups, partitions).
+
+Usage::
+
+    python bench/record_audit.py --rows 2000 --dim 8 --out BENCHMARKS.md
+    python bench/record_audit.py --rows 1000000 --dim 64 --out BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+from grouping import MB, PEAK, run_child  # noqa: E402  (bench/grouping.py)
+from report import header, write_section  # noqa: E402
+from versions import EDIT_CHILD, VERSION_CHILD  # noqa: E402
+
+REPORT_CHILD = PEAK + """
+import json, sys, time, tracemalloc
+import numpy as np
+sys.path.insert(0, sys.argv[4])
+from record_check import RunSite
+from fedcluster.client_app.release import gate
+
+path, cache, p, shift = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[5])
+X = np.load(path, mmap_mode="r")
+C = np.array(X[:8]) + shift
+admissions, checks = [], []
+admit, in_record = gate.admit_report, gate.in_record
+
+def timed_admit(*args, **kwargs):
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        verdict = admit(*args, **kwargs)
+        return verdict
+    finally:
+        admissions.append((time.perf_counter() - t0, tracemalloc.get_traced_memory()[1]))
+        tracemalloc.stop()
+
+def timed_check(groups):
+    t0 = time.perf_counter()
+    try:
+        return in_record(groups)
+    finally:
+        checks.append(time.perf_counter() - t0)
+gate.admit_report, gate.in_record = timed_admit, timed_check
+site = RunSite({"data-path": path, "min-cluster-size": p}, cache, "error")
+t0 = time.perf_counter()
+site.ask("evaluate", [C], report=True)
+seconds = time.perf_counter() - t0
+site.ask("lloyd", [C], **{"local-iters": 1, "tol": 0.0})
+store = sorted((__import__("pathlib").Path(cache) / "groups").glob("store-*"))[0]
+meta = json.loads((store / "store.json").read_text())
+print(json.dumps({"seconds": seconds, "peak": peak(), "admissions": admissions,
+                  "check": checks[-1], "groups": meta["groups"], "instances": meta["instances"],
+                  "partitions": sum(len(v) if isinstance(v, list) else 1
+                                    for v in meta.get("reports", {}).values())}))
+"""
+
+
+def measure(n: int, d: int, versions: int, runs: int, change: float, p: int) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="fedcluster-record-") as tmp:
+        tmp = Path(tmp)
+        cache, path = tmp / "cache", tmp / "site.npy"
+        run_child("--write", path, n, d, 0, code=None)  # bench/grouping.py's writer
+        data = path.stat().st_size
+        every = max(1, versions // runs)
+        out = [f"One site of {n:,} x {d} float64 rows ({data / MB:.1f} MB), p_site {p}, "
+               f"{versions} versions each touching {change:.0%} of the rows, a run's report "
+               f"after every {every} version(s) ({runs} runs). Per report: the admission's "
+               "seconds (the one audit against the whole record, and the record written) and "
+               "its own peak allocation over the data; the plain reply's check; the record's "
+               "groups and partitions after it.", "",
+               "| run | version | record: groups / partitions | admissions (rounds) | audit s "
+               "(last round) | audit s (all rounds) | audit memory / data | plain check ms | "
+               "report s (whole task) |",
+               "|---|---|---|---|---|---|---|---|---|"]
+        run = 0
+        for version in range(versions + 1):
+            if version:
+                edited = tmp / f"site-{version}.npy"
+                subprocess.run([sys.executable, "-c", EDIT_CHILD, str(path), str(edited),
+                                str(change), str(version), str(BENCH)], check=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                os.replace(edited, path)
+                Path(str(edited) + ".new.npy").unlink()
+                os.utime(path, ns=(version * 10**9, version * 10**9))
+            run_child(path, cache, p, code=VERSION_CHILD)
+            if version % every or run >= runs:
+                continue
+            run += 1
+            r = run_child(path, cache, p, ROOT / "tests", 0.01 * run, code=REPORT_CHILD)
+            rounds = r["admissions"]
+            line = (f"| {run} | {version} | {r['groups']:,} / {r['partitions']} | {len(rounds)} | "
+                    f"{rounds[-1][0]:.2f} | {sum(a[0] for a in rounds):.2f} | "
+                    f"{max(a[1] for a in rounds) / data:.3f} | {1000 * r['check']:.2f} | "
+                    f"{r['seconds']:.1f} |" if rounds else
+                    f"| {run} | {version} | {r['groups']:,} / {r['partitions']} | 0 | - | - | - | "
+                    f"{1000 * r['check']:.2f} | {r['seconds']:.1f} |")
+            print(line, flush=True)
+            out.append(line)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--dim", type=int, default=8)
+    parser.add_argument("--versions", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--change", type=float, default=0.01)
+    parser.add_argument("--p", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    lines = measure(args.rows, args.dim, args.versions, args.runs, args.change, args.p)
+    name = f"record-audit-{args.rows}"
+    write_section(name, "\n".join([header(f"The one audit of a reply against the record "
+                                          f"({args.rows:,} rows)"), ""] + lines) + "\n", args.out)
+
+
+if __name__ == "__main__":
+    main()
