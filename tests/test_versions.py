@@ -34,6 +34,7 @@ from fedcluster.client_app.data import group_table
 from fedcluster.client_app.data.site_data import load_site_file
 from fedcluster.client_app.data.versions import Store
 from fedcluster.client_app.release.audit import span as span_audit
+from fedcluster.client_app.release.audit import support
 from fedcluster.common.config import run_config_defaults
 from fedcluster.simulation import InProcessGrid
 
@@ -305,7 +306,6 @@ def test_the_audit_agrees_with_an_svd_on_random_components(p):
     at p 2 and 3, and on the components that make chains or a bipartite graph at every
     p, it gives the same verdict (exact); at p 4 on the others its linear-programming
     bound refuses some components the check passes, fewer than a third of them."""
-    from fedcluster.client_app.release.audit import support
 
     rng = np.random.default_rng(p)
     verdicts = {None: 0, "small": 0, "change": 0}
@@ -549,3 +549,27 @@ def test_a_table_an_earlier_release_kept_joins_the_history(tmp_path):
     np.testing.assert_array_equal(np.asarray(again.sums), np.asarray(first.sums))
     tables = Store.read_tables(Path(again.table_ref.store))
     assert tables[0].get("imported") and len(tables) == 2 and tables[1]["kept-rows"] == 200
+
+
+def test_the_cut_below_p_merges_heavy_edges_and_agrees_with_the_full_cut():
+    """``support.minimum_cut(..., below=p)`` merges the ends of every edge of p or more
+    first (a site's groups are nearly all such edges): on random graphs its verdict (a cut
+    under p or none) is the full cut's, and the edges it says it cuts weigh what it says."""
+    rng = np.random.default_rng(5)
+    verdicts = {True: 0, False: 0}
+    for _ in range(200):
+        n = int(rng.integers(3, 12))
+        ends = rng.integers(0, n, size=(int(rng.integers(2, 25)), 2))
+        ends = ends[ends[:, 0] != ends[:, 1]]
+        if not ends.size:
+            continue
+        capacity = rng.choice([1, 1, 2, 3, 5, 8], size=ends.shape[0])
+        p = int(rng.integers(2, 6))
+        full, full_cut = support.minimum_cut(ends, capacity, n)
+        fast, fast_cut = support.minimum_cut(ends, capacity, n, below=p)
+        assert (full < p) == (fast < p), (ends.tolist(), capacity.tolist(), p, full, fast)
+        assert capacity[full_cut].sum() == full
+        if fast < p:
+            assert capacity[fast_cut].sum() == fast and fast_cut.any()
+        verdicts[full < p] += 1
+    assert min(verdicts.values()) > 20, verdicts

@@ -134,7 +134,7 @@ class SiteClient(NumPyClient):
     def _budget_key(self) -> str:
         """The key of this site's dp-budget: what its DP spend is counted against, across
         runs. Every use of the key goes through here. A deployed site's data lineage
-        (``versions/lineage.py``: its versions, whatever they gained, lost or changed,
+        (``release/record/``: its versions, whatever they gained, lost or changed,
         and a file exported anew under another name); a site that opted out of groups
         (no history kept) its file and the way it is read; data held in memory (the
         ledger is then the run's own) the rows' fingerprint."""

@@ -188,7 +188,7 @@ class RunConfig(_Strict):
     # The final model's figures over the report's groups (client_app/data/report_table.py).
     report_groups: bool = Field(
         True, description="count the final figures where the model puts the rows: sites "
-        "re-cut their straddling groups within its clusters (one partition per data version)")
+        "re-cut their straddling groups within its clusters, as their audits pass")
     # Choosing k: run the federation for every k in LO..HI ("" = one run with n-clusters).
     k_range: str = Field("", description="LO:HI, e.g. 2:15: run and evaluate every k in LO..HI")
     k_warm_start: bool = Field(

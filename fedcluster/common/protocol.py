@@ -316,9 +316,9 @@ MIN_GROUPS = "min-groups"
 #: ``profile``: the histogram's bins per feature.
 BINS = "bins"
 #: ``evaluate``, ``evaluate_distances`` and ``profile`` of the final model (true): the
-#: site answers from its groups re-cut within the centroids' clusters, one partition per
-#: version of its data (``client_app/data/report_table.py``), so that the figures a
-#: person reads count rows where ``predict`` puts them.
+#: site answers from its groups re-cut within the centroids' clusters
+#: (``client_app/data/report_table.py``), each partition judged with everything the site
+#: ever released, so that the figures a person reads count rows where ``predict`` puts them.
 REPORT = "report"
 REPORT_TASKS = ("evaluate", "evaluate_distances", "profile")
 #: A seeded task's seed base (JSON list of ints); the site draws its own seed from it and

@@ -4,7 +4,7 @@ An entry is one version's table at one p_site: per group its count, per feature 
 the squared deviations (m2) and, where a cell is missing, the present cells; the label
 counts; each row's group (-1: waiting) and each row's content hash; and a JSON sidecar
 written last (its digest, waiting rows, and its place in the site's answered history:
-the table's number in the store and its lineage, ``versions/lineage.py``). A reader
+the table's number in the store and its lineage, ``release/record/``). A reader
 maps the arrays; a writer writes each column chunk by chunk (``group_stats.write_column``)
 and hashes it on the way, so the digest costs no copy of the table.
 """

@@ -25,7 +25,7 @@ answered table's groups whose rows are all still there stay, their statistics co
 for bit; a group that lost or changed a row is withdrawn whole; the waiting rows are
 grouped among themselves; the span audit holds back what would let all the tables ever
 answered from isolate fewer than p_site rows. Each entry records its place in the
-site's answered history (``versions/lineage.py``).
+site's answered history (``release/record/``).
 """
 
 from __future__ import annotations

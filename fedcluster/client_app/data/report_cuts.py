@@ -7,8 +7,8 @@ of the coordinator's boundaries: summed over the straddlers, the smaller side is
 combination's support. A site keeps a straddler whole where a cut isolates fewer than p
 rows, where a part would hold fewer than p rows, or where the p% rule on means flags a
 part; a numeric feature a cut isolates fewer than p present cells of (but not rows) is
-carried at a stood-in mean. These are a pre-filter: the audit over everything the site
-answered from (``report_history.py``) decides.
+carried at a stood-in mean. These are a pre-filter: the one audit, with everything the site
+ever released (``release/gate.admit_report``), decides.
 """
 
 from __future__ import annotations

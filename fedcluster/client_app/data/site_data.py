@@ -67,7 +67,7 @@ class SiteData:
     reading : str or None
         The way the data are read (columns, label, id, schema, units), whatever the file
         or its version: the key of the site's answered history
-        (``versions/lineage.py``); None: data held in memory.
+        (``release/record/``); None: data held in memory.
     row_ids : np.ndarray or None
         (n, 2) uint64: each row's id (a hash of its id column's text), where the data
         name an id column: what makes a corrected row the same row (``versions/row_keys.py``).

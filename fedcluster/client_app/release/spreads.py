@@ -31,7 +31,7 @@ training is unchanged; what moves is a group's own spread where a figure is per 
 
 The data layer (``data/group_spreads.py``) applies the rule when a table is made and
 keeps the released m2 as the table's m2 (a kept group keeps it bit for bit across
-versions); the versions audit (``versions_audit.py``) reasons about the units.
+versions); the one audit (``audit/moments.py``) reasons about the units.
 """
 
 from __future__ import annotations

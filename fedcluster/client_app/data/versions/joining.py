@@ -38,7 +38,7 @@ def join_units(Z: np.ndarray, unit: np.ndarray, lost: np.ndarray, fresh_Z: np.nd
     that many whole units (:func:`lost_group_units`: the audits judge them); numbered
     after the fresh groups.
 
-    Why the host's fresh rows (release/versions_audit.py): in every feature the new
+    Why the host's fresh rows (release/audit/values.py): in every feature the new
     group's values are its units' (values answered from before: a corrected row's
     unchanged cells are its old ones) and at least max(p, 3) fresh values that are in no
     other group. Any combination of everything released that uses the new group's sum
@@ -46,7 +46,7 @@ def join_units(Z: np.ndarray, unit: np.ndarray, lost: np.ndarray, fresh_Z: np.nd
     holds: it isolates at least max(p, 3) of them, and it determines no value (a sum and
     a sum of squares over 3 or more unknowns found nowhere else cancel from no
     combination). A unit moves whole, so that each earlier group reaches one new group
-    only: the instances' audit (``release/span_audit.py``), which has no such shortcut,
+    only: the instances' audit (``release/audit/span.py``), which has no such shortcut,
     then meets small components."""
 
     def means(labels_, values):
@@ -103,7 +103,7 @@ def join_units(Z: np.ndarray, unit: np.ndarray, lost: np.ndarray, fresh_Z: np.nd
     # and, in a version with no host at all (its rows all answered from before: a file cut
     # anew from rows that earlier files held), units that lost rows: groups of
     # ``lost_units`` whole units, each unit's rows a part of its earlier group that was
-    # never a sum alone; the audits judge them (release/versions_audit.py), holding back
+    # never a sum alone; the audits judge them (release/audit/values.py), holding back
     # what they would give. (Where hosts come, the units wait for them: groups of parts
     # made version after version would join the history's components into ones the
     # audits can no longer judge: bench/versions.py, 2026-11-29.)

@@ -12,7 +12,7 @@ VALUES, and a corrected row's unchanged cells are the same values in every versi
   (most cells first; cells shared by many rows that left, as a category's level is,
   count for nothing). A row corrected in one cell of four shares three.
 - **Values.** Per feature, a linked pair whose cell hashes are equal holds one value
-  (``release/versions_audit.py`` merges them); where they differ, the difference is a
+  (``release/audit/moments.py`` merges them); where they differ, the difference is a
   one-row change, which the audit keeps out of reach too.
 
 What this does not catch: without an id column, a correction that changes half a row's

@@ -5,7 +5,7 @@ Without an id column a row IS its content: the bits of its cells and its label
 a new one come). With an id column (node config ``id-column``, or a schema column of type
 ``id``) a row is its id and its content (:func:`instance_keys`): a corrected row is a new
 version of the same row, which is what the versions audit protects (no one-row change
-in the span: ``span_audit.py``). Keys are two independent 64-bit hashes (128 bits): two
+in the span: ``release/audit/span.py``). Keys are two independent 64-bit hashes (128 bits): two
 different rows share a key with probability about n^2 / 2^128.
 """
 

@@ -93,9 +93,11 @@ class Finding:
 
 
 # ------------------------------------------------------------------ one component
-def _smallest_cut(member_lists: list[np.ndarray], reports=None, present=None) -> int | None:
+def _smallest_cut(member_lists: list[np.ndarray], reports=None, present=None,
+                  below: int | None = None) -> int | None:
     """The smallest number of instances a nonzero combination of the groups isolates,
-    when the groups form CHAINS (None when they do not).
+    when the groups form CHAINS (None when they do not); ``below``: only whether it is
+    under ``below`` (``support.minimum_cut``).
 
     The versions rule builds groups so that an instance's groups, in the order they were
     made, are each the CHILD of the one before (the group its withdrawn group's other
@@ -147,7 +149,7 @@ def _smallest_cut(member_lists: list[np.ndarray], reports=None, present=None) ->
     # phi is free but for "beyond" (0), and a shift of phi changes nothing that matters
     # here: the smallest support is the smallest positive cut (``support.minimum_cut``)
     ends = np.array(list(edges), dtype=np.int64)
-    return support.minimum_cut(ends, np.array(list(edges.values()), dtype=np.int64), m + 1)[0]
+    return support.minimum_cut(ends, np.array(list(edges.values()), dtype=np.int64), m + 1, below)[0]
 
 
 def _isolates(rows: int, p: int, instances=(), proved: bool = True) -> Reason:
@@ -178,7 +180,7 @@ def component_finding(member_lists: list[np.ndarray], p: int, same_row, reports=
         rule makes groups); False: not (spread units, which do not).
     """
     if p >= 3 and chains:
-        cut = _smallest_cut(member_lists, reports, present)
+        cut = _smallest_cut(member_lists, reports, present, p)
         if cut is not None:  # the groups form chains (module docstring): exact by a cut
             return None if cut >= p else _isolates(cut, p)
     if reports is not None:
@@ -217,7 +219,7 @@ def _part_finding(member_lists: list[np.ndarray], p: int, same_row) -> Reason | 
     light = found.weights < p
     if not light.any() and p > 2:
         return None  # every support holds an atom of p rows or more
-    graph = support.graph_cut(found)
+    graph = support.graph_cut(found, p)
     if graph is not None:
         smallest, cut = graph
         if smallest < p:

@@ -156,41 +156,77 @@ def _bipartite(edges: list[tuple[int, int]], n: int) -> bool:
     return True
 
 
-def minimum_cut(ends: np.ndarray, capacity: np.ndarray, n_nodes: int) -> tuple[int, np.ndarray]:
+def minimum_cut(ends: np.ndarray, capacity: np.ndarray, n_nodes: int,
+                below: int | None = None) -> tuple[int, np.ndarray]:
     """The smallest positive cut of the graph of ``ends`` ((E, 2) nodes, E >= 1) with
     ``capacity`` (E,) on nodes 0..n_nodes-1, and which edges it cuts ((E,) bool): per
     connected part, a fixed node's maximum flow to every other node (exact, integers);
-    the cut's side is what the flow's residual graph reaches from the source."""
+    the cut's side is what the flow's residual graph reaches from the source.
+
+    ``below``: only whether a cut of less than ``below`` exists matters. No such cut
+    crosses an edge of ``below`` or more, so those edges' ends are merged first (a site's
+    groups are nearly all such edges: its maximum flows are then over the few light
+    ones), and where none is left below it the value returned is 2**31; the first cut
+    found below it is returned (a finding, not the smallest)."""
+    ends = np.asarray(ends, dtype=np.int64)
+    capacity = np.minimum(np.asarray(capacity, dtype=np.int64), 2**31 - 1)  # (so large: no finding)
+    if below is None:
+        smallest, side = _cut(ends, capacity, n_nodes, None)
+        return smallest, side[ends[:, 0]] != side[ends[:, 1]]
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    heavy = capacity >= below
+    merged = coo_matrix((np.ones(int(heavy.sum()), dtype=np.int8), (ends[heavy, 0], ends[heavy, 1])),
+                        shape=(n_nodes, n_nodes))
+    label = connected_components(merged, directed=False)[1]
+    light = ~heavy & (label[ends[:, 0]] != label[ends[:, 1]])
+    if not light.any():
+        return 2**31, np.zeros(ends.shape[0], dtype=bool)
+    nodes, compact = np.unique(label[ends[light]], return_inverse=True)
+    smallest, on = _cut(compact.reshape(-1, 2), capacity[light], nodes.size, below)
+    at = np.searchsorted(nodes, label).clip(max=nodes.size - 1)
+    side = on[at] & (nodes[at] == label)  # (per merged node: which side of the cut)
+    return smallest, side[ends[:, 0]] != side[ends[:, 1]]
+
+
+def _cut(ends: np.ndarray, capacity: np.ndarray, n_nodes: int,
+         below: int | None) -> tuple[int, np.ndarray]:
+    """:func:`minimum_cut` of a graph by maximum flows, and its side ((n_nodes,) bool);
+    ``below``: stop at a cut under it."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import breadth_first_order, connected_components, maximum_flow
 
-    capacity = np.minimum(np.asarray(capacity, dtype=np.int64), 2**31 - 1)  # (so large: no finding)
     both = (np.r_[ends[:, 0], ends[:, 1]], np.r_[ends[:, 1], ends[:, 0]])
     graph = csr_matrix((np.r_[capacity, capacity].astype(np.int32), both), shape=(n_nodes, n_nodes))
     _, part = connected_components(graph, directed=False)
     smallest, best = 2**31, None
     for label in np.unique(part[np.unique(ends)]).tolist():
         nodes = np.flatnonzero(part == label)
-        for t in nodes[1:].tolist():
-            flow = maximum_flow(graph, int(nodes[0]), t)
+        sub = graph[nodes][:, nodes]  # (each part's flows over its own nodes only)
+        for t in range(1, nodes.size):
+            flow = maximum_flow(sub, 0, t)
             if flow.flow_value < smallest:
-                smallest, best = int(flow.flow_value), (int(nodes[0]), flow)
-    cut = np.zeros(ends.shape[0], dtype=bool)
+                smallest, best = int(flow.flow_value), (nodes, sub, flow)
+            if below is not None and smallest < below:
+                break
+        if below is not None and smallest < below:
+            break
+    side = np.zeros(n_nodes, dtype=bool)
     if best is not None:
-        source, flow = best
-        residual = (graph - flow.flow).tocsr()
+        nodes, sub, flow = best
+        residual = (sub - flow.flow).tocsr()
         residual.data = np.where(residual.data > 0, 1, 0)
         residual.eliminate_zeros()
-        side = np.zeros(n_nodes, dtype=bool)
-        side[breadth_first_order(residual, source, directed=True, return_predecessors=False)] = True
-        cut = side[ends[:, 0]] != side[ends[:, 1]]
-    return smallest, cut
+        side[nodes[breadth_first_order(residual, 0, directed=True, return_predecessors=False)]] = True
+    return smallest, side
 
 
-def graph_cut(found: Atoms) -> tuple[int, np.ndarray] | None:
+def graph_cut(found: Atoms, below: int | None = None) -> tuple[int, np.ndarray] | None:
     """The smallest support of a nonzero combination, exactly, where the sets make a
     bipartite graph (module docstring), and the atoms of one such support ((A,) bool);
-    None where they do not (an atom in three or more sets, or an odd cycle)."""
+    None where they do not (an atom in three or more sets, or an odd cycle). ``below``:
+    as :func:`minimum_cut`'s (a support under it, or 2**31 where there is none)."""
     if any(len(s) > 2 for s in found.sets):
         return None
     beyond = found.n_sets
@@ -204,7 +240,7 @@ def graph_cut(found: Atoms) -> tuple[int, np.ndarray] | None:
     keys, slot = np.unique(ends, axis=0, return_inverse=True)
     slot = slot.ravel()
     capacity = np.bincount(slot, weights=found.weights, minlength=keys.shape[0])
-    smallest, cut = minimum_cut(keys, capacity.astype(np.int64), found.n_sets + 1)
+    smallest, cut = minimum_cut(keys, capacity.astype(np.int64), found.n_sets + 1, below)
     return smallest, cut[slot]
 
 
