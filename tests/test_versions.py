@@ -573,3 +573,27 @@ def test_the_cut_below_p_merges_heavy_edges_and_agrees_with_the_full_cut():
             assert capacity[fast_cut].sum() == fast and fast_cut.any()
         verdicts[full < p] += 1
     assert min(verdicts.values()) > 20, verdicts
+
+
+def test_same_row_over_many_instances_agrees_with_every_pair():
+    """``SameRow.any_pair`` (one pass over a report's one-row atoms, which number in the
+    hundreds of thousands on a large site) says what the pairwise test says, with ids and
+    without (tables seen, lineages, instances never seen in a table)."""
+    import itertools
+
+    from fedcluster.client_app.release.record.instances import SameRow
+
+    rng = np.random.default_rng(3)
+    answers = set()
+    for trial in range(300):
+        n = int(rng.integers(2, 9))
+        first = rng.integers(0, 5, size=n)
+        seen = np.c_[first, first + rng.integers(0, 3, size=n), rng.integers(0, 2, size=n) * (trial % 3 == 0),
+                     rng.random(n) > 0.05]
+        ids = rng.integers(0, 6, size=(n, 1)) if trial % 2 else None
+        same = SameRow(ids, seen)
+        pick = rng.choice(n, size=int(rng.integers(2, n + 1)), replace=False)
+        pairwise = any(same(int(u), int(w)) for u, w in itertools.combinations(pick.tolist(), 2))
+        assert same.any_pair(pick) == pairwise, (seen[pick].tolist(), None if ids is None else ids[pick].tolist())
+        answers.add(pairwise)
+    assert answers == {True, False}

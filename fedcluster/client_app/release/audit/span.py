@@ -246,6 +246,8 @@ def _change_candidates(found: support.Atoms, same_row) -> bool:
     """Whether two one-instance atoms may be versions of one row (p <= 2: their
     difference must not lie in the row space)."""
     singles = [int(found.members[a][0]) for a in np.flatnonzero(found.weights == 1).tolist()]
+    if hasattr(same_row, "any_pair"):  # (a site's record: in one pass)
+        return same_row.any_pair(np.array(singles, dtype=np.int64))
     return any(same_row(u, w) for u, w in itertools.combinations(singles, 2))
 
 

@@ -36,7 +36,7 @@ its optimal c names a support: fewer than p rows is a finding proved by example;
 the bound's own refusal (a combination of fewer than p rows is not excluded). On graphs the
 bound is exact (the cut LP has integral optima), so it refuses only where sets overlap in
 three or more ways, as report partitions of one version drawn at several k do;
-``tests/test_audit_support.py`` measures how often against a brute-force search.
+``tests/test_versions.py`` measures how often against a brute-force search.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Atoms", "Bound", "LP_MARGIN", "PRIMES", "atoms", "graph_cut", "lp_bound", "minimum_cut",
-           "null_space_mod"]
+           "null_space_mod", "product_mod", "reduced_rows"]
 
 #: How far above p - 1 a linear program's optimum must lie to prove a bound (the solver's
 #: feasibility tolerance is 1e-7; supports are whole numbers of rows).
@@ -101,9 +101,10 @@ def atoms(member_lists: list[np.ndarray]) -> Atoms:
 PRIMES = (2_147_483_647, 2_147_483_629)
 
 
-def null_space_mod(matrix: np.ndarray, prime: int = PRIMES[0]) -> np.ndarray:
-    """A basis of {z : matrix z = 0} over GF(``prime``), as the rows of a (k, n) array
-    (Gauss-Jordan, a pivot's column cleared in every other row at once)."""
+def reduced_rows(matrix: np.ndarray, prime: int = PRIMES[0]) -> tuple[np.ndarray, list[int]]:
+    """The reduced row echelon form of ``matrix`` over GF(``prime``): its nonzero rows
+    ((r, n) int64) and their pivot columns (Gauss-Jordan, a pivot's column cleared in
+    every other row at once)."""
     A = np.array(matrix, dtype=np.int64) % prime
     m, n = A.shape
     pivots, row = [], 0
@@ -123,14 +124,35 @@ def null_space_mod(matrix: np.ndarray, prime: int = PRIMES[0]) -> np.ndarray:
             A[others] = (A[others] - (A[others, col][:, None] * A[row][None, :]) % prime) % prime
         pivots.append(col)
         row += 1
+    return A[:len(pivots)], pivots
+
+
+def null_space_mod(matrix: np.ndarray, prime: int = PRIMES[0]) -> np.ndarray:
+    """A basis of {z : matrix z = 0} over GF(``prime``), as the rows of a (k, n) array."""
+    A, pivots = reduced_rows(matrix, prime)
+    n = A.shape[1]
     is_pivot = np.zeros(n, dtype=bool)
     is_pivot[pivots] = True
     free = np.flatnonzero(~is_pivot)
     basis = np.zeros((free.size, n), dtype=np.int64)
     basis[np.arange(free.size), free] = 1
     if pivots:
-        basis[:, pivots] = (-A[:len(pivots)][:, free].T) % prime
+        basis[:, pivots] = (-A[:, free].T) % prime
     return basis
+
+
+def product_mod(matrix, vector: np.ndarray, prime: int = PRIMES[0]) -> np.ndarray:
+    """``matrix @ vector`` over GF(``prime``) without overflow (entries below 2**31, a
+    dense or sparse matrix): the vector in 16-bit halves, the columns 16,384 at a time."""
+    vector = np.asarray(vector, dtype=np.int64) % prime
+    low, high = vector & 0xFFFF, vector >> 16
+    out = np.zeros(matrix.shape[0], dtype=np.int64)
+    for start in range(0, matrix.shape[1], 16384):
+        part = matrix[:, start:start + 16384]
+        for half, shift in ((low, 1), (high, 1 << 16)):
+            piece = np.asarray(part @ half[start:start + 16384]).ravel().astype(np.int64) % prime
+            out = (out + piece * shift) % prime
+    return out
 
 
 # ------------------------------------------------------------------ graphs: exact
@@ -192,34 +214,72 @@ def minimum_cut(ends: np.ndarray, capacity: np.ndarray, n_nodes: int,
 
 def _cut(ends: np.ndarray, capacity: np.ndarray, n_nodes: int,
          below: int | None) -> tuple[int, np.ndarray]:
-    """:func:`minimum_cut` of a graph by maximum flows, and its side ((n_nodes,) bool);
-    ``below``: stop at a cut under it."""
+    """:func:`minimum_cut` of a graph, and its side ((n_nodes,) bool); ``below``: stop at
+    a cut under it.
+
+    Per connected part, an independent set I of its nodes (few neighbours first) and the
+    rest H: a cut either separates two nodes of H, and then the maximum flow from one
+    fixed node of H to some other is at most it, or has all of H on one side, and then
+    the other side holds only nodes of I, each adjacent to H alone, and weighs at least
+    the smallest of their degrees. So |H| - 1 flows and the degrees decide it (a report's
+    straddlers are such an I, its parts H: a flow per part, not per group)."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import breadth_first_order, connected_components, maximum_flow
 
     both = (np.r_[ends[:, 0], ends[:, 1]], np.r_[ends[:, 1], ends[:, 0]])
-    graph = csr_matrix((np.r_[capacity, capacity].astype(np.int32), both), shape=(n_nodes, n_nodes))
+    graph = csr_matrix((np.r_[capacity, capacity].astype(np.int64), both), shape=(n_nodes, n_nodes))
+    graph.sum_duplicates()
     _, part = connected_components(graph, directed=False)
     smallest, best = 2**31, None
     for label in np.unique(part[np.unique(ends)]).tolist():
         nodes = np.flatnonzero(part == label)
-        sub = graph[nodes][:, nodes]  # (each part's flows over its own nodes only)
-        for t in range(1, nodes.size):
-            flow = maximum_flow(sub, 0, t)
-            if flow.flow_value < smallest:
-                smallest, best = int(flow.flow_value), (nodes, sub, flow)
+        sub = graph[nodes][:, nodes].astype(np.int32).tocsr()  # (a part's own nodes only)
+        alone = _independent(sub)
+        degree = np.asarray(sub.sum(axis=1)).ravel()
+        if alone.any():
+            v = int(np.flatnonzero(alone)[np.argmin(degree[alone])])
+            if degree[v] < smallest:
+                smallest, best = int(degree[v]), (nodes, v, None)
+        hubs = np.flatnonzero(~alone)
+        for t in hubs[1:].tolist():
             if below is not None and smallest < below:
                 break
+            flow = maximum_flow(sub, int(hubs[0]), t)
+            if flow.flow_value < smallest:
+                smallest, best = int(flow.flow_value), (nodes, int(hubs[0]), (sub, flow))
         if below is not None and smallest < below:
             break
     side = np.zeros(n_nodes, dtype=bool)
     if best is not None:
-        nodes, sub, flow = best
-        residual = (sub - flow.flow).tocsr()
-        residual.data = np.where(residual.data > 0, 1, 0)
-        residual.eliminate_zeros()
-        side[nodes[breadth_first_order(residual, 0, directed=True, return_predecessors=False)]] = True
+        nodes, source, found = best
+        if found is None:
+            side[nodes[source]] = True
+        else:
+            sub, flow = found
+            residual = (sub - flow.flow).tocsr()
+            residual.data = np.where(residual.data > 0, 1, 0)
+            residual.eliminate_zeros()
+            side[nodes[breadth_first_order(residual, source, directed=True,
+                                           return_predecessors=False)]] = True
     return smallest, side
+
+
+def _independent(graph) -> np.ndarray:
+    """An independent set of ``graph``'s nodes ((n,) bool), those of fewest neighbours
+    first: no two chosen nodes are adjacent (self-loops aside)."""
+    n = graph.shape[0]
+    indptr, indices = graph.indptr, graph.indices
+    order = np.argsort(np.diff(indptr), kind="stable")
+    chosen = np.zeros(n, dtype=bool)
+    blocked = np.zeros(n, dtype=bool)
+    for v in order.tolist():
+        if blocked[v]:
+            continue
+        chosen[v] = True
+        neighbours = indices[indptr[v]:indptr[v + 1]]
+        blocked[neighbours] = True
+        blocked[v] = True
+    return chosen
 
 
 def graph_cut(found: Atoms, below: int | None = None) -> tuple[int, np.ndarray] | None:

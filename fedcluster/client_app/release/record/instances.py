@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Instances", "mix"]
+__all__ = ["Instances", "SameRow", "mix"]
 
 
 def mix(x: np.ndarray) -> np.ndarray:
@@ -146,20 +146,43 @@ class Instances:
         rows[old, 1] = table
         self.seen[instances] = rows
 
-    def same_row(self):
+    def same_row(self) -> "SameRow":
         """Whether two instances may be two versions of one row: the same id; with no id
         column, any two that were not both in one table (a row has one version at a
         time), as far as :meth:`see` can tell."""
-        if self.ids is not None:
-            ids = self.ids
-            return lambda u, w: bool((ids[u] == ids[w]).all())
-        seen = self.seen
+        return SameRow(self.ids, self.seen)
 
-        def same_row(u, w):
-            a, b = seen[u], seen[w]
-            coexisted = a[3] and b[3] and a[2] == b[2] and a[0] <= b[1] and b[0] <= a[1]
-            return not coexisted
-        return same_row
+
+class SameRow:
+    """``(u, w) -> bool``: whether two instances may be versions of one row
+    (:meth:`Instances.same_row`), and :meth:`any_pair` over many at once."""
+
+    def __init__(self, ids, seen) -> None:
+        self.ids, self.seen = ids, seen
+
+    def __call__(self, u: int, w: int) -> bool:
+        if self.ids is not None:
+            return bool((self.ids[u] == self.ids[w]).all())
+        a, b = self.seen[u], self.seen[w]
+        coexisted = a[3] and b[3] and a[2] == b[2] and a[0] <= b[1] and b[0] <= a[1]
+        return not coexisted
+
+    def any_pair(self, instances: np.ndarray) -> bool:
+        """Whether some two of ``instances`` may be versions of one row, in one pass:
+        two equal ids; else two not both seen in one lineage's table, which is two
+        instances without such a record, two lineages, or two table intervals apart
+        (intervals on a line all meet exactly where the latest first table is at most
+        the earliest last one)."""
+        instances = np.unique(np.asarray(instances, dtype=np.int64))
+        if instances.size < 2:
+            return False
+        if self.ids is not None:
+            ids = np.asarray(self.ids[instances])
+            return bool(np.unique(ids.reshape(ids.shape[0], -1), axis=0).shape[0] < ids.shape[0])
+        rows = np.asarray(self.seen[instances])
+        if not rows[:, 3].all() or np.unique(rows[:, 2]).size > 1:
+            return True
+        return bool(rows[:, 0].max() > rows[:, 1].min())
 
 
 def _occurrence(keys: np.ndarray) -> np.ndarray:
