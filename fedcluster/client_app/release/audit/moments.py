@@ -51,8 +51,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.client_app.release.audit import span, support
-from fedcluster.client_app.release.audit.support import null_space_mod
+from fedcluster.client_app.release.audit import draws, span, support
 
 __all__ = ["PRIME", "Component", "component_finding", "determined"]
 
@@ -112,8 +111,8 @@ def determined(first: list[np.ndarray], second: list[np.ndarray], n: int,
     here; ``trials`` more points make it that to the power ``trials``."""
     if not second:
         return None  # sums alone: 1 above (no value isolated) says all
-    blocks = _blocks(first, second, n) if n > BLOCK_VALUES else None
-    if blocks is not None:
+    blocks = _large(first, second, n)
+    if blocks is not None:  # (held together by a report's parts: block by block)
         return _determined_by_blocks(first, second, n, changes, blocks)
     rng = np.random.default_rng(0x51A7)  # fixed: the decision depends on no value
     for _ in range(trials):
@@ -145,98 +144,33 @@ def determined(first: list[np.ndarray], second: list[np.ndarray], n: int,
 
 
 # ------------------------------------------------------------------ a large component
-#: A sum over more values than this is a HUB (a report's part, pooling the straddlers of
-#: a cluster); the rest are LOCAL (groups, spread units).
-HUB_SIZE = 64
-#: Components of more values than this, which their hubs hold together, are decided
-#: block by block (:func:`_determined_by_blocks`); the largest block must be no larger.
-BLOCK_VALUES = 3000
-
-
-def _blocks(first: list[np.ndarray], second: list[np.ndarray], n: int, hub_size: int = HUB_SIZE,
-            largest: int = BLOCK_VALUES) -> np.ndarray | None:
-    """Each value's block (the values the local sums, of ``hub_size`` values or fewer, and
-    the sums of squares hold together), where there are hubs and no block is larger than
-    ``largest``; else None."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    if not any(r.size > hub_size for r in first):
+def _large(first: list[np.ndarray], second: list[np.ndarray], n: int,
+           hub_size: int = draws.HUB_SIZE) -> np.ndarray | None:
+    """Each value's block where the component is held together by hubs (``draws.py``),
+    else None (the Jacobian is then small enough to hold dense)."""
+    if n <= draws.BLOCK_SIZE or not any(r.size > hub_size for r in first):
         return None
-    local = [r for r in first if r.size <= hub_size] + list(second)
-    if not local:
-        return np.arange(n)
-    row = np.repeat(np.arange(len(local)), [r.size for r in local])
-    values = np.concatenate(local).astype(np.int64)
-    graph = coo_matrix((np.ones(values.size, dtype=np.int8), (values, n + row)),
-                       shape=(n + len(local), n + len(local)))
-    block = connected_components(graph, directed=False)[1][:n]
-    if np.bincount(block).max() > largest:
-        return None
-    return np.unique(block, return_inverse=True)[1].ravel()
+    return draws.blocks([r for r in first if r.size <= hub_size] + list(second), n)
 
 
 def _determined_by_blocks(first, second, n: int, changes, block: np.ndarray,
-                          hub_size: int = HUB_SIZE) -> str | None:
-    """:func:`determined` of a large component, by its null space.
-
-    A value v is determined exactly when z_v = 0 for every z with J z = 0. Without the
-    hubs, J is block diagonal: per block b a null-space basis K_b (small, exact). The
-    hubs' rows then ask C a = 0 of the coefficients a (C: a row per hub, the hub's
-    columns of the K_b), a system of few rows: its reduced form gives a uniformly random
-    a of its null space, and z = K a a uniformly random z of J's. Where v is not
-    determined z_v is uniform on the field, so it is 0 with chance 1 / PRIME: two draws
-    call a value determined that is not (a refusal, never a pass) with chance 1 / PRIME^2.
-    At a random point, as :func:`determined` (its chance of a smaller row space)."""
-    from scipy.sparse import csr_matrix
-
+                          hub_size: int = draws.HUB_SIZE) -> str | None:
+    """:func:`determined` of a large component: a value (or a row's change) is determined
+    exactly when every z of the Jacobian's null space vanishes on it, decided by two
+    uniform draws of z per prime (``draws.null_draws``: a refusal, never a pass, where
+    they vanish by chance)."""
     rng = np.random.default_rng(0x51A7)  # fixed: the decision depends on no value
     x = rng.integers(1, PRIME, size=n, dtype=np.int64)
-    local = [(r, None) for r in first if r.size <= hub_size] + [(r, True) for r in second]
+    local = [r for r in first if r.size <= hub_size] + list(second)
+    coefficients = [None] * (len(local) - len(second)) + [2 * x[r] % PRIME for r in second]
     hubs = [r for r in first if r.size > hub_size]
-    order = np.argsort(block, kind="stable")
-    starts = np.searchsorted(block[order], np.arange(block.max() + 2))
-    position = np.empty(n, dtype=np.int64)  # each value's place in its block
-    position[order] = np.arange(n) - starts[block[order]]
-    rows_of: list[list[int]] = [[] for _ in range(int(block.max()) + 1)]
-    for r, (members, _) in enumerate(local):
-        rows_of[int(block[members[0]])].append(r)
-    entries_row, entries_col, entries = [], [], []
-    width = 0
-    for b, rows in enumerate(rows_of):
-        values = order[starts[b]:starts[b + 1]]
-        L = np.zeros((len(rows), values.size), dtype=np.int64)
-        for at, r in enumerate(rows):
-            members, squares = local[r]
-            L[at, position[members]] = 2 * x[members] % PRIME if squares else 1
-        K = null_space_mod(L, PRIME) if rows else np.eye(values.size, dtype=np.int64)
-        k, i = np.nonzero(K)
-        entries_row.append(values[i])
-        entries_col.append(width + k)
-        entries.append(K[k, i])
-        width += K.shape[0]
-    Z = csr_matrix((np.concatenate(entries), (np.concatenate(entries_row), np.concatenate(entries_col))),
-                   shape=(n, width))
-    hub = csr_matrix((np.ones(sum(h.size for h in hubs), dtype=np.int64),
-                      (np.repeat(np.arange(len(hubs)), [h.size for h in hubs]), np.concatenate(hubs))),
-                     shape=(len(hubs), n))
-    C = (hub @ Z).toarray() % PRIME  # (hub sizes x entries under 2**31: no overflow)
-    R, pivots = support.reduced_rows(C, PRIME)
-    free = np.ones(width, dtype=bool)
-    free[pivots] = False
-    draws = []
-    for _ in range(2):
-        a = rng.integers(0, PRIME, size=width, dtype=np.int64)
-        a[pivots] = 0
-        if pivots:
-            a[pivots] = (-support.product_mod(R, a, PRIME)) % PRIME
-        draws.append(support.product_mod(Z, a, PRIME))
-    zero = np.all([z == 0 for z in draws], axis=0)
+    z = draws.null_draws(local, coefficients, hubs, n, block, PRIME, rng)
+    zero = (z == 0).all(axis=0)
     if zero.any():
         return f"the groups' sums and sums of squares determine {int(zero.sum())} value(s)"
     if changes:
         u, w = np.array(changes, dtype=np.int64).T
-        if np.all([(z[u] - z[w]) % PRIME == 0 for z in draws], axis=0).any():
+        if ((z[:, u] - z[:, w]) % PRIME == 0).all(axis=0).any():
             return "the groups' sums and sums of squares determine a row's change"
     return None
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedcluster.client_app.release.audit import support
+from fedcluster.client_app.release.audit import draws, support
 
 __all__ = ["Finding", "Reason", "audit", "component_finding"]
 
@@ -253,8 +253,23 @@ def _change_candidates(found: support.Atoms, same_row) -> bool:
 
 def _columns(found: support.Atoms, prime: int) -> np.ndarray:
     """(atoms, k) the atoms' columns of Z, the left null space of the atoms-by-groups
-    incidence, modulo ``prime``."""
-    incidence = np.zeros((len(found.sets), found.n_sets), dtype=np.int64)
+    incidence, modulo ``prime``; where a report's parts hold very many atoms together,
+    three uniform draws of Z's rows (``draws.py``: zero, parallel and equal columns are so
+    at every draw, and seem so by chance with odds under prime^-2)."""
+    atoms_of: list[list[int]] = [[] for _ in range(found.n_sets)]
+    for a, sets in enumerate(found.sets):
+        for g in sets:
+            atoms_of[g].append(a)
+    rows = [np.array(a, dtype=np.int64) for a in atoms_of if a]
+    n = len(found.sets)
+    if n > draws.BLOCK_SIZE and any(r.size > draws.HUB_SIZE for r in rows):
+        block = draws.blocks([r for r in rows if r.size <= draws.HUB_SIZE], n)
+        if block is not None:
+            local = [r for r in rows if r.size <= draws.HUB_SIZE]
+            return draws.null_draws(local, [None] * len(local),
+                                    [r for r in rows if r.size > draws.HUB_SIZE], n, block, prime,
+                                    np.random.default_rng(0xA70B), k=3).T
+    incidence = np.zeros((n, found.n_sets), dtype=np.int64)
     for a, sets in enumerate(found.sets):
         incidence[a, list(sets)] = 1
     return support.null_space_mod(incidence.T, prime).T

@@ -1,0 +1,100 @@
+"""Uniform draws from the null space of a large sparse system: the audit's linear algebra
+where a site's record is too large to hold its matrix dense.
+
+Every exact test of the audit asks whether a direction lies in the row space of a matrix
+M (a value or an atom isolated: e_v; two atoms parallel; a row's change: e_u - e_w), which
+is whether every z with M z = 0 vanishes on it. On a large site M's rows are of two kinds:
+LOCAL rows over a few unknowns (a group's sum, a spread unit's sum of squares) and a few
+HUB rows over very many (a report's parts, each pooling the straddlers of a cluster), and
+the hubs alone hold the unknowns in one component. Without the hubs M is block diagonal:
+per block b a null-space basis K_b, small and exact. The hubs then ask C a = 0 of the
+blocks' coefficients a (C: a row per hub, its columns the hub's sums of the K_b's
+columns), a system of as many rows as hubs: its reduced form fixes the pivot coefficients
+from uniformly random free ones, so a is uniform on C's null space and z = K a uniform on
+M's (over GF(prime)). A direction whose functional does not vanish on that space is
+nonzero at a uniform z but with chance 1 / prime: k draws that all vanish call it in the
+row space wrongly with chance prime^-k (a refusal, never a pass); one that lies in the
+row space vanishes at every draw.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcluster.client_app.release.audit.support import null_space_mod, product_mod, reduced_rows
+
+__all__ = ["BLOCK_SIZE", "HUB_SIZE", "blocks", "null_draws"]
+
+#: A row over more unknowns than this is a HUB (a report's part); the rest are local.
+HUB_SIZE = 64
+#: The largest block the local rows may make (each is held dense).
+BLOCK_SIZE = 3000
+
+
+def blocks(local: list[np.ndarray], n: int, largest: int = BLOCK_SIZE) -> np.ndarray | None:
+    """Each unknown's block (0..B-1: the unknowns the ``local`` rows hold together), or
+    None where a block would hold more than ``largest``."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    if not local:
+        return np.arange(n)
+    row = np.repeat(np.arange(len(local)), [r.size for r in local])
+    unknowns = np.concatenate(local).astype(np.int64)
+    graph = coo_matrix((np.ones(unknowns.size, dtype=np.int8), (unknowns, n + row)),
+                       shape=(n + len(local), n + len(local)))
+    block = connected_components(graph, directed=False)[1][:n]
+    block = np.unique(block, return_inverse=True)[1].ravel()
+    return None if np.bincount(block).max() > largest else block
+
+
+def null_draws(local: list[np.ndarray], coefficients: list, hubs: list[np.ndarray], n: int,
+               block: np.ndarray, prime: int, rng: np.random.Generator, k: int = 2) -> np.ndarray:
+    """``k`` uniform draws ((k, n) int64) from {z : every row's sum of its coefficients
+    times z = 0} over GF(``prime``): the ``local`` rows (unknown indices, each with its
+    ``coefficients``: an array, or None for ones) held together in ``block``, and the
+    ``hubs`` (unknown indices, coefficients one)."""
+    from scipy.sparse import csr_matrix
+
+    order = np.argsort(block, kind="stable")
+    n_blocks = int(block.max()) + 1 if n else 0
+    starts = np.searchsorted(block[order], np.arange(n_blocks + 1))
+    position = np.empty(n, dtype=np.int64)  # each unknown's place in its block
+    position[order] = np.arange(n) - starts[block[order]]
+    rows_of: list[list[int]] = [[] for _ in range(n_blocks)]
+    for r, members in enumerate(local):
+        rows_of[int(block[members[0]])].append(r)
+    at_row, at_col, entries = [], [], []
+    width = 0
+    for b, rows in enumerate(rows_of):
+        unknowns = order[starts[b]:starts[b + 1]]
+        if rows:
+            L = np.zeros((len(rows), unknowns.size), dtype=np.int64)
+            for at, r in enumerate(rows):
+                L[at, position[local[r]]] = 1 if coefficients[r] is None else coefficients[r] % prime
+            K = null_space_mod(L, prime)
+        else:
+            K = np.eye(unknowns.size, dtype=np.int64)
+        basis, i = np.nonzero(K)
+        at_row.append(unknowns[i])
+        at_col.append(width + basis)
+        entries.append(K[basis, i])
+        width += K.shape[0]
+    Z = csr_matrix((np.concatenate(entries), (np.concatenate(at_row), np.concatenate(at_col))),
+                   shape=(n, width))
+    if hubs:
+        H = csr_matrix((np.ones(sum(h.size for h in hubs), dtype=np.int64),
+                        (np.repeat(np.arange(len(hubs)), [h.size for h in hubs]), np.concatenate(hubs))),
+                       shape=(len(hubs), n))
+        C = (H @ Z).toarray() % prime  # (a hub's size x entries under 2**31: no overflow)
+        R, pivots = reduced_rows(C, prime)
+    else:
+        R, pivots = np.zeros((0, width), dtype=np.int64), []
+    out = np.zeros((k, n), dtype=np.int64)
+    for draw in range(k):
+        a = rng.integers(0, prime, size=width, dtype=np.int64)
+        a[pivots] = 0
+        if pivots:
+            a[pivots] = (-product_mod(R, a, prime)) % prime
+        out[draw] = product_mod(Z, a, prime)
+    return out
