@@ -11,7 +11,8 @@ centroids (the first 8 rows, moved a little each run), asked of the site's real
 ClientApp in a fresh process, whose release step judges the report's parts with the
 whole record (``release/gate.admit_report``: the one audit, ``release/audit.judge``) and
 records them. Measured per report: the seconds of its admission (the judgement and the
-record's write; its own peak allocation by tracemalloc, over the data's size), the
+record's write; the resident memory it adds at its peak, over the data's size: the
+kernel's high-water mark reset before it, ``/proc/self/clear_refs``), the
 seconds of a plain reply's check (``gate.in_record``: the table in the record), and what
 the record then holds (groups, partitions).
 
@@ -39,7 +40,7 @@ from report import header, write_section  # noqa: E402
 from versions import EDIT_CHILD, VERSION_CHILD  # noqa: E402
 
 REPORT_CHILD = PEAK + """
-import json, sys, time, tracemalloc
+import json, sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[4])
 from record_check import RunSite
@@ -52,14 +53,15 @@ admissions, checks = [], []
 admit, in_record = gate.admit_report, gate.in_record
 
 def timed_admit(*args, **kwargs):
-    tracemalloc.start()
+    with open("/proc/self/clear_refs", "w") as clear:  # (the high-water mark from here)
+        clear.write("5")
+    before = resident()
     t0 = time.perf_counter()
     try:
         verdict = admit(*args, **kwargs)
         return verdict
     finally:
-        admissions.append((time.perf_counter() - t0, tracemalloc.get_traced_memory()[1]))
-        tracemalloc.stop()
+        admissions.append((time.perf_counter() - t0, max(hwm() - before, 0)))
 
 def timed_check(groups):
     t0 = time.perf_counter()
@@ -96,7 +98,7 @@ def measure(n: int, d: int, versions: int, runs: int, change: float, p: int) -> 
                "its own peak allocation over the data; the plain reply's check; the record's "
                "groups and partitions after it.", "",
                "| run | version | record: groups / partitions | admissions (rounds) | audit s "
-               "(last round) | audit s (all rounds) | audit memory / data | plain check ms | "
+               "(last round) | audit s (all rounds) | audit memory MB (x data) | plain check ms | "
                "report s (whole task) |",
                "|---|---|---|---|---|---|---|---|---|"]
         run = 0
@@ -117,7 +119,8 @@ def measure(n: int, d: int, versions: int, runs: int, change: float, p: int) -> 
             rounds = r["admissions"]
             line = (f"| {run} | {version} | {r['groups']:,} / {r['partitions']} | {len(rounds)} | "
                     f"{rounds[-1][0]:.2f} | {sum(a[0] for a in rounds):.2f} | "
-                    f"{max(a[1] for a in rounds) / data:.3f} | {1000 * r['check']:.2f} | "
+                    f"{max(a[1] for a in rounds) / MB:.1f} ({max(a[1] for a in rounds) / data:.2f}) | "
+                    f"{1000 * r['check']:.2f} | "
                     f"{r['seconds']:.1f} |" if rounds else
                     f"| {run} | {version} | {r['groups']:,} / {r['partitions']} | 0 | - | - | - | "
                     f"{1000 * r['check']:.2f} | {r['seconds']:.1f} |")
