@@ -95,8 +95,11 @@ def measure(n: int, d: int, versions: int, runs: int, change: float, p: int) -> 
                f"{versions} versions each touching {change:.0%} of the rows, a run's report "
                f"after every {every} version(s) ({runs} runs). Per report: the admission's "
                "seconds (the one audit against the whole record, and the record written) and "
-               "its own peak allocation over the data; the plain reply's check; the record's "
-               "groups and partitions after it.", "",
+               "the resident memory it adds at its peak (MB, and over the data's size); the "
+               "plain reply's check; the record's groups and partitions after it (a run "
+               "whose partition equals one recorded is answered as recorded: no new one).", "",
+               "The runs' centroids move a little from run to run, so later runs' partitions "
+               "are often one the record holds already.", "",
                "| run | version | record: groups / partitions | admissions (rounds) | audit s "
                "(last round) | audit s (all rounds) | audit memory MB (x data) | plain check ms | "
                "report s (whole task) |",
