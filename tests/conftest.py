@@ -94,7 +94,8 @@ def bed(tmp_path, numba_cache):
 # so the long single-test modules never end the session on one worker alone.
 SLOW_MODULES = ["test_flower_algorithms", "test_flower_engine", "test_deployment", "test_faults",
                 "test_secure_deployment", "test_secure_aggregation", "test_site_policy",
-                "test_site_ledgers_processes", "test_signed_apps", "test_parity", "test_sql_sites"]
+                "test_site_ledgers_processes", "test_signed_apps", "test_parity", "test_sql_sites",
+                "test_pages_as_written"]
 
 
 def pytest_collection_modifyitems(items):
