@@ -95,7 +95,7 @@ def bed(tmp_path, numba_cache):
 SLOW_MODULES = ["test_flower_algorithms", "test_flower_engine", "test_deployment", "test_faults",
                 "test_secure_deployment", "test_secure_aggregation", "test_site_policy",
                 "test_site_ledgers_processes", "test_signed_apps", "test_parity", "test_sql_sites",
-                "test_pages_as_written"]
+                "test_pages_as_written", "test_run_command"]
 
 
 def pytest_collection_modifyitems(items):

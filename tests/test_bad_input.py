@@ -65,7 +65,7 @@ def test_bad_site_is_dropped_and_run_goes_on(tmp_path, good_sites, make_bad):
     nodes = [{"data-path": p, "site-id": f"good{i}", "cache-dir": str(tmp_path / "cache")}
              for i, p in enumerate(good_sites)]
     nodes.append({"data-path": bad_path, "site-id": "bad", "cache-dir": str(tmp_path / "cache")})
-    result = run_in_process(nodes, {**CONFIG, "min-sites": 2})
+    result = run_in_process(nodes, {**CONFIG, "min-sites": 2, "every-site": False})
     assert result.metrics["n-sites"] == 2
     assert result.metrics["n-rows"] == 120
     assert expected in result.metrics["rejected-sites"]["bad"]
@@ -95,7 +95,7 @@ def test_site_with_other_column_names_is_rejected(tmp_path, good_sites):
     renamed = write_csv(tmp_path / "renamed.csv", np.ones((30, 3)), header="f0,f1,dose")
     nodes = [{"data-path": p, "site-id": f"good{i}"} for i, p in enumerate(good_sites)]
     nodes.append({"data-path": renamed, "site-id": "renamed"})
-    result = run_in_process(nodes, {**CONFIG, "min-sites": 2})
+    result = run_in_process(nodes, {**CONFIG, "min-sites": 2, "every-site": False})
     assert "differ from the other sites' ['f0', 'f1', 'f2']" in result.metrics["rejected-sites"]["renamed"]
     assert result.model.feature_names == ["f0", "f1", "f2"]
 

@@ -148,7 +148,7 @@ def test_first_deployment_tutorial_as_written(sandbox, tmp_path):
     (home / "config.toml").write_text(config_toml + "\n")
     assert [shlex.split(line)[0] for line in servers] == ["flower-superlink"] + ["flower-supernode"] * 3
     submit_words = shlex.split(submit, comments=True)
-    assert submit_words[:3] == ["flwr", "run", "."], submit
+    assert submit_words[:3] == ["fedcluster", "run", "."], submit
     connection = submit_words[3]
     with netns.lan(["machine"]) as net, sandbox() as bed:
         on_machine = net.exec_prefix("machine")
@@ -164,11 +164,13 @@ def test_first_deployment_tutorial_as_written(sandbox, tmp_path):
             started.append(proc)
         for proc in started[1:]:
             proc.wait_ready()
-        # "submit the app from the repository root"
-        rc, output = fp._flwr(submit_words[1:], operator, APP_DIR, RUN_TIMEOUT,
-                              bed.log_dir / "flwr-run.log", prefix=on_machine)
-        assert rc == 0, output
-        run_id = re.search(r"Successfully started run (\d+)", output).group(1)
+        # "submit the app from the repository root": `fedcluster run` exits 0 once the
+        # run has completed
+        done = subprocess.run([*on_machine, str(Path(sys.executable).parent / "fedcluster"),
+                               *submit_words[1:]], cwd=APP_DIR, env=operator,
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+        run_id = re.search(r"fedcluster: run (\d+) submitted", done.stderr).group(1)
         # the status as the page says a script reads it
         rc, listed = fp._flwr(["ls", connection, "--run-id", run_id, "--format", "json"],
                               operator, work, 60, prefix=on_machine)

@@ -172,7 +172,7 @@ def test_a_site_with_another_schema_is_rejected_naming_both_hashes(demo, tmp_pat
                                                      'missing = "impute-mean"\nmedian-bins = 50', 1))
     nodes = _nodes(schema_path, paths, tmp_path / "cache")
     nodes[2]["schema-path"] = str(other)
-    result = run_in_process(nodes, {"n-clusters": 4, "schema": str(schema_path),
+    result = run_in_process(nodes, {"n-clusters": 4, "schema": str(schema_path), "every-site": False,
                                     "central-baseline": False, "output-dir": str(tmp_path / "out")})
     reason = result.metrics["rejected-sites"]["2"]
     assert schema_hash(load_schema(other)) in reason and schema_hash(load_schema(schema_path)) in reason
@@ -217,7 +217,7 @@ def test_a_file_that_does_not_fit_fails_its_own_start_and_the_run_goes_on(demo, 
     assert str(failure.value).startswith(str(broken))
     assert all(part in str(failure.value) for part in BAD_CASES[case]), str(failure.value)
     nodes = _nodes(schema_path, [paths[0], broken, paths[2]], tmp_path / "cache")
-    result = run_in_process(nodes, {"n-clusters": 4, "schema": str(schema_path),
+    result = run_in_process(nodes, {"n-clusters": 4, "schema": str(schema_path), "every-site": False,
                                     "central-baseline": False, "output-dir": str(tmp_path / "out")})
     assert list(result.metrics["rejected-sites"]) == ["1"]
     assert str(failure.value) in result.metrics["rejected-sites"]["1"]
@@ -391,7 +391,7 @@ def test_a_bad_schema_file_names_itself(demo, tmp_path):
     site's own copy broken: that site fails its start naming the file and the key, and
     the run goes on without it."""
     out, schema_path, paths = demo
-    config = {"n-clusters": 4, "central-baseline": False, "output-dir": str(tmp_path / "out")}
+    config = {"n-clusters": 4, "central-baseline": False, "every-site": False, "output-dir": str(tmp_path / "out")}
     with pytest.raises(FederationError, match=r"run config 'schema': .*nowhere.toml: cannot read"):
         run_in_process(_nodes(schema_path, paths, tmp_path / "c"),
                        {**config, "schema": str(tmp_path / "nowhere.toml")})

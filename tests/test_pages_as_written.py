@@ -12,7 +12,7 @@ bash (``$PWD`` as a shell expands it); where the page starts no SuperLink, the o
 first-deployment tutorial starts (with its ``~/.flwr`` connection ``mylink``). Every
 SuperNode must register with the SuperLink (the error this test was written for: a page
 naming Flower 1.39's port retries "Connection attempt failed" forever under 1.42), and a
-page's ``flwr run`` line must end its run completed, every site answering
+page's ``fedcluster run`` (or ``flwr run``) line must end its run completed, every site answering
 (``rejected-sites`` empty). first-deployment itself runs as written in
 tests/test_deployment.py (which also compares it with the in-process run).
 
@@ -42,7 +42,7 @@ from test_docs import PAGES, ROOT, blocks, commands, rel
 
 FIRST_DEPLOYMENT = ROOT / "docs" / "tutorials" / "first-deployment.md"
 RUN_TIMEOUT = 600.0
-STARTS = ("flower-superlink", "flower-supernode", "flwr run")
+STARTS = ("flower-superlink", "flower-supernode", "flwr run", "fedcluster run")
 
 
 def _deployment_lines(page: Path) -> list[str]:
@@ -139,7 +139,7 @@ def _bash_on(prefix: list[str], line: str, env: dict, cwd: Path, log: Path) -> t
 def test_a_deployment_page_as_written(page, sandbox, tmp_path):
     lines = DEPLOYING[page]
     servers = [line for line in lines if line.startswith(("flower-superlink", "flower-supernode"))]
-    runs = [line for line in lines if line.startswith("flwr run")]
+    runs = [line for line in lines if line.startswith(("flwr run", "fedcluster run"))]
     if not servers[0].startswith("flower-superlink"):  # a how-to that adds a site
         first = [line for line in _deployment_lines(FIRST_DEPLOYMENT)
                  if line.startswith("flower-superlink")]
@@ -166,7 +166,9 @@ def test_a_deployment_page_as_written(page, sandbox, tmp_path):
         for n, line in enumerate(runs):
             rc, output = _bash_on(on_machine, line, operator, work, bed.log_dir / f"flwr-run-{n}.log")
             assert rc == 0, output
-            run_id = re.search(r"Successfully started run (\d+)", output).group(1)
+            run_id = re.search(r"Successfully started run (\d+)|fedcluster: run (\d+) submitted",
+                               output)
+            run_id = run_id.group(1) or run_id.group(2)
             connection = shlex.split(line)[3]
             rc, listed = fp._flwr(["ls", connection, "--run-id", run_id, "--format", "json"],
                                   operator, work, 60, prefix=on_machine)

@@ -254,7 +254,7 @@ def test_a_site_without_valid_statistics_leaves_the_run(monkeypatch):
     refuse_at(monkeypatch, "stats", "site 2", "statistics unavailable")
     rng = np.random.default_rng(8)
     sites = [rng.normal(i, 1 + i, size=(50, 2)) for i in range(3)]
-    result = fedcluster.simulate(sites, n_clusters=2, scale="standard", min_sites=2)
+    result = fedcluster.simulate(sites, n_clusters=2, scale="standard", min_sites=2, every_site=False)
     assert "statistics round" in result.metrics["rejected-sites"]["2"]
     assert result.metrics["n-sites"] == 2 and result.metrics["n-rows"] == 100
     reference = StandardScaler().fit(np.vstack(sites[:2]))

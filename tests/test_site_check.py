@@ -30,8 +30,12 @@ def schema_path(tmp_path):
 def test_the_check_reports_what_the_file_holds(tmp_path, schema_path, capsys):
     data = tmp_path / "site.csv"
     data.write_text(GOOD)
-    assert main(["site", "check", str(data), "--schema", str(schema_path)]) == 0
+    # 3 usable rows: the run would refuse the site (min-site-rows, default 10), and so
+    # does the check, after its report (tests/test_site_check_judges.py)
+    assert main(["site", "check", str(data), "--schema", str(schema_path)]) == 1
     out = capsys.readouterr().out
+    assert out.rstrip().endswith("site policy min-site-rows=10: this site holds 3 rows and "
+                                 "takes part only with at least 10")
     assert f"{data}: 4 rows, 3 usable (1 dropped by drop-row), 7 encoded features" in out
     assert "glucose | Glu [mmol/L] | 1 (25.0%) | impute-mean | 0 (an error) | mmol/L" in out
     assert "age | age | 1 (25.0%) | drop-row | 1 (clipped) | -" in out
@@ -133,13 +137,13 @@ def test_units_given_on_the_command_line_and_a_bad_schema(tmp_path, schema_path,
     data = tmp_path / "site.csv"
     data.write_text("patient_id,glucose,age,smoking,outcome\np1,5,40,never,a\n")
     assert main(["site", "check", str(data), "--schema", str(schema_path),
-                 "--units", "glucose=mmol/L"]) == 0
+                 "--units", "glucose=mmol/L"]) == 1  # (1 row: below min-site-rows)
     assert "| mmol/L" in capsys.readouterr().out
     assert main(["site", "check", str(data), "--schema", str(schema_path), "--units", "glucose"]) == 2
     assert "write COLUMN=UNIT" in capsys.readouterr().err
     # the data file after --units (which takes a list) is still the data file
     assert main(["site", "check", "--schema", str(schema_path), "--units", "glucose=mmol/L",
-                 str(data)]) == 0
+                 str(data)]) == 1
     assert "| mmol/L" in capsys.readouterr().out
     assert main(["site", "check", "--schema", str(schema_path), "--units", "glucose=mmol/L"]) == 2
     assert "site check needs the data file" in capsys.readouterr().err
@@ -169,11 +173,11 @@ def test_a_node_config_is_checked_before_a_supernode_starts_with_it(tmp_path, sc
         assert main(["site", "check", "--node-config", text]) == 2
         assert f"--node-config: {stray!r} is not key=value" in capsys.readouterr().err
     node = f'data-path="{data}" schema-path="{schema_path}" min-cluster-size=3'
-    assert main(["site", "check", "--node-config", node, "--no-cost-table"]) == 0
+    assert main(["site", "check", "--node-config", node, "--no-cost-table"]) == 1  # (3 rows)
     out = capsys.readouterr().out
     assert out.startswith("node config: valid (data-path, min-cluster-size, schema-path)\n")
     assert main(["site", "check", str(data), "--schema", str(schema_path), "--min-cluster-size",
-                 "3", "--no-cost-table"]) == 0
+                 "3", "--no-cost-table"]) == 1
     assert out.split("\n", 1)[1] == capsys.readouterr().out  # the same report as the flags
     assert main(["site", "check", "--node-config", 'site-id="a" ledger-path="off"']) == 0
     assert capsys.readouterr().out == "node config: valid (ledger-path, site-id)\n"
@@ -182,14 +186,14 @@ def test_a_node_config_is_checked_before_a_supernode_starts_with_it(tmp_path, sc
     plain.write_text("a,b,c\n1,2,3\n4,5,6\n7,8,9\n")
     cache = tmp_path / "site-cache"
     assert main(["site", "check", "--node-config",
-                 f'data-path="{plain}" cache-dir="{cache}" columns="a,c"']) == 0
+                 f'data-path="{plain}" cache-dir="{cache}" columns="a,c" min-site-rows=3']) == 0
     out = capsys.readouterr().out
     assert f"{plain}: 3 rows, 2 features, read as the site will read them" in out
     assert "every reply is a function of 1 groups of at least 2 rows" in out
     assert not cache.exists()
     # --record answers from it (its history in cache-dir); a grown file's new row then
     # waits for a group of its own, which the check shows before the site joins with it
-    config = f'data-path="{plain}" cache-dir="{cache}" columns="a,c"'
+    config = f'data-path="{plain}" cache-dir="{cache}" columns="a,c" min-site-rows=3'
     assert main(["site", "check", "--node-config", config, "--record"]) == 0
     assert (cache / "groups").is_dir()
     capsys.readouterr()

@@ -43,7 +43,7 @@ def test_superlink_error_for_a_gone_site_names_that_site(monkeypatch):
     X, y = load_builtin("blobs", seed=3)
     sites = [X[rows] for rows in partition(y, 4, "iid", seed=3)]
     monkeypatch.setattr(simulation, "InProcessGrid", SuperLinkAnswersForSiteTwo)
-    result = fedcluster.simulate(sites, n_clusters=4, num_rounds=4, tol=0.0, min_sites=3,
+    result = fedcluster.simulate(sites, n_clusters=4, num_rounds=4, tol=0.0, min_sites=3, every_site=False,
                                  init="random", seed=3)
     failures = result.metrics["site-failures"]
     assert list(failures) == ["2"], failures  # not "node-1" (the SuperLink's id)

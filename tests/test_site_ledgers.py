@@ -20,7 +20,8 @@ from fedcluster.strategies.errors import FederationError
 
 BOX = "-4:10"
 DP_RUN = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 2, "tol": 0.0, "seed": 4,
-          "min-sites": 1, "dp-epsilon": 1.0, "data-bounds": BOX, "output-dir": ""}
+          "min-sites": 1, "dp-epsilon": 1.0, "data-bounds": BOX, "output-dir": "",
+          "every-site": False}
 
 
 def _sites(n_sites: int = 2, rows: int = 60) -> list[np.ndarray]:

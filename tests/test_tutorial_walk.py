@@ -100,7 +100,7 @@ def _first_simulation_as_printed(found, tmp_path) -> None:
 
 
 def _hospital_runs_as_printed(found, tmp_path) -> None:
-    """The deployment run of the page (its node configs and `flwr run` config), in
+    """The deployment run of the page (its node configs and `fedcluster run` config), in
     process: the figures the page prints."""
     import csv
 
@@ -110,7 +110,7 @@ def _hospital_runs_as_printed(found, tmp_path) -> None:
     page = (ROOT / "docs" / "tutorials" / "hospital-tables.md").read_text()
     schema = str(tmp_path / "clinical" / "schema.toml")
     config = {"n-clusters": 4, "min-sites": 3, "scale": "standard", "schema": schema}
-    (run_line,) = [ln for b in found for ln in commands(b.code) if ln.startswith("flwr run")]
+    (run_line,) = [ln for b in found for ln in commands(b.code) if ln.startswith("fedcluster run")]
     assert '--run-config "n-clusters=4 min-sites=3 scale=\\"standard\\" schema=' in run_line
     ari = {}
     for floor in (2, 1, 10):  # the page's run, its rows answered from one by one, then p 10

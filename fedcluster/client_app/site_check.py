@@ -16,15 +16,15 @@ as data (the text and the cost table); :func:`check`, the text.
 from __future__ import annotations
 
 import contextlib
-import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app import row_account
+from fedcluster.client_app import row_account, site_check_config
 from fedcluster.client_app.data import group_cost, group_table
 from fedcluster.client_app.data.group_cost import GroupCostTable
 from fedcluster.client_app.data.site_data import SiteDataError
@@ -94,6 +94,7 @@ class SiteCheckReport:
     text: str
     cost: GroupCostTable | None
     cost_note: str | None = None
+    refusal: str | None = None  # what a run would get from the site (site_check_config)
 
 
 def format_groups(groups, cost_lines: list[str] = ()) -> list[str]:
@@ -259,7 +260,8 @@ def site_cost(site, floor: int, k_values: tuple[int, ...], cost_scale: str,
 def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
            floor: int = 2, cache_dir: str | Path | None = None, *, cost: bool = True,
            cost_k=group_cost.DEFAULT_K_VALUES, cost_scale: str = "standard",
-           history: str | None = None, record: bool = False) -> SiteCheckReport:
+           history: str | None = None, record: bool = False, node=None,
+           run_config: dict | None = None) -> SiteCheckReport:
     """The findings of ``fedcluster site check`` (``SiteDataError`` when the file does not
     fit); ``path``: the file, or a database's query (``sql_source.SqlSource``);
     ``floor``: the site's own floor p_site (its groups' size; the run's default 2).
@@ -271,7 +273,10 @@ def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
     groups the site would make of these rows. ``history``: the site's named history (node
     config ``history``). ``record``: the table made here is written to the site's history
     in ``cache_dir`` (it then counts as answered from, as when the site answers); else the
-    check works on a scratch copy of that history and writes nothing to it."""
+    check works on a scratch copy of that history and writes nothing to it. ``node`` (the
+    site's node config; default: every default at ``floor``) and ``run_config`` (a run's,
+    optional): the site's policy and the run judged as the site will
+    (``site_check_config``), ``refusal`` the error a run would get."""
     from fedcluster.client_app.data.schema_table import encode_site_columns, load_schema_table
     from fedcluster.client_app.data.sql_source import SqlSource
     from fedcluster.client_app.data.site_data import in_history
@@ -303,8 +308,10 @@ def report(path, schema: Schema, declared_units: dict[str, str] | None = None,
             else (None, [])
         text = format_survey(source, len(columns[0]), seen, table, schema, floor, groups,
                              cost_lines)
+        policy, refusal = site_check_config.findings(site_check_config.node_for(node, floor),
+                                                     groups, run_config)
     note = cost_lines[0] if cost and cost_table is None else None
-    return SiteCheckReport(text, cost_table, note)
+    return SiteCheckReport("\n".join([text, "", *policy]), cost_table, note, refusal)
 
 
 @contextlib.contextmanager
@@ -329,40 +336,14 @@ def check(path, schema: Schema, declared_units: dict[str, str] | None = None,
     return report(path, schema, declared_units, floor, cache_dir, **cost_options).text
 
 
-# Flower's pattern for one key=value of --node-config (flwr.common.config.parse_config_args)
-_KEY_VALUE = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
-
-
-def checked_node_config(text: str):
-    """The node config ``flower-supernode --node-config TEXT`` would start with, parsed as
-    Flower parses it and validated as the site's ClientApp will (a ConfigError names the
-    key, and an unknown one the key meant); prints that it is valid."""
-    import click
-    from flwr.common.config import parse_config_args
-
-    from fedcluster.client_app.node_config import parse_node_config
-
-    try:
-        values = parse_config_args([text])
-    except click.ClickException as err:
-        raise ValueError(f"--node-config: {err.message}") from None
-    if not text.strip().endswith(".toml"):  # what Flower's parser skips without a word
-        ignored = _KEY_VALUE.sub(" ", text).split()
-        if ignored:
-            raise ValueError(f"--node-config: {' '.join(ignored)!r} is not key=value; Flower "
-                             "skips such text without a word, so the SuperNode would start "
-                             "without it (the form: 'key1=\"text\" key2=3 key3=true')")
-    node = parse_node_config(values)
-    print(f"node config: valid ({', '.join(sorted(values)) or 'no keys: every default'})")
-    return node
-
-
-def read_as_the_site_will(node, record: bool = False) -> str:
+def read_as_the_site_will(node, record: bool = False,
+                          run_config: dict | None = None) -> tuple[str, str | None]:
     """A node config without a schema: its data file read as the site's ClientApp will
     read it (columns, label, id), its parsed cache made in a scratch directory; what was
     read, and the groups the site would answer from next, with its rows waiting or held
     back against its answered history (its ``cache-dir``, else the default cache; a
-    scratch copy of it unless ``record``, as :func:`report`)."""
+    scratch copy of it unless ``record``, as :func:`report`); and the refusal a run would
+    get (None: none), as :func:`report`."""
     from fedcluster.client_app.data_sources import load_site
     from fedcluster.client_app.data.site_data import default_cache_dir, in_history
     from fedcluster.common.config import run_config_defaults
@@ -378,18 +359,8 @@ def read_as_the_site_will(node, record: bool = False) -> str:
         with _history_to_use(node.cache_dir or default_cache_dir(), record) as groups_dir:
             groups, _ = group_table.site_groups(site, node.min_cluster_size, groups_dir)
             lines += format_groups(groups)
-    return "\n".join(lines).rstrip("\n")
-
-
-def with_node_config(given: dict, node) -> dict:
-    """The check's settings (``given``: the command's, None where not given), each taken
-    from the node config where not given."""
-    from_node = {"data": node.data_path or node.data_url, "schema": node.schema_path,
-                 "min_cluster_size": node.min_cluster_size, "cache_dir": node.cache_dir,
-                 "data_query": node.data_query, "data_query_file": node.data_query_file,
-                 "data_table": node.data_table, "history": node.history}
-    return {key: value if given.get(key) is None else given[key]
-            for key, value in from_node.items()}
+            policy, refusal = site_check_config.findings(node, groups, run_config)
+    return "\n".join([*lines, "", *policy]).replace("\n\n\n", "\n\n"), refusal
 
 
 def command(args) -> int:
@@ -398,14 +369,16 @@ def command(args) -> int:
     from fedcluster.common.schema import load_schema, parse_units
 
     units = list(args.units or [])
-    node = checked_node_config(args.node_config) if args.node_config else None
+    run_config = site_check_config.parsed_run_config(getattr(args, "run_config", None))
+    node = site_check_config.checked_node_config(args.node_config) if args.node_config else None
     if node is not None:
-        vars(args).update(with_node_config(vars(args), node))
+        vars(args).update(site_check_config.with_node_config(vars(args), node))
         if args.data is None and not units:
             return 0  # a node config without data to check: valid is all there is to say
         if args.schema is None and node.data_path is not None:
-            print(read_as_the_site_will(node, record=args.record))
-            return 0
+            text, refusal = read_as_the_site_will(node, record=args.record, run_config=run_config)
+            print(text)
+            return refused(refusal)
     if args.schema is None:
         raise ValueError("site check needs the schema (--schema, or --node-config's schema-path)")
     args.min_cluster_size = 2 if args.min_cluster_size is None else args.min_cluster_size
@@ -424,8 +397,17 @@ def command(args) -> int:
         from fedcluster.client_app.data.sql_source import sql_source
 
         data = sql_source(data, args.data_query, args.data_query_file, args.data_table)
-    print(check(data, load_schema(args.schema), units, args.min_cluster_size,
-                           args.cache_dir, cost=not args.no_cost_table, cost_k=args.cost_k,
-                           cost_scale=args.cost_scale, history=args.history,
-                           record=args.record))
-    return 0
+    found = report(data, load_schema(args.schema), units, args.min_cluster_size, args.cache_dir,
+                   cost=not args.no_cost_table, cost_k=args.cost_k, cost_scale=args.cost_scale,
+                   history=args.history, record=args.record, node=node, run_config=run_config)
+    print(found.text)
+    return refused(found.refusal)
+
+
+def refused(refusal: str | None) -> int:
+    """The check's exit status: 1, the refusal on stderr, where a run would refuse the
+    site; else 0."""
+    if refusal is None:
+        return 0
+    print(f"fedcluster: error: a run would refuse this site: {refusal}", file=sys.stderr)
+    return 1

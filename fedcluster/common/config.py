@@ -166,6 +166,12 @@ class RunConfig(_Strict):
     consensus: Literal["best-site", "kmeans"] = "kmeans"
     consensus_rounds: int = Field(10, ge=0)
     round_timeout: float = Field(600.0, gt=0.0)
+    # A study's clustering silently missing a site's data is the failure nobody sees: by
+    # default a run that lost a site fails (its outputs written, for a person to look at);
+    # a federation that expects sites to come and go says so (server_app/run_end.py).
+    every_site: bool = Field(
+        True, description="fail a run that lost a site (rejected, or not in its final "
+        "evaluation), once its outputs are written; false: the run goes on without it")
     eval_every: int = Field(0, ge=0, description="an exact evaluation every N training rounds")
     # Federated preprocessing: one statistics round fixes a global per-feature transform.
     scale: Literal["none", "standard", "minmax"] = Field(

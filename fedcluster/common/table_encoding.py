@@ -218,8 +218,10 @@ def _parsed(cells, source: str, header: str, first_row: int,
                 raise ValueError(text)
             values[i] = float(text)
         except ValueError:
-            raise SiteDataError(f"{source}: row {first_row + i + 1}, column {header!r}: {text!r} "
-                                "is not a number") from None
+            raise SiteDataError(
+                f"{source}: row {first_row + i + 1}, column {header!r}: {text!r} is not a number "
+                f"(if it marks a missing cell, list it in the schema's 'missing-tokens', now "
+                f"{', '.join(repr(t) for t in sorted(missing))})") from None
     return values
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from pathlib import Path
 
 from flwr.app import ConfigRecord, Context
 from flwr.common.logger import log
@@ -22,6 +21,7 @@ from fedcluster.common.schema import SchemaError, run_schema
 from fedcluster.server_app.checkpoint import load_checkpoint
 from fedcluster.server_app.choose_k import run_k_range
 from fedcluster.server_app.outputs import summary_table, write_outputs
+from fedcluster.server_app.run_outcome import check_every_site, run_directory
 from fedcluster.server_app.secure_fit import make_fit_workflow
 from fedcluster.server_app.workflow import (
     INITIAL_CENTROIDS, RESULT, ClusteringWorkflow, build_model, central_baseline, fit_round, run_name,
@@ -71,7 +71,7 @@ def main(grid: Grid, context: Context) -> None:
         strategy = load_checkpoint(config.resume_from, config)
     else:
         strategy = make_strategy(config, initial_centroids)
-    directory = Path(config.output_dir) / run_name(config) if config.output_dir else None
+    directory = run_directory(config.output_dir, run_name(config), config.resume_from)
     legacy = LegacyContext(context=context, config=ServerConfig(),
                            strategy=FlowerAdapter(strategy))
     log(logging.INFO, "fedcluster: %s, k = %s, up to %s rounds", config.algorithm, config.n_clusters, config.num_rounds)
@@ -87,3 +87,4 @@ def main(grid: Grid, context: Context) -> None:
         log(logging.INFO, "outputs written to %s", directory.resolve())
     # For the in-process harness: the result travels back in the Context's state.
     context.state.config_records[RESULT] = ConfigRecord({"model": model.to_json()})
+    check_every_site(config.every_site, model.metrics, directory)

@@ -50,7 +50,7 @@ FORMAT_VERSION = 2
 FORMAT_1_FILE = "checkpoint.pkl"
 #: Run-config keys that may differ between the checkpointed run and the resumed one:
 #: where to write, how long to wait. Everything that shapes the result must be equal.
-OPERATIONAL_KEYS = ("resume-from", "run-name", "output-dir", "round-timeout")
+OPERATIONAL_KEYS = ("resume-from", "run-name", "output-dir", "round-timeout", "every-site")
 #: Keys added after checkpoints were first written, with the value that gives the older
 #: release's behaviour: a checkpoint written before a key existed resumes with that value
 #: where the resuming config leaves the key at its default.

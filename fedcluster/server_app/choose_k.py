@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from pathlib import Path
 
 from flwr.app import Context
 from flwr.common.logger import log
@@ -38,6 +37,7 @@ from fedcluster.server_app.criteria import CRITERIA, best_k, split_largest_clust
 from fedcluster.strategies.metrics import METRIC_NAMES
 from fedcluster.common.model import Model, json_default
 from fedcluster.server_app.outputs import write_choose_k
+from fedcluster.server_app.run_outcome import run_directory
 from fedcluster.server_app.workflow import ClusteringWorkflow, build_model, run_name
 from fedcluster.strategies import make_strategy
 from fedcluster.strategies.flower_adapter import FlowerAdapter
@@ -77,7 +77,7 @@ def run_k_range(grid, context: Context, config: RunConfig) -> str:
     result = report(config, models)
     log(logging.INFO, "%s", summary(result))
     if config.output_dir:
-        directory = Path(config.output_dir) / run_name(config)
+        directory = run_directory(config.output_dir, run_name(config))
         write_choose_k(directory, result, models)
         log(logging.INFO, "choose-k outputs written to %s", directory.resolve())
     return json.dumps({**result, "models": {str(k): m.to_dict() for k, m in models.items()}},

@@ -16,6 +16,7 @@ from fedcluster.strategies import site_rows
 from fedcluster.strategies.metrics import LABEL_METRICS, LABEL_NOTE, METRIC_NAMES
 from fedcluster.common.model import Model
 from fedcluster.server_app.convergence_plot import plot_convergence
+from fedcluster.server_app.run_outcome import lost_lines
 
 MAX_SITE_LINES = 20
 
@@ -72,7 +73,7 @@ def progress_line(row: dict, max_rounds: int) -> str:
 
 def summary_table(metrics: dict) -> str:
     """The closing table: federated score, and the central baseline where known."""
-    lines = ["", "  result                          value", "  " + "-" * 44]
+    lines = ["", *lost_lines(metrics), "  result                          value", "  " + "-" * 44]
     rows = [
         ("federated score (inertia / N)", metrics.get("score")),
         ("federated inertia", metrics.get("inertia")),

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.common.datasets import SiteDataError
+from fedcluster.common.schema import MISSING_TOKENS
 
 DELIMITERS = {".csv": ",", ".tsv": "\t"}
 
@@ -114,13 +115,21 @@ def plan_columns(source: str, names: list[str], label_column: str | None,
     return ColumnPlan(names, features, label)
 
 
+#: What reads a missing cell of a plain file (the same tokens as a schema's default
+#: ``missing-tokens``, ``schema.MISSING_TOKENS``).
+MISSING_HINT = (" (run config 'missing' is \"error\": \"impute-mean\" fills a missing cell "
+                "with the pooled mean of its column; a schema's columns can also drop its row)")
+
+
 def _non_numeric_error(source: str, names: list[str], text_cells: dict[int, str]) -> Exception:
     columns = ", ".join(repr(names[j]) for j in text_cells)
     what = f"column {columns} is" if len(text_cells) == 1 else f"columns {columns} are"
     details = "; ".join(text_cells.values())
     return _error(f"{source}: {what} not numeric ({details}). Only numeric columns can be "
                   "clustered: choose the numeric ones with the node-config key 'columns' "
-                  "(categories are not encoded)")
+                  "(categories are not encoded); a text that marks a missing cell is read as "
+                  "missing when the site reads its file through a schema that lists it in "
+                  "'missing-tokens' (node config 'schema-path')")
 
 
 def _scan_csv(path: Path, plan: ColumnPlan, delimiter: str,
@@ -162,8 +171,9 @@ def _scan_csv(path: Path, plan: ColumnPlan, delimiter: str,
                         continue
                     cell = record[j]
                     text = cell.strip()
-                    if not text:
-                        first_problem = first_problem or f"{where}, column {names[j]!r}: the cell is empty"
+                    if text in MISSING_TOKENS:  # the cells a schema reads as missing, here too
+                        first_problem = first_problem or f"{where}, column {names[j]!r}: " + (
+                            f"{cell!r} is a missing cell" if text else "the cell is empty") + MISSING_HINT
                         continue
                     try:
                         value = _strict_float(text)

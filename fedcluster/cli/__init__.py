@@ -1,5 +1,6 @@
 """The ``fedcluster`` command.
 
+``fedcluster run``        submit the app to a SuperLink, stream its log, exit with the run's end
 ``fedcluster simulate``   run a federation in this process (options = run-config keys)
 ``fedcluster choose-k``   run it for every k in a range and report the best k per criterion
 ``fedcluster partition``  write a built-in data set as one CSV per site (for deployments)
@@ -19,6 +20,7 @@ from typing import Literal, get_args, get_origin
 
 import numpy as np
 
+from fedcluster.cli import flwr_run
 from fedcluster.client_app.release import ledger as disclosure_ledger
 from fedcluster.client_app.data.site_data import SiteDataError
 from fedcluster.common.config import ConfigError, RunConfig, kebab_keys
@@ -271,6 +273,7 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedcluster", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    flwr_run.add_parser(sub)
 
     sim = sub.add_parser("simulate", help="run a federation in this process")
     _add_site_options(sim)
@@ -350,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--node-config", default=None, metavar="CONFIG",
                        help="a SuperNode's --node-config ('key=value ...' or a .toml): "
                             "validated, then its data checked as the flags would")
+    check.add_argument("--run-config", default=None, metavar='"KEY=VALUE ..."',
+                       help="a run's config, as `fedcluster run` takes it: judged as the site "
+                            "will (allow-algorithms, require-dp, the replies' floor)")
     check.add_argument("--units", nargs="*", metavar="COLUMN=UNIT",
                        help="the unit a column of this file is in, when its header does not say")
     check.add_argument("--min-cluster-size", type=int, default=None, metavar="P",
