@@ -266,6 +266,7 @@ def test_broken_site_is_rejected_held_back_rows_are_named_and_a_failed_run_fails
     # init "random" (a min/max round, which the sites allow) and one training round keep
     # this run short
     config = {"n-clusters": 8, "num-rounds": 1, "min-sites": 2, "seed": 1, "init": "random",
+              "every-site": False,
               **fp.NO_TABLE1}
     out = tmp_path / "outputs"
     with sandbox() as bed:
@@ -423,7 +424,7 @@ def test_hospital_tables_through_the_schema_over_grpc(sandbox, tmp_path):
              for i, path in enumerate(files)}
     nodes["3"] = {"data-path": str(files[0]), "site-id": "3", "schema-path": str(other)}
     config = {"n-clusters": 4, "num-rounds": 1, "tol": 0.0, "min-sites": 3, "seed": 1,
-              "schema": str(schema), "scale": "standard"}
+              "schema": str(schema), "scale": "standard", "every-site": False}
     out = tmp_path / "outputs"
     with sandbox() as bed:
         link = bed.superlink(simulation=False)

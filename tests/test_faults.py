@@ -83,7 +83,8 @@ def test_site_killed_mid_run(bed, tmp_path):
     start_federation(bed, "faults", paths, )  # init random
     victim = next(p for p in bed.processes if p.name == "supernode-3")
     config = {"algorithm": "dwf", "n-clusters": 5, "num-rounds": 3, "tol": 0.0, "seed": 6,
-              "min-sites": 3, "round-timeout": 120.0, "init": "random", **fp.NO_TABLE1}
+              "min-sites": 3, "round-timeout": 120.0, "init": "random", "every-site": False,
+              **fp.NO_TABLE1}
     out = tmp_path / "outputs"
     log = bed.log_dir / "flwr-run-kill.log"
     with ThreadPoolExecutor(1) as pool:
@@ -134,7 +135,7 @@ def test_corrupt_replies_are_dropped_with_reasons(bed, tmp_path):
     bed.supernodes(link, nodes)
     bed.connect("faults", link.control_address)
     config = {"algorithm": "dwf", "n-clusters": 4, "num-rounds": 1, "min-sites": 2, "seed": 2,
-              **fp.NO_TABLE1}
+              "every-site": False, **fp.NO_TABLE1}
     out = tmp_path / "outputs"
     bed.run(app, "faults", {**config, "output-dir": str(out), "run-name": "corrupt"},
             timeout=600, log_name="flwr-run-corrupt")

@@ -24,7 +24,7 @@ import flower_processes as fp
 from test_deployment import APP_DIR, write_site_csv
 
 FEDCLUSTER = str(Path(sys.executable).parent / "fedcluster")
-BASE = 'n-clusters=3 num-rounds=2 seed=1 profile=false min-sites=2'
+BASE = 'n-clusters=3 num-rounds=2 profile=false min-sites=2'
 
 
 def _sites(tmp_path: Path) -> dict[str, dict]:
@@ -72,7 +72,7 @@ def test_fedcluster_run_exits_with_the_run_s_end(bed, tmp_path):
     where = f'output-dir="{out}"'
 
     # every-site (the default): site 2 was rejected, so the run fails, its outputs written
-    rc, stdout, err = _run(bed, f'{BASE} {where} run-name="strict"')
+    rc, stdout, err = _run(bed, f'{BASE} seed=1 {where} run-name="strict"')
     assert rc == 1, (stdout[-3000:], err)
     assert "failed (finished:failed)" in err and "every-site" in err and "site 2" in err, err
     assert _status(bed, _run_id(err)) == "finished:failed"
@@ -80,7 +80,7 @@ def test_fedcluster_run_exits_with_the_run_s_end(bed, tmp_path):
 
     # every-site=false: the run goes on with two sites, completes, and its summary starts
     # by saying whom it lost
-    rc, stdout, err = _run(bed, f'{BASE} every-site=false {where} run-name="kept"')
+    rc, stdout, err = _run(bed, f'{BASE} seed=1 every-site=false {where} run-name="kept"')
     assert rc == 0, (stdout[-3000:], err)
     assert f"fedcluster: run {_run_id(err)} completed" in err
     assert "WARNING: this run lost 1 of 3 site(s)" in stdout and "site 2: rejected:" in stdout
@@ -97,7 +97,7 @@ def test_fedcluster_run_exits_with_the_run_s_end(bed, tmp_path):
     assert "run name 'kept' is taken" in stdout
 
     # a bad run config: failed, the key named
-    rc, stdout, err = _run(bed, f'{BASE} n-clusters=0 {where} run-name="bad"')
+    rc, stdout, err = _run(bed, f'n-clusters=0 num-rounds=2 min-sites=2 {where} run-name="bad"')
     assert rc == 1 and "'n-clusters'" in err, err
 
     # Ctrl-C: the run is stopped on the SuperLink, not only the log stream

@@ -27,7 +27,8 @@ from test_site_policy import APP_DIR
 # in the data-bounds box: DP's default `divisive` start would add five Lloyd rounds, each a
 # real round of fresh ClientApp processes, to a test about the budget, not the start.
 CONFIG = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 1, "tol": 0.0, "seed": 4,
-          "min-sites": 1, "dp-epsilon": 1.0, "data-bounds": "-4:10", "init": "random"}
+          "min-sites": 1, "dp-epsilon": 1.0, "data-bounds": "-4:10", "init": "random",
+          "every-site": False}
 BUDGET = {"require-dp": True, "dp-budget": "1.2"}
 
 

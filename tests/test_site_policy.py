@@ -26,7 +26,7 @@ from test_deployment import write_site_csv
 APP_DIR = Path(__file__).resolve().parents[1]
 # A short dwf run: a min/max round (init "random"), two training rounds, evaluation.
 CONFIG = {"algorithm": "dwf", "n-clusters": 3, "num-rounds": 2, "tol": 0.0, "seed": 4,
-          "min-sites": 1, "init": "random"}
+          "min-sites": 1, "init": "random", "every-site": False}
 
 
 def _sites(n_sites: int = 3, rows: int = 40) -> list[np.ndarray]:

@@ -130,8 +130,16 @@ def _hospital_runs_as_printed(found, tmp_path) -> None:
                 rounds = [f"{row['round']},{row['task']}" for row in csv.DictReader(f)]
             assert ["round,task", *rounds] == _text_after(found, "round,task").split()
             _every_line_in(_text_after(found, "| Characteristic", 0), table1, "Table 1 at p 2")
+            # the page's `Model.profile` example prints this run's medians (issue 70)
+            profile = result.model.profile
+            printed = str(profile[(profile.variable == "crp") & (profile.statistic == "median")])
+            assert printed == _text_after(found, "    cluster variable").rstrip("\n"), printed
         if floor == 10:
             _every_line_in(_text_after(found, "| Characteristic", 1), table1, "Table 1 at p 10")
     assert f"adjusted Rand\nindex {ari[2]} against" in page or f"adjusted Rand index {ari[2]} against" in page, ari
     assert f"`min-cluster-size=1`, gives {ari[1]})" in page, ari
     assert f"(adjusted Rand index {ari[10]}, against {ari[2]} at\np = 2)" in page, ari
+    # choosing-p quotes the same runs (issue 70: it said 0.76 and 0.80)
+    choosing = (ROOT / "docs" / "tutorials" / "choosing-p.md").read_text()
+    assert (f"adjusted Rand index {ari[2]} with groups of 2, {ari[10]} with groups of 10"
+            in choosing), ari

@@ -271,7 +271,13 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedcluster", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="fedcluster", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Federated k-means and fuzzy c-means on Flower: sites keep their rows.",
+        epilog="examples:\n  fedcluster simulate --num-sites 10 --n-clusters 10\n"
+               "  fedcluster run . mylink --run-config \"n-clusters=4 min-sites=3\"\n"
+               "  fedcluster site check site.csv --schema schema.toml\n"
+               "each command's --help; the page: docs/reference/cli.md")
     sub = parser.add_subparsers(dest="command", required=True)
     flwr_run.add_parser(sub)
 
@@ -331,7 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the labels: header 'cluster', one line per row")
     pred.set_defaults(func=cmd_predict)
 
-    site = sub.add_parser("site", help="a site's own records").add_subparsers(
+    site = sub.add_parser("site", help="at a site: check its data as a run would (site "
+                                       "check), read what it sent (site ledger)").add_subparsers(
         dest="site_command", required=True)
     ledger = site.add_parser(
         "ledger", help="summarise a disclosure ledger: runs, rounds, what left the site, "

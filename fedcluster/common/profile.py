@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedcluster.common.imputation import histogram_quantile
 from fedcluster.common.protocol import ClusterProfile
+from fedcluster.common.row_spread import bounded_sd, row_quantiles
 from fedcluster.common.small_cells import (AT_SITE, PRIMARY, SECONDARY, SHOWN, CountTable,
                                            protect)
 
@@ -54,18 +54,23 @@ class Variable:
     levels: tuple[str, ...] = ()
     weight: float = 1.0
     range: tuple[float, float] | None = None  # a numeric column's declared range
+    # Where every value of the column lies, as far as the run knows (the declared range,
+    # or a built-in data set's): Table 1's figures stay in it (common/row_spread.py).
+    bounds: tuple[float, float] | None = None
 
 
-def variables_of(schema=None, feature_names=None) -> list[Variable]:
+def variables_of(schema=None, feature_names=None, known_range=None) -> list[Variable]:
     """The variables of a run: its schema's feature columns (a missing-indicator column
-    is left out: the missing counts say it), or every feature numeric."""
+    is left out: the missing counts say it), or every feature numeric (``known_range``:
+    where all their values lie, e.g. a built-in data set's)."""
     if schema is None:
-        return [Variable(str(name), "numeric", (j,)) for j, name in enumerate(feature_names)]
+        return [Variable(str(name), "numeric", (j,), bounds=known_range)
+                for j, name in enumerate(feature_names)]
     out, j = [], 0
     for column in schema.features:
         if column.type == "numeric":
             out.append(Variable(column.name, "numeric", (j,), column.unit or "",
-                                range=column.range))
+                                range=column.range, bounds=column.range))
             j += 1
         else:
             n = len(column.categories)
@@ -97,12 +102,6 @@ def cluster_moments(pooled: ClusterProfile, references: np.ndarray):
     present = np.asarray(pooled.present, dtype=np.float64)
     means = np.where(present > 0, pooled.sums / np.maximum(present, 1.0), 0.0)
     return present, means, pooled.squares - present * (means - references) ** 2
-
-
-def _quantiles(hist: np.ndarray, lo: float, hi: float) -> dict[str, float]:
-    if hist.sum() == 0:
-        return {}
-    return {name: histogram_quantile(hist, lo, hi, q) for name, q in QUANTILES}
 
 
 #: A count withheld so that no ``<p`` cell can be worked out from the others.
@@ -272,10 +271,25 @@ def _numeric(add, cluster, v, pooled, moments, members, lower, upper, protected,
         mean = pooled.sums[members, j].sum() / n
         # within each cluster about its own mean, then between the clusters' means
         spread = within.sum() + (P * (means - mean) ** 2).sum()
+        if v.bounds is not None and not v.bounds[0] <= mean <= v.bounds[1]:
+            # a stand-in (a withheld sum's) moved it out of the column's range, where the
+            # true mean is not: the nearest end is nearer the truth (row_spread.py)
+            mean = min(max(mean, v.bounds[0]), v.bounds[1])
+            add(cluster, v.name, "", v.unit, "mean held to range", 1)
         add(cluster, v.name, "", v.unit, "mean", mean)
-        add(cluster, v.name, "", v.unit, "sd",
-            float(np.sqrt(max(spread, 0.0) / (n - 1))) if n > 1 else "")
-        quantiles = _quantiles(pooled.histograms[members, j].sum(axis=0), lower[j], upper[j])
+        if n > 1:  # at most what the column's known range allows (row_spread.py)
+            sd, lowered = bounded_sd(float(np.sqrt(max(spread, 0.0) / (n - 1))), mean, n, v.bounds)
+            add(cluster, v.name, "", v.unit, "sd", sd)
+            if lowered:
+                add(cluster, v.name, "", v.unit, "sd at most", 1)
+        else:
+            add(cluster, v.name, "", v.unit, "sd", "")
+        at_end = v.bounds is not None and min(mean - v.bounds[0], v.bounds[1] - mean) <= \
+            1e-12 * max(1.0, abs(v.bounds[0]), abs(v.bounds[1]))
+        quantiles = {name: mean for name, _ in QUANTILES} if at_end else row_quantiles(
+            [(pooled.histograms[m, j], means[i], max(within[i], 0.0))
+             for i, m in enumerate(members)],
+            lower[j], upper[j], QUANTILES, v.bounds)  # (every value at that end: so all are)
         if quantiles and spread <= 1e-12 * (float(np.abs(Q).sum()) + n * mean * mean):
             # every present value is the mean (to rounding): so are its quartiles, exactly,
             # where the histogram would spread them over the mean's bin

@@ -37,7 +37,8 @@ import html
 from pathlib import Path
 
 from fedcluster.common import profile
-from fedcluster.server_app.table1_cells import (_lower_end, _median, _n_equals, _n_pct, _number,
+from fedcluster.common.row_spread import ROWS_QUARTILE_ERROR, ROWS_QUARTILE_TYPICAL
+from fedcluster.server_app.table1_cells import (_at_most, _lower_end, _median, _n_equals, _n_pct, _number,
                                                 _pair, _why_not, format_count)
 
 FIELDS = list(profile.FIELDS)
@@ -160,11 +161,12 @@ def table1_layout(rows: list[dict], meta: dict) -> tuple[list[str], list[tuple[s
             body += [(INDENT + level, n_pct(variable, level), "level") for level in levels]
         else:
             body.append((f"{label}, mean (SD)",
-                         [_pair(get(c, variable, "", "mean"), get(c, variable, "", "sd"), "({})")
+                         [_pair(get(c, variable, "", "mean"),
+                                _at_most(get(c, variable, "", "sd"), get(c, variable, "", "sd at most")),
+                                "({})")
                           if get(c, variable, "", "mean") != "" else _why_not(get(c, variable, "", "n"))
                           for c in columns], "row"))
-            body.append((INDENT + ("median [Q1, Q3] of groups" if meta.get("from-groups")
-                                   else "median [Q1, Q3]"),
+            body.append((INDENT + "median [Q1, Q3]",
                          [_median(get(c, variable, "", "median"), get(c, variable, "", "q1"),
                                   get(c, variable, "", "q3")) for c in columns], "level"))
         for name, text in (("missing", "missing"), ("withheld", "withheld (group rule)")):
@@ -217,12 +219,24 @@ def _notes(meta: dict, rows: list[dict] = ()) -> list[str]:
                      "rows, each site's rows); every other count is exact. Where a count is "
                      "withheld, so are its mean (SD), quartiles and %.")
     notes.append("Numeric variables: mean (SD), then median [Q1, Q3]"
-                 + (" (\"of groups\": read from the sites' group means, each counting its "
-                    "present values, not from the rows)" if meta.get("from-groups") else "")
+                 + (" (the rows': where sites answered from groups, estimated from their "
+                    "groups' means and the exact spread within the groups, a normal spread "
+                    f"about each group's mean; on the clinical demo half within "
+                    f"{ROWS_QUARTILE_TYPICAL} SD of the rows' own, all within "
+                    f"{ROWS_QUARTILE_ERROR} SD)" if meta.get("from-groups") else "")
                  + "; categories: n (% of the "
                  "cluster's rows with the variable present; where that number is withheld, "
                  "the range of % the figures allow); missing: n (% of the cluster's rows); "
                  "\"-\": not available.")
+    if any(r["statistic"] == "mean held to range" for r in rows):
+        notes.append("A mean at an end of its column's known range where the sites' stand-ins "
+                     "(for sums they withhold) put it outside: the true mean is inside, so "
+                     "the end is nearer to it.")
+    if any(r["statistic"] == "sd at most" for r in rows):
+        notes.append("\u2264 before an SD: the sites' spreads (a site's pooled spread stands in "
+                     "for one it withholds) gave more than a column of that mean can have "
+                     "within its known range; the SD shown is that most (Bhatia-Davis), the "
+                     "true one no larger.")
     if any(r["statistic"] == "withheld n" for r in rows):
         notes.append("Withheld (group rule): values present in the data but not used, each "
                      "alone or nearly (fewer than the site's floor) among the present values "

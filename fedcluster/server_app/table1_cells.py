@@ -61,6 +61,11 @@ def _pair(first, second, wrap: str) -> str:
     return f"{head} {wrap.format(format_number(second))}"
 
 
+def _at_most(sd, lowered) -> object:
+    """An SD as shown: ``"\u2264x"`` where it is the most its column's range allows."""
+    return f"\u2264{format_number(sd)}" if lowered and _number(sd) else sd
+
+
 def _median(median, q1, q3) -> str:
     head = format_number(median)
     if head == UNAVAILABLE or head.startswith("<"):

@@ -33,6 +33,7 @@ import numpy as np
 
 from fedcluster.common import profile, protocol
 from fedcluster.common.schema import DEFAULT_MEDIAN_BINS, run_schema
+from fedcluster.common.datasets import KNOWN_RANGES
 from fedcluster.strategies import site_rows
 from fedcluster.strategies.task_plan import TaskPlan
 from fedcluster.strategies.phases import Phase
@@ -82,11 +83,14 @@ def bins(config) -> int:
     return schema.median_bins if schema is not None else DEFAULT_MEDIAN_BINS
 
 
-def variables(config, feature_names: list[str], width: int) -> list[profile.Variable]:
-    """Table 1's variables: the schema's feature columns, or every feature numeric."""
+def variables(config, feature_names: list[str], width: int, sites=()) -> list[profile.Variable]:
+    """Table 1's variables: the schema's feature columns, or every feature numeric (where
+    every one of ``sites`` holds a part of one built-in data set, with its known range)."""
     schema = _schema(config)
     names = feature_names or [f"feature {j}" for j in range(width)]
-    return profile.variables_of(schema, None if schema is not None else names)
+    held = {site.provenance.get("dataset") for site in sites}
+    known = KNOWN_RANGES.get(held.pop()) if len(held) == 1 else None
+    return profile.variables_of(schema, None if schema is not None else names, known)
 
 
 def declared_ranges(config, feature_names: list[str], width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -290,7 +290,8 @@ class Run:
         self.phase, self.finished = Phase.DONE, True
         answered = profile.answered_by(self.config, self.sites, replies) if replies else None
         table, note = profile.table1_rows(
-            plan, replies, profile.variables(self.config, self.feature_names, self.width),
+            plan, replies, profile.variables(self.config, self.feature_names, self.width,
+                                             self.sites.values()),
             profile.floor(self.config, self.sites.values()), answered, len(self.sites))
         if table is not None:
             self.profile_table = table

@@ -293,8 +293,12 @@ def answered(site: SiteData, groups: SiteGroups, group_of_row: np.ndarray,
     from fedcluster.client_app.release import gate
 
     for known in store.reports_of(groups.table_ref.number):
+        whole = np.asarray(known.get("whole", []), dtype=np.int64)
+        if known.get("min-size", groups.min_size) != groups.min_size or (
+                whole.size and whole.max() >= groups.n_groups):
+            continue  # a partition of the table's groups at another floor (merged others)
         keep = np.zeros(groups.n_groups, dtype=bool)
-        keep[np.asarray(known.get("whole", []), dtype=np.int64)] = True
+        keep[whole] = True
         snapped = np.zeros(site.n_rows, dtype=bool)
         snapped[np.asarray(known.get("snapped", []), dtype=np.int64)] = True
         earlier = earlier_parts(store, instance, known.get("parts", [None])[0])

@@ -276,7 +276,8 @@ class Store(Instances):
         numbers = self.add_groups(SimpleNamespace(offsets=offsets, members=np.concatenate(parts)), min_size)
         self.set_units(numbers, np.full(numbers.size, -1))
         self.meta.setdefault("reports", {})[str(table)] = self.reports_of(table) + [
-            {"digest": digest, "whole": np.asarray(whole, dtype=np.int64).tolist(),
+            {"digest": digest, "min-size": int(min_size),
+             "whole": np.asarray(whole, dtype=np.int64).tolist(),
              "snapped": np.asarray(snapped, dtype=np.int64).tolist(),
              "parts": [int(numbers[0]), int(numbers[-1]) + 1]}]
         features = np.flatnonzero(np.asarray(carried, dtype=bool)).tolist()
