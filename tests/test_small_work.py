@@ -117,8 +117,10 @@ def test_evaluation_stats_silhouette_and_norms_match_a_direct_computation():
     assert one_centre[4] == 0.0 and one_centre[3] == 53.0
 
 
-def test_the_choice_depends_on_the_shape_alone():
-    limit = small_work.NUMPY_MAX_WORK = 1000
+def test_the_choice_depends_on_the_shape_alone(monkeypatch):
+    # (monkeypatch: the limit set here used to stay for the worker's later tests)
+    monkeypatch.setattr(small_work, "NUMPY_MAX_WORK", 1000)
+    limit = small_work.NUMPY_MAX_WORK
     assert small_work.small(np.zeros((100, 5)), 2)        # 1000 multiply-adds
     assert not small_work.small(np.zeros((101, 5)), 2)
     assert small_work.small(np.zeros((0, 5)), 2)

@@ -124,4 +124,6 @@ def bounded_sd(sd: float, mean: float, n: int, bounds: tuple[float, float] | Non
     if bounds is None or n < 2:
         return sd, False
     most = math.sqrt(max((mean - bounds[0]) * (bounds[1] - mean), 0.0) * n / (n - 1))
+    if most == 0.0:
+        return 0.0, False  # every value at that end: its SD is 0, no bound about it
     return (most, True) if sd > most * (1 + 1e-12) else (sd, False)
