@@ -55,6 +55,12 @@ def site_cache_of_the_test(tmp_path_factory, monkeypatch):
     fresh directory per test, never the user's ~/.cache (a test that wants another
     monkeypatches it again)."""
     monkeypatch.setenv("FEDCLUSTER_CACHE_DIR", str(tmp_path_factory.mktemp("site-cache")))
+    # A simulated site's rows are cached per process (the same array objects every
+    # message), and its groups and record with them: each test starts as a fresh process
+    # would, not with the partitions (and reports) of the worker's earlier tests.
+    from fedcluster.client_app.data import site_data
+
+    site_data._partition_cached.cache_clear()
 
 
 @pytest.fixture(scope="session")
