@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import signal
@@ -69,8 +70,14 @@ def add_parser(sub) -> None:
     run.set_defaults(func=cmd_run)
 
 
+def _flwr_executable() -> str:
+    """The ``flwr`` of this install (beside this interpreter), else the first on PATH."""
+    here = os.path.dirname(sys.executable)
+    return shutil.which("flwr", path=here + os.pathsep + os.environ.get("PATH", "")) or "flwr"
+
+
 def _flwr(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    executable = shutil.which("flwr") or "flwr"
+    executable = _flwr_executable()
     return subprocess.run([executable, *args], capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -117,7 +124,7 @@ def status(run_id: int, connection: str | None) -> str:
 def _stream(run_id: int, connection: str | None, tail: deque) -> subprocess.Popen:
     """``flwr log RUN_ID --stream`` in its own session (a Ctrl-C is this command's to
     handle), its lines copied to stdout and the last ones kept in ``tail``."""
-    executable = shutil.which("flwr") or "flwr"
+    executable = _flwr_executable()
     popen = subprocess.Popen([executable, "log", str(run_id), *([connection] if connection else []),
                               "--stream"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, text=True, start_new_session=True)
