@@ -108,7 +108,11 @@ def main(argv=None) -> None:
              "bins, 7% of the IQR, before). A report's part pools a cluster's straddling rows at "
              "one mean, which draws them further (with each group whole instead: a median gap of "
              "1.29 bins, 11% of the IQR, but a worst of 1.01 IQR, rows counted in another "
-             "cluster; 2026-11-29).", "",
+             "cluster; 2026-11-29). Since issue 70 Table 1 widens each group's mean by the "
+             "spread within the groups (common/row_spread.py): from the groups' means alone "
+             "the median gap was 1.69 bins at groups of 2+ (18% of the IQR) and the worst "
+             "0.44 IQR (2026-11-30); CRP's worst is now larger, as its IQR is narrow beside "
+             "a spread the sites' stand-ins inflate.", "",
              "| sites answer from | median gap (bins) | 90th pct (bins) | worst (bins) | "
              "median gap / IQR | worst gap / IQR |", "|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as scratch:
