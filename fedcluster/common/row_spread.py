@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import erf
 
 #: The within-group SD at most this many times the groups' means' SD (module docstring;
 #: on the clinical demo 2 gave the smallest worst gap of 1.5, 2, 2.5 and 3).
@@ -50,6 +49,10 @@ ROWS_QUARTILE_TYPICAL = 0.35
 
 def _g(z: np.ndarray) -> np.ndarray:
     """An antiderivative of the normal CDF: z Phi(z) + phi(z)."""
+    # Imported here, not at the top: a site imports this module (its profile task) but never
+    # draws quartiles, and a small site's process must not load SciPy (tests/test_small_work.py).
+    from scipy.special import erf
+
     phi = np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
     Phi = 0.5 * (1.0 + erf(z / math.sqrt(2.0)))
     return z * Phi + phi
