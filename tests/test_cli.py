@@ -30,9 +30,11 @@ def test_predict_labels_a_csv(trained):
                              str(tmp / "out" / "r" / "model.json"), "--data", str(tmp / "s0.csv"),
                              "--out", str(out)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    labels = np.loadtxt(out, skiprows=1, dtype=int)
+    rows, labels = np.loadtxt(out, delimiter=",", skiprows=1, dtype=int, unpack=True)
     np.testing.assert_array_equal(labels, model.predict(X[::2]))
-    assert out.read_text().splitlines()[0] == "cluster"
+    # issue 70: each label with its data row (1-based, as the errors count rows)
+    assert out.read_text().splitlines()[0] == "row,cluster"
+    np.testing.assert_array_equal(rows, np.arange(1, len(X[::2]) + 1))
 
 
 @pytest.mark.parametrize(
@@ -119,6 +121,13 @@ def test_convergence_numbers_rounds_as_history_csv_and_shows_no_movement_at_0(tr
         assert fig.axes[1].yaxis.get_transform().linthresh == least
         (score,) = fig.axes[0].get_lines()[:1]
         assert list(score.get_xdata()) == [int(r["round"]) for r in rows]
+        # issue 70: whole rounds on both axes; the final score is a line the legend names
+        fig.canvas.draw()
+        for ax in fig.axes[:2]:
+            assert all(float(t).is_integer() for t in ax.get_xticks())
+        (final,) = [line for line in fig.axes[0].get_lines() if line.get_linestyle() == "--"]
+        assert set(final.get_ydata()) == {model.metrics["score"]}
+        assert final.get_label().startswith(f"final score {model.metrics['score']:.6g}")
     finally:
         plt.close(fig)
 

@@ -228,3 +228,17 @@ def test_label_column_is_never_used_for_training(tmp_path):
         runs.append(run_in_process(nodes, {"n-clusters": 3, "min-cluster-size": 1, "output-dir": ""}))
     np.testing.assert_array_equal(runs[0].centroids, runs[1].centroids)
     assert "ari" in runs[1].metrics and "ari" not in runs[0].metrics
+
+
+def test_the_summary_says_why_there_is_no_central_baseline_and_what_one_is():
+    """Issue 70: no sentence that reads as false in a simulation of arrays ("no pooled data
+    outside simulation"); with the baseline, both scores and their ratio."""
+    from fedcluster.server_app.outputs import summary_table
+
+    metrics = {"score": 2.0, "inertia": 20.0, "n-rows": 10, "n-sites": 2, "rounds": 3}
+    without = summary_table(metrics)
+    assert "no central k-means to compare with: the rows stay at the sites" in without
+    assert "outside simulation" not in without
+    with_baseline = summary_table({**metrics, "central-score": 1.6, "score-on-rows": 1.8})
+    assert "no central" not in with_baseline
+    assert "on the rows / central" in with_baseline and "1.125" in with_baseline

@@ -152,13 +152,17 @@ def test_cli_predict_reads_a_raw_csv_through_the_schema(trained, tmp_path, capsy
     assert main(["predict", "--model", str(model_path), "--data", str(paths[2]),
                  "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == f"{out}: {len(expected)} labels"
-    assert out.read_text().splitlines()[0] == "cluster"  # the format of a model without schema
-    np.testing.assert_array_equal(np.loadtxt(out, skiprows=1, dtype=int), expected)
+    # issue 70: the schema's id column heads each line, with the data row (1-based)
+    written = list(csv.reader(out.read_text().splitlines()))
+    id_name = next(h for h in header if h.casefold() == "patient_id")
+    assert written[0] == [id_name, "row", "cluster"]
+    ids = columns[header.index(id_name)]
+    assert written[1:] == [[str(i), str(r + 1), str(c)] for r, (i, c) in enumerate(zip(ids, expected))]
     # --units for a file whose header does not say; columns in another order
     bare = _write(tmp_path / "bare.csv", *_in_mmol(*read_table(paths[0]), suffix=False))
     assert main(["predict", "--model", str(model_path), "--data", str(bare), "--units",
                  "glucose=mmol/L", "--out", str(out)]) == 0
-    np.testing.assert_array_equal(np.loadtxt(out, skiprows=1, dtype=int),
+    np.testing.assert_array_equal(np.loadtxt(out, delimiter=",", skiprows=1, usecols=2, dtype=int),
                                   model.predict_table(*read_table(paths[0])).labels)
     # the schema names the columns: the options of a model without one are refused
     assert main(["predict", "--model", str(model_path), "--data", str(paths[0]),
@@ -197,7 +201,8 @@ def test_rows_dropped_by_drop_row_are_accounted_for(trained, tmp_path, capsys):
     out = tmp_path / "labels.csv"
     assert main(["predict", "--model", str(tmp_path / "model-crp-drop-row.json"),
                  "--data", str(paths[1]), "--out", str(out)]) == 0
-    np.testing.assert_array_equal(np.loadtxt(out, skiprows=1, dtype=int), result.by_row())
+    np.testing.assert_array_equal(np.loadtxt(out, delimiter=",", skiprows=1, usecols=2, dtype=int),
+                                  result.by_row())
     first = int(np.flatnonzero(~present)[0]) + 1
     said = capsys.readouterr().out
     assert f"{present.sum()} labels; {(~present).sum()} row(s) dropped" in said

@@ -168,6 +168,15 @@ def test_profile_matrix_and_plots(tmp_path):
         assert float(cells[i, j].split("\n")[0]) == pytest.approx(z, abs=0.05)
         assert cells[i, j].endswith(" pp") == (i > 0)
     assert plot_profile(rows, tmp_path / "p.png").read_bytes().startswith(PNG)
+    # issue 70: a variable with one value in every row reads "constant", not withheld
+    flat = [dict(r, variable="pixel", unit="", level="",
+                 value=0 if r["statistic"] in ("mean", "sd") else r["value"])
+            for r in rows if r["variable"] == "glucose"]
+    _, flat_labels, flat_Z, flat_text = profile_matrix(flat + rows)
+    row = flat_labels.index("pixel")
+    assert flat_text[row * len(clusters):(row + 1) * len(clusters)] == ["constant"] * len(clusters)
+    assert np.isnan(flat_Z[row]).all()
+    assert "" in flat_text  # the suppressed cell stays n/a
     assert plot_sites(rows, tmp_path / "s.png").stat().st_size > 5000
     secure = [r for r in rows if r["variable"] != "site"]
     assert plot_sites(secure, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()

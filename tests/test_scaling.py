@@ -227,8 +227,12 @@ def test_predict_command_scales_a_sites_raw_rows(tmp_path):
     assert model.scaling.kind == "standard" and model.feature_names == ["dose", "income"]
     assert main(["predict", "--model", str(tmp_path / "out" / "r" / "model.json"), "--data", paths[0],
                  "--id-column", "mrn", "--out", str(tmp_path / "labels.csv")]) == 0
-    labels = np.loadtxt(tmp_path / "labels.csv", skiprows=1, dtype=int)
+    labels = np.loadtxt(tmp_path / "labels.csv", delimiter=",", skiprows=1, usecols=2, dtype=int)
     np.testing.assert_array_equal(labels, model.predict(X[::2]))
+    # issue 70: the --id-column's values head each line, with the data row
+    written = (tmp_path / "labels.csv").read_text().splitlines()
+    assert written[0] == "mrn,row,cluster"
+    assert written[1:3] == [f"M00,1,{labels[0]}", f"M01,2,{labels[1]}"]
     truth = np.repeat([0, 1], 60)[::2]
     assert max(np.mean(labels == truth), np.mean(labels != truth)) > 0.95  # dose decides, scaled
 

@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
-import numpy as np
 
 from fedcluster.cli import flwr_run
+from fedcluster.cli.predict import cmd_predict
 from fedcluster.client_app.release import ledger as disclosure_ledger
 from fedcluster.client_app.data.site_data import SiteDataError
 from fedcluster.common.config import ConfigError, RunConfig, kebab_keys
@@ -131,67 +131,6 @@ def cmd_partition(args: argparse.Namespace) -> int:
     for line in write_sites(args.dataset, args.format, args.out, args.num_sites,
                             args.partitioning, args.seed, args.with_labels, args.database_url):
         print(line)
-    return 0
-
-
-def cmd_predict(args: argparse.Namespace) -> int:
-    from fedcluster.client_app.data_sources import load_site
-    from fedcluster.common.model import Model
-
-    try:
-        model = Model.load(args.model)  # a file that is not a model: ValueError naming it
-    except OSError as err:
-        raise ValueError(f"{args.model}: cannot read the model ({err.strerror})") from None
-    if model.schema is not None:
-        return _predict_through_schema(args, model)
-    if args.units:
-        raise ValueError("--units is for a model trained with a schema (run config `schema`); "
-                         f"{args.model} has none")
-    from fedcluster.client_app.node_config import parse_node_config
-
-    # The file is read as a site reads its data-path (data_sources: one choice of reader).
-    node = parse_node_config({"data-path": str(args.data), "columns": args.columns,
-                              "id-column": args.id_column, "label-column": args.label_column})
-    site, _ = load_site(node, {})
-    if site.n_features != model.n_features:
-        raise SiteDataError(
-            f"{args.data}: has {site.n_features} feature columns, the model expects "
-            f"{model.n_features}"
-        )
-    if model.feature_names and site.feature_names and list(site.feature_names) != model.feature_names:
-        raise SiteDataError(
-            f"{args.data}: header {list(site.feature_names)} differs from the model's "
-            f"features {model.feature_names}"
-        )
-    labels = model.predict(site.X)
-    np.savetxt(args.out, labels, fmt="%d", header="cluster", comments="")
-    print(f"{args.out}: {len(labels)} labels")
-    return 0
-
-
-def _predict_through_schema(args: argparse.Namespace, model) -> int:
-    """``predict`` with a model that holds its run's schema: the raw table (.csv, .tsv,
-    .parquet) read, encoded, imputed and scaled as in the run; one line per data row of
-    the file, -1 for a row dropped by a drop-row column."""
-    from fedcluster.client_app.data.table_files import read_table
-    from fedcluster.common.schema import parse_units
-
-    given = [f"--{name.replace('_', '-')}" for name in ("columns", "id_column", "label_column")
-             if getattr(args, name) is not None]
-    if given:
-        raise ValueError(f"{', '.join(given)}: the model's schema names the columns; these "
-                         "options are for a model trained without one")
-    units = parse_units(args.units or [], "--units")
-    header, columns = read_table(args.data)
-    result = model.predict_table(header, columns, source=str(args.data), units=units or None)
-    labels = result.by_row(dropped=-1)
-    np.savetxt(args.out, labels, fmt="%d", header="cluster", comments="")
-    message = f"{args.out}: {len(result.labels)} labels"
-    if len(dropped := result.dropped_rows):
-        shown = ", ".join(str(i + 1) for i in dropped[:20]) + (", ..." if len(dropped) > 20 else "")
-        message += (f"; {len(dropped)} row(s) dropped by the schema's drop-row policy, "
-                    f"written as -1 (data rows {shown})")
-    print(message)
     return 0
 
 
@@ -334,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with a schema: the unit a column of this file is in, when its "
                            "header does not say")
     pred.add_argument("--out", required=True,
-                      help="the labels: header 'cluster', one line per row")
+                      help="the labels, a CSV: one line per data row, in order: the id "
+                           "(--id-column, or the schema's id column) if any, 'row' (1-based, "
+                           "the header not counted) and 'cluster'")
     pred.set_defaults(func=cmd_predict)
 
     site = sub.add_parser("site", help="at a site: check its data as a run would (site "

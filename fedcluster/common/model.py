@@ -205,6 +205,11 @@ class Model:
                              f"{int(left[:, j].sum())} such row(s))")
         return TablePrediction(kernels.assign(np.ascontiguousarray(Z), self.centroids)[0], kept)
 
+    @property
+    def table_schema(self) -> Schema | None:
+        """The run's schema, parsed (None for a model trained without one)."""
+        return self._schema
+
     def _table_schema(self) -> Schema:
         if self._schema is None:
             raise ValueError("this model was trained without a schema (run config `schema`), "

@@ -143,7 +143,8 @@ def summary_table(metrics: dict) -> str:
     if "profile-note" in metrics:
         lines.append(f"  Table 1 by cluster: {metrics['profile-note']}")
     if central is None:
-        lines.append("  (no central baseline: the server sees no pooled data outside simulation)")
+        lines.append("  (no central k-means to compare with: the rows stay at the sites; only a "
+                     "simulation of a built-in data set lets the server rebuild them)")
     else:
         lines.append(
             "  (central baseline: simulation only, the server rebuilt the pooled "

@@ -27,6 +27,10 @@ def _pyplot():
     return plt
 
 
+#: A heatmap cell's text where every row has the same value (not a withheld cell).
+CONSTANT = "constant"
+
+
 def _index(rows: list[dict]) -> dict:
     return {(r["cluster"], r["variable"], r["level"], r["statistic"]): r["value"] for r in rows}
 
@@ -55,7 +59,8 @@ def profile_matrix(rows: list[dict]) -> tuple[list[str], list[str], np.ndarray, 
         a categorical level: the same for its 0/1 indicator, (cluster share - all share)
         / sqrt(share (1 - share)) of all rows, so both read on one scale.
     text : list of str
-        Per cell, row-major: the annotation, the figure the cell is coloured by (``Z``,
+        Per cell, row-major: ``"constant"`` where every row has one value (an SD of 0, a
+        share of 0 or 100%), ``""`` where withheld or unavailable, else the annotation, the figure the cell is coloured by (``Z``,
         in SD); for a level also, below it, the difference in percentage points, which a
         clinician reads directly.
     """
@@ -73,7 +78,9 @@ def profile_matrix(rows: list[dict]) -> tuple[list[str], list[str], np.ndarray, 
                  for c in clusters]
             labels.append(f"{variable} ({unit})" if unit else variable)
             values.append(z)
-            text += ["" if math.isnan(v) else _signed(v) for v in z]
+            # one value in every row (an SD of exactly 0): nothing to compare, and nothing
+            # withheld either, so say so rather than leave it with the withheld cells
+            text += [CONSTANT if sd == 0 else "" if math.isnan(v) else _signed(v) for v in z]
             continue
         for level in levels:
             share = _num(index.get((ALL, variable, level, "%"))) / 100
@@ -81,7 +88,7 @@ def profile_matrix(rows: list[dict]) -> tuple[list[str], list[str], np.ndarray, 
             diffs = [_num(index.get((c, variable, level, "%"))) / 100 - share for c in clusters]
             labels.append(f"{variable}: {level}")
             values.append([d / spread for d in diffs])
-            text += ["" if math.isnan(d / spread)
+            text += [CONSTANT if share in (0, 1) else "" if math.isnan(d / spread)
                      else f"{_signed(d / spread)}\n{round(100 * d):+d} pp" for d in diffs]
     return clusters, labels, np.array(values, dtype=float).reshape(len(labels), len(clusters)), text
 
@@ -95,7 +102,8 @@ def plot_profile(rows: list[dict], path: str | Path) -> Path:
     """Heatmap of how each cluster differs from all rows: one column per cluster, largest
     first, its size on top; one row per numeric variable and per categorical level.
     Withheld (``<p``, ``suppressed``: Table 1's small-cell rule), interval and unavailable
-    cells are blank (grey).
+    cells are grey, marked ``n/a``; a variable with one value in every row is grey too,
+    marked ``constant``.
 
     Returns
     -------
@@ -116,7 +124,7 @@ def plot_profile(rows: list[dict], path: str | Path) -> Path:
             label = text[i * len(clusters) + j]
             ax.text(j, i, label or "n/a", ha="center", va="center",
                     fontsize=7 if "\n" in label else 8,
-                    color="0.4" if not label else ("white" if abs(Z[i, j]) > 1.3 else "black"))
+                    color="0.4" if label in ("", CONSTANT) else ("white" if abs(Z[i, j]) > 1.3 else "black"))
     ax.set_xticks(range(len(clusters)))
     ax.set_xticklabels([f"Cluster {c}\nn {_size_text(sizes.get((c, SIZE, '', 'n')))}"
                         for c in clusters], fontsize=9)
@@ -129,7 +137,7 @@ def plot_profile(rows: list[dict], path: str | Path) -> Path:
     ax.set_title("How each cluster differs from all rows\n(cells: the colour's figure, in SD of "
                  "all rows; a level's also in percentage points below it;\ngrey n/a: withheld "
                  "as in Table 1 (<p, suppressed, or a % known only as a range) or not "
-                 "available)", fontsize=9, pad=34)
+                 "available;\ngrey constant: one value in every row, nothing withheld)", fontsize=9, pad=34)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
