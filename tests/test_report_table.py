@@ -374,3 +374,28 @@ def test_a_deployed_site_audits_and_records_a_carried_feature(tmp_path):
     carried = store.stood_in(3, kinds=(record.CARRIED,))
     assert carried[store.report_group_mask()].tolist() == [[False, False, True]] * 2
     assert not carried[~store.report_group_mask()].any()
+
+
+def test_a_site_logs_its_report_once_per_run(caplog):
+    """Issue 70: a run asks for the final model's report in three rounds (the evaluation,
+    Davies-Bouldin's, the profile); each site says what its report did once per run, not
+    once per round, and says it again in the next run."""
+    import logging
+
+    import fedcluster
+
+    sites = [_site(seed) for seed in (3, 4, 5)]
+
+    def lines():
+        return [r.getMessage() for r in caplog.records
+                if "the report splits" in r.getMessage() or "the report counts" in r.getMessage()]
+
+    with caplog.at_level(logging.INFO):
+        fedcluster.simulate(sites, n_clusters=3, num_rounds=3, seed=1)
+        first = lines()
+        caplog.clear()
+        fedcluster.simulate(sites, n_clusters=3, num_rounds=3, seed=1)
+        second = lines()
+    said = [line.split(":")[0] for line in first]
+    assert len(said) == 3 and sorted(said) == ["site 0", "site 1", "site 2"]
+    assert second == first

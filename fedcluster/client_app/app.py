@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from flwr.client import Client, NumPyClient
 from flwr.clientapp import ClientApp
+from flwr.app import ConfigRecord
 from flwr.common import Context
 from flwr.common.logger import log
 
@@ -55,6 +56,10 @@ from fedcluster.client_app.data.site_data import SiteData, SiteDataError, defaul
 from fedcluster.client_app.site_groups import SiteGroups
 from fedcluster.client_app.task_io import TaskError, received_centroids, task_param
 from fedcluster.client_app.task_runner import run_task
+
+#: The node state's record of the last line the site logged about a report (``_say_once``).
+SAID_RECORD = "fedcluster-report-said"
+
 
 def site_key(node: NodeConfig, node_id: int) -> str:
     """A stable name for this site: ``site-id``, else ``partition-id``, else node id."""
@@ -317,13 +322,26 @@ class SiteClient(NumPyClient):
         except ValueError as err:
             raise TaskError(f"task {task}: the report's groups: {err}") from None
         if made.split:
-            log(logging.INFO, "site %s: the report splits %d straddling group(s) (%d row(s) "
-                "counted in the model's cluster; %d feature(s) carried at a stood-in mean)%s",
-                self.key, made.split, made.moved, made.carried,
-                f"; others kept whole ({why})" if why else "")
+            self._say_once(logging.INFO, (
+                f"site {self.key}: the report splits {made.split} straddling group(s) "
+                f"({made.moved} row(s) counted in the model's cluster; {made.carried} "
+                "feature(s) carried at a stood-in mean)" + (f"; others kept whole ({why})"
+                                                             if why else "")))
         elif why:
-            log(logging.WARNING, "site %s: the report counts groups whole: %s", self.key, why)
+            self._say_once(logging.WARNING, f"site {self.key}: the report counts groups whole: {why}")
         return made.groups
+
+    def _say_once(self, level: int, message: str) -> None:
+        """Log ``message`` unless this site logged it already in this run: a run asks for
+        the same report in three rounds (the evaluation, Davies-Bouldin's, the profile),
+        and a site's log says what it did once per run (the node's state keeps the last
+        line said, with the run's id)."""
+        said = self.state.config_records.get(SAID_RECORD)
+        if said is not None and said.get("run-id") == str(self.run_id) and said.get("line") == message:
+            return
+        log(level, "%s", message)
+        self.state.config_records[SAID_RECORD] = ConfigRecord({"run-id": str(self.run_id),
+                                                               "line": message})
 
     def _policy_metrics(self, task: str, site: SiteGroups) -> dict:
         """The site's own figures a plain reply carries besides its values (policies and
