@@ -37,6 +37,7 @@ from fedcluster import server_app as server_module
 from fedcluster.common import kernels, protocol
 from fedcluster.common.config import kebab_keys, parse_run_config, run_config_defaults
 from fedcluster.client_app.data.site_data import SiteData, check_site_array
+from fedcluster.simulation_progress import shown
 from fedcluster.simulation_tables import table_run
 from fedcluster.strategies.metrics import knowledge_gap
 from fedcluster.common.model import Model
@@ -290,6 +291,7 @@ def simulate(
     missing: str | None = None,
     schema=None,
     units: dict | list[dict] | None = None,
+    verbose: bool = False,
     **config,
 ) -> SimulationResult:
     """Run a federation in this process.
@@ -339,6 +341,11 @@ def simulate(
     units : dict or list of dict, optional
         With a schema: the unit a column is in (``{"glucose": "mmol/L"}``), for every site
         or one dict per site, as a site's node config ``units``.
+    verbose : bool, default False
+        Every log line (a line per round, the sites' notes, the summary), as
+        ``fedcluster simulate`` prints them. By default a progress bar counts the rounds
+        and only warnings and errors are shown; every record still reaches Python's
+        logging (``fedcluster/simulation_progress.py``).
     **config
         Run-config keys with ``-`` written ``_`` (``n_clusters=5``, ``local_iters=1``).
         Files are written only if ``output_dir`` is given.
@@ -365,7 +372,8 @@ def simulate(
         if site_min_cluster_size is not None:
             for cfg, floor in zip(node_configs, site_min_cluster_size, strict=True):
                 cfg["min-cluster-size"] = int(floor)
-        result = run_in_process(node_configs, run_config, init_centroids, record_replies)
+        with shown(verbose):
+            result = run_in_process(node_configs, run_config, init_centroids, record_replies)
         if sites is not None:
             result.metrics["score-on-rows"] = score_on_rows(result.model, sites)
     if true_centres is not None:
@@ -389,7 +397,8 @@ def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] 
              labels: list[np.ndarray] | None = None, num_sites: int | None = None,
              site_config: dict | None = None,
              record_replies: list | None = None, missing: str | None = None, schema=None,
-             units: dict | list[dict] | None = None, **config) -> dict:
+             units: dict | list[dict] | None = None, verbose: bool = False,
+             **config) -> dict:
     """Run the federation for every k in ``k_range`` (in this process) and choose k.
 
     Parameters
@@ -401,8 +410,9 @@ def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] 
         Both ends included; 2 <= lo and hi >= lo + 2.
     labels : list of 1-D arrays, optional
         Per-site labels (evaluation only: adds ARI etc. to the per-k figures).
-    site_config, record_replies, missing, schema, units
-        As for :func:`fedcluster.simulate` (with ``schema``, DataFrames as sites).
+    site_config, record_replies, missing, schema, units, verbose
+        As for :func:`fedcluster.simulate` (with ``schema``, DataFrames as sites; one
+        progress bar over every k's rounds).
     **config
         Run-config keys with ``_`` for ``-`` (``algorithm``, ``scale``, ``n_init``,
         ``k_warm_start``, ``output_dir`` to also write choose-k.json/png, ...).
@@ -420,7 +430,7 @@ def choose_k(sites: list[np.ndarray] | None = None, *, k_range: tuple[int, int] 
     run_config.setdefault("output-dir", "")
     run_config["k-range"] = text
     with table_run(sites, labels, run_config, schema=schema, missing=missing,
-                   units=units) as (sites, labels):
+                   units=units) as (sites, labels), shown(verbose):
         record = run_server(sites, labels=labels, num_sites=num_sites, run_config=run_config,
                             site_config=site_config,
                             record_replies=record_replies)

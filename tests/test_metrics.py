@@ -242,3 +242,36 @@ def test_the_summary_says_why_there_is_no_central_baseline_and_what_one_is():
     with_baseline = summary_table({**metrics, "central-score": 1.6, "score-on-rows": 1.8})
     assert "no central" not in with_baseline
     assert "on the rows / central" in with_baseline and "1.125" in with_baseline
+
+
+def test_simulate_is_quiet_with_a_progress_bar_unless_verbose(capfd, caplog):
+    """Issue 70: in a notebook, simulate() shows a progress bar over its rounds and only
+    warnings, not a line per round; verbose=True shows the lines; Python's logging gets
+    every record either way."""
+    import io
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    rng = np.random.default_rng(0)
+    sites = [rng.normal(size=(60, 2)) + rng.integers(0, 2, (60, 1)) * 6 for _ in range(2)]
+    console = io.StringIO()  # Flower's console, wherever its handler was pointed
+    streams = [(h, h.setStream(console)) for h in FLOWER_LOGGER.handlers
+               if isinstance(h, logging.StreamHandler)]
+    try:
+        capfd.readouterr()
+        with caplog.at_level(logging.INFO):
+            quiet = fedcluster.simulate(sites, n_clusters=2, num_rounds=4, min_sites=2, seed=1)
+        bar, said = capfd.readouterr().err, console.getvalue()
+        rounds = len(quiet.history)
+        assert "round   1 [" not in said and "result" not in said  # no round lines, no summary
+        assert "fedcluster: 100%" in bar and f"{rounds}/{rounds}" in bar  # full at the end
+        assert "round   1 [" in caplog.text  # the records still reach logging
+        loud = fedcluster.simulate(sites, n_clusters=2, num_rounds=4, min_sites=2, seed=1,
+                                   verbose=True)
+        assert "round   1 [" in console.getvalue()[len(said):]
+        assert "fedcluster: " not in capfd.readouterr().err
+    finally:
+        for handler, stream in streams:
+            handler.setStream(stream)
+    np.testing.assert_array_equal(loud.centroids, quiet.centroids)

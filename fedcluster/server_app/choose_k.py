@@ -71,7 +71,8 @@ def run_k_range(grid, context: Context, config: RunConfig) -> str:
                 strategy.continue_from(previous)
             log(logging.INFO, "choose-k: k = %s (%s start)", k,
                 "warm" if strategy.warm_start is not None else "cold")
-            last_round = workflow.run(grid, legacy, FlowerAdapter(strategy), last_round)
+            last_round = workflow.run(grid, legacy, FlowerAdapter(strategy), last_round,
+                                      rounds_after=(hi - k) * strategy.max_server_rounds())
             models[k] = build_model(strategy.result(), config_k, None)
             previous = strategy
     result = report(config, models)

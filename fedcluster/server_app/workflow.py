@@ -33,7 +33,7 @@ from fedcluster.common import kernels
 from fedcluster.common.config import RunConfig
 from fedcluster.common.model import Model
 from fedcluster.common.schema import run_schema
-from fedcluster.server_app.outputs import progress_line
+from fedcluster.server_app.outputs import PROGRESS, progress_line
 from fedcluster.server_app import availability
 from fedcluster.server_app.polling import exchange
 from fedcluster.strategies import FederationError, private, reports
@@ -156,18 +156,21 @@ class ClusteringWorkflow:
             thread.join()
 
     def run(self, grid: Grid, context: LegacyContext, adapter: FlowerAdapter,
-            last_round: int = 0) -> int:
+            last_round: int = 0, rounds_after: int = 0) -> int:
         """Run ``adapter``'s run round by round until it is finished, numbering its rounds
         from ``last_round + 1``; returns its last round's number. Call inside
-        :meth:`federation`."""
+        :meth:`federation`. ``rounds_after``: the most rounds of later runs of the same
+        job (choose-k's next k), for the progress a round's log record carries."""
         context.strategy = adapter
         run = adapter.run
         cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
         context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
-        for server_round in range(last_round + 1, last_round + run.max_server_rounds() + 1):
+        bound = last_round + run.max_server_rounds()
+        for server_round in range(last_round + 1, bound + 1):
             cfg[Key.CURRENT_ROUND] = server_round
             self.fit_workflow(grid, context)
-            log(logging.INFO, "%s", progress_line(run.history[-1], run.config.num_rounds))
+            log(logging.INFO, "%s", progress_line(run.history[-1], run.config.num_rounds),
+                extra={PROGRESS: (run.history[-1], bound - server_round + rounds_after)})
             if self.checkpoint_dir is not None:
                 save_checkpoint(run.snapshot(), self.checkpoint_dir)
             if run.finished:
