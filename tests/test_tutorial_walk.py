@@ -143,3 +143,24 @@ def _hospital_runs_as_printed(found, tmp_path) -> None:
     choosing = (ROOT / "docs" / "tutorials" / "choosing-p.md").read_text()
     assert (f"adjusted Rand index {ari[2]} with groups of 2, {ari[10]} with groups of 10"
             in choosing), ari
+
+
+def test_the_small_cells_example_of_the_outputs_reference_is_a_run(tmp_path):
+    """Issue 70 (pages that contradict each other): outputs.md's Table 1 excerpt with `<10`
+    and `suppressed` cells is the run it names (the tutorial's files, sites at p 10 from
+    the start, k = 5), not a table of another release."""
+    from fedcluster.common.clinical_demo import write_clinical
+    from fedcluster.simulation import run_in_process
+
+    write_clinical(tmp_path / "clinical", 3, 0)  # = fedcluster partition --dataset clinical --seed 0
+    schema = str(tmp_path / "clinical" / "schema.toml")
+    nodes = [{"data-path": str(tmp_path / "clinical" / f"site-{i}.csv"), "schema-path": schema,
+              "site-id": str(i), "min-cluster-size": 10, "cache-dir": str(tmp_path / f"cache-{i}")}
+             for i in range(3)]
+    run_in_process(nodes, {"n-clusters": 5, "min-sites": 3, "scale": "standard", "schema": schema,
+                           "output-dir": str(tmp_path / "out"), "run-name": "run"})
+    found = blocks(ROOT / "docs" / "reference" / "outputs.md")
+    excerpt = _text_after(found, "| Characteristic")
+    assert "<10" in excerpt and "suppressed" in excerpt
+    _every_line_in(excerpt, (tmp_path / "out" / "run" / "table1.md").read_text(),
+                   "outputs.md's small-cell excerpt")
