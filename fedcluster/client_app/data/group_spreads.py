@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedcluster.client_app.data.grouping import compiled_kernels
 from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.client_app.release import dominance, spreads
 
@@ -97,6 +98,7 @@ class Spreads:
     alone: set = field(default_factory=set)
     _leaf: np.ndarray | None = None
     _leaves: list | None = None
+    _sorted: tuple | None = None  # (sizes, merged positions, withheld positions): _keys
 
     @property
     def withheld_cells(self) -> int:
@@ -181,17 +183,36 @@ class Spreads:
         release_pages(self.m2)
         cells = self._cells(ids)
         mate_cells = np.where(has[:, None], self._cells(mates), 0)
-        share = spreads.pair_shares(m2, mate_m2, cells, mate_cells)
-        reveals = spreads.pair_reveals(m2, mate_m2, cells, mate_cells, self.tiny)
-        for position in (p for p in self.merged if lo <= p < hi):
-            unit = self.merged[position]
-            unit_m2, unit_cells = self._unit(unit)
-            at = int(np.flatnonzero(unit == position)[0])
-            share[position - lo] = spreads.shares(unit_m2, unit_cells)[at]
-            reveals[position - lo] = spreads.unit_reveals(unit_m2, unit_cells, self.tiny)
-        for position in (p for p in self.withheld if lo <= p < hi):
+        # spreads.pair_shares and pair_reveals in one compiled pass (the same values)
+        share, reveals = compiled_kernels().spread_pair_rule(
+            m2, mate_m2, np.ascontiguousarray(cells, dtype=np.int64),
+            np.ascontiguousarray(mate_cells, dtype=np.int64), self.tiny, spreads.EQUAL_WITHIN,
+            spreads.SPREAD_MIN_ROWS)
+        merged, withheld = self._keys()
+        inside = merged[np.searchsorted(merged, lo):np.searchsorted(merged, hi)]
+        if inside.size:  # each merged unit with a member here, all its members at once
+            units = list({int(self.merged[p][0]): self.merged[p] for p in inside.tolist()}.values())
+            members = np.concatenate(units)
+            starts = np.cumsum([0] + [unit.size for unit in units[:-1]])
+            unit_share, unit_reveals = spreads.units_shares_reveals(*self._unit(members), starts,
+                                                                     self.tiny)
+            by_position = np.argsort(members, kind="stable")
+            at = by_position[np.searchsorted(members[by_position], inside)]
+            share[inside - lo] = unit_share[at]
+            reveals[inside - lo] = unit_reveals[np.searchsorted(starts, at, side="right") - 1]
+        for position in withheld[np.searchsorted(withheld, lo):np.searchsorted(withheld, hi)].tolist():
             reveals[position - lo, self.withheld[position]] = True
         return m2, cells, share, ~reveals
+
+    def _keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """The positions of merged units and of withheld spreads, sorted: a pass over the
+        table finds a chunk's own by bisection, not by walking every unit per chunk
+        (positions are only ever added to either, so their counts say when to sort again)."""
+        sizes = (len(self.merged), len(self.withheld))
+        if self._sorted is None or self._sorted[0] != sizes:
+            self._sorted = (sizes, np.array(sorted(self.merged), dtype=np.int64),
+                            np.array(sorted(self.withheld), dtype=np.int64))
+        return self._sorted[1], self._sorted[2]
 
     def take(self, lo: int, hi: int) -> np.ndarray:
         """The released m2 of positions lo..hi (the table's m2 column)."""
@@ -265,6 +286,7 @@ class Spreads:
 
         def root(p):
             while parent.get(p, p) != p:
+                parent[p] = parent.get(parent[p], parent[p])  # (halving: short paths)
                 p = parent[p]
             return p
 
@@ -290,9 +312,13 @@ class Spreads:
     def _regroup(self, parent: dict, root) -> None:
         """The merged units from the merges so far (each with its members' pairs)."""
         components: dict[int, set] = {}
+        done = set()  # (unit, root): a unit's members added to a component once
         for member in list(parent):
-            for p in self.unit_of(member).tolist():
-                components.setdefault(root(member), set()).add(p)
+            unit = self.unit_of(member)
+            key = (int(unit[0]), root(member))
+            if key not in done:
+                done.add(key)
+                components.setdefault(key[1], set()).update(unit.tolist())
         for members in components.values():
             unit = np.array(sorted(members), dtype=np.int64)
             for p in unit.tolist():
@@ -320,19 +346,22 @@ class Spreads:
             for k, leaf in enumerate(self._leaves):
                 self._leaf[leaf] = k
         out = []
+        excluded = np.zeros(points.shape[0], dtype=bool)  # the head's unit, and the alone
+        excluded[list(self.alone)] = True  # (never merged: their spreads are withheld)
         for head in heads:
-            unit = set(self.unit_of(head).tolist())
-            unit |= self.alone  # (never merged: their spreads are withheld)
-            near = self._nearest_in(points, self._leaves[self._leaf[head]], head, unit)
+            unit = self.unit_of(head)
+            excluded[unit] = True
+            near = self._nearest_in(points, self._leaves[self._leaf[head]], head, excluded)
             if near < 0:
-                near = self._nearest_in(points, np.arange(points.shape[0]), head, unit)
+                near = self._nearest_in(points, np.arange(points.shape[0]), head, excluded)
+            excluded[unit] = False  # (a unit holds no position of the alone: see _revealing)
             out.append(near)
         return out
 
     @staticmethod
-    def _nearest_in(points: np.ndarray, among: np.ndarray, head: int, unit: set) -> int:
+    def _nearest_in(points: np.ndarray, among: np.ndarray, head: int, excluded: np.ndarray) -> int:
         d2 = ((points[among] - points[head]) ** 2).sum(axis=1)
-        d2[np.isin(among, list(unit))] = np.inf
+        d2[excluded[among]] = np.inf
         return int(among[np.argmin(d2)]) if np.isfinite(d2).any() else -1
 
     def _withhold_means(self, flagged: tuple | None) -> None:

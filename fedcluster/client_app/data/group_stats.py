@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster.client_app.data.grouping import compiled_kernels
 from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.client_app.release import dominance
 from fedcluster.client_app.release.record.instances import mix
@@ -136,9 +137,9 @@ def group_m2(X: np.ndarray, group_of_row: np.ndarray, places: np.ndarray, counts
                 deviation = rows - np.where(present > 0, sums[groups] / np.maximum(present, 1), 0.0)
             deviation[np.isnan(rows)] = 0.0
         _in_steps(at, groups, deviation * deviation, m2, lo)
-        if extremes is not None:
-            np.maximum.at(extremes[0], groups - lo, deviation)
-            np.minimum.at(extremes[1], groups - lo, deviation)
+        if extremes is not None:  # (np.maximum.at / np.minimum.at, compiled: the same values)
+            compiled_kernels().group_extremes_at(extremes[0], extremes[1], groups - lo,
+                                                 np.ascontiguousarray(deviation))
         release_pages(X)
     return m2
 

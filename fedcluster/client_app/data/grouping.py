@@ -76,7 +76,7 @@ RELEASE_BYTES = 1 << 25
 SERIAL_MAX_ROWS = 4096
 
 
-def _kernels():
+def compiled_kernels():
     """The compiled grouping module, imported on first use (it imports Numba)."""
     # As in fedcluster.common.kernels: idle OpenMP threads must not spin on a shared machine.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -148,7 +148,7 @@ def group_rows(X: np.ndarray, min_size: int, scale: np.ndarray | None = None) ->
         return np.arange(n, dtype=np.int64)
     if n < g:
         return np.full(n, -1, dtype=np.int64)
-    K = _kernels()
+    K = compiled_kernels()
     if n <= SERIAL_MAX_ROWS:
         def kernel(f):
             return K._SERIAL[f]

@@ -1146,6 +1146,61 @@ def _group_run(kernel, *args):
 
 
 # --------------------------------------------------------------------------
+# The spread rule's passes over a group table (client_app/data/group_spreads.py).
+# Exact ports of NumPy's elementwise expressions (release/spreads.py's pair_shares and
+# pair_reveals, np.maximum.at / np.minimum.at): no fastmath, every value the same
+# IEEE operation in the same order, so a table is the same to the last bit.
+# --------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def spread_pair_rule(m2, mate_m2, cells, mate_cells, tiny, equal_within, spread_min):
+    """(share, reveals), (n, d) each: ``pair_shares(m2, mate_m2, cells, mate_cells)`` and
+    ``pair_reveals(...)`` of ``release/spreads.py`` in one pass (``mate_*`` 0 where a
+    group has no partner)."""
+    n, d = m2.shape
+    share = np.empty((n, d))
+    reveals = np.empty((n, d), dtype=np.bool_)
+    for i in range(n):
+        for j in range(d):
+            a, b = m2[i, j], mate_m2[i, j]
+            ca, cb = cells[i, j], mate_cells[i, j]
+            dof_a = max(np.float64(ca) - 1.0, 0.0)
+            dof_b = max(np.float64(cb) - 1.0, 0.0)
+            dof_total = dof_a + dof_b
+            total = a + b
+            held = dof_total if dof_total > 0 else 1.0
+            mine = total * (dof_a / held) if dof_b > 0 else a
+            theirs = total * (dof_b / held) if dof_a > 0 else b
+            share[i, j] = mine
+            all_cells = ca + cb
+            few = all_cells < spread_min
+            zero = total <= tiny[j] * np.float64(all_cells)
+            mine_small = ca > 0 and ca < spread_min
+            theirs_small = cb > 0 and cb < spread_min
+            carries = (mine_small and b <= equal_within * total) or \
+                (theirs_small and a <= equal_within * total)
+            own = (mine_small and a > 0 and abs(mine - a) <= equal_within * a) or \
+                (theirs_small and b > 0 and abs(theirs - b) <= equal_within * b)
+            reveals[i, j] = (few or zero or carries or own) and all_cells > 0
+    return share, reveals
+
+
+@njit(cache=True, nogil=True)
+def group_extremes_at(high, low, groups, deviation):
+    """``np.maximum.at(high, groups, deviation)`` and ``np.minimum.at(low, ...)``, rows in
+    order (the deviations are finite: a missing cell's is 0)."""
+    for r in range(groups.shape[0]):
+        g = groups[r]
+        for j in range(deviation.shape[1]):
+            v = deviation[r, j]
+            if v > high[g, j]:
+                high[g, j] = v
+            if v < low[g, j]:
+                low[g, j] = v
+
+
+# --------------------------------------------------------------------------
 # Serial twins: the same kernels compiled without ``parallel``, for one block.
 # --------------------------------------------------------------------------
 #

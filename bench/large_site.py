@@ -1,0 +1,132 @@
+"""A large site's first meeting with its data (issue 71): version 0 built as a deployed site
+builds it, against a scikit-learn k-means fit of the same rows measured in the same run.
+
+Two data sets, made here from a seed and written in chunks to a ``.npy`` the site maps:
+
+- ``blobs``: bench/grouping.py's (50 Gaussian blobs of random sizes and spreads, 2 %
+  uniform noise);
+- ``whole``: data like a hospital's: a mixture of 40 anisotropic blobs with heavy-tailed
+  noise (Student t, 3 degrees of freedom), 6 of the 64 columns whole numbers (ages, counts,
+  scores: many ties), as issue 71 was found on.
+
+For each data set and size: the whole build (``load_site_file`` + ``site_groups`` on a fresh
+cache, bench/grouping.py's child: kernels loaded from the disk cache and every code path
+warmed on a 40,000-row file first) at each p, in a fresh process (``NUMBA_NUM_THREADS=2``)
+with its peak RSS over the data; and ``KMeans(k=10, n_init=1, max_iter=20, random_state=0)``
+fitted on the same rows in a fresh process (scikit-learn's threads: all cores). Printed:
+seconds, the ratio to the fit, peak / data. Issue 71's targets at 1,000,000 x 64: the build
+within 2 x the fit and at most 1.5 x the data, and its time linear in the rows.
+
+Usage::
+
+    python bench/large_site.py [--rows 100000 300000 1000000] [--min-size 2 5 10]
+        [--data blobs whole] [--out BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from grouping import MB, PEAK, SITE_CHILD, run_child, write_site  # noqa: E402
+
+#: The whole-number columns of the ``whole`` data and how each is scaled before rounding.
+WHOLE_COLUMNS = {3: 1.0, 11: 2.0, 19: 0.5, 27: 5.0, 40: 1.0, 55: 3.0}
+
+KMEANS_CHILD = PEAK + """
+import sys
+import numpy as np
+from sklearn.cluster import KMeans
+
+X = np.load(sys.argv[1], mmap_mode="r")
+rows = np.asarray(X)  # scikit-learn reads the rows into memory (a copy of the map)
+t0 = time.perf_counter()
+KMeans(10, n_init=1, max_iter=20, random_state=0).fit(rows)
+print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak()}))
+"""
+
+
+def write_whole(path: Path, n: int, d: int, seed: int = 0, blobs: int = 40) -> None:
+    """``whole``: anisotropic blobs (each its own random linear map), Student-t noise, the
+    :data:`WHOLE_COLUMNS` rounded to whole numbers; written a chunk at a time."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 5, (blobs, d))
+    maps = rng.normal(0, 1, (blobs, d, d)) * rng.uniform(0.1, 1.5, (blobs, 1, d)) * 0.3
+    weights = rng.dirichlet(np.ones(blobs))
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(n, d))
+    columns = np.array(list(WHOLE_COLUMNS))
+    scales = np.array(list(WHOLE_COLUMNS.values()))
+    for start in range(0, n, 1 << 16):
+        m = min(1 << 16, n - start)
+        which = rng.choice(blobs, size=m, p=weights)
+        noise = rng.standard_t(3, (m, d))
+        rows = centres[which] + np.einsum("md,mde->me", noise, maps[which])
+        rows[:, columns] = np.round(rows[:, columns] * scales)
+        out[start:start + m] = rows
+    out.flush()
+    del out
+
+
+WRITERS = {"blobs": write_site, "whole": write_whole}
+
+
+def measure(kind: str, sizes: list[int], floors: list[int], d: int) -> list[str]:
+    lines = [f"Data `{kind}`, {d} columns; each measure in a fresh process (NUMBA_NUM_THREADS=2). "
+             "fit = scikit-learn `KMeans(k=10, n_init=1, max_iter=20)` on the same rows, timed "
+             "in the same run; peak = the build process's ru_maxrss over the data, baseline = the "
+             "process after its imports and warm-up (MB = 2^20).",
+             "", "| rows | data MB | p | build s | fit s | build / fit | groups | peak / data "
+             "| (peak - baseline) / data |", "|---|---|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory(prefix="fedcluster-large-site-") as tmp:
+        tmp = Path(tmp)
+        warm = tmp / "warm.npy"
+        WRITERS[kind](warm, 40_000, d, 1)
+        for n in sizes:
+            path = tmp / "site.npy"
+            WRITERS[kind](path, n, d, 0)
+            data = path.stat().st_size
+            fit = run_child(path, code=KMEANS_CHILD)
+            for p in floors:
+                r = run_child(path, warm, p, tmp / f"cache-{n}-{p}", tmp / f"warm-{n}-{p}",
+                              code=SITE_CHILD)
+                line = (f"| {n:,} | {data / MB:.0f} | {p} | {r['seconds']:.1f} | "
+                        f"{fit['seconds']:.1f} | **{r['seconds'] / fit['seconds']:.1f}** | "
+                        f"{r['groups']:,} | {r['peak'] / data:.2f} | "
+                        f"{(r['peak'] - r['baseline']) / data:.2f} |")
+                print(line, flush=True)
+                lines.append(line)
+            path.unlink()
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 300_000, 1_000_000])
+    parser.add_argument("--min-size", type=int, nargs="+", default=[2, 5, 10])
+    parser.add_argument("--data", nargs="+", choices=sorted(WRITERS), default=["blobs", "whole"])
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    t0, load = time.perf_counter(), os.getloadavg()[0]
+    lines = [f"Load average (1 min) {load:.2f} at the start on {os.cpu_count()} cores.", ""]
+    for kind in args.data:
+        lines += measure(kind, args.rows, args.min_size, args.dim) + [""]
+    print(f"done in {time.perf_counter() - t0:.0f} s")
+    if args.out is not None:
+        import report  # noqa: E402
+
+        text = "\n".join([report.header("A large site: version 0 against a k-means fit"), "",
+                          *lines])
+        print(f"wrote {report.write_section('large-site', text, args.out)}")
+
+
+if __name__ == "__main__":
+    main()

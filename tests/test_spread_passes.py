@@ -1,0 +1,125 @@
+"""A pass of the spread rule over a table is linear in its groups (issue 71): a chunk finds
+its own merged units by bisection and computes each unit once, all its members at once
+(``data/group_spreads.py``, ``release/spreads.units_shares_reveals``), with the values
+the one-unit functions give to the last bit. Before, every chunk walked every merged unit
+of the table and computed a unit again for each of its members: a unit of u groups cost
+u^2, and ties in whole-number columns make large units."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedcluster.client_app.data import group_spreads
+from fedcluster.client_app.release import spreads
+
+
+def _units(rng, sizes, width=6):
+    m2 = [rng.random((k, width)) * rng.choice([1e-3, 1.0, 1e3]) for k in sizes]
+    cells = [rng.integers(0, 6, (k, width)) for k in sizes]
+    for block in m2:  # zeros and ties, as whole-number columns give
+        block[rng.random(block.shape) < 0.2] = 0.0
+    return m2, cells
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_many_units_at_once_equal_one_unit_at_a_time_to_the_last_bit(seed):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 40, 30)
+    m2, cells = _units(rng, sizes)
+    tiny = np.full(6, 1e-6)
+    starts = np.cumsum([0, *sizes[:-1]])
+    share, reveals = spreads.units_shares_reveals(np.concatenate(m2), np.concatenate(cells),
+                                                  starts, tiny)
+    for u, (unit_m2, unit_cells) in enumerate(zip(m2, cells)):
+        rows = slice(starts[u], starts[u] + sizes[u])
+        assert np.array_equal(share[rows], spreads.shares(unit_m2, unit_cells))
+        assert np.array_equal(reveals[u], spreads.unit_reveals(unit_m2, unit_cells, tiny))
+
+
+def _record(rng, n_groups, unit_positions):
+    width = 4
+    order = rng.permutation(n_groups)
+    counts = rng.integers(2, 6, n_groups)
+    m2 = rng.random((n_groups, width))
+    record = group_spreads.Spreads(order, counts, None, m2, 2, np.full(n_groups, -1, np.int64),
+                                   np.full(width, 1e-9))
+    for unit in unit_positions:
+        unit = np.sort(unit)
+        for position in unit.tolist():
+            record.merged[position] = unit
+    record.typical = np.ones(width)
+    return record
+
+
+def test_one_pass_computes_each_unit_once_per_chunk_it_touches(monkeypatch):
+    """A table of 5 chunks with one merged unit of 2,000 groups across all of them and
+    500 small ones: a pass hands each unit's members to the rule once per chunk holding
+    one of them (at most 2,000 x 5 + 500 x 3 x 3 rows; a unit per member was 4 million
+    for the large unit alone), and the released m2 is the one-unit functions'."""
+    rng = np.random.default_rng(0)
+    n_groups = 5 * group_spreads.CHUNK_GROUPS
+    positions = rng.permutation(n_groups)
+    large = positions[:2000]
+    small = [positions[2000 + 3 * i:2003 + 3 * i] for i in range(500)]
+    record = _record(rng, n_groups, [large, *small])
+    seen = []
+    real = spreads.units_shares_reveals
+
+    def counted(m2, cells, starts, tiny):
+        seen.append(m2.shape[0])
+        return real(m2, cells, starts, tiny)
+
+    monkeypatch.setattr(spreads, "units_shares_reveals", counted)
+    released = np.concatenate([record.take(lo, min(n_groups, lo + group_spreads.CHUNK_GROUPS))
+                               for lo in range(0, n_groups, group_spreads.CHUNK_GROUPS)])
+    assert len(seen) == 5 and sum(seen) <= 2000 * 5 + 500 * 3 * 3
+    # the values: each merged position's share, or the pooled stand-in where its unit reveals
+    for unit in [large, *small[:50]]:
+        unit = np.sort(unit)
+        ids = record.order[unit]
+        cells = np.repeat(record.counts[ids, None], 4, axis=1)
+        share = spreads.shares(record.m2[ids], cells)
+        reveals = spreads.unit_reveals(record.m2[ids], cells, record.tiny)
+        expected = np.where(reveals[None, :], np.maximum(cells - 1.0, 0.0), share)
+        assert np.array_equal(released[unit], expected)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_compiled_pair_pass_is_numpy_s_to_the_last_bit(seed):
+    """``spread_pair_rule`` (the compiled kernels) against ``pair_shares`` and
+    ``pair_reveals``: groups with and without a partner, cells 0 to 5, zero and tied
+    spreads, tiny spreads on the threshold."""
+    from fedcluster.common.kernels import _compiled
+
+    rng = np.random.default_rng(seed)
+    n, d = 3000, 7
+    m2 = rng.random((n, d)) * rng.choice([1e-12, 1.0, 1e6], (n, d))
+    mate_m2 = rng.random((n, d)) * rng.choice([1e-12, 1.0, 1e6], (n, d))
+    m2[rng.random((n, d)) < 0.2] = 0.0
+    mate_m2[rng.random((n, d)) < 0.2] = 0.0
+    mate_m2[:500] = m2[:500]  # ties
+    cells = rng.integers(0, 6, (n, d))
+    mate_cells = rng.integers(0, 6, (n, d))
+    alone = rng.random(n) < 0.3
+    mate_m2[alone], mate_cells[alone] = 0.0, 0
+    tiny = rng.random(d) * 1e-3
+    share, reveals = _compiled.spread_pair_rule(m2, mate_m2, cells, mate_cells, tiny,
+                                                spreads.EQUAL_WITHIN, spreads.SPREAD_MIN_ROWS)
+    assert np.array_equal(share, spreads.pair_shares(m2, mate_m2, cells, mate_cells))
+    assert np.array_equal(reveals, spreads.pair_reveals(m2, mate_m2, cells, mate_cells, tiny))
+
+
+def test_the_compiled_extremes_are_numpy_s():
+    from fedcluster.common.kernels import _compiled
+
+    rng = np.random.default_rng(0)
+    groups = rng.integers(0, 50, 4000)
+    deviation = rng.standard_normal((4000, 5))
+    deviation[rng.random((4000, 5)) < 0.1] = 0.0
+    high, low = np.zeros((50, 5)), np.zeros((50, 5))
+    _compiled.group_extremes_at(high, low, groups, deviation)
+    expected_high, expected_low = np.zeros((50, 5)), np.zeros((50, 5))
+    np.maximum.at(expected_high, groups, deviation)
+    np.minimum.at(expected_low, groups, deviation)
+    assert np.array_equal(high, expected_high) and np.array_equal(low, expected_low)
