@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from flwr.common.logger import FLOWER_LOGGER
 
-from fedcluster.server_app.outputs import PROGRESS
+from fedcluster.server_app.workflow import PROGRESS
 
 
 class _RoundBar(logging.Handler):

@@ -31,6 +31,7 @@ LAYERS = {
     "fedcluster.server_app": (2, "server_app"),
     "fedcluster.simulation": (3, "simulation"),
     "fedcluster.simulation_tables": (3, "simulation"),
+    "fedcluster.simulation_progress": (3, "simulation"),
     "fedcluster.cli": (4, "cli"),
 }
 MAX_LINES = 450

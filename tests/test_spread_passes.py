@@ -123,3 +123,71 @@ def test_the_compiled_extremes_are_numpy_s():
     np.maximum.at(expected_high, groups, deviation)
     np.minimum.at(expected_low, groups, deviation)
     assert np.array_equal(high, expected_high) and np.array_equal(low, expected_low)
+
+
+# The pairing as it was written in NumPy before it was compiled (issue 71): the reference.
+def _leaves_numpy(points, ids, size):
+    out, stack = [], [ids]
+    while stack:
+        part = stack.pop()
+        if part.size <= size:
+            out.append(part)
+            continue
+        block = points[part]
+        axis = int(np.argmax(block.max(axis=0) - block.min(axis=0)))
+        order = np.lexsort((part, block[:, axis]))
+        half = part.size // 2
+        stack.extend([part[order[half:]], part[order[:half]]])
+    return out
+
+
+def _pair_in_numpy(points, ids, small, taken, partner):
+    block = points[ids]
+    d2 = ((block[:, None, :] - block[None, :, :]) ** 2).sum(axis=2)
+    np.fill_diagonal(d2, np.inf)
+    for a in np.flatnonzero(small[ids] & (partner[ids] < 0)).tolist():
+        if partner[ids[a]] >= 0:
+            continue
+        free = (partner[ids] < 0) & ~taken[ids]
+        free[a] = False
+        if not free.any():
+            return
+        b = int(np.flatnonzero(free)[np.argmin(d2[a, free])])
+        partner[ids[a]], partner[ids[b]] = ids[b], ids[a]
+        taken[ids[a]] = taken[ids[b]] = True
+
+
+def _partners_numpy(points, counts):
+    partner = np.full(counts.size, -1, dtype=np.int64)
+    small = counts < spreads.SPREAD_MIN_ROWS
+    if not small.any():
+        return partner
+    points = np.nan_to_num(np.asarray(points, dtype=np.float64))
+    taken = np.zeros(counts.size, dtype=bool)
+    candidates = np.arange(counts.size)
+    for _ in range(2):
+        for leaf in _leaves_numpy(points, candidates, spreads.LEAF_GROUPS):
+            _pair_in_numpy(points, leaf, small, taken, partner)
+        if not (small & (partner < 0)).any():
+            break
+        candidates = np.flatnonzero((small & (partner < 0)) | (~small & ~taken))
+    return partner
+
+
+@pytest.mark.parametrize("width", [1, 3, 8, 11, 16])
+def test_the_compiled_pairing_is_the_numpy_one(width):
+    """Groups' points with ties (whole numbers), duplicates and spread-out values; small
+    and large groups: the same partners, and the same leaves, as the NumPy code made."""
+    rng = np.random.default_rng(width)
+    for trial in range(4):
+        n = int(rng.integers(50, 3000))
+        points = rng.standard_normal((n, width)) * rng.uniform(0.1, 10, width)
+        if trial % 2:
+            points = np.round(points)  # ties
+        points[rng.integers(0, n, n // 10)] = points[0]  # duplicates
+        counts = rng.integers(2, 5, n)
+        assert np.array_equal(spreads.spread_partners(points, counts), _partners_numpy(points, counts))
+        ids = rng.permutation(n)
+        for mine, theirs in zip(spreads._leaves(points, ids, spreads.LEAF_GROUPS),
+                                _leaves_numpy(points, ids, spreads.LEAF_GROUPS), strict=True):
+            assert np.array_equal(mine, theirs)

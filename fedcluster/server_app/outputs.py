@@ -52,11 +52,6 @@ HISTORY_COLUMNS = [
 ]
 
 
-#: The attribute of a round's log record that carries (its history row, the most rounds
-#: that may still follow it): what a progress bar reads (``fedcluster/simulation_progress.py``).
-PROGRESS = "fedcluster_progress"
-
-
 def progress_line(row: dict, max_rounds: int) -> str:
     """One line per round, for the console."""
 

@@ -33,7 +33,7 @@ from fedcluster.common import kernels
 from fedcluster.common.config import RunConfig
 from fedcluster.common.model import Model
 from fedcluster.common.schema import run_schema
-from fedcluster.server_app.outputs import PROGRESS, progress_line
+from fedcluster.server_app.outputs import progress_line
 from fedcluster.server_app import availability
 from fedcluster.server_app.polling import exchange
 from fedcluster.strategies import FederationError, private, reports
@@ -44,6 +44,10 @@ from fedcluster.strategies.run_result import RunResult
 # Keys of the ServerApp's Context state used by the in-process harness.
 INITIAL_CENTROIDS = "fedcluster.initial-centroids"
 RESULT = "fedcluster.result"
+
+#: The attribute of a round's log record that carries (its history row, the most rounds
+#: that may still follow it): what a progress bar reads (``fedcluster/simulation_progress.py``).
+PROGRESS = "fedcluster_progress"
 
 
 def fit_round(grid: Grid, context: LegacyContext) -> None:

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedcluster.client_app.data.grouping import compiled_kernels
+from fedcluster.common.kernels import compiled_kernels
 from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.client_app.release import dominance, spreads
 
-__all__ = ["Spreads", "candidates", "kept_summary", "pair_rows", "site_moments"]
+__all__ = ["Spreads", "candidates", "pair_rows", "site_moments"]
 
 #: Groups per chunk of a pass over the table.
 CHUNK_GROUPS = 1 << 12
@@ -35,7 +35,7 @@ def site_moments(counts: np.ndarray, sums: np.ndarray, absent: np.ndarray | None
     """(d,) (d,): the mean and standard deviation of each feature over the grouped rows'
     present cells (from its sum of squares: yardsticks for the rules, not released);
     ``base``: (cells, sums, squares) per feature of groups kept from an earlier table
-    (:func:`kept_summary`), counted in."""
+    (``version_table.kept_summary``), counted in."""
     n = float(counts.sum()) - (0.0 if absent is None else absent.sum(axis=0, dtype=np.float64))
     total, squares = sums.sum(axis=0), np.asarray(squares, dtype=np.float64)
     if base is not None:
@@ -430,31 +430,3 @@ def pair_rows(X: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
         points = points @ np.random.default_rng(points.shape[1]).standard_normal(
             (points.shape[1], PAIRING_WIDTH))
     return spreads.spread_partners(points, np.array([m.size for m in groups]))
-
-
-# ------------------------------------------------------------------ kept groups
-def kept_summary(kept: dict, width: int, min_size: int) -> tuple[tuple, tuple]:
-    """A version's kept groups (``kept``: their columns as pieces, their m2 the released
-    one), in one pass: (m2 sum, degrees of freedom) per feature, pooled into the new
-    groups' ``typical``; and (cells, sums, squares) per feature, their share of the
-    version's moments (``site_moments``' ``base``: the squares from the released m2 and
-    the groups' means, close to the rows' own: a yardstick, not a release)."""
-    total, dof = np.zeros(width), np.zeros(width)
-    cells_total, sums_total, squares = np.zeros(width), np.zeros(width), np.zeros(width)
-    (n, counts_of), = kept["counts"]
-    present = kept.get("present")
-    for lo in range(0, n, CHUNK_GROUPS):
-        hi = min(n, lo + CHUNK_GROUPS)
-        counts = np.asarray(counts_of(lo, hi))
-        cells = np.repeat(counts[:, None], width, axis=1) if present is None \
-            else np.asarray(present[0][1](lo, hi))
-        sums = np.asarray(kept["sums"][0][1](lo, hi))
-        m2 = np.asarray(kept["m2"][0][1](lo, hi))
-        cells_total += cells.sum(axis=0)
-        sums_total += sums.sum(axis=0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            squares += np.where(cells > 0, m2 + sums * sums / np.maximum(cells, 1), 0.0).sum(axis=0)
-        cells = np.where(cells >= min_size, cells, 0)
-        total += np.where(cells > 0, m2, 0.0).sum(axis=0)
-        dof += np.maximum(cells - 1.0, 0.0).sum(axis=0)
-    return (total, dof), (cells_total, sums_total, squares)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.client_app.data.grouping import compiled_kernels
+from fedcluster.common.kernels import compiled_kernels
 from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.client_app.release import dominance
 from fedcluster.client_app.release.record.instances import mix

@@ -36,9 +36,7 @@ are bit-identical for any Numba thread count.
 
 from __future__ import annotations
 
-import importlib
 import numbers
-import os
 
 import numpy as np
 
@@ -74,13 +72,6 @@ RELEASE_BYTES = 1 << 25
 # Up to this many rows the serial twins run (no thread pool start per call); depends on
 # n alone, so the labels still do not depend on the thread count.
 SERIAL_MAX_ROWS = 4096
-
-
-def compiled_kernels():
-    """The compiled grouping module, imported on first use (it imports Numba)."""
-    # As in fedcluster.common.kernels: idle OpenMP threads must not spin on a shared machine.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return importlib.import_module("fedcluster.common.kernels._compiled")
 
 
 def _check(X, min_size) -> tuple[np.ndarray, int]:
@@ -148,7 +139,7 @@ def group_rows(X: np.ndarray, min_size: int, scale: np.ndarray | None = None) ->
         return np.arange(n, dtype=np.int64)
     if n < g:
         return np.full(n, -1, dtype=np.int64)
-    K = compiled_kernels()
+    K = common_kernels.compiled_kernels()
     if n <= SERIAL_MAX_ROWS:
         def kernel(f):
             return K._SERIAL[f]

@@ -145,7 +145,7 @@ def _version_table(site: SiteData, plan, directory: Path, min_size: int, store):
     if n_kept:
         kept = _kept_columns(site, plan, directory, np.where(group_of_row < n_kept, group_of_row, -1),
                              min_size)
-        prior, base = group_spreads.kept_summary(kept, site.n_features, min_size)
+        prior, base = kept_summary(kept, site.n_features, min_size)
     columns, order, spreads = group_stats.ordered(site.X, new_of_row, len(plan.new_members),
                                                   directory, min_size, prior, plan.units, base,
                                                   judged_features(site),
@@ -188,3 +188,30 @@ def _kept_columns(site: SiteData, plan, directory: Path, kept_of_row: np.ndarray
                    "statistics are computed again from their rows", site.source, gone[0])
     return group_stats.kept_again(site.X, kept_of_row, int(plan.kept.size), min_size,
                                   judged_features(site))
+
+
+def kept_summary(kept: dict, width: int, min_size: int) -> tuple[tuple, tuple]:
+    """A version's kept groups (``kept``: their columns as pieces, their m2 the released
+    one), in one pass: (m2 sum, degrees of freedom) per feature, pooled into the new
+    groups' ``typical``; and (cells, sums, squares) per feature, their share of the
+    version's moments (``site_moments``' ``base``: the squares from the released m2 and
+    the groups' means, close to the rows' own: a yardstick, not a release)."""
+    total, dof = np.zeros(width), np.zeros(width)
+    cells_total, sums_total, squares = np.zeros(width), np.zeros(width), np.zeros(width)
+    (n, counts_of), = kept["counts"]
+    present = kept.get("present")
+    for lo in range(0, n, group_spreads.CHUNK_GROUPS):
+        hi = min(n, lo + group_spreads.CHUNK_GROUPS)
+        counts = np.asarray(counts_of(lo, hi))
+        cells = np.repeat(counts[:, None], width, axis=1) if present is None \
+            else np.asarray(present[0][1](lo, hi))
+        sums = np.asarray(kept["sums"][0][1](lo, hi))
+        m2 = np.asarray(kept["m2"][0][1](lo, hi))
+        cells_total += cells.sum(axis=0)
+        sums_total += sums.sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            squares += np.where(cells > 0, m2 + sums * sums / np.maximum(cells, 1), 0.0).sum(axis=0)
+        cells = np.where(cells >= min_size, cells, 0)
+        total += np.where(cells > 0, m2, 0.0).sum(axis=0)
+        dof += np.maximum(cells - 1.0, 0.0).sum(axis=0)
+    return (total, dof), (cells_total, sums_total, squares)

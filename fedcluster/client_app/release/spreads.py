@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedcluster.common.kernels import compiled_kernels
+
 __all__ = ["EQUAL_WITHIN", "LEAF_GROUPS", "SPREAD_MIN_ROWS", "ZERO_WITHIN", "host_size", "pair_reveals",
            "pair_shares", "shares", "spread_partners", "tiny_spread", "unit_reveals",
            "units_shares_reveals"]
@@ -66,38 +68,10 @@ def host_size(min_size: int) -> int:
 # ------------------------------------------------------------------ pairing
 def _leaves(points: np.ndarray, ids: np.ndarray, size: int) -> list[np.ndarray]:
     """``ids`` cut by median splits (each segment along its widest coordinate, ties by id)
-    into leaves of at most ``size``, in a fixed order."""
-    out, stack = [], [ids]
-    while stack:
-        part = stack.pop()
-        if part.size <= size:
-            out.append(part)
-            continue
-        block = points[part]
-        axis = int(np.argmax(block.max(axis=0) - block.min(axis=0)))
-        order = np.lexsort((part, block[:, axis]))
-        half = part.size // 2
-        stack.extend([part[order[half:]], part[order[:half]]])
-    return out
-
-
-def _pair_in(points: np.ndarray, ids: np.ndarray, small: np.ndarray, taken: np.ndarray,
-             partner: np.ndarray) -> None:
-    """Inside one leaf: each small group without a partner (in id order) takes the nearest
-    group still free (a small one, or a large one no small group has taken yet)."""
-    block = points[ids]
-    d2 = ((block[:, None, :] - block[None, :, :]) ** 2).sum(axis=2)
-    np.fill_diagonal(d2, np.inf)
-    for a in np.flatnonzero(small[ids] & (partner[ids] < 0)).tolist():
-        if partner[ids[a]] >= 0:
-            continue
-        free = (partner[ids] < 0) & ~taken[ids]
-        free[a] = False
-        if not free.any():
-            return
-        b = int(np.flatnonzero(free)[np.argmin(d2[a, free])])
-        partner[ids[a]], partner[ids[b]] = ids[b], ids[a]
-        taken[ids[a]] = taken[ids[b]] = True
+    into leaves of at most ``size``, in a fixed order (compiled: ``spread_leaves``)."""
+    order, starts = compiled_kernels().spread_leaves(
+        np.ascontiguousarray(points, dtype=np.float64), np.asarray(ids, dtype=np.int64), int(size))
+    return np.split(order, starts[1:-1])
 
 
 def spread_partners(points: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -130,8 +104,12 @@ def spread_partners(points: np.ndarray, counts: np.ndarray) -> np.ndarray:
     taken = np.zeros(counts.size, dtype=bool)
     candidates = np.arange(counts.size)
     for _ in range(2):  # the leftovers of the first round meet in a second
-        for leaf in _leaves(points, candidates, LEAF_GROUPS):
-            _pair_in(points, leaf, small, taken, partner)
+        # inside each leaf, each small group without a partner (in the leaf's order) takes
+        # the nearest group still free: a small one, or a large one no small group has
+        # taken yet (compiled: spread_pair_leaves)
+        order, starts = compiled_kernels().spread_leaves(points, candidates.astype(np.int64),
+                                                         LEAF_GROUPS)
+        compiled_kernels().spread_pair_leaves(points, order, starts, small, taken, partner)
         if not (small & (partner < 0)).any():
             break
         candidates = np.flatnonzero((small & (partner < 0)) | (~small & ~taken))

@@ -60,8 +60,8 @@ _COMPILED_NAMES = frozenset({
     "_minibatch_epoch_impl"})
 
 
-def _compiled_kernels():
-    """The compiled-kernel module (imports Numba the first time)."""
+def compiled_kernels():
+    """The compiled-kernel module (imports Numba the first time), for every caller."""
     # OpenMP threads spin between parallel regions by default, starving other processes
     # on a shared machine (3 sites' local k-means on 2 cores ran 8x slower than one alone:
     # bench/deployment.py); waiting passively costs a lone process nothing measurable.
@@ -71,14 +71,14 @@ def _compiled_kernels():
 
 def __getattr__(name: str):
     if name in _COMPILED_NAMES:
-        return getattr(_compiled_kernels(), name)
+        return getattr(compiled_kernels(), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "FASTMATH", "MIN_BLOCK_ROWS", "MAX_BLOCKS", "block_rows", "assign", "lloyd_stats",
     "min_sq_dist_update", "minibatch_epoch", "evaluation_stats", "distance_to_means",
-    "gtv_update",
+    "gtv_update", "compiled_kernels",
 ]
 
 # Rows per block is max(MIN_BLOCK_ROWS, ceil(n / MAX_BLOCKS)): at least 2048
@@ -122,8 +122,8 @@ def _for_rows(kernel, n_rows: int):
     """The kernel to call for ``n_rows`` rows: its serial twin for one block. ``kernel``
     is a dispatcher or its name in the compiled module."""
     if isinstance(kernel, str):
-        kernel = getattr(_compiled_kernels(), kernel)
-    return _compiled_kernels()._SERIAL[kernel] if n_rows <= SERIAL_MAX_ROWS else kernel
+        kernel = getattr(compiled_kernels(), kernel)
+    return compiled_kernels()._SERIAL[kernel] if n_rows <= SERIAL_MAX_ROWS else kernel
 
 
 def _blocked(kernel, X, *args):
@@ -346,7 +346,7 @@ def minibatch_epoch(X, order, batch: int, gamma, beta: float, weights=None) -> n
     if small_work.minibatch_small(X, gamma.shape[0], int(batch)):
         small_work.minibatch_epoch(X, w, order, int(batch), gamma, float(beta), lam)
         return lam
-    _compiled_kernels()._minibatch_epoch_impl(X, w, order, int(batch), gamma, float(beta), lam)
+    compiled_kernels()._minibatch_epoch_impl(X, w, order, int(batch), gamma, float(beta), lam)
     return lam
 
 
@@ -431,7 +431,7 @@ def gtv_update(X, W, N, alpha: float, floor: int = 1, weights=None, scatter=None
         raise ValueError(f"alpha must be >= 0, got {alpha}")
     sums, counts, sse = lloyd_stats(X, W, weights, scatter, variances)
     m_step = (small_work.gtv_m_step if small_work.small(X, W.shape[0])
-              else _compiled_kernels()._gtv_m_step_impl)
+              else compiled_kernels()._gtv_m_step_impl)
     W_new, gtv = m_step(W, N, sums, counts, float(alpha), int(floor))
     return W_new, counts, float(sse), float(gtv)
 

@@ -1187,6 +1187,120 @@ def spread_pair_rule(m2, mate_m2, cells, mate_cells, tiny, equal_within, spread_
 
 
 @njit(cache=True, nogil=True)
+def _pairwise_sum(v, n):
+    """``v[:n].sum()`` in NumPy's order for a contiguous float64 reduction (its pairwise
+    summation below its block of 128: 8 running sums, added as a tree, then the rest)."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += v[i]
+        return res
+    r = np.empty(8)
+    for j in range(8):
+        r[j] = v[j]
+    i = 8
+    while i < n - (n % 8):
+        for j in range(8):
+            r[j] += v[i + j]
+        i += 8
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    while i < n:
+        res += v[i]
+        i += 1
+    return res
+
+
+@njit(cache=True, nogil=True)
+def spread_pair_leaves(points, ids, starts, small, taken, partner):
+    """The spread pairing inside every leaf (leaf b: ``ids[starts[b]:starts[b+1]]``;
+    ``release/spreads.spread_partners``): each small group without a partner, in the
+    leaf's order, takes the nearest group still free (squared distances summed as NumPy
+    sums a row of at most 128 coordinates; the first of equal distances), a small one or
+    a large one no small group took yet. tests/test_spread_passes.py holds it to the
+    NumPy code it replaced."""
+    w = points.shape[1]
+    v = np.empty(w)
+    for b in range(starts.shape[0] - 1):
+        lo, hi = starts[b], starts[b + 1]
+        m = hi - lo
+        d2 = np.empty((m, m))
+        for a in range(m):
+            for c in range(m):
+                if a == c:
+                    d2[a, c] = np.inf
+                    continue
+                for k in range(w):
+                    t = points[ids[lo + a], k] - points[ids[lo + c], k]
+                    v[k] = t * t
+                d2[a, c] = _pairwise_sum(v, w)
+        askers = np.empty(m, dtype=np.int64)
+        n_askers = 0
+        for a in range(m):
+            if small[ids[lo + a]] and partner[ids[lo + a]] < 0:
+                askers[n_askers] = a
+                n_askers += 1
+        for q in range(n_askers):
+            a = askers[q]
+            if partner[ids[lo + a]] >= 0:
+                continue
+            best, best_d = -1, np.inf
+            for c in range(m):
+                g = ids[lo + c]
+                if c == a or partner[g] >= 0 or taken[g]:
+                    continue
+                if best < 0 or d2[a, c] < best_d:
+                    best, best_d = c, d2[a, c]
+            if best < 0:
+                break
+            ga, gb = ids[lo + a], ids[lo + best]
+            partner[ga], partner[gb] = gb, ga
+            taken[ga] = True
+            taken[gb] = True
+
+
+@njit(cache=True, nogil=True)
+def spread_leaves(points, ids, size):
+    """``release/spreads._leaves`` (compiled): ``ids`` cut by median splits (each part along its
+    widest coordinate, ties by id) into leaves of at most ``size``, depth first, the first
+    half first. Returns (the ids leaf after leaf, each leaf's start; one more at the end)."""
+    n = ids.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    starts = np.empty(n + 1, dtype=np.int64)
+    n_leaves, written = 0, 0
+    stack = [ids.copy()]
+    while len(stack) > 0:
+        part = stack.pop()
+        if part.shape[0] <= size:
+            starts[n_leaves] = written
+            n_leaves += 1
+            out[written:written + part.shape[0]] = part
+            written += part.shape[0]
+            continue
+        w = points.shape[1]
+        axis, widest = 0, -np.inf
+        for k in range(w):
+            top, bottom = points[part[0], k], points[part[0], k]
+            for i in range(1, part.shape[0]):
+                x = points[part[i], k]
+                if x > top:
+                    top = x
+                if x < bottom:
+                    bottom = x
+            if top - bottom > widest:
+                axis, widest = k, top - bottom
+        by_id = part[np.argsort(part)]
+        values = np.empty(by_id.shape[0])
+        for i in range(by_id.shape[0]):
+            values[i] = points[by_id[i], axis]
+        ordered = by_id[np.argsort(values, kind="mergesort")]
+        half = part.shape[0] // 2
+        stack.append(ordered[half:].copy())
+        stack.append(ordered[:half].copy())
+    starts[n_leaves] = written
+    return out, starts[:n_leaves + 1]
+
+
+@njit(cache=True, nogil=True)
 def group_extremes_at(high, low, groups, deviation):
     """``np.maximum.at(high, groups, deviation)`` and ``np.minimum.at(low, ...)``, rows in
     order (the deviations are finite: a missing cell's is 0)."""
