@@ -21,7 +21,7 @@ from fedcluster.common.kernels import compiled_kernels
 from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.client_app.release import dominance, spreads
 
-__all__ = ["Spreads", "candidates", "pair_rows", "site_moments"]
+__all__ = ["Spreads", "candidates", "site_moments"]
 
 #: Groups per chunk of a pass over the table.
 CHUNK_GROUPS = 1 << 12
@@ -99,6 +99,8 @@ class Spreads:
     _leaf: np.ndarray | None = None
     _leaves: list | None = None
     _sorted: tuple | None = None  # (sizes, merged positions, withheld positions): _keys
+    _epoch: int = 0  # counts the changes of the merged units (a carried unit is of one)
+    _carried: tuple | None = None  # ((next lo, epoch), units reaching on): _merged_here
 
     @property
     def withheld_cells(self) -> int:
@@ -120,6 +122,7 @@ class Spreads:
                 members = np.sort(unit)
                 for position in members.tolist():
                     self.merged[position] = members
+        self._epoch += 1
 
     def summary(self) -> dict:
         """What the rule did to this table's groups, as ``site check`` shows it: the
@@ -190,19 +193,41 @@ class Spreads:
             spreads.SPREAD_MIN_ROWS)
         merged, withheld = self._keys()
         inside = merged[np.searchsorted(merged, lo):np.searchsorted(merged, hi)]
-        if inside.size:  # each merged unit with a member here, all its members at once
-            units = list({int(self.merged[p][0]): self.merged[p] for p in inside.tolist()}.values())
-            members = np.concatenate(units)
-            starts = np.cumsum([0] + [unit.size for unit in units[:-1]])
-            unit_share, unit_reveals = spreads.units_shares_reveals(*self._unit(members), starts,
-                                                                     self.tiny)
-            by_position = np.argsort(members, kind="stable")
-            at = by_position[np.searchsorted(members[by_position], inside)]
-            share[inside - lo] = unit_share[at]
-            reveals[inside - lo] = unit_reveals[np.searchsorted(starts, at, side="right") - 1]
+        if inside.size:
+            share[inside - lo], reveals[inside - lo] = self._merged_here(inside, lo, hi)
         for position in withheld[np.searchsorted(withheld, lo):np.searchsorted(withheld, hi)].tolist():
             reveals[position - lo, self.withheld[position]] = True
         return m2, cells, share, ~reveals
+
+    def _merged_here(self, inside: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(shares, reveals) of the merged positions ``inside`` lo..hi: each unit with a
+        member here computed once, all its members at once; a unit that reaches past
+        ``hi`` is kept for the pass's next chunk (a pass goes up the table chunk by chunk),
+        so that a unit is computed once per pass however many chunks it spans."""
+        carried = self._carried[1] if self._carried is not None and \
+            self._carried[0] == (lo, self._epoch) else {}
+        found, todo = {}, []
+        for position in inside.tolist():
+            unit = self.merged[position]
+            head = int(unit[0])
+            if head not in found:
+                found[head] = carried.get(head)
+                if found[head] is None:
+                    todo.append(unit)
+        if todo:
+            starts = np.cumsum([0] + [unit.size for unit in todo[:-1]])
+            share, reveals = spreads.units_shares_reveals(*self._unit(np.concatenate(todo)),
+                                                          starts, self.tiny)
+            for k, unit in enumerate(todo):
+                found[int(unit[0])] = (unit, share[starts[k]:starts[k] + unit.size], reveals[k])
+        self._carried = ((hi, self._epoch), {head: got for head, got in {**carried, **found}.items()
+                                             if got[0][-1] >= hi})
+        out_share = np.empty((inside.size, self.m2.shape[1]))
+        out_reveals = np.empty((inside.size, self.m2.shape[1]), dtype=bool)
+        for i, position in enumerate(inside.tolist()):
+            unit, share, reveals = found[int(self.merged[position][0])]
+            out_share[i], out_reveals[i] = share[int(np.searchsorted(unit, position))], reveals
+        return out_share, out_reveals
 
     def _keys(self) -> tuple[np.ndarray, np.ndarray]:
         """The positions of merged units and of withheld spreads, sorted: a pass over the
@@ -300,12 +325,12 @@ class Spreads:
                     if a != b:
                         parent[max(a, b)] = min(a, b)
             self._regroup(parent, root)
-            flagged = [p for p in {int(self.unit_of(p)[0]) for p in flagged}
-                       if self._unit_reveals(p).any()]
+            reveals = self._units_reveal(sorted({int(self.unit_of(p)[0]) for p in flagged}))
+            flagged = [head for head, reveal in reveals.items() if reveal.any()]
             if not flagged:
                 return
         for head in flagged:
-            features = np.flatnonzero(self._unit_reveals(head)).tolist()
+            features = np.flatnonzero(reveals[head]).tolist()
             for member in self.unit_of(head).tolist():
                 self.withheld[member] = sorted(set(self.withheld.get(member, [])) | set(features))
 
@@ -323,10 +348,18 @@ class Spreads:
             unit = np.array(sorted(members), dtype=np.int64)
             for p in unit.tolist():
                 self.merged[p] = unit
+        self._epoch += 1
 
-    def _unit_reveals(self, position: int) -> np.ndarray:
-        unit_m2, unit_cells = self._unit(self.unit_of(position))
-        return spreads.unit_reveals(unit_m2, unit_cells, self.tiny)
+    def _units_reveal(self, heads: list[int]) -> dict:
+        """Head -> (d,) in which features the unit of each of ``heads`` would give cells
+        back (``spreads.unit_reveals``), all the units at once."""
+        if not heads:
+            return {}
+        units = [self.unit_of(head) for head in heads]
+        starts = np.cumsum([0] + [unit.size for unit in units[:-1]])
+        reveals = spreads.units_shares_reveals(*self._unit(np.concatenate(units)), starts,
+                                               self.tiny)[1]
+        return dict(zip(heads, reveals))
 
     def _revealing(self, positions) -> list[int]:
         """The positions whose unit would give cells back in some feature."""
@@ -405,28 +438,3 @@ class Spreads:
 #: How many times a unit that gives cells back is merged with its nearest before its
 #: spread is withheld.
 MERGE_ROUNDS = 3
-
-
-# ------------------------------------------------------------------ pairing by rows
-def pair_rows(X: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
-    """The spread partners (``release/spreads.spread_partners``) of groups given by their
-    rows (a new version's few), their means standardised as the rows' spread says."""
-    if not groups:
-        return np.zeros(0, dtype=np.int64)
-    rows = np.concatenate(groups)
-    order = np.argsort(rows, kind="stable")
-    values = np.empty((rows.size, X.shape[1]))
-    values[order] = np.asarray(X[rows[order]], dtype=np.float64)
-    release_pages(X)
-    with np.errstate(invalid="ignore"):
-        sd = np.nan_to_num(np.nanstd(values, axis=0))
-        scale = np.where(sd > 0, 1.0 / np.where(sd > 0, sd, 1.0), 0.0)
-        means, at = [], 0
-        for members in groups:
-            means.append(np.nan_to_num(np.nanmean(values[at:at + members.size], axis=0)))
-            at += members.size
-    points = np.array(means) * scale
-    if points.shape[1] > PAIRING_WIDTH:
-        points = points @ np.random.default_rng(points.shape[1]).standard_normal(
-            (points.shape[1], PAIRING_WIDTH))
-    return spreads.spread_partners(points, np.array([m.size for m in groups]))

@@ -24,7 +24,9 @@ from fedcluster.client_app.data.grouped_rows import judged_features, labels_of_g
 from fedcluster.client_app.data.grouping import grouping_scale
 from fedcluster.client_app.data.site_data import SiteData
 from fedcluster.client_app.data.versions import joining, row_keys
+from fedcluster.client_app.mapped_pages import release_pages
 from fedcluster.client_app.release import record
+from fedcluster.client_app.release.spreads import spread_partners
 
 __all__ = ["new_version", "record_stand_ins"]
 
@@ -57,7 +59,7 @@ def new_version(site: SiteData, min_size: int, directory: Path, store, key: str)
                                 lambda rows, unit, lost, fresh, labels, lost_units: _join_units(
                                     site, rows, unit, lost, fresh, labels, min_size, lost_units),
                                 has_missing, versions.lineage_name(key),
-                                lambda groups: group_spreads.pair_rows(site.X, groups),
+                                lambda groups: pair_rows(site.X, groups),
                                 lambda record: group_entries.read_arrays(
                                     directory / record["entry"]) is not None,
                                 lambda groups: grouped_rows.mended(site, groups, min_size, directory))
@@ -215,3 +217,27 @@ def kept_summary(kept: dict, width: int, min_size: int) -> tuple[tuple, tuple]:
         total += np.where(cells > 0, m2, 0.0).sum(axis=0)
         dof += np.maximum(cells - 1.0, 0.0).sum(axis=0)
     return (total, dof), (cells_total, sums_total, squares)
+
+
+def pair_rows(X: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
+    """The spread partners (``release/spreads.spread_partners``) of groups given by their
+    rows (a new version's few), their means standardised as the rows' spread says."""
+    if not groups:
+        return np.zeros(0, dtype=np.int64)
+    rows = np.concatenate(groups)
+    order = np.argsort(rows, kind="stable")
+    values = np.empty((rows.size, X.shape[1]))
+    values[order] = np.asarray(X[rows[order]], dtype=np.float64)
+    release_pages(X)
+    with np.errstate(invalid="ignore"):
+        sd = np.nan_to_num(np.nanstd(values, axis=0))
+        scale = np.where(sd > 0, 1.0 / np.where(sd > 0, sd, 1.0), 0.0)
+        means, at = [], 0
+        for members in groups:
+            means.append(np.nan_to_num(np.nanmean(values[at:at + members.size], axis=0)))
+            at += members.size
+    points = np.array(means) * scale
+    if points.shape[1] > group_spreads.PAIRING_WIDTH:
+        points = points @ np.random.default_rng(points.shape[1]).standard_normal(
+            (points.shape[1], group_spreads.PAIRING_WIDTH))
+    return spread_partners(points, np.array([m.size for m in groups]))

@@ -152,34 +152,23 @@ def unit_reveals(m2: np.ndarray, cells: np.ndarray, tiny: np.ndarray) -> np.ndar
     return (few | zero | carries.any(axis=0) | own.any(axis=0)) & (all_cells > 0)
 
 
-def _in_order(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """(U, d) each unit's rows summed one after another, as ``values[unit].sum(axis=0)``
-    adds them (``np.add.reduceat`` adds in another order: other last bits). The units
-    longest first, so that the j-th rows of the units that have one are a prefix."""
-    order = np.argsort(-sizes, kind="stable")
-    first, longer = starts[order], np.sort(sizes)[::-1]
-    out = np.zeros((starts.size, values.shape[1]))
-    for j in range(int(longer[0]) if longer.size else 0):
-        live = int(np.searchsorted(-longer, -j, side="left"))  # units of more than j rows
-        out[:live] += values[first[:live] + j]
-    result = np.empty_like(out)
-    result[order] = out
-    return result
-
-
 def units_shares_reveals(m2: np.ndarray, cells: np.ndarray, starts: np.ndarray,
                          tiny: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`shares` and :func:`unit_reveals` of many units at once: ``m2`` and ``cells``
     (M, d) their groups' own, unit by unit, each unit's first row at ``starts`` (U,).
     Returns the (M, d) shares and the (U, d) reveals, equal to the one-unit functions'
     (the same sums in the same order: a unit's rows added one after another)."""
-    m2 = np.asarray(m2, dtype=np.float64)
+    m2 = np.ascontiguousarray(m2, dtype=np.float64)
     cells = np.asarray(cells)
+    starts = np.asarray(starts, dtype=np.int64)
     sizes = np.diff(np.append(starts, m2.shape[0]))
     unit = np.repeat(np.arange(starts.size), sizes)
     dof = _dof(cells)
-    total, all_cells = _in_order(m2, starts, sizes), np.add.reduceat(cells, starts, axis=0)
-    dof_total = _in_order(dof, starts, sizes)[unit]
+    # each unit's rows added one after another, as ``m2.sum(axis=0)`` adds them
+    # (``np.add.reduceat`` adds in another order: other last bits)
+    in_order = compiled_kernels().spread_unit_sums
+    total, all_cells = in_order(m2, starts, sizes), np.add.reduceat(cells, starts, axis=0)
+    dof_total = in_order(dof, starts, sizes)[unit]
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(dof_total > 0, total[unit] * (dof / np.where(dof_total > 0, dof_total, 1.0)),
                          0.0)

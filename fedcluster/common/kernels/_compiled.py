@@ -1301,6 +1301,21 @@ def spread_leaves(points, ids, size):
 
 
 @njit(cache=True, nogil=True)
+def spread_unit_sums(values, starts, sizes):
+    """(U, d): each unit's rows (``values[starts[u]:starts[u] + sizes[u]]``) summed one
+    after another, as NumPy sums a block along its first axis (the first row, then each
+    next one added)."""
+    out = np.empty((starts.shape[0], values.shape[1]))
+    for u in range(starts.shape[0]):
+        for j in range(values.shape[1]):
+            acc = values[starts[u], j]
+            for r in range(starts[u] + 1, starts[u] + sizes[u]):
+                acc += values[r, j]
+            out[u, j] = acc
+    return out
+
+
+@njit(cache=True, nogil=True)
 def group_extremes_at(high, low, groups, deviation):
     """``np.maximum.at(high, groups, deviation)`` and ``np.minimum.at(low, ...)``, rows in
     order (the deviations are finite: a missing cell's is 0)."""
