@@ -353,13 +353,17 @@ class Spreads:
     def _units_reveal(self, heads: list[int]) -> dict:
         """Head -> (d,) in which features the unit of each of ``heads`` would give cells
         back (``spreads.unit_reveals``), all the units at once."""
-        if not heads:
-            return {}
-        units = [self.unit_of(head) for head in heads]
-        starts = np.cumsum([0] + [unit.size for unit in units[:-1]])
-        reveals = spreads.units_shares_reveals(*self._unit(np.concatenate(units)), starts,
-                                               self.tiny)[1]
-        return dict(zip(heads, reveals))
+        out, batch, rows = {}, [], 0
+        for k, head in enumerate(heads):  # a chunk's worth of rows at a time (memory)
+            batch.append(self.unit_of(head))
+            rows += batch[-1].size
+            if rows >= CHUNK_GROUPS or k == len(heads) - 1:
+                starts = np.cumsum([0] + [unit.size for unit in batch[:-1]])
+                reveals = spreads.units_shares_reveals(*self._unit(np.concatenate(batch)),
+                                                       starts, self.tiny)[1]
+                out.update((int(unit[0]), reveal) for unit, reveal in zip(batch, reveals))
+                batch, rows = [], 0
+        return out
 
     def _revealing(self, positions) -> list[int]:
         """The positions whose unit would give cells back in some feature."""

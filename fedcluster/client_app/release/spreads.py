@@ -157,28 +157,13 @@ def units_shares_reveals(m2: np.ndarray, cells: np.ndarray, starts: np.ndarray,
     """:func:`shares` and :func:`unit_reveals` of many units at once: ``m2`` and ``cells``
     (M, d) their groups' own, unit by unit, each unit's first row at ``starts`` (U,).
     Returns the (M, d) shares and the (U, d) reveals, equal to the one-unit functions'
-    (the same sums in the same order: a unit's rows added one after another)."""
+    (compiled, ``spread_units_rule``: the same sums in the same order)."""
     m2 = np.ascontiguousarray(m2, dtype=np.float64)
-    cells = np.asarray(cells)
     starts = np.asarray(starts, dtype=np.int64)
     sizes = np.diff(np.append(starts, m2.shape[0]))
-    unit = np.repeat(np.arange(starts.size), sizes)
-    dof = _dof(cells)
-    # each unit's rows added one after another, as ``m2.sum(axis=0)`` adds them
-    # (``np.add.reduceat`` adds in another order: other last bits)
-    in_order = compiled_kernels().spread_unit_sums
-    total, all_cells = in_order(m2, starts, sizes), np.add.reduceat(cells, starts, axis=0)
-    dof_total = in_order(dof, starts, sizes)[unit]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(dof_total > 0, total[unit] * (dof / np.where(dof_total > 0, dof_total, 1.0)),
-                         0.0)
-    few = all_cells < SPREAD_MIN_ROWS
-    zero = total <= tiny * all_cells
-    small = (cells > 0) & (cells < SPREAD_MIN_ROWS)
-    carries = small & ((total[unit] - m2) <= EQUAL_WITHIN * total[unit])
-    own = small & (m2 > 0) & (np.abs(share - m2) <= EQUAL_WITHIN * m2)
-    flagged = np.logical_or.reduceat(carries | own, starts, axis=0)
-    return share, (few | zero | flagged) & (all_cells > 0)
+    return compiled_kernels().spread_units_rule(
+        m2, np.ascontiguousarray(cells, dtype=np.int64), starts, sizes,
+        np.asarray(tiny, dtype=np.float64), EQUAL_WITHIN, SPREAD_MIN_ROWS)
 
 
 def pair_reveals(m2, partner_m2, cells, partner_cells, tiny) -> np.ndarray:

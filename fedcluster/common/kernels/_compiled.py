@@ -1301,18 +1301,39 @@ def spread_leaves(points, ids, size):
 
 
 @njit(cache=True, nogil=True)
-def spread_unit_sums(values, starts, sizes):
-    """(U, d): each unit's rows (``values[starts[u]:starts[u] + sizes[u]]``) summed one
-    after another, as NumPy sums a block along its first axis (the first row, then each
-    next one added)."""
-    out = np.empty((starts.shape[0], values.shape[1]))
+def spread_units_rule(m2, cells, starts, sizes, tiny, equal_within, spread_min):
+    """(share (M, d), reveals (U, d)): ``release/spreads.shares`` and ``unit_reveals`` of
+    many units (unit u: rows ``starts[u]:starts[u] + sizes[u]`` of ``m2`` and ``cells``),
+    without an (M, d) temporary. A unit's sums add its rows one after another, as NumPy
+    sums a block along its first axis (the first row, then each next one)."""
+    M, d = m2.shape
+    share = np.empty((M, d))
+    reveals = np.empty((starts.shape[0], d), dtype=np.bool_)
     for u in range(starts.shape[0]):
-        for j in range(values.shape[1]):
-            acc = values[starts[u], j]
-            for r in range(starts[u] + 1, starts[u] + sizes[u]):
-                acc += values[r, j]
-            out[u, j] = acc
-    return out
+        lo, hi = starts[u], starts[u] + sizes[u]
+        for j in range(d):
+            total = m2[lo, j]
+            all_cells = cells[lo, j]
+            dof_total = max(np.float64(cells[lo, j]) - 1.0, 0.0)
+            for r in range(lo + 1, hi):
+                total += m2[r, j]
+                all_cells += cells[r, j]
+                dof_total += max(np.float64(cells[r, j]) - 1.0, 0.0)
+            held = dof_total if dof_total > 0 else 1.0
+            flagged = False
+            for r in range(lo, hi):
+                dof = max(np.float64(cells[r, j]) - 1.0, 0.0)
+                mine = total * (dof / held) if dof_total > 0 else 0.0
+                share[r, j] = mine
+                small = cells[r, j] > 0 and cells[r, j] < spread_min
+                if small and (total - m2[r, j]) <= equal_within * total:
+                    flagged = True
+                if small and m2[r, j] > 0 and abs(mine - m2[r, j]) <= equal_within * m2[r, j]:
+                    flagged = True
+            few = all_cells < spread_min
+            zero = total <= tiny[j] * np.float64(all_cells)
+            reveals[u, j] = (few or zero or flagged) and all_cells > 0
+    return share, reveals
 
 
 @njit(cache=True, nogil=True)
