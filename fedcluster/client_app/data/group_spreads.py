@@ -13,6 +13,7 @@ table keeps, a chunk of groups at a time (:meth:`Spreads.take`).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,7 +101,8 @@ class Spreads:
     _leaves: list | None = None
     _sorted: tuple | None = None  # (sizes, merged positions, withheld positions): _keys
     _epoch: int = 0  # counts the changes of the merged units (a carried unit is of one)
-    _carried: tuple | None = None  # ((next lo, epoch), units reaching on): _merged_here
+    _carried: list | None = None  # [(next lo, epoch), units reaching on, heap]: _merged_here
+    _index: tuple | None = None  # (epoch, unit head, rank in unit) per position: _unit_index
 
     @property
     def withheld_cells(self) -> int:
@@ -128,10 +130,8 @@ class Spreads:
         """What the rule did to this table's groups, as ``site check`` shows it: the
         2-row groups paired, the units merged (values that tie), the (group, feature)
         spreads withheld, of them the dominance rule's."""
-        merged = {tuple(unit.tolist()) for unit in self.merged.values()}
-        return {"groups": int(self.order.size),
-                "paired": int(np.count_nonzero(self.partner >= 0)),
-                "merged-units": len(merged),
+        return {"groups": int(self.order.size), "paired": int(np.count_nonzero(self.partner >= 0)),
+                "merged-units": len({int(unit[0]) for unit in self.merged.values()}),
                 "withheld": int(self.withheld_cells), "dominated": int(self.dominated),
                 "dominated-means": int(self.dominated_means)}
 
@@ -200,39 +200,46 @@ class Spreads:
         return m2, cells, share, ~reveals
 
     def _merged_here(self, inside: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """(shares, reveals) of the merged positions ``inside`` lo..hi: each unit with a
-        member here computed once, all its members at once; a unit that reaches past
-        ``hi`` is kept for the pass's next chunk (a pass goes up the table chunk by chunk),
-        so that a unit is computed once per pass however many chunks it spans."""
-        carried = self._carried[1] if self._carried is not None and \
-            self._carried[0] == (lo, self._epoch) else {}
-        found, todo = {}, []
-        for position in inside.tolist():
-            unit = self.merged[position]
-            head = int(unit[0])
-            if head not in found:
-                found[head] = carried.get(head)
-                if found[head] is None:
-                    todo.append(unit)
+        """(shares, reveals) of the merged positions ``inside`` lo..hi, each unit computed
+        once per pass (a pass goes up the table chunk by chunk; a unit is kept until it ends)."""
+        head_of, rank_of = self._unit_index()
+        if self._carried is None or self._carried[0] != (lo, self._epoch):
+            self._carried = [(lo, self._epoch), {}, []]  # a new pass: (units, heap by last)
+        carried, ends = self._carried[1], self._carried[2]
+        while ends and ends[0][0] < lo:  # units that ended before this chunk
+            carried.pop(heapq.heappop(ends)[1], None)
+        heads = head_of[inside]
+        todo = [self.merged[h] for h in np.unique(heads).tolist() if h not in carried]
         if todo:
             starts = np.cumsum([0] + [unit.size for unit in todo[:-1]])
             share, reveals = spreads.units_shares_reveals(*self._unit(np.concatenate(todo)),
                                                           starts, self.tiny)
             for k, unit in enumerate(todo):
-                found[int(unit[0])] = (unit, share[starts[k]:starts[k] + unit.size], reveals[k])
-        self._carried = ((hi, self._epoch), {head: got for head, got in {**carried, **found}.items()
-                                             if got[0][-1] >= hi})
+                carried[int(unit[0])] = (share[starts[k]:starts[k] + unit.size], reveals[k])
+                heapq.heappush(ends, (int(unit[-1]), int(unit[0])))
+        self._carried[0] = (hi, self._epoch)
         out_share = np.empty((inside.size, self.m2.shape[1]))
         out_reveals = np.empty((inside.size, self.m2.shape[1]), dtype=bool)
-        for i, position in enumerate(inside.tolist()):
-            unit, share, reveals = found[int(self.merged[position][0])]
-            out_share[i], out_reveals[i] = share[int(np.searchsorted(unit, position))], reveals
+        order = np.argsort(heads, kind="stable")
+        edges = np.flatnonzero(np.diff(heads[order])) + 1
+        for rows in np.split(order, edges):
+            share, reveals = carried[int(heads[rows[0]])]
+            out_share[rows], out_reveals[rows] = share[rank_of[inside[rows]]], reveals
         return out_share, out_reveals
 
+    def _unit_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(G,) each merged position's unit head and rank in it, for the units as they are."""
+        if self._index is None or self._index[0] != self._epoch:
+            head_of = np.full(self.order.size, -1, dtype=np.int64)
+            rank_of = np.zeros(self.order.size, dtype=np.int64)
+            for unit in {int(unit[0]): unit for unit in self.merged.values()}.values():
+                head_of[unit], rank_of[unit] = unit[0], np.arange(unit.size)
+            self._index = (self._epoch, head_of, rank_of)
+        return self._index[1], self._index[2]
+
     def _keys(self) -> tuple[np.ndarray, np.ndarray]:
-        """The positions of merged units and of withheld spreads, sorted: a pass over the
-        table finds a chunk's own by bisection, not by walking every unit per chunk
-        (positions are only ever added to either, so their counts say when to sort again)."""
+        """The positions of merged units and of withheld spreads, sorted (a chunk finds its
+        own by bisection); positions are only ever added, so their counts say when to sort."""
         sizes = (len(self.merged), len(self.withheld))
         if self._sorted is None or self._sorted[0] != sizes:
             self._sorted = (sizes, np.array(sorted(self.merged), dtype=np.int64),
@@ -351,8 +358,7 @@ class Spreads:
         self._epoch += 1
 
     def _units_reveal(self, heads: list[int]) -> dict:
-        """Head -> (d,) in which features the unit of each of ``heads`` would give cells
-        back (``spreads.unit_reveals``), all the units at once."""
+        """Head -> (d,) where each unit of ``heads`` would give cells back (``unit_reveals``)."""
         out, batch, rows = {}, [], 0
         for k, head in enumerate(heads):  # a chunk's worth of rows at a time (memory)
             batch.append(self.unit_of(head))
