@@ -3,9 +3,11 @@
 In a notebook a run's INFO lines (a line per round, the sites' notes, the summary) are
 noise: by default they are held back from Flower's console and a progress bar (tqdm's,
 a widget in Jupyter where ipywidgets is installed, else a line on stderr) counts the
-rounds instead, with each round's task and score. Warnings and errors are shown as
-always, and every record still reaches Python's logging (a notebook's own handler, pytest's
-``caplog``). ``verbose=True`` shows every line, as ``fedcluster simulate`` does.
+rounds instead, with each round's task and score (the workflow tells it of each round:
+``server_app/workflow.ROUND_LISTENERS``, whatever the loggers' levels). Warnings and
+errors are shown as always, and every record still reaches Python's logging (a
+notebook's own handler, pytest's ``caplog``). ``verbose=True`` shows every line, as
+``fedcluster simulate`` does.
 """
 
 from __future__ import annotations
@@ -15,23 +17,17 @@ from contextlib import contextmanager
 
 from flwr.common.logger import FLOWER_LOGGER
 
-from fedcluster.server_app.workflow import PROGRESS
+from fedcluster.server_app.workflow import ROUND_LISTENERS
 
 
-class _RoundBar(logging.Handler):
-    """Moves the bar by each round's record (the workflow's ``PROGRESS`` extra: the
-    history row and the most rounds that may still follow it; a run stops early on
-    convergence, so the bar's total shrinks as the run goes)."""
+class _RoundBar:
+    """Moves the bar by each round (its history row, and the most rounds that may still
+    follow it: a run stops early on convergence, so the bar's total shrinks as it goes)."""
 
     def __init__(self) -> None:
-        super().__init__(logging.INFO)
         self.bar = None
 
-    def emit(self, record: logging.LogRecord) -> None:
-        progress = getattr(record, PROGRESS, None)
-        if progress is None:
-            return
-        row, to_come = progress
+    def __call__(self, row: dict, to_come: int) -> None:
         if self.bar is None:
             from tqdm.auto import tqdm
 
@@ -48,7 +44,6 @@ class _RoundBar(logging.Handler):
             self.bar.total = self.bar.n
             self.bar.refresh()
             self.bar.close()
-        super().close()
 
 
 @contextmanager
@@ -61,11 +56,11 @@ def shown(verbose: bool):
     bar = _RoundBar()
     for handler, _ in consoles:
         handler.setLevel(max(handler.level, logging.WARNING))
-    FLOWER_LOGGER.addHandler(bar)
+    ROUND_LISTENERS.append(bar)
     try:
         yield
     finally:
-        FLOWER_LOGGER.removeHandler(bar)
+        ROUND_LISTENERS.remove(bar)
         bar.close()
         for handler, level in consoles:
             handler.setLevel(level)

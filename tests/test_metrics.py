@@ -260,15 +260,17 @@ def test_simulate_is_quiet_with_a_progress_bar_unless_verbose(capfd, caplog):
                if isinstance(h, logging.StreamHandler)]
     try:
         capfd.readouterr()
-        with caplog.at_level(logging.INFO):
+        # (at INFO whatever an earlier test of this process set Flower's logger to)
+        with caplog.at_level(logging.INFO, logger="flwr"):
             quiet = fedcluster.simulate(sites, n_clusters=2, num_rounds=4, min_sites=2, seed=1)
         bar, said = capfd.readouterr().err, console.getvalue()
         rounds = len(quiet.history)
         assert "round   1 [" not in said and "result" not in said  # no round lines, no summary
         assert "fedcluster: 100%" in bar and f"{rounds}/{rounds}" in bar  # full at the end
         assert "round   1 [" in caplog.text  # the records still reach logging
-        loud = fedcluster.simulate(sites, n_clusters=2, num_rounds=4, min_sites=2, seed=1,
-                                   verbose=True)
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            loud = fedcluster.simulate(sites, n_clusters=2, num_rounds=4, min_sites=2, seed=1,
+                                       verbose=True)
         assert "round   1 [" in console.getvalue()[len(said):]
         assert "fedcluster: " not in capfd.readouterr().err
     finally:

@@ -45,9 +45,9 @@ from fedcluster.strategies.run_result import RunResult
 INITIAL_CENTROIDS = "fedcluster.initial-centroids"
 RESULT = "fedcluster.result"
 
-#: The attribute of a round's log record that carries (its history row, the most rounds
-#: that may still follow it): what a progress bar reads (``fedcluster/simulation_progress.py``).
-PROGRESS = "fedcluster_progress"
+#: Callables told of each round as it ends: (its history row, the most rounds that may
+#: still follow it); the in-process harness's progress bar (``simulation_progress.py``).
+ROUND_LISTENERS: list = []
 
 
 def fit_round(grid: Grid, context: LegacyContext) -> None:
@@ -173,8 +173,9 @@ class ClusteringWorkflow:
         for server_round in range(last_round + 1, bound + 1):
             cfg[Key.CURRENT_ROUND] = server_round
             self.fit_workflow(grid, context)
-            log(logging.INFO, "%s", progress_line(run.history[-1], run.config.num_rounds),
-                extra={PROGRESS: (run.history[-1], bound - server_round + rounds_after)})
+            log(logging.INFO, "%s", progress_line(run.history[-1], run.config.num_rounds))
+            for listener in ROUND_LISTENERS:
+                listener(run.history[-1], bound - server_round + rounds_after)
             if self.checkpoint_dir is not None:
                 save_checkpoint(run.snapshot(), self.checkpoint_dir)
             if run.finished:
