@@ -260,7 +260,12 @@ from fedcluster.common import protocol
 path, cache, node, missing, transform, centroids, start, me, bare = sys.argv[2:11]
 site = RunSite({"data-path": path, **json.loads(node)}, cache, missing)
 params = {} if transform == "" else {"transform": transform}
-site.ask("describe", [])  # (the version is made before the race)
+# (the version is made before the race, one process after the other: two making version 0
+# of one file at the same moment is another race than the report's, which this one shows)
+while me != "0" and not os.path.exists(os.path.join(os.path.dirname(start), "described-0")):
+    time.sleep(0.01)
+site.ask("describe", [])
+open(os.path.join(os.path.dirname(start), f"described-{me}"), "w").close()
 if bare == "1":
     import contextlib
     from fedcluster.client_app.release import gate, record
