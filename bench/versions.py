@@ -186,6 +186,17 @@ out.flush()
 """
 
 
+def edit_site(path: Path, change: float, version: int) -> None:
+    """The site's file at ``path`` made its next version in place (:data:`EDIT_CHILD`, in a
+    process of its own): ``change`` of its rows touched; its mtime set to ``version`` s."""
+    edited = path.with_name(f"{path.stem}-{version}.npy")
+    subprocess.run([sys.executable, "-c", EDIT_CHILD, str(path), str(edited), str(change),
+                    str(version), str(BENCH)], check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    os.replace(edited, path)
+    Path(str(edited) + ".new.npy").unlink()
+    os.utime(path, ns=(version * 10**9, version * 10**9))
+
+
 def scale_part(n: int, d: int, versions: int, change: float, p: int) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="fedcluster-versions-") as tmp:
         tmp = Path(tmp)
@@ -204,13 +215,7 @@ def scale_part(n: int, d: int, versions: int, change: float, p: int) -> list[str
                "|---|---|---|---|---|---|---|---|---|---|"]
         for version in range(versions + 1):
             if version:
-                edited = tmp / f"site-{version}.npy"
-                subprocess.run([sys.executable, "-c", EDIT_CHILD, str(path), str(edited),
-                                str(change), str(version), str(BENCH)], check=True,
-                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
-                os.replace(edited, path)
-                Path(str(edited) + ".new.npy").unlink()
-                os.utime(path, ns=(version * 10**9, version * 10**9))
+                edit_site(path, change, version)
             r = run_child(path, cache, p, code=VERSION_CHILD)
             rec = r["record"]
             line = (f"| {version} | {rec['rows']:,} | {rec.get('kept-rows', 0):,} | "
