@@ -287,6 +287,9 @@ def main(argv=None) -> None:
     parser.add_argument("--big-rounds", type=int, default=3, help="part 3 training rounds")
     parser.add_argument("--edge-sites", default="1000,3000,10000",
                         help="part 4: site counts of the speed grid ('' skips part 4)")
+    parser.add_argument("--edge-cells", default=None,
+                        help="part 4: the speed grid's cells as C:availability pairs, e.g. "
+                        "'1:1,0.01:1' (default: all of many_sites.CELLS)")
     parser.add_argument("--edge-quality-sites", default="1000,10000",
                         help="part 4: site counts of the quality runs")
     parser.add_argument("--edge-floor-sites", default="1000,10000",
@@ -304,9 +307,14 @@ def main(argv=None) -> None:
     text = [report.header("Scale: sites, data size, and the memory of a large site"), ""]
 
     edge = [int(s) for s in args.edge_sites.split(",") if s]
+    cells = many_sites.CELLS if args.edge_cells is None else tuple(
+        tuple(float(x) for x in cell.split(":")) for cell in args.edge_cells.split(",") if cell)
+    unknown = [cell for cell in cells if cell not in many_sites.CELLS]
+    if unknown:
+        parser.error(f"--edge-cells: {unknown} not among {many_sites.CELLS}")
     edge_speed, edge_floor, edge_quality = {}, {}, {}
     for n in edge:
-        for fraction, available in many_sites.CELLS:
+        for fraction, available in cells:
             edge_speed[(n, fraction, available)] = r = _run_child(["edge-speed", json.dumps(
                 {"sites": n, "fraction": fraction, "availability": available})])
             print(f"edge {n} sites, C {fraction}, a {available}: {r['seconds']:.1f} s, "

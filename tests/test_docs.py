@@ -38,8 +38,11 @@ DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 
 CHECKED_LANGUAGES = ("bash", "python")
-FENCE = re.compile(r"^(`{3,})\s*([\w+-]*)\s*$")
-MARKER = re.compile(r"^<!--\s*(run by|not run here:)\s*(.*?)\s*-->$")
+#: a block of what a command printed (a ```text block): marked ``printed by`` the tests
+#: that compare it with what the code prints, or ``not run here:``
+PRINTED_LANGUAGE = "text"
+FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")
+MARKER = re.compile(r"^<!--\s*(run by|printed by|not run here:)\s*(.*?)\s*-->$")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 TEST_COMMAND = "python -m pytest -q"
 
@@ -54,7 +57,7 @@ class Block:
     line: int  # 1-based line of the opening fence
     language: str
     code: str
-    marker: tuple[str, str] | None  # ("run by", "a, b") or ("not run here:", reason)
+    marker: tuple[str, str] | None  # ("run by" | "printed by", "a, b") or ("not run here:", reason)
 
     @property
     def where(self) -> str:
@@ -70,12 +73,13 @@ def blocks(page: Path) -> list[Block]:
         if not opening:
             i += 1
             continue
-        fence, language = opening.groups()
+        indent, fence, language = opening.groups()
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), None)
         assert end is not None, f"{rel(page)}:{i + 1}: code block never closed"
         before = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         marker = MARKER.match(before)
-        found.append(Block(page, i + 1, language, "\n".join(lines[i + 1:end]),
+        code = [line.removeprefix(indent) for line in lines[i + 1:end]]  # (a block in a list)
+        found.append(Block(page, i + 1, language, "\n".join(code),
                            marker.groups() if marker else None))
         i = end + 1
     return found
@@ -166,10 +170,14 @@ def test_table_check_catches_a_wrong_default():
 # ------------------------------------------------------------------ markers
 
 def checked_blocks() -> list[Block]:
-    return [b for page in PAGES for b in blocks(page) if b.language in CHECKED_LANGUAGES]
+    return [b for page in PAGES for b in blocks(page)
+            if b.language in (*CHECKED_LANGUAGES, PRINTED_LANGUAGE)]
 
 
 def test_every_marker_names_existing_files_or_a_reason():
+    """A ``run by`` or ``printed by`` marker names files that exist; a ``printed by`` file
+    also names the page (it reads the block it compares from there; this file reads every
+    page); a ``not run here`` gives its reason."""
     problems = []
     for block in checked_blocks():
         if block.marker is None:
@@ -179,12 +187,61 @@ def test_every_marker_names_existing_files_or_a_reason():
             if not argument:
                 problems.append(f"{block.where}: 'not run here:' without a reason")
             continue
+        if (kind == "printed by") != (block.language == PRINTED_LANGUAGE):
+            problems.append(f"{block.where}: '{kind}' on a {block.language or 'plain'} block")
         paths = [p.strip() for p in argument.split(",") if p.strip()]
         if not paths:
-            problems.append(f"{block.where}: 'run by' names no file")
-        problems += [f"{block.where}: 'run by {p}': no such file" for p in paths
+            problems.append(f"{block.where}: '{kind}' names no file")
+        problems += [f"{block.where}: '{kind} {p}': no such file" for p in paths
                      if not (ROOT / p).is_file()]
+        if kind == "printed by":
+            problems += [f"{block.where}: '{kind} {p}': {p} does not name {block.page.name}"
+                         for p in paths if (ROOT / p).is_file() and p != "tests/test_docs.py"
+                         and block.page.name not in (ROOT / p).read_text(encoding="utf-8")]
     assert not problems, "\n".join(problems)
+
+
+def test_every_printed_block_is_compared_with_what_the_code_prints():
+    """What a page shows a command printing (a ```text block) is what it prints: each is
+    marked ``printed by`` the tests that compare it, or ``not run here:`` with a reason."""
+    unmarked = [b.where for page in PAGES for b in blocks(page)
+                if b.language == PRINTED_LANGUAGE and b.marker is None]
+    assert not unmarked, "text blocks no test compares:\n" + "\n".join(unmarked)
+
+
+def shown(page: str, starts: str, nth: int = 0) -> str:
+    """The ``nth`` printed block of ``page`` (relative to the repository) that starts with
+    ``starts``; for the tests a ``printed by`` marker names."""
+    found = [b.code for b in blocks(ROOT / page)
+             if b.language == PRINTED_LANGUAGE and b.code.startswith(starts)]
+    assert len(found) > nth, f"{page}: no printed block starting {starts!r}"
+    return found[nth]
+
+
+def _shown(block_text: str) -> re.Pattern:
+    """What a printed block's text matches: itself, each ``...`` in it any text left out."""
+    return re.compile(".*?".join(re.escape(part) for part in block_text.split("...")), re.S)
+
+
+def same_words(printed: str, block: str) -> bool:
+    """``printed`` is the block, read as a page wraps it (whitespace runs are one space;
+    ``...`` marks text left out)."""
+    return _shown(" ".join(block.split())).fullmatch(" ".join(printed.split())) is not None
+
+
+def compare_printed(printed: str, block: str, where: str) -> None:
+    """``printed`` is the text ``block`` shows, line by line (a day reads YYYY-MM-DD, a run
+    id N; a block that starts with a line ``...`` shows the output's last lines; a ``...``
+    in a line marks text left out)."""
+    printed = re.sub(r"\b\d{4}-\d{2}-\d{2}\b", "YYYY-MM-DD", printed.rstrip("\n"))
+    printed_lines = re.sub(r"\brun \d+", "run N", printed).split("\n")
+    block_lines = re.sub(r"\brun \d+", "run N", block.rstrip("\n")).split("\n")
+    if block_lines[0] == "...":  # the output's last lines
+        block_lines = block_lines[1:]
+        printed_lines = printed_lines[-len(block_lines):]
+    assert len(printed_lines) == len(block_lines) and all(
+        _shown(shown).fullmatch(ours) for ours, shown in zip(printed_lines, block_lines)), \
+        f"{where}:\n{printed}"
 
 
 def test_every_unrecognised_marker_like_comment_is_an_error():
@@ -238,11 +295,6 @@ def fedcluster_output(argv: list[str]) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def run_fedcluster(argv: list[str], where: str) -> None:
-    code, printed = fedcluster_output(argv)
-    assert code == 0, f"{where}: `fedcluster {shlex.join(argv)}` exited {code}:\n{printed[-3000:]}"
-
-
 def run_bash(line: str, cwd: Path, where: str) -> None:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -252,16 +304,30 @@ def run_bash(line: str, cwd: Path, where: str) -> None:
                                   f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
 
-def run_block(block: Block, cwd: Path, namespace: dict) -> None:
+def run_block(block: Block, cwd: Path, namespace: dict, after: Block | None = None) -> int:
+    """Run ``block``; where it ends with a ``fedcluster`` command and ``after`` is the
+    printed block this file compares (``printed by tests/test_docs.py``), its output is
+    that block (``|| true``: a command the page shows failing). How many it compared."""
     if block.language == "python":
         exec(compile(block.code, block.where, "exec"), namespace)  # noqa: S102
-        return
-    for line in commands(block.code):
-        words = shlex.split(line, comments=True)
-        if words and words[0] == "fedcluster" and not re.search(r"[|&;<>$`]", line):
-            run_fedcluster(words[1:], block.where)
-        else:
+        return 0
+    compared = 0
+    lines = commands(block.code)
+    for i, line in enumerate(lines):
+        fails = line.endswith("|| true")
+        words = shlex.split(line.removesuffix("|| true"), comments=True)
+        if not (words and words[0] == "fedcluster"
+                and not re.search(r"[|&;<>$`]", line.removesuffix("|| true"))):
             run_bash(line, cwd, block.where)
+            continue
+        code, printed = fedcluster_output(words[1:])
+        assert (code == 0) != fails, \
+            f"{block.where}: `{line}` exited {code}:\n{printed[-3000:]}"
+        if i == len(lines) - 1 and after is not None and after.language == PRINTED_LANGUAGE \
+                and after.marker is not None and "tests/test_docs.py" in after.marker[1]:
+            compare_printed(printed, after.code, block.where)
+            compared += 1
+    return compared
 
 
 # the tutorials a newcomer walks in order, in one folder: tests/test_tutorial_walk.py
@@ -277,8 +343,14 @@ def test_page_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDCLUSTER_CACHE_DIR", str(tmp_path / "site-cache"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     namespace: dict = {"__name__": f"docs:{page}"}
+    found = blocks(ROOT / page)
+    compared = 0
     for block in RUN_HERE[page]:
-        run_block(block, tmp_path, namespace)
+        at = next(i for i, b in enumerate(found) if b.line == block.line)
+        compared += run_block(block, tmp_path, namespace, (found[at + 1:] or [None])[0])
+    # every printed block this file is named for is one a block before it printed
+    assert compared == sum(b.language == PRINTED_LANGUAGE and b.marker is not None
+                           and "tests/test_docs.py" in b.marker[1] for b in found), page
 
 
 def test_readme_python_example_is_run_here():

@@ -31,6 +31,7 @@ from fedcluster.client_app import privacy_budget
 from fedcluster.client_app.node_config import DEFAULT_DP_BUDGET
 from fedcluster.common import privacy
 from fedcluster.common import secure_codec as secure
+from test_docs import same_words, shown
 from test_attacks import binary_search, is_row, site_factory, site_rows  # noqa: F401 (fixture)
 
 WIDE = "-1000:1000"  # a box no row reaches: nothing is clipped
@@ -112,6 +113,9 @@ def test_the_negligible_noise_binary_search_needs_a_budget_the_site_set(site_fac
     assert "epsilon 0 spent over 0 run(s) and 10 remaining" in text
     if mode == "secagg":
         assert "for its own share 1e-12 of the noise alone" in text
+        # as docs/how-to/privacy-budget.md shows it
+        assert same_words(text[text.index("site policy dp-budget"):text.index("DP tasks") + 8],
+                          shown("docs/how-to/privacy-budget.md", "site policy dp-budget=10")), text
     if mode == "require-dp":  # and no plain task either
         assert "site policy require-dp" in default.site.refusal(plane(0.0, d))
 

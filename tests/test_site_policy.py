@@ -8,7 +8,6 @@ and each refusing site's own log says why."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from fedcluster.client_app.node_config import ConfigError, parse_node_config
 from fedcluster.simulation import run_in_process, site_nodes
 from fedcluster.strategies import FederationError
 from test_deployment import write_site_csv
+from test_docs import same_words, shown
 
 APP_DIR = Path(__file__).resolve().parents[1]
 # A short dwf run: a min/max round (init "random"), two training rounds, evaluation.
@@ -246,8 +246,10 @@ def test_site_policies_on_real_site_processes(bed, tmp_path):
     assert sorted(model.metrics["per-site"]) == ["0"]
     # the refusing site says so in its own log (its ClientApp processes log there)
     assert "refused" not in procs["supernode-1"].log_text()
-    assert re.search(r"ERROR.*site 2: task describe refused: site policy allow-algorithms=fkm "
-                     r"refuses algorithm 'dwf'", procs["supernode-2"].log_text())
+    line = next(line for line in procs["supernode-2"].log_text().splitlines()
+                if "ERROR" in line and "site 2: task describe refused" in line)
+    # as docs/how-to/site-policy.md shows it
+    assert same_words(line[line.index("site 2:"):], shown("docs/how-to/site-policy.md", "site 2:")), line
     assert "refused" not in procs["supernode-0"].log_text()
     # the run equals the in-process harness with the same policies
     harness = _policy_run({0: {"min-cluster-size": 10}, 1: {"max-rounds": 2},

@@ -43,6 +43,7 @@ from fedcluster.common import clinical_demo, omop_demo
 from fedcluster.simulation import run_in_process
 from pg_server import pg_server
 from test_deployment import APP_DIR, RUN_TIMEOUT
+from test_docs import same_words, shown
 
 QUERY = "SELECT * FROM site ORDER BY patient_id"
 PASSWORDS = {f"site{i}": f"pw-{i}-Zq8#x{i}" for i in range(3)}
@@ -491,6 +492,10 @@ def test_a_broken_database_site_fails_its_own_start_and_the_run_goes_on(pg, tmp_
     for key, pattern in expected.items():  # the site's own message, as the server relays it
         message = rejected[key].removeprefix("the site refused: ")
         assert re.search(pattern, message), (key, message)
+    # as docs/reference/node-config.md shows it (its server on PostgreSQL's usual port)
+    query = re.sub(r"@127\.0\.0\.1:\d+/", "@127.0.0.1:5432/",
+                   rejected["query"].removeprefix("the site refused: "))
+    assert same_words(query, shown("docs/reference/node-config.md", "data-query on ")), query
     with pg.admin("site0") as conn:  # nothing was written
         assert conn.execute("SELECT count(*) FROM site").fetchone()[0] == \
             len(clinical_demo.make_clinical(3, 0)[0][1])

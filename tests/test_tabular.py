@@ -7,6 +7,7 @@ import pytest
 from fedcluster.client_app.node_config import ConfigError, parse_node_config
 from fedcluster.client_app.data.site_data import SiteDataError, cache_key, load_site_file
 from fedcluster.simulation import run_in_process
+from test_docs import same_words, shown
 
 TABLE = (
     "patient_id,sex,age,bmi,ward,outcome\n"
@@ -39,6 +40,9 @@ def test_text_columns_are_named_each_with_its_first_cell(table, tmp_path):
         load_site_file(table, cache_dir=tmp_path / "c", id_column="patient_id")
     message = str(info.value)
     assert message.startswith(f"{table}: columns 'sex', 'ward' are not numeric")
+    # as docs/reference/node-config.md shows it (the file named as the site names it)
+    assert same_words(message.replace(str(table), table.name),
+                      shown("docs/reference/node-config.md", "ward7.csv"))
     assert "data row 1 (line 2), column 'sex': 'F' is not a number" in message
     assert "column 'ward': 'east' is not a number" in message
     assert "node-config key 'columns'" in message

@@ -137,7 +137,8 @@ def summary(lines: list[dict], path: str = "") -> str:
         tables = sorted({str(i["groups"]) for i in answered if "groups" in i and "rows" not in i})
         out.append(f"run {run_id} ({algorithm}), site {site}: {len(answered)} replies"
                    + (f" in rounds {rounds[0]}..{rounds[-1]}" if rounds else "")
-                   + f"; tasks {', '.join(f'{t} x{n}' for t, n in sorted(tasks.items()))}")
+                   + (f"; tasks {', '.join(f'{t} x{n}' for t, n in sorted(tasks.items()))}"
+                      if tasks else ""))
         if tables:
             out.append(f"  from group table(s) {', '.join(tables)}")
         out.append(f"  disclosed: {numbers} numbers in plain replies"
