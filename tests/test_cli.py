@@ -145,3 +145,45 @@ def test_a_run_that_cannot_go_on_ends_with_its_reason_not_a_traceback(tmp_path, 
     assert "fedcluster: the run stopped: no site described its data" in err
     assert "s1.csv: data row 2 (line 3), column 'b': the cell is empty" in err
     assert "Traceback" not in err
+
+
+def _commands(parser, path=()):
+    """(path, parser) of every command and sub-command of ``fedcluster``."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield (*path, name), child
+                yield from _commands(child, (*path, name))
+
+
+def test_every_command_s_help_ends_with_an_example_that_parses_and_its_page():
+    """Issue 70: `--help` with one example per command and a link to the page. Each
+    example is a command line this parser takes (for that command) and each page link
+    names a section of docs/reference/cli.md."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from fedcluster.cli import build_parser
+
+    cli_page = Path(__file__).resolve().parents[1] / "docs" / "reference" / "cli.md"
+    sections = {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+                for line in cli_page.read_text().splitlines() if line.startswith("## ")}
+    found = list(_commands(build_parser()))
+    assert {" ".join(path) for path, _ in found} >= {"run", "simulate", "choose-k", "partition",
+                                                     "predict", "site check", "report"}
+    for path, command in found:
+        text = command.format_help()
+        examples = [line.strip() for line in text.splitlines()
+                    if line.strip().startswith("fedcluster ")]
+        assert examples, f"fedcluster {' '.join(path)} --help shows no example:\n{text}"
+        for example in examples:
+            words = shlex.split(example.rstrip("\\"))
+            if example.endswith("\\"):  # a continued example: its first line's command only
+                continue
+            args = build_parser().parse_args(words[1:])
+            assert args.command == words[1] == path[0], example
+        (page,) = re.findall(r"Page: docs/reference/cli\.md#([\w-]+)", text)
+        assert page in sections, (path, page, sorted(sections))

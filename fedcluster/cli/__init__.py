@@ -206,7 +206,39 @@ CHOOSE_K_EXAMPLES = """\
 examples:
   fedcluster choose-k --k-range 2:15 --num-sites 10 --dataset digits --scale standard
   fedcluster choose-k --k-range 2:12 --data ward1.csv ward2.csv ward3.csv \\
-      --id-column patient_id --columns age,bmi,glucose --scale standard --n-init 3"""
+      --id-column patient_id --columns age,bmi,glucose --scale standard --n-init 3
+
+Page: docs/reference/cli.md#fedcluster-choose-k"""
+
+#: Each command's example and its section of docs/reference/cli.md (its --help's end;
+#: tests/test_cli.py parses every example and finds every section).
+EXAMPLE = {
+    "simulate": ("fedcluster simulate --dataset digits --num-sites 10 --n-clusters 10 "
+                 "--output-dir outputs --run-name first", "fedcluster-simulate"),
+    "partition": ("fedcluster partition --dataset clinical --num-sites 3 --out clinical",
+                  "fedcluster-partition"),
+    "predict": ("fedcluster predict --model outputs/first/model.json --data site-0.csv "
+                "--out labels.csv", "fedcluster-predict"),
+    "site": ("fedcluster site check site.csv --schema schema.toml", "fedcluster-site-check"),
+    "site ledger": ("fedcluster site ledger cache/disclosure-ledger.jsonl",
+                    "fedcluster-site-ledger"),
+    "site check": ("fedcluster site check site.csv --schema schema.toml --min-cluster-size 5",
+                   "fedcluster-site-check"),
+    "app": ("fedcluster app serve registry --port 9080",
+            "fedcluster-app-sign-fedcluster-app-serve"),
+    "app sign": ("fedcluster app sign fedcluster.fab --key ~/.ssh/id_ed25519 --key-id reviewer-1 "
+                 "--registry registry", "fedcluster-app-sign-fedcluster-app-serve"),
+    "app serve": ("fedcluster app serve registry --port 9080",
+                  "fedcluster-app-sign-fedcluster-app-serve"),
+    "report": ("fedcluster report outputs/first", "fedcluster-report"),
+}
+
+
+def _shown(command: str) -> dict:
+    """The add_parser keywords that end ``command``'s --help with its example and page."""
+    example, section = EXAMPLE[command]
+    return {"formatter_class": argparse.RawDescriptionHelpFormatter,
+            "epilog": f"example:\n  {example}\n\nPage: docs/reference/cli.md#{section}"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     flwr_run.add_parser(sub)
 
-    sim = sub.add_parser("simulate", help="run a federation in this process")
+    sim = sub.add_parser("simulate", help="run a federation in this process", **_shown("simulate"))
     _add_site_options(sim)
     _add_run_config_options(sim)
     sim.set_defaults(func=cmd_simulate)
@@ -233,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_config_options(choose)
     choose.set_defaults(func=cmd_choose_k)
 
-    part = sub.add_parser("partition", help="write a built-in dataset as one CSV per site")
+    part = sub.add_parser("partition", help="write a built-in dataset as one CSV per site",
+                          **_shown("partition"))
     part.add_argument("--dataset", default="digits",
                       help="digits, blobs, or clinical (a synthetic hospital table with its "
                            "schema.toml: missing cells, units, aliases; label column included)")
@@ -259,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "with a schema reads the raw table (.csv, .tsv, .parquet) through it "
                     "(columns by name or alias, units, categories, the run's fill and "
                     "scaling); --out then has one line per data row, -1 for a row dropped "
-                    "by a drop-row column.")
+                    "by a drop-row column.", **_shown("predict"))
     pred.add_argument("--model", required=True)
     pred.add_argument("--data", required=True)
     pred.add_argument("--label-column", default=None,
@@ -279,17 +312,19 @@ def build_parser() -> argparse.ArgumentParser:
     pred.set_defaults(func=cmd_predict)
 
     site = sub.add_parser("site", help="at a site: check its data as a run would (site "
-                                       "check), read what it sent (site ledger)").add_subparsers(
+                                       "check), read what it sent (site ledger)",
+                          **_shown("site")).add_subparsers(
         dest="site_command", required=True)
     ledger = site.add_parser(
         "ledger", help="summarise a disclosure ledger: runs, rounds, what left the site, "
-                       "refusals, the DP budget spent and left")
+                       "refusals, the DP budget spent and left", **_shown("site ledger"))
     ledger.add_argument("path", help="the ledger file (node config ledger-path; default "
                                      "<cache-dir>/disclosure-ledger.jsonl)")
     ledger.set_defaults(func=cmd_site_ledger)
     check = site.add_parser(
         "check", help="check a data file against the agreed schema without contacting anyone: "
-                      "rows, usable rows, missing cells, out-of-range cells, category counts")
+                      "rows, usable rows, missing cells, out-of-range cells, category counts",
+        **_shown("site check"))
     check.add_argument("data", nargs="?",
                        help="the site's table (.csv, .tsv with a header row, or .parquet), or "
                             "its database's URL (node config data-url)")
@@ -329,10 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_site_check)
 
     apps = sub.add_parser("app", help="sign app bundles (FABs) and serve them to the "
-                                      "SuperLink (docs/how-to/signed-apps.md)").add_subparsers(
+                                      "SuperLink (docs/how-to/signed-apps.md)",
+                          **_shown("app")).add_subparsers(
         dest="app_command", required=True)
     sign = apps.add_parser("sign", help="sign a FAB (flwr build) with an Ed25519 key; "
-                                        "with --registry, add both to a registry")
+                                        "with --registry, add both to a registry",
+                           **_shown("app sign"))
     sign.add_argument("fab", help="the .fab file")
     sign.add_argument("--key", required=True,
                       help="the signer's Ed25519 private key, OpenSSH format (ssh-keygen -t ed25519)")
@@ -348,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --registry: the version (default: the FAB's own)")
     sign.set_defaults(func=cmd_app_sign)
     serve = apps.add_parser("serve", help="serve a registry directory over Flower Hub's API "
-                                          "(start the SuperLink with FLWR_SUPERGRID_API_URL)")
+                                          "(start the SuperLink with FLWR_SUPERGRID_API_URL)",
+                            **_shown("app serve"))
     serve.add_argument("directory", help="the registry directory")
     serve.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
     serve.add_argument("--port", type=int, default=9080, help="default 9080")
@@ -356,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser(
         "report", help="write RUN_DIR/report.html: what was run, the metrics, Table 1 by "
-                       "cluster, the pictures and what each site sent (one file, no network)")
+                       "cluster, the pictures and what each site sent (one file, no network)",
+        **_shown("report"))
     report.add_argument("run_dir", metavar="RUN_DIR",
                         help="a run's output directory (<output-dir>/<run-name>, with model.json)")
     report.set_defaults(func=cmd_report)
