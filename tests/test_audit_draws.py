@@ -95,3 +95,156 @@ def test_the_instances_audit_by_draws_decides_as_the_dense_null_space(monkeypatc
 
 
 null_draws = draws.null_draws
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_compiled_block_bases_are_each_block_s_null_space_mod(seed):
+    """``draws.block_bases`` (one compiled pass over the blocks) gives, block by block, the
+    basis ``support.null_space_mod`` gives of the block's rows (the identity where a block
+    has none), entry for entry: rows with coefficients and with ones, repeated unknowns,
+    blocks of one unknown and blocks without rows."""
+    rng = np.random.default_rng(seed)
+    prime = support.PRIMES[seed % 2]
+    n = 400
+    local, coefficients = [], []
+    for _ in range(260):
+        lo = int(rng.integers(0, n - 6))
+        members = rng.integers(lo, lo + 6, size=int(rng.integers(1, 5)))  # (repeats possible)
+        local.append(members.astype(np.int64))
+        coefficients.append(None if rng.random() < 0.5 else rng.integers(-5 * prime, 5 * prime, size=members.size))
+    block = draws.blocks(local, n)
+    at_row, at_col, entries, width = draws.block_bases(local, coefficients, n, block, prime)
+    Z = np.zeros((n, width), dtype=np.int64)
+    Z[at_row, at_col] = entries
+    expected, column = np.zeros((n, 0), dtype=np.int64), 0
+    for b in range(int(block.max()) + 1):
+        unknowns = np.flatnonzero(block == b)  # (in order: as the stable sort puts them)
+        where = {u: i for i, u in enumerate(unknowns)}
+        rows = [r for r in range(len(local)) if block[local[r][0]] == b]
+        if rows:
+            L = np.zeros((len(rows), unknowns.size), dtype=np.int64)
+            for at, r in enumerate(rows):
+                for u, c in zip(local[r], np.ones(local[r].size, np.int64) if coefficients[r] is None
+                                else np.asarray(coefficients[r]) % prime):
+                    L[at, where[int(u)]] = c
+            K = support.null_space_mod(L, prime)
+        else:
+            K = np.eye(unknowns.size, dtype=np.int64)
+        part = np.zeros((n, K.shape[0]), dtype=np.int64)
+        part[unknowns] = K.T
+        expected = np.hstack([expected, part])
+        column += K.shape[0]
+    assert width == column and (Z == expected).all()
+    assert (np.bincount(block) > 1).any() and (np.bincount(block) == 1).any()
+    assert width > 0 and any(c is not None for c in coefficients)
+
+
+def _by_columns_one_atom_at_a_time(found, p, same_row):
+    """``span._by_columns`` as it was written before it judged every atom at once: an
+    atom at a time, in the same order (the reference of the test below)."""
+    import itertools
+
+    weights = found.weights
+    light = np.flatnonzero(weights < p)
+    light = light[np.argsort(weights[light], kind="stable")]
+    singles = np.flatnonzero(weights == 1)
+    for prime in support.PRIMES:
+        column = span._columns(found, prime)
+        for a in light.tolist():
+            if not column[a].any():
+                return span._isolates(int(weights[a]), p, found.members[a])
+        if p == 3:
+            seen: dict[bytes, int] = {}
+            for a in singles.tolist():
+                first = np.flatnonzero(column[a])[0]
+                direction = (column[a] * pow(int(column[a, first]), prime - 2, prime)) % prime
+                if direction.tobytes() in seen:
+                    return span._isolates(2, p, np.r_[found.members[seen[direction.tobytes()]],
+                                                      found.members[a]])
+                seen[direction.tobytes()] = a
+        elif p <= 2:
+            equal: dict[bytes, list[int]] = {}
+            for a in singles.tolist():
+                equal.setdefault(column[a].tobytes(), []).append(a)
+            for atoms in equal.values():
+                for a, b in itertools.combinations(atoms, 2):
+                    if same_row(int(found.members[a][0]), int(found.members[b][0])):
+                        return span.Reason("a combination of the groups gives the difference of "
+                                           "two versions of a row",
+                                           np.r_[found.members[a], found.members[b]])
+    return None
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_the_columns_test_judges_all_atoms_at_once_as_one_at_a_time(p):
+    """The columns' test (zero, parallel and equal columns) over every atom at once finds
+    what the atom-at-a-time loop found, the same finding on the same instances."""
+    rng = np.random.default_rng(40 + p)
+    kinds = set()
+    for _ in range(80):
+        n = int(rng.integers(20, 60))
+        lists = [np.sort(rng.choice(n, size=int(rng.integers(1, 6)), replace=False))
+                 for _ in range(int(rng.integers(n // 4, n)))]
+        found = support.atoms(lists)
+        same = {(int(u), int(w)) for u, w in rng.integers(0, n, size=(6, 2)) if u < w}
+
+        def same_row(u, w, same=same):
+            return (min(u, w), max(u, w)) in same
+        ours = span._by_columns(found, p, same_row)
+        theirs = _by_columns_one_atom_at_a_time(found, p, same_row)
+        assert (ours is None) == (theirs is None) and str(ours) == str(theirs), (ours, theirs)
+        if ours is not None:
+            assert np.array_equal(ours.instances, theirs.instances)
+        kinds.add(str(ours)[:30])
+    assert len(kinds) >= 2, kinds  # a finding and none, at least
+
+
+def _reporting_one_group_at_a_time(instances, groups, offsets, members, units, group_p, value,
+                                   present, carried):
+    """``values._judge``'s lists of a feature as it made them before, a group at a time (the
+    reference of the test below)."""
+    local = {g: np.searchsorted(instances, members[offsets[g]:offsets[g + 1]]) for g in groups.tolist()}
+    by_unit: dict[int, list[int]] = {}
+    for g in groups.tolist():
+        by_unit.setdefault(int(units[g]) if units[g] >= 0 else -1 - g, []).append(g)
+    group_lists, unit_lists = [], []
+    for unit, members_of in by_unit.items():
+        unit_cells = []
+        for g in members_of:
+            here = local[g][present[local[g]]]
+            if here.size >= group_p[g] and (carried is None or not carried[g]):
+                group_lists.append(np.unique(value[here]))
+                unit_cells.append(value[here])
+        if unit_cells and unit >= 0:
+            unit_lists.append(np.unique(np.concatenate(unit_cells)))
+    return group_lists, unit_lists
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_component_s_lists_are_made_all_groups_at_once_as_one_at_a_time(seed):
+    """The groups' and units' value lists of a feature (``values.Layout``: every group at
+    once) are those the group-at-a-time loop made, in the same order: units in any
+    order of their groups, groups in no unit, missing cells, carried features, floors 0-3,
+    values shared by versions of a row."""
+    from fedcluster.client_app.release.audit import values
+
+    rng = np.random.default_rng(seed)
+    for _ in range(30):
+        n_groups = int(rng.integers(1, 40))
+        sizes = rng.integers(1, 6, size=n_groups)
+        offsets = np.r_[0, np.cumsum(sizes)]
+        members = rng.permutation(int(offsets[-1]) + 20)[:offsets[-1]]
+        instances = np.unique(members)
+        units = np.where(rng.random(n_groups) < 0.7, rng.integers(0, 8, size=n_groups), -1)
+        group_p = rng.integers(0, 4, size=n_groups)
+        groups = np.sort(rng.choice(n_groups, size=int(rng.integers(1, n_groups + 1)), replace=False))
+        value = rng.integers(0, instances.size, size=instances.size)  # (versions share values)
+        present = rng.random(instances.size) < 0.8
+        carried = None if rng.random() < 0.5 else rng.random(n_groups) < 0.2
+        layout = values.Layout.of(instances, groups, offsets, members, units, group_p)
+        ours = layout.reporting(value, present, carried)
+        theirs = _reporting_one_group_at_a_time(instances, groups, offsets, members, units,
+                                                group_p, value, present, carried)
+        for mine, reference in zip(ours, theirs):
+            assert len(mine) == len(reference)
+            assert all(np.array_equal(a, b) for a, b in zip(mine, reference))

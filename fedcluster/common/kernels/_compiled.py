@@ -1351,6 +1351,136 @@ def group_extremes_at(high, low, groups, deviation):
 
 
 # --------------------------------------------------------------------------
+# Exact linear algebra modulo a prime: the audit's null spaces, block by block
+# (client_app/release/audit/draws.py).  Residues are below 2^31, so a product of
+# two stays under 2^62 in int64; ``%`` is Python's (never negative) in Numba too.
+# --------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _inverse_mod(a, prime):
+    """a^(prime - 2) mod prime: a's inverse in GF(prime) (a != 0)."""
+    result, base, e = 1, a % prime, prime - 2
+    while e > 0:
+        if e & 1:
+            result = (result * base) % prime
+        base = (base * base) % prime
+        e >>= 1
+    return result
+
+
+@njit(cache=True, nogil=True)
+def _rref_mod_in_place(A, prime, is_pivot, pivots):
+    """Bring A ((m, n) residues) to its reduced row echelon form over GF(``prime``) in
+    place (Gauss-Jordan, as ``audit.support.reduced_rows``); marks ``is_pivot`` and fills
+    ``pivots`` with the pivot columns; their count."""
+    m, n = A.shape
+    n_pivots = 0
+    row = 0
+    for col in range(n):
+        if row == m:
+            break
+        at = -1
+        for i in range(row, m):
+            if A[i, col] != 0:
+                at = i
+                break
+        if at < 0:
+            continue
+        if at != row:
+            for j in range(n):
+                A[row, j], A[at, j] = A[at, j], A[row, j]
+        inverse = _inverse_mod(A[row, col], prime)
+        for j in range(n):
+            A[row, j] = (A[row, j] * inverse) % prime
+        for i in range(m):
+            factor = A[i, col]
+            if i != row and factor != 0:
+                for j in range(n):
+                    A[i, j] = (A[i, j] - (factor * A[row, j]) % prime) % prime
+        is_pivot[col] = True
+        pivots[n_pivots] = col
+        n_pivots += 1
+        row += 1
+    return n_pivots
+
+
+@njit(cache=True, nogil=True)
+def reduced_rows_mod(matrix, prime):
+    """``audit.support.reduced_rows`` compiled: the reduced row echelon form of
+    ``matrix`` over GF(``prime``), its nonzero rows and their pivot columns."""
+    A = matrix % prime
+    is_pivot = np.zeros(A.shape[1], np.bool_)
+    pivots = np.empty(min(A.shape[0], A.shape[1]), np.int64)
+    n_pivots = _rref_mod_in_place(A, prime, is_pivot, pivots)
+    return A[:n_pivots].copy(), pivots[:n_pivots].copy()
+
+
+@njit(cache=True, nogil=True)
+def block_null_bases(starts, order, position, row_starts, rows, member_ptr, member_idx,
+                     member_coef, prime):
+    """Per block b (its unknowns ``order[starts[b]:starts[b + 1]]``, each at its
+    ``position`` in the block; its local rows ``rows[row_starts[b]:row_starts[b + 1]]``, row r
+    over ``member_idx[member_ptr[r]:member_ptr[r + 1]]`` with ``member_coef`` (residues)),
+    the basis of {z : L_b z = 0} over GF(``prime``) from L_b's reduced row echelon form (a
+    basis vector per free column: 1 there, minus the pivot rows' entries at the pivots),
+    the identity for a block without rows; the bases side by side as the columns of one
+    (unknowns x width) matrix: (row = unknown, column, entry) of its nonzero entries and
+    the width. The same basis as ``audit.support.null_space_mod`` of each L_b (a reduced
+    row echelon form is unique)."""
+    n_blocks = starts.size - 1
+    cap = max(16, 2 * order.size)
+    at_row = np.empty(cap, np.int64)
+    at_col = np.empty(cap, np.int64)
+    entries = np.empty(cap, np.int64)
+    used = 0
+    width = 0
+    for b in range(n_blocks):
+        lo = starts[b]
+        size = starts[b + 1] - lo
+        r0 = row_starts[b]
+        nr = row_starts[b + 1] - r0
+        A = np.zeros((nr, size), np.int64)
+        for a in range(nr):
+            r = rows[r0 + a]
+            for t in range(member_ptr[r], member_ptr[r + 1]):
+                A[a, position[member_idx[t]]] = member_coef[t]
+        is_pivot = np.zeros(size, np.bool_)
+        pivots = np.empty(min(nr, size), np.int64)
+        n_pivots = _rref_mod_in_place(A, prime, is_pivot, pivots)
+        need = used + (size - n_pivots) * (n_pivots + 1)
+        if need > cap:
+            while cap < need:
+                cap *= 2
+            grown = np.empty(cap, np.int64)
+            grown[:used] = at_row[:used]
+            at_row = grown
+            grown = np.empty(cap, np.int64)
+            grown[:used] = at_col[:used]
+            at_col = grown
+            grown = np.empty(cap, np.int64)
+            grown[:used] = entries[:used]
+            entries = grown
+        free = 0
+        for col in range(size):
+            if is_pivot[col]:
+                continue
+            at_row[used] = order[lo + col]
+            at_col[used] = width + free
+            entries[used] = 1
+            used += 1
+            for q in range(n_pivots):
+                value = (-A[q, col]) % prime
+                if value != 0:
+                    at_row[used] = order[lo + pivots[q]]
+                    at_col[used] = width + free
+                    entries[used] = value
+                    used += 1
+            free += 1
+        width += free
+    return at_row[:used], at_col[:used], entries[:used], width
+
+
+# --------------------------------------------------------------------------
 # Serial twins: the same kernels compiled without ``parallel``, for one block.
 # --------------------------------------------------------------------------
 #

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcluster.client_app.release.audit.support import null_space_mod, product_mod, reduced_rows
+from fedcluster.client_app.release.audit.support import product_mod
 
-__all__ = ["BLOCK_SIZE", "HUB_SIZE", "blocks", "null_draws"]
+__all__ = ["BLOCK_SIZE", "HUB_SIZE", "block_bases", "blocks", "null_draws"]
 
 #: A row over more unknowns than this is a HUB (a report's part); the rest are local.
 HUB_SIZE = 64
@@ -48,6 +48,37 @@ def blocks(local: list[np.ndarray], n: int, largest: int = BLOCK_SIZE) -> np.nda
     return None if np.bincount(block).max() > largest else block
 
 
+def block_bases(local: list[np.ndarray], coefficients: list, n: int, block: np.ndarray,
+                prime: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Each block's basis of {z : its ``local`` rows' sums of their coefficients times z
+    = 0} over GF(``prime``) (``support.null_space_mod`` of the block's rows; the identity
+    for a block without rows), side by side as the columns of one (n x width) matrix:
+    (row, column, entry) of its nonzero entries and its width. Compiled, one pass over
+    the blocks (``kernels._compiled.block_null_bases``): a large site's record makes
+    tens of thousands of small blocks, each a Python call before."""
+    from fedcluster.common.kernels import compiled_kernels
+
+    order = np.argsort(block, kind="stable")
+    n_blocks = int(block.max()) + 1 if n else 0
+    starts = np.searchsorted(block[order], np.arange(n_blocks + 1))
+    position = np.empty(n, dtype=np.int64)  # each unknown's place in its block
+    position[order] = np.arange(n) - starts[block[order]]
+    member_ptr = np.concatenate([[0], np.cumsum([r.size for r in local])]).astype(np.int64)
+    member_idx = np.concatenate([np.asarray(r, dtype=np.int64) for r in local] or
+                                [np.zeros(0, np.int64)])
+    member_coef = np.ones(member_idx.size, dtype=np.int64)
+    for r, c in enumerate(coefficients):
+        if c is not None:
+            member_coef[member_ptr[r]:member_ptr[r + 1]] = np.asarray(c, dtype=np.int64) % prime
+    row_block = block[member_idx[member_ptr[:-1]]]  # a row's block: its first unknown's
+    rows = np.argsort(row_block, kind="stable")
+    row_starts = np.searchsorted(row_block[rows], np.arange(n_blocks + 1))
+    at_row, at_col, entries, width = compiled_kernels().block_null_bases(
+        starts.astype(np.int64), order.astype(np.int64), position, row_starts.astype(np.int64),
+        rows.astype(np.int64), member_ptr, member_idx, member_coef, int(prime))
+    return at_row, at_col, entries, int(width)
+
+
 def null_draws(local: list[np.ndarray], coefficients: list, hubs: list[np.ndarray], n: int,
                block: np.ndarray, prime: int, rng: np.random.Generator, k: int = 2) -> np.ndarray:
     """``k`` uniform draws ((k, n) int64) from {z : every row's sum of its coefficients
@@ -56,45 +87,23 @@ def null_draws(local: list[np.ndarray], coefficients: list, hubs: list[np.ndarra
     ``hubs`` (unknown indices, coefficients one)."""
     from scipy.sparse import csr_matrix
 
-    order = np.argsort(block, kind="stable")
-    n_blocks = int(block.max()) + 1 if n else 0
-    starts = np.searchsorted(block[order], np.arange(n_blocks + 1))
-    position = np.empty(n, dtype=np.int64)  # each unknown's place in its block
-    position[order] = np.arange(n) - starts[block[order]]
-    rows_of: list[list[int]] = [[] for _ in range(n_blocks)]
-    for r, members in enumerate(local):
-        rows_of[int(block[members[0]])].append(r)
-    at_row, at_col, entries = [], [], []
-    width = 0
-    for b, rows in enumerate(rows_of):
-        unknowns = order[starts[b]:starts[b + 1]]
-        if rows:
-            L = np.zeros((len(rows), unknowns.size), dtype=np.int64)
-            for at, r in enumerate(rows):
-                L[at, position[local[r]]] = 1 if coefficients[r] is None else coefficients[r] % prime
-            K = null_space_mod(L, prime)
-        else:
-            K = np.eye(unknowns.size, dtype=np.int64)
-        basis, i = np.nonzero(K)
-        at_row.append(unknowns[i])
-        at_col.append(width + basis)
-        entries.append(K[basis, i])
-        width += K.shape[0]
-    Z = csr_matrix((np.concatenate(entries), (np.concatenate(at_row), np.concatenate(at_col))),
-                   shape=(n, width))
+    from fedcluster.common.kernels import compiled_kernels
+
+    at_row, at_col, entries, width = block_bases(local, coefficients, n, block, prime)
+    Z = csr_matrix((entries, (at_row, at_col)), shape=(n, width))
     if hubs:
         H = csr_matrix((np.ones(sum(h.size for h in hubs), dtype=np.int64),
                         (np.repeat(np.arange(len(hubs)), [h.size for h in hubs]), np.concatenate(hubs))),
                        shape=(len(hubs), n))
         C = (H @ Z).toarray() % prime  # (a hub's size x entries under 2**31: no overflow)
-        R, pivots = reduced_rows(C, prime)
+        R, pivots = compiled_kernels().reduced_rows_mod(C, int(prime))
     else:
-        R, pivots = np.zeros((0, width), dtype=np.int64), []
+        R, pivots = np.zeros((0, width), dtype=np.int64), np.zeros(0, dtype=np.int64)
     out = np.zeros((k, n), dtype=np.int64)
     for draw in range(k):
         a = rng.integers(0, prime, size=width, dtype=np.int64)
         a[pivots] = 0
-        if pivots:
+        if pivots.size:
             a[pivots] = (-product_mod(R, a, prime)) % prime
         out[draw] = product_mod(Z, a, prime)
     return out

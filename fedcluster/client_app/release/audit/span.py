@@ -287,23 +287,26 @@ def _by_columns(found: support.Atoms, p: int, same_row) -> Reason | None:
     singles = np.flatnonzero(weights == 1)
     for prime in support.PRIMES:
         column = _columns(found, prime)
-        for a in light.tolist():
-            if not column[a].any():
-                return _isolates(int(weights[a]), p, found.members[a])
-        if p == 3:
-            seen: dict[bytes, int] = {}
-            for a in singles.tolist():
-                first = np.flatnonzero(column[a])[0]
-                direction = (column[a] * pow(int(column[a, first]), prime - 2, prime)) % prime
-                key = direction.tobytes()
-                if key in seen:
-                    return _isolates(2, p, np.r_[found.members[seen[key]], found.members[a]])
-                seen[key] = a
-        elif p <= 2:
-            equal: dict[bytes, list[int]] = {}
-            for a in singles.tolist():
-                equal.setdefault(column[a].tobytes(), []).append(a)
-            for atoms in equal.values():
+        zero = ~column[light].any(axis=1)  # (the lightest first: light is in weight order)
+        if zero.any():
+            a = int(light[np.argmax(zero)])
+            return _isolates(int(weights[a]), p, found.members[a])
+        if singles.size == 0 or p > 3:
+            continue
+        keys = column[singles]
+        if p == 3:  # each column scaled to its first nonzero entry 1: parallel = equal
+            lead = keys[np.arange(singles.size), np.argmax(keys != 0, axis=1)]
+            keys = (keys * support.inverse_mod(lead, prime)[:, None]) % prime
+        _, first, key = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        key = key.ravel()
+        again = np.flatnonzero(first[key] != np.arange(singles.size))  # a key seen before
+        if p == 3 and again.size:
+            a, seen = int(singles[again[0]]), int(singles[first[key[again[0]]]])
+            return _isolates(2, p, np.r_[found.members[seen], found.members[a]])
+        if p <= 2:  # the keys held by several atoms, in the order they first come
+            shared = np.unique(key[again])
+            for k in shared[np.argsort(first[shared], kind="stable")]:
+                atoms = singles[key == k].tolist()
                 for a, b in itertools.combinations(atoms, 2):
                     if same_row(int(found.members[a][0]), int(found.members[b][0])):
                         return Reason("a combination of the groups gives the difference of two "

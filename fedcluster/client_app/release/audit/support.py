@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Atoms", "Bound", "LP_MARGIN", "PRIMES", "atoms", "graph_cut", "lp_bound", "minimum_cut",
-           "null_space_mod", "product_mod", "reduced_rows"]
+           "inverse_mod", "null_space_mod", "product_mod", "reduced_rows"]
 
 #: How far above p - 1 a linear program's optimum must lie to prove a bound (the solver's
 #: feasibility tolerance is 1e-7; supports are whole numbers of rows).
@@ -139,6 +139,18 @@ def null_space_mod(matrix: np.ndarray, prime: int = PRIMES[0]) -> np.ndarray:
     if pivots:
         basis[:, pivots] = (-A[:, free].T) % prime
     return basis
+
+
+def inverse_mod(values: np.ndarray, prime: int = PRIMES[0]) -> np.ndarray:
+    """Each of ``values`` (nonzero residues) inverted in GF(``prime``): values^(prime - 2),
+    by squaring, all at once (residues below 2**31: products stay in int64)."""
+    result = np.ones_like(values, dtype=np.int64)
+    base, exponent = np.asarray(values, dtype=np.int64) % prime, prime - 2
+    while exponent:
+        if exponent & 1:
+            result = (result * base) % prime
+        base, exponent = (base * base) % prime, exponent >> 1
+    return result
 
 
 def product_mod(matrix, vector: np.ndarray, prime: int = PRIMES[0]) -> np.ndarray:

@@ -13,6 +13,8 @@ of at least 3 (``release/spreads.py``), judged when they were made.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from fedcluster.client_app.release.audit import moments
@@ -250,6 +252,64 @@ def _rebuilds(store, members: np.ndarray, need: int, present, owners, last, stoo
     return True
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A component's groups in the order the audit lists them (unit by unit, each unit
+    where its first group comes; a group in no unit a unit of its own), their members
+    flat as the component's instance positions."""
+
+    groups: np.ndarray  # (G,) the groups, in that order
+    owner: np.ndarray  # (M,) each member's group (its position in ``groups``)
+    flat: np.ndarray  # (M,) each member's instance position
+    unit_rank: np.ndarray  # (G,) each group's unit's place in the order
+    in_unit: np.ndarray  # (G,) bool: in a spread unit (else its spread is withheld)
+    group_p: np.ndarray  # (G,) each group's floor
+
+    @classmethod
+    def of(cls, instances, groups, offsets, members, units, group_p) -> "Layout":
+        groups = np.asarray(groups, dtype=np.int64)
+        keys = np.where(units[groups] >= 0, units[groups], -1 - groups)
+        _, first, which = np.unique(keys, return_index=True, return_inverse=True)
+        rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")[which.ravel()]
+        ordered = groups[np.lexsort((np.arange(groups.size), rank))]
+        starts, lens = offsets[ordered], offsets[ordered + 1] - offsets[ordered]
+        shift = np.repeat(starts - np.r_[0, np.cumsum(lens)[:-1]], lens)
+        flat = np.searchsorted(instances, members[shift + np.arange(int(lens.sum()))])
+        return cls(ordered, np.repeat(np.arange(ordered.size), lens), flat,
+                   np.sort(rank), units[ordered] >= 0, np.asarray(group_p)[ordered])
+
+    def reporting(self, value: np.ndarray, present: np.ndarray, carried: np.ndarray | None):
+        """For one feature (each instance's ``value`` index and ``present`` cell; which
+        groups carry it at a stood-in mean), the values of each group that reports it (p
+        cells or more, not carried), and of each unit with such a group, sorted and
+        distinct, in the layout's order: (group lists, unit lists)."""
+        here = present[self.flat]
+        count = np.bincount(self.owner[here], minlength=self.groups.size)
+        reports = count >= self.group_p
+        if carried is not None:
+            reports &= ~carried[self.groups]
+        take = here & reports[self.owner]
+        group_lists = _distinct_split(self.owner[take], value[self.flat[take]],
+                                      np.flatnonzero(reports))
+        in_unit = take & self.in_unit[self.owner]
+        units = np.unique(self.unit_rank[reports & self.in_unit])
+        unit_lists = _distinct_split(self.unit_rank[self.owner[in_unit]],
+                                     value[self.flat[in_unit]], units)
+        return group_lists, unit_lists
+
+
+def _distinct_split(owner: np.ndarray, value: np.ndarray, owners: np.ndarray) -> list[np.ndarray]:
+    """Each of ``owners`` (sorted) its ``value``s, sorted and distinct (one array each,
+    empty where it has none)."""
+    order = np.lexsort((value, owner))
+    owner, value = owner[order], value[order]
+    keep = np.r_[True, (owner[1:] != owner[:-1]) | (value[1:] != value[:-1])] if owner.size \
+        else np.zeros(0, dtype=bool)
+    owner, value = owner[keep], value[keep]
+    bounds = np.searchsorted(owner, np.r_[owners, np.iinfo(np.int64).max])
+    return [value[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+
+
 def _judge(store, groups, instances, offsets, members, units, group_p, links, floor, present,
            carried=None):
     """Why one component fails, feature by feature (each distinct pattern once), or None.
@@ -265,10 +325,7 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
         fitted[:, :min(width, hashes.shape[1])] = hashes[:, :min(width, hashes.shape[1])]
         hashes = fitted
     per_feature, chain, linked = _values(instances, links, hashes, cells)
-    local = {g: np.searchsorted(instances, members[offsets[g]:offsets[g + 1]]) for g in groups.tolist()}
-    by_unit: dict[int, list[int]] = {}
-    for g in groups.tolist():  # (a group in no unit: its sums only, its spread withheld)
-        by_unit.setdefault(int(units[g]) if units[g] >= 0 else -1 - g, []).append(g)
+    layout = Layout.of(instances, groups, offsets, members, units, group_p)
     seen = set()
     for j in range(width):
         value = chain if per_feature is None else per_feature[j]
@@ -276,18 +333,8 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
         if key in seen:
             continue
         seen.add(key)
-        group_lists, unit_lists = [], []
-        for unit, members_of in by_unit.items():
-            unit_cells = []
-            for g in members_of:
-                here = local[g][cells[local[g], j]]
-                if here.size >= group_p[g] and (carried is None or j >= carried.shape[1]
-                                                or not carried[g, j]):
-                    # a group reports a feature of p cells or more (not one it carries)
-                    group_lists.append(np.unique(value[here]))
-                    unit_cells.append(value[here])
-            if unit_cells and unit >= 0:
-                unit_lists.append(np.unique(np.concatenate(unit_cells)))
+        group_lists, unit_lists = layout.reporting(
+            value, cells[:, j], None if carried is None or j >= carried.shape[1] else carried[:, j])
         used = np.unique(np.concatenate(group_lists)) if group_lists else np.zeros(0, np.int64)
         remap = np.full(value.size, -1, dtype=np.int64)
         remap[used] = np.arange(used.size)
