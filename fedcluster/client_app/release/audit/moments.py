@@ -161,8 +161,11 @@ def _determined_by_blocks(first, second, n: int, changes, block: np.ndarray,
     they vanish by chance)."""
     rng = np.random.default_rng(0x51A7)  # fixed: the decision depends on no value
     x = rng.integers(1, PRIME, size=n, dtype=np.int64)
-    local = [r for r in first if r.size <= hub_size] + list(second)
-    coefficients = [None] * (len(local) - len(second)) + [2 * x[r] % PRIME for r in second]
+    small = [r for r in first if r.size <= hub_size]
+    local = small + list(second)
+    squares = np.concatenate(second) if second else np.zeros(0, dtype=np.int64)
+    coefficients = np.r_[np.ones(sum(r.size for r in small), dtype=np.int64),
+                         2 * x[squares] % PRIME]  # (a sum's ones, then each square's 2x)
     hubs = [r for r in first if r.size > hub_size]
     z = draws.null_draws(local, coefficients, hubs, n, block, PRIME, rng)
     zero = (z == 0).all(axis=0)
@@ -211,13 +214,15 @@ def _runs(sorted_values: np.ndarray):
     edges = np.flatnonzero(np.diff(sorted_values)) + 1
     starts = np.concatenate([[0], edges])
     stops = np.concatenate([edges, [sorted_values.size]])
-    return [(int(a), int(b)) for a, b in zip(starts, stops) if b - a > 1]
+    longer = stops - starts > 1  # (only runs of two or more: a row's versions)
+    return list(zip(starts[longer].tolist(), stops[longer].tolist()))
 
 
-def component_finding(part: Component, p: int, sums: bool = True) -> str | None:
+def component_finding(part: Component, p: int, sums: bool = True,
+                      passed: span.Passed | None = None) -> str | None:
     """Why a component breaks the promise over values (module docstring, 1-3), or None
     (``sums`` False: its values are its row versions, whose sums the instances' audit has
-    judged already; 2 and 3 only)."""
+    judged already; 2 and 3 only; ``passed``: parts judged for another feature, named)."""
     changes = part.changes()
     chain = part.chain
 
@@ -225,13 +230,15 @@ def component_finding(part: Component, p: int, sums: bool = True) -> str | None:
         return bool(chain[u] == chain[w])
 
     groups = [g for g in part.groups if g.size]
-    reason = span.component_finding(groups, p, same_row) \
+    reason = span.component_finding(groups, p, same_row,
+                                    passed=None if passed is None else passed.of("values")) \
         if sums and len(groups) > 1 else None
     if reason is not None:
         return span.Reason(f"values: {reason}", getattr(reason, "instances", ()))
     units = [u for u in part.units if u.size]
     if len(units) > 1 or (units and units[0].size < max(3, p)):
-        reason = span.component_finding(units, max(3, p), lambda u, w: False, chains=False) \
+        reason = span.component_finding(units, max(3, p), lambda u, w: False, chains=False,
+                                        passed=None if passed is None else passed.of("squares")) \
             if len(units) > 1 else f"a unit's sum of squares covers {units[0].size} value(s)"
         if reason is not None:
             return span.Reason(f"squares: {reason}", getattr(reason, "instances", ()))

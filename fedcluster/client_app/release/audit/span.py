@@ -59,7 +59,7 @@ import numpy as np
 
 from fedcluster.client_app.release.audit import draws, support
 
-__all__ = ["Finding", "Reason", "audit", "component_finding"]
+__all__ = ["Finding", "Passed", "Reason", "audit", "component_finding"]
 
 
 class Reason(str):
@@ -161,7 +161,8 @@ def _isolates(rows: int, p: int, instances=(), proved: bool = True) -> Reason:
 
 
 def component_finding(member_lists: list[np.ndarray], p: int, same_row, reports=None,
-                      present=None, chains: bool = True) -> Reason | None:
+                      present=None, chains: bool = True, passed: "Passed | None" = None
+                      ) -> Reason | None:
     """Why a component's row space breaks the promise (module docstring), or None.
 
     Parameters
@@ -178,6 +179,8 @@ def component_finding(member_lists: list[np.ndarray], p: int, same_row, reports=
     chains : bool
         Try the minimum cut of chains first (the lists may form chains, as the versions
         rule makes groups); False: not (spread units, which do not).
+    passed : Passed, optional
+        Parts judged before (another feature's), to be passed without judging again.
     """
     if p >= 3 and chains:
         cut = _smallest_cut(member_lists, reports, present, p)
@@ -188,10 +191,48 @@ def component_finding(member_lists: list[np.ndarray], p: int, same_row, reports=
                         for m, report in zip(member_lists, reports) if report]
     member_lists = [m for m in member_lists if m.size]
     for part in _connected(member_lists):  # (what shares no row with the rest: its own)
-        reason = _part_finding([member_lists[g] for g in part], p, same_row)
+        lists = [member_lists[g] for g in part]
+        key = None if passed is None else passed.key(lists, p)
+        if key is not None and key in passed.seen:
+            continue  # (judged already, for another feature: it passed)
+        reason = _part_finding(lists, p, same_row)
         if reason is not None:
             return reason
+        if key is not None:
+            passed.seen.add(key)
     return None
+
+
+class Passed:
+    """The connected parts a component's audit found to pass, by content, so that another
+    feature's identical part is not judged again (``values._judge``: a feature's values
+    differ from another's only around the rows changed in it). A part's finding is a
+    function of its lists, p and which of its values are one row's versions, and is the
+    same however its values are numbered, if in the same order (atoms, sets and draws
+    are indexed by the lists, never by a value's number); so the key names each value
+    by ``names`` (a number that does not change from feature to feature: its first
+    instance), and ``kind`` says which test (``same_row`` fixed per kind and component).
+    A memo of passes only: a finding ends the component's audit."""
+
+    def __init__(self, seen: set | None = None, names: np.ndarray | None = None,
+                 kind: str = "") -> None:
+        self.seen = set() if seen is None else seen
+        self.names, self.kind = names, kind
+
+    def named(self, names: np.ndarray) -> "Passed":
+        return Passed(self.seen, np.asarray(names, dtype=np.int64), self.kind)
+
+    def of(self, kind: str) -> "Passed":
+        return Passed(self.seen, self.names, kind)
+
+    def key(self, lists: list[np.ndarray], p: int) -> bytes:
+        import hashlib
+
+        sizes = np.fromiter((m.size for m in lists), dtype=np.int64, count=len(lists))
+        digest = hashlib.blake2b(f"{self.kind}:{p}:".encode(), digest_size=16)
+        digest.update(sizes.tobytes())
+        digest.update(self.names[np.concatenate(lists)].tobytes())
+        return digest.digest()
 
 
 def _connected(member_lists: list[np.ndarray]) -> list[np.ndarray]:
@@ -209,7 +250,7 @@ def _connected(member_lists: list[np.ndarray]) -> list[np.ndarray]:
                        shape=(size, size))
     label = connected_components(graph, directed=False)[1][:len(member_lists)]
     order = np.argsort(label, kind="stable")
-    parts = np.split(order, np.flatnonzero(np.diff(label[order])) + 1)
+    parts = support.pieces(order, np.r_[0, np.flatnonzero(np.diff(label[order])) + 1])
     return [part for part in parts if part.size > 1]
 
 
@@ -238,14 +279,13 @@ def _part_finding(member_lists: list[np.ndarray], p: int, same_row) -> Reason | 
 
 def _members(found: support.Atoms, chosen: np.ndarray) -> np.ndarray:
     """The instances of the ``chosen`` atoms."""
-    picked = [found.members[a] for a in np.flatnonzero(chosen).tolist()]
-    return np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+    return found.rows_of(chosen)
 
 
 def _change_candidates(found: support.Atoms, same_row) -> bool:
     """Whether two one-instance atoms may be versions of one row (p <= 2: their
     difference must not lie in the row space)."""
-    singles = [int(found.members[a][0]) for a in np.flatnonzero(found.weights == 1).tolist()]
+    singles = found.member_idx[found.member_ptr[:-1][found.weights == 1]].tolist()
     if hasattr(same_row, "any_pair"):  # (a site's record: in one pass)
         return same_row.any_pair(np.array(singles, dtype=np.int64))
     return any(same_row(u, w) for u, w in itertools.combinations(singles, 2))
@@ -256,12 +296,12 @@ def _columns(found: support.Atoms, prime: int) -> np.ndarray:
     incidence, modulo ``prime``; where a report's parts hold very many atoms together,
     three uniform draws of Z's rows (``draws.py``: zero, parallel and equal columns are so
     at every draw, and seem so by chance with odds under prime^-2)."""
-    atoms_of: list[list[int]] = [[] for _ in range(found.n_sets)]
-    for a, sets in enumerate(found.sets):
-        for g in sets:
-            atoms_of[g].append(a)
-    rows = [np.array(a, dtype=np.int64) for a in atoms_of if a]
-    n = len(found.sets)
+    atom = found.entry_atoms()
+    by_set = np.argsort(found.set_idx, kind="stable")  # (each set's atoms in order)
+    bounds = np.searchsorted(found.set_idx[by_set], np.arange(found.n_sets + 1))
+    bounds = np.unique(bounds)  # (the sets holding no atom left out)
+    rows = support.pieces(atom[by_set], bounds[:-1]) if atom.size else []
+    n = found.weights.size
     if n > draws.BLOCK_SIZE and any(r.size > draws.HUB_SIZE for r in rows):
         block = draws.blocks([r for r in rows if r.size <= draws.HUB_SIZE], n)
         if block is not None:
@@ -270,8 +310,7 @@ def _columns(found: support.Atoms, prime: int) -> np.ndarray:
                                     [r for r in rows if r.size > draws.HUB_SIZE], n, block, prime,
                                     np.random.default_rng(0xA70B), k=3).T
     incidence = np.zeros((n, found.n_sets), dtype=np.int64)
-    for a, sets in enumerate(found.sets):
-        incidence[a, list(sets)] = 1
+    incidence[atom, found.set_idx] = 1
     return support.null_space_mod(incidence.T, prime).T
 
 
@@ -290,28 +329,41 @@ def _by_columns(found: support.Atoms, p: int, same_row) -> Reason | None:
         zero = ~column[light].any(axis=1)  # (the lightest first: light is in weight order)
         if zero.any():
             a = int(light[np.argmax(zero)])
-            return _isolates(int(weights[a]), p, found.members[a])
+            return _isolates(int(weights[a]), p, found.members_of(a))
         if singles.size == 0 or p > 3:
             continue
         keys = column[singles]
         if p == 3:  # each column scaled to its first nonzero entry 1: parallel = equal
             lead = keys[np.arange(singles.size), np.argmax(keys != 0, axis=1)]
             keys = (keys * support.inverse_mod(lead, prime)[:, None]) % prime
-        _, first, key = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        key = key.ravel()
+        first, key = _equal_rows(keys)
         again = np.flatnonzero(first[key] != np.arange(singles.size))  # a key seen before
         if p == 3 and again.size:
             a, seen = int(singles[again[0]]), int(singles[first[key[again[0]]]])
-            return _isolates(2, p, np.r_[found.members[seen], found.members[a]])
+            return _isolates(2, p, np.r_[found.members_of(seen), found.members_of(a)])
         if p <= 2:  # the keys held by several atoms, in the order they first come
             shared = np.unique(key[again])
             for k in shared[np.argsort(first[shared], kind="stable")]:
                 atoms = singles[key == k].tolist()
                 for a, b in itertools.combinations(atoms, 2):
-                    if same_row(int(found.members[a][0]), int(found.members[b][0])):
+                    if same_row(int(found.members_of(a)[0]), int(found.members_of(b)[0])):
                         return Reason("a combination of the groups gives the difference of two "
-                                      "versions of a row", np.r_[found.members[a], found.members[b]])
+                                      "versions of a row", np.r_[found.members_of(a), found.members_of(b)])
     return None
+
+
+def _equal_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's class of equal rows (``key``) and each class's first row (``first``),
+    as ``np.unique(keys, axis=0, return_index=True, return_inverse=True)`` gives them up to
+    the classes' numbering (by a stable sort of the rows, without its structured view)."""
+    if keys.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = np.lexsort(keys.T[::-1])
+    ordered = keys[order]
+    head = np.r_[True, (ordered[1:] != ordered[:-1]).any(axis=1)]
+    key = np.empty(keys.shape[0], dtype=np.int64)
+    key[order] = np.cumsum(head) - 1
+    return order[head], key  # (stable: a class's first row in the order is its first)
 
 
 # ------------------------------------------------------------------ every component

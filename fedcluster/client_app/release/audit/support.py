@@ -45,51 +45,94 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Atoms", "Bound", "LP_MARGIN", "PRIMES", "atoms", "graph_cut", "lp_bound", "minimum_cut",
-           "inverse_mod", "null_space_mod", "product_mod", "reduced_rows"]
+__all__ = ["Atoms", "Bound", "LP_MARGIN", "PRIMES", "atoms", "graph_cut", "inverse_mod", "lp_bound",
+           "minimum_cut", "null_space_mod", "pieces", "product_mod", "reduced_rows"]
 
 #: How far above p - 1 a linear program's optimum must lie to prove a bound (the solver's
 #: feasibility tolerance is 1e-7; supports are whole numbers of rows).
 LP_MARGIN = 1e-3
 
 
-@dataclass(frozen=True)
 class Atoms:
-    """The common refinement of some row sets.
+    """The common refinement of some row sets, as two flat lists (CSR).
 
     Attributes
     ----------
-    sets : list of tuple of int
-        Each atom's sets (indices into the row sets), sorted.
+    set_ptr, set_idx : int64 arrays
+        Atom a's sets (indices into the row sets, sorted) are
+        ``set_idx[set_ptr[a]:set_ptr[a + 1]]``; atoms come in the order of those tuples.
     weights : (A,) int64
         Each atom's rows.
-    members : list of int arrays
-        Each atom's rows.
+    member_ptr, member_idx : int64 arrays
+        Atom a's rows (sorted) are ``member_idx[member_ptr[a]:member_ptr[a + 1]]``.
     n_sets : int
     """
 
-    sets: list
-    weights: np.ndarray
-    members: list
-    n_sets: int
+    def __init__(self, set_ptr, set_idx, weights, member_ptr, member_idx, n_sets: int) -> None:
+        self.set_ptr, self.set_idx, self.weights = set_ptr, set_idx, weights
+        self.member_ptr, self.member_idx, self.n_sets = member_ptr, member_idx, int(n_sets)
+
+    @property
+    def set_sizes(self) -> np.ndarray:
+        return np.diff(self.set_ptr)
+
+    @property
+    def sets(self) -> list[tuple[int, ...]]:
+        """Each atom's sets as a tuple (for the small components' Python paths)."""
+        flat = self.set_idx.tolist()
+        bounds = self.set_ptr.tolist()
+        return [tuple(flat[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def members_of(self, atom: int) -> np.ndarray:
+        return self.member_idx[self.member_ptr[atom]:self.member_ptr[atom + 1]]
+
+    @property
+    def members(self) -> list[np.ndarray]:
+        return [self.members_of(a) for a in range(self.weights.size)]
+
+    def rows_of(self, chosen: np.ndarray) -> np.ndarray:
+        """The rows of the ``chosen`` atoms ((A,) bool), atom by atom."""
+        return self.member_idx[np.repeat(np.asarray(chosen, dtype=bool), self.weights)]
+
+    def entry_atoms(self) -> np.ndarray:
+        """Each entry of ``set_idx``'s atom."""
+        return np.repeat(np.arange(self.weights.size), self.set_sizes)
 
 
 def atoms(member_lists: list[np.ndarray]) -> Atoms:
-    """The atoms of ``member_lists`` (each a set's rows), in a fixed order."""
+    """The atoms of ``member_lists`` (each a set's rows), in a fixed order: by their
+    tuples of sets (a tuple before any it is a prefix of), each atom's rows sorted."""
+    empty = np.zeros(0, dtype=np.int64)
     if not member_lists:
-        return Atoms([], np.zeros(0, dtype=np.int64), [], 0)
+        return Atoms(np.zeros(1, dtype=np.int64), empty, empty, np.zeros(1, dtype=np.int64),
+                     empty, 0)
     owner = np.repeat(np.arange(len(member_lists)), [m.size for m in member_lists])
     rows = np.concatenate(member_lists).astype(np.int64)
     order = np.lexsort((owner, rows))  # by row, then by set
     rows, owner = rows[order], owner[order]
     starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
-    stops = np.r_[starts[1:], rows.size]
-    found: dict[tuple[int, ...], list[int]] = {}
-    for a, b in zip(starts.tolist(), stops.tolist()):
-        found.setdefault(tuple(owner[a:b].tolist()), []).append(int(rows[a]))
-    keys = sorted(found)
-    return Atoms(keys, np.array([len(found[k]) for k in keys], dtype=np.int64),
-                 [np.array(found[k], dtype=np.int64) for k in keys], len(member_lists))
+    lens = np.diff(np.r_[starts, rows.size])
+    # each row's sets, padded with -1 (so a tuple sorts before any it is a prefix of)
+    key = np.full((starts.size, int(lens.max())), -1, dtype=np.int64)
+    key[np.repeat(np.arange(starts.size), lens), np.arange(rows.size) - np.repeat(starts, lens)] = owner
+    by_key = np.lexsort(key.T[::-1])  # first column first; rows ascending within a key
+    key = key[by_key]
+    first = np.r_[True, (key[1:] != key[:-1]).any(axis=1)]
+    heads = np.flatnonzero(first)
+    weights = np.diff(np.r_[heads, by_key.size]).astype(np.int64)
+    sizes = lens[by_key[heads]]
+    head_keys = key[heads]
+    set_idx = head_keys[head_keys >= 0]  # (row-major: each atom's sets in order)
+    return Atoms(np.r_[0, np.cumsum(sizes)].astype(np.int64), set_idx.astype(np.int64), weights,
+                 np.r_[0, np.cumsum(weights)].astype(np.int64), rows[starts][by_key], len(member_lists))
+
+
+def pieces(flat: np.ndarray, starts) -> list[np.ndarray]:
+    """``flat`` cut into pieces starting at ``starts`` (sorted; the first 0 unless there
+    are none, the last running to the end), as views: ``np.split`` without its per-piece
+    overhead (the audit cuts tens of thousands of pieces a feature)."""
+    bounds = [*np.asarray(starts, dtype=np.int64).tolist(), flat.shape[0]]
+    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 #: The fields exact linear algebra is done in (integers modulo a prime, numpy's int64: a
@@ -168,26 +211,21 @@ def product_mod(matrix, vector: np.ndarray, prime: int = PRIMES[0]) -> np.ndarra
 
 
 # ------------------------------------------------------------------ graphs: exact
-def _bipartite(edges: list[tuple[int, int]], n: int) -> bool:
-    """Whether the graph of ``edges`` on nodes 0..n-1 has no odd cycle."""
-    adjacent: list[list[int]] = [[] for _ in range(n)]
-    for u, v in edges:
-        adjacent[u].append(v)
-        adjacent[v].append(u)
-    side = [-1] * n
-    for start in range(n):
-        if side[start] >= 0:
-            continue
-        side[start], todo = 0, [start]
-        while todo:
-            u = todo.pop()
-            for v in adjacent[u]:
-                if side[v] < 0:
-                    side[v] = 1 - side[u]
-                    todo.append(v)
-                elif side[v] == side[u]:
-                    return False
-    return True
+def _bipartite(edges: np.ndarray, n: int) -> bool:
+    """Whether the graph of ``edges`` ((E, 2) nodes 0..n-1) has no odd cycle: no node
+    meets itself on the other side in the graph's double cover (each edge u-v joins u's
+    one side to v's other)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    if edges.shape[0] == 0:
+        return True
+    u, v = edges[:, 0], edges[:, 1]
+    cover = coo_matrix((np.ones(2 * u.size, dtype=np.int8), (np.r_[u, u + n], np.r_[v + n, v])),
+                       shape=(2 * n, 2 * n))
+    label = connected_components(cover, directed=False)[1]
+    return not (label[:n] == label[n:]).any()
 
 
 def minimum_cut(ends: np.ndarray, capacity: np.ndarray, n_nodes: int,
@@ -299,15 +337,18 @@ def graph_cut(found: Atoms, below: int | None = None) -> tuple[int, np.ndarray] 
     bipartite graph (module docstring), and the atoms of one such support ((A,) bool);
     None where they do not (an atom in three or more sets, or an odd cycle). ``below``:
     as :func:`minimum_cut`'s (a support under it, or 2**31 where there is none)."""
-    if any(len(s) > 2 for s in found.sets):
+    sizes = found.set_sizes
+    if (sizes > 2).any():
         return None
     beyond = found.n_sets
-    pairs = [(s[0], s[1]) for s in found.sets if len(s) == 2]
-    if not _bipartite(pairs, found.n_sets):
-        return None
-    if not found.sets:
+    if sizes.size == 0:
         return 2**31, np.zeros(0, dtype=bool)
-    ends = np.array([(s[0], s[1] if len(s) == 2 else beyond) for s in found.sets], dtype=np.int64)
+    ptr = found.set_ptr[:-1]  # (every atom lies in a set at least)
+    lead, second, two = found.set_idx[ptr], np.full(sizes.size, beyond, dtype=np.int64), sizes == 2
+    second[two] = found.set_idx[ptr[two] + 1]
+    if not _bipartite(np.stack([lead[two], second[two]], axis=1), found.n_sets):
+        return None
+    ends = np.stack([lead, second], axis=1).astype(np.int64)
     # parallel atoms (the same two sets) add up: one edge of their rows
     keys, slot = np.unique(ends, axis=0, return_inverse=True)
     slot = slot.ravel()
@@ -351,11 +392,8 @@ def lp_bound(found: Atoms, p: int) -> Bound:
     if light.size == 0:
         return Bound(True, None, np.zeros(weights.size, dtype=bool), 0)
     heavy = np.flatnonzero(weights >= p)
-    sizes = np.array([len(s) for s in found.sets], dtype=np.int64)
-    incidence = csr_matrix((np.ones(int(sizes.sum())),
-                            (np.repeat(np.arange(len(found.sets)), sizes),
-                             np.concatenate([np.array(s, dtype=np.int64) for s in found.sets]))),
-                           shape=(len(found.sets), found.n_sets))
+    incidence = csr_matrix((np.ones(found.set_idx.size), (found.entry_atoms(), found.set_idx)),
+                           shape=(weights.size, found.n_sets))
     on_light, n_light, n_sets = incidence[light], light.size, found.n_sets
     eye = identity(n_light, format="csr")
     upper = vstack([hstack([on_light, -eye]), hstack([-on_light, -eye])], format="csr")

@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 
-from fedcluster.client_app.release.audit import moments
+from fedcluster.client_app.release.audit import moments, span, support
 from fedcluster.client_app.release.audit.span import Reason
 from fedcluster.client_app.release.spreads import host_size
 
@@ -278,36 +278,39 @@ class Layout:
         return cls(ordered, np.repeat(np.arange(ordered.size), lens), flat,
                    np.sort(rank), units[ordered] >= 0, np.asarray(group_p)[ordered])
 
-    def reporting(self, value: np.ndarray, present: np.ndarray, carried: np.ndarray | None):
+    def reporting(self, value: np.ndarray, present: np.ndarray, carried: np.ndarray | None,
+                  flat: bool = False):
         """For one feature (each instance's ``value`` index and ``present`` cell; which
         groups carry it at a stood-in mean), the values of each group that reports it (p
         cells or more, not carried), and of each unit with such a group, sorted and
-        distinct, in the layout's order: (group lists, unit lists)."""
+        distinct, in the layout's order: (group lists, unit lists); ``flat``: each as
+        (the lists end to end, where each starts)."""
         here = present[self.flat]
         count = np.bincount(self.owner[here], minlength=self.groups.size)
         reports = count >= self.group_p
         if carried is not None:
             reports &= ~carried[self.groups]
         take = here & reports[self.owner]
-        group_lists = _distinct_split(self.owner[take], value[self.flat[take]],
-                                      np.flatnonzero(reports))
+        group_lists = _distinct_flat(self.owner[take], value[self.flat[take]],
+                                     np.flatnonzero(reports))
         in_unit = take & self.in_unit[self.owner]
         units = np.unique(self.unit_rank[reports & self.in_unit])
-        unit_lists = _distinct_split(self.unit_rank[self.owner[in_unit]],
-                                     value[self.flat[in_unit]], units)
-        return group_lists, unit_lists
+        unit_lists = _distinct_flat(self.unit_rank[self.owner[in_unit]],
+                                    value[self.flat[in_unit]], units)
+        if flat:
+            return group_lists, unit_lists
+        return support.pieces(*group_lists), support.pieces(*unit_lists)
 
 
-def _distinct_split(owner: np.ndarray, value: np.ndarray, owners: np.ndarray) -> list[np.ndarray]:
-    """Each of ``owners`` (sorted) its ``value``s, sorted and distinct (one array each,
-    empty where it has none)."""
+def _distinct_flat(owner: np.ndarray, value: np.ndarray, owners: np.ndarray):
+    """Each of ``owners`` (sorted; every ``owner`` among them) its ``value``s, sorted and
+    distinct, end to end, and where each list starts (a list may be empty)."""
     order = np.lexsort((value, owner))
     owner, value = owner[order], value[order]
     keep = np.r_[True, (owner[1:] != owner[:-1]) | (value[1:] != value[:-1])] if owner.size \
         else np.zeros(0, dtype=bool)
     owner, value = owner[keep], value[keep]
-    bounds = np.searchsorted(owner, np.r_[owners, np.iinfo(np.int64).max])
-    return [value[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+    return value, np.searchsorted(owner, owners)
 
 
 def _judge(store, groups, instances, offsets, members, units, group_p, links, floor, present,
@@ -326,23 +329,26 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
         hashes = fitted
     per_feature, chain, linked = _values(instances, links, hashes, cells)
     layout = Layout.of(instances, groups, offsets, members, units, group_p)
-    seen = set()
+    seen, passed = set(), span.Passed()  # (parts that passed, each feature's values named)
     for j in range(width):
         value = chain if per_feature is None else per_feature[j]
         key = (value.tobytes(), cells[:, j].tobytes())
         if key in seen:
             continue
         seen.add(key)
-        group_lists, unit_lists = layout.reporting(
-            value, cells[:, j], None if carried is None or j >= carried.shape[1] else carried[:, j])
-        used = np.unique(np.concatenate(group_lists)) if group_lists else np.zeros(0, np.int64)
+        (in_groups, group_cuts), (in_units, unit_cuts) = layout.reporting(
+            value, cells[:, j], None if carried is None or j >= carried.shape[1] else carried[:, j],
+            flat=True)
+        used = np.unique(in_groups)
         remap = np.full(value.size, -1, dtype=np.int64)
         remap[used] = np.arange(used.size)
+        in_units = remap[in_units]
+        kept = np.r_[0, np.cumsum(in_units >= 0)]  # (a unit keeps its values in a group)
         part = moments.Component(
-            [remap[g] for g in group_lists],
-            [remap[u][remap[u] >= 0] for u in unit_lists],
+            support.pieces(remap[in_groups], group_cuts),
+            support.pieces(in_units[in_units >= 0], kept[unit_cuts]),
             used.size, chain[used] if used.size else used)
-        reason = moments.component_finding(part, floor, sums=linked)
+        reason = moments.component_finding(part, floor, sums=linked, passed=passed.named(used))
         if reason is not None:  # (its instances: the values' first instances here)
             witness = np.asarray(getattr(reason, "instances", ()), dtype=np.int64)
             return Reason(f"feature {j}: {reason}", instances[used[witness]] if witness.size else ())
