@@ -225,3 +225,38 @@ def test_statistics_of_a_memmap_are_those_in_memory_window_by_window(grouped, tm
     windows = [group_stats.group_m2(mapped, labels, places, counts, sums, None, lo, min(G, lo + 97))
                for lo in range(0, G, 97)]
     assert np.array_equal(np.concatenate(windows), whole[2])
+
+
+def _in_steps_by_place(places, groups, values, into, offset=0):
+    """``group_stats._in_steps`` before: one numpy step per place (quadratic in the
+    largest group: a report's part)."""
+    for k in range(int(places.max()) + 1 if places.size else 0):
+        rows = np.flatnonzero(places == k)
+        if rows.size:
+            if k == 0:
+                into[groups[rows] - offset] = values[rows]
+            else:
+                into[groups[rows] - offset] += values[rows]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int16])
+def test_row_order_sums_of_large_groups_are_the_steps_bit_for_bit(dtype):
+    """A few groups of thousands of rows (a report's parts) beside small ones, rows
+    waiting, a -0.0 first (place 0 sets the slot: its sign stays): the compiled pass adds
+    what the step-per-place code added, in the same order."""
+    rng = np.random.default_rng(71)
+    n, d = 20_000, 3
+    labels = np.where(rng.random(n) < 0.7, rng.integers(0, 3, size=n), rng.integers(3, 4000, size=n))
+    labels[rng.random(n) < 0.05] = -1
+    places = group_stats.row_places(labels)
+    values = (rng.standard_normal((n, d)) * 1e3).astype(dtype) if dtype == np.float64 \
+        else rng.integers(0, 2, size=(n, d)).astype(dtype)
+    lo = 2  # (a window of groups from lo: the offset)
+    if dtype == np.float64:
+        values[np.flatnonzero((places == 0) & (labels >= lo))[:5]] = -0.0
+    mine = labels >= lo
+    ours, theirs = np.zeros((4000 - lo, d), dtype=dtype), np.zeros((4000 - lo, d), dtype=dtype)
+    group_stats._in_steps(places[mine], labels[mine], values[mine], ours, lo)
+    _in_steps_by_place(places[mine], labels[mine], values[mine], theirs, lo)
+    assert np.array_equal(ours.view(np.uint8), theirs.view(np.uint8))
+    assert places.max() > 4_000  # (large groups: the steps' case)

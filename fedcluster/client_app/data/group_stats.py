@@ -66,16 +66,11 @@ def row_places(group_of_row: np.ndarray) -> np.ndarray:
 def _in_steps(places: np.ndarray, groups: np.ndarray, values: np.ndarray, into: np.ndarray,
               offset: int = 0) -> None:
     """Add each value to its group's slot (``into[group - offset]``) in its row's place
-    order: place 0 sets the slot, place k adds to it (one row per group per step)."""
-    for k in range(int(places.max()) + 1 if places.size else 0):
-        rows = np.flatnonzero(places == k)
-        if rows.size == 0:
-            continue
-        slots = groups[rows] - offset
-        if k == 0:
-            into[slots] = values[rows]
-        else:
-            into[slots] += values[rows]
+    order: place 0 sets the slot, place k adds to it (per group, its rows in row order:
+    ``kernels._compiled.add_in_row_order``, one pass whatever the groups' sizes)."""
+    if places.size == 0:
+        return
+    compiled_kernels().add_in_row_order(places, groups, values, into, int(offset))  # (2-d)
 
 
 def group_sums(X: np.ndarray, group_of_row: np.ndarray, n_groups: int,

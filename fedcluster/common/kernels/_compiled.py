@@ -1337,6 +1337,25 @@ def spread_units_rule(m2, cells, starts, sizes, tiny, equal_within, spread_min):
 
 
 @njit(cache=True, nogil=True)
+def add_in_row_order(places, groups, values, into, offset):
+    """Each row's values into its group's slot (``into[group - offset]``), rows in order:
+    a row at place 0 of its group sets the slot, a later one adds to it (place -1: no
+    group). Per group the additions are those of its rows in row order, the order
+    ``group_stats._in_steps`` made them in one numpy step per place (a step per row of
+    the largest group: a report's part of 100,000 rows made 100,000 passes)."""
+    for r in range(groups.shape[0]):
+        if places[r] < 0:
+            continue
+        g = groups[r] - offset
+        if places[r] == 0:
+            for j in range(values.shape[1]):
+                into[g, j] = values[r, j]
+        else:
+            for j in range(values.shape[1]):
+                into[g, j] += values[r, j]
+
+
+@njit(cache=True, nogil=True)
 def group_extremes_at(high, low, groups, deviation):
     """``np.maximum.at(high, groups, deviation)`` and ``np.minimum.at(low, ...)``, rows in
     order (the deviations are finite: a missing cell's is 0)."""
@@ -1413,6 +1432,18 @@ def reduced_rows_mod(matrix, prime):
     pivots = np.empty(min(A.shape[0], A.shape[1]), np.int64)
     n_pivots = _rref_mod_in_place(A, prime, is_pivot, pivots)
     return A[:n_pivots].copy(), pivots[:n_pivots].copy()
+
+
+@njit(cache=True, nogil=True)
+def coo_product_mod(at_row, at_col, entries, vector, n_rows, prime):
+    """``M @ vector`` over GF(prime) for M given by its nonzero entries (row, column,
+    entry; entries and the vector's residues below 2^31): one pass over the entries
+    (``support.product_mod`` cut M's columns into slices, each a pass over M)."""
+    out = np.zeros(n_rows, dtype=np.int64)
+    for e in range(entries.shape[0]):
+        r = at_row[e]
+        out[r] = (out[r] + entries[e] * (vector[at_col[e]] % prime)) % prime
+    return out
 
 
 @njit(cache=True, nogil=True)

@@ -109,5 +109,5 @@ def null_draws(local: list[np.ndarray], coefficients: list, hubs: list[np.ndarra
         a[pivots] = 0
         if pivots.size:
             a[pivots] = (-product_mod(R, a, prime)) % prime
-        out[draw] = product_mod(Z, a, prime)
+        out[draw] = compiled_kernels().coo_product_mod(at_row, at_col, entries, a, n, int(prime))
     return out
