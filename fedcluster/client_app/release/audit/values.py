@@ -40,9 +40,10 @@ def _components(offsets, members, n_groups, n_instances, links, units) -> np.nda
 
 
 def _values(instances: np.ndarray, links: np.ndarray, hashes: np.ndarray, present: np.ndarray):
-    """Per feature, each instance's value (the index of the earliest instance holding it:
-    linked instances whose cell keeps its bits share one), each instance's row (linked
-    instances share it), and whether any instance here is linked to another here."""
+    """Per feature (a function of the feature), each instance's value (the index of the
+    earliest instance holding it: linked instances whose cell keeps its bits share one),
+    each instance's row (linked instances share it), and whether any instance here is
+    linked to another here."""
     n = instances.size
     where = np.full(int(instances.max()) + 1 if n else 0, -1, dtype=np.int64)
     where[instances] = np.arange(n)
@@ -64,8 +65,9 @@ def _values(instances: np.ndarray, links: np.ndarray, hashes: np.ndarray, presen
     chain = roots(np.ones(a.size, dtype=bool))
     if a.size == 0:
         return None, chain, False
-    per_feature = [roots((hashes[a, j] == hashes[b, j]) & present[a, j] & present[b, j])
-                   for j in range(hashes.shape[1])]
+
+    def per_feature(j: int) -> np.ndarray:  # (one feature's at a time: d arrays of n held none)
+        return roots((hashes[a, j] == hashes[b, j]) & present[a, j] & present[b, j])
     return per_feature, chain, True
 
 
@@ -331,7 +333,7 @@ def _judge(store, groups, instances, offsets, members, units, group_p, links, fl
     layout = Layout.of(instances, groups, offsets, members, units, group_p)
     seen, passed = set(), span.Passed()  # (parts that passed, each feature's values named)
     for j in range(width):
-        value = chain if per_feature is None else per_feature[j]
+        value = chain if per_feature is None else per_feature(j)
         key = (value.tobytes(), cells[:, j].tobytes())
         if key in seen:
             continue
