@@ -139,10 +139,10 @@ def test_equal_rows_classes_are_uniques():
     rng = np.random.default_rng(74)
     for _ in range(300):
         keys = rng.integers(0, 3, size=(int(rng.integers(1, 40)), int(rng.integers(1, 4))))
-        first, key = span._equal_rows(keys)
+        first, key = support.equal_rows(keys)
         _, first_np, key_np = np.unique(keys, axis=0, return_index=True, return_inverse=True)
         assert np.array_equal(first, first_np) and np.array_equal(key, key_np.ravel())
-    first, key = span._equal_rows(np.zeros((0, 3), dtype=np.int64))
+    first, key = support.equal_rows(np.zeros((0, 3), dtype=np.int64))
     assert first.size == 0 and key.size == 0
 
 

@@ -336,7 +336,7 @@ def _by_columns(found: support.Atoms, p: int, same_row) -> Reason | None:
         if p == 3:  # each column scaled to its first nonzero entry 1: parallel = equal
             lead = keys[np.arange(singles.size), np.argmax(keys != 0, axis=1)]
             keys = (keys * support.inverse_mod(lead, prime)[:, None]) % prime
-        first, key = _equal_rows(keys)
+        first, key = support.equal_rows(keys)
         again = np.flatnonzero(first[key] != np.arange(singles.size))  # a key seen before
         if p == 3 and again.size:
             a, seen = int(singles[again[0]]), int(singles[first[key[again[0]]]])
@@ -350,20 +350,6 @@ def _by_columns(found: support.Atoms, p: int, same_row) -> Reason | None:
                         return Reason("a combination of the groups gives the difference of two "
                                       "versions of a row", np.r_[found.members_of(a), found.members_of(b)])
     return None
-
-
-def _equal_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's class of equal rows (``key``) and each class's first row (``first``),
-    as ``np.unique(keys, axis=0, return_index=True, return_inverse=True)`` gives them up to
-    the classes' numbering (by a stable sort of the rows, without its structured view)."""
-    if keys.shape[0] == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    order = np.lexsort(keys.T[::-1])
-    ordered = keys[order]
-    head = np.r_[True, (ordered[1:] != ordered[:-1]).any(axis=1)]
-    key = np.empty(keys.shape[0], dtype=np.int64)
-    key[order] = np.cumsum(head) - 1
-    return order[head], key  # (stable: a class's first row in the order is its first)
 
 
 # ------------------------------------------------------------------ every component

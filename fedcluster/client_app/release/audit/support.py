@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Atoms", "Bound", "LP_MARGIN", "PRIMES", "atoms", "graph_cut", "inverse_mod", "lp_bound",
-           "minimum_cut", "null_space_mod", "pieces", "product_mod", "reduced_rows"]
+__all__ = ["Atoms", "Bound", "LP_MARGIN", "PRIMES", "atoms", "equal_rows", "graph_cut", "inverse_mod",
+           "lp_bound", "minimum_cut", "null_space_mod", "pieces", "product_mod", "reduced_rows"]
 
 #: How far above p - 1 a linear program's optimum must lie to prove a bound (the solver's
 #: feasibility tolerance is 1e-7; supports are whole numbers of rows).
@@ -133,6 +133,20 @@ def pieces(flat: np.ndarray, starts) -> list[np.ndarray]:
     overhead (the audit cuts tens of thousands of pieces a feature)."""
     bounds = [*np.asarray(starts, dtype=np.int64).tolist(), flat.shape[0]]
     return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def equal_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's class of equal rows (``key``) and each class's first row (``first``),
+    as ``np.unique(keys, axis=0, return_index=True, return_inverse=True)`` gives them up to
+    the classes' numbering (by a stable sort of the rows, without its structured view)."""
+    if keys.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = np.lexsort(keys.T[::-1])
+    ordered = keys[order]
+    head = np.r_[True, (ordered[1:] != ordered[:-1]).any(axis=1)]
+    key = np.empty(keys.shape[0], dtype=np.int64)
+    key[order] = np.cumsum(head) - 1
+    return order[head], key  # (stable: a class's first row in the order is its first)
 
 
 #: The fields exact linear algebra is done in (integers modulo a prime, numpy's int64: a
