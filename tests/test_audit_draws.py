@@ -113,7 +113,9 @@ def test_the_compiled_block_bases_are_each_block_s_null_space_mod(seed):
         local.append(members.astype(np.int64))
         coefficients.append(None if rng.random() < 0.5 else rng.integers(-5 * prime, 5 * prime, size=members.size))
     block = draws.blocks(local, n)
-    at_row, at_col, entries, width = draws.block_bases(local, coefficients, n, block, prime)
+    flat = np.concatenate([np.ones(m.size, dtype=np.int64) if c is None else c
+                           for m, c in zip(local, coefficients)])  # (every row's, end to end)
+    at_row, at_col, entries, width = draws.block_bases(local, flat, n, block, prime)
     Z = np.zeros((n, width), dtype=np.int64)
     Z[at_row, at_col] = entries
     expected, column = np.zeros((n, 0), dtype=np.int64), 0

@@ -48,11 +48,11 @@ def blocks(local: list[np.ndarray], n: int, largest: int = BLOCK_SIZE) -> np.nda
     return None if np.bincount(block).max() > largest else block
 
 
-def block_bases(local: list[np.ndarray], coefficients: list, n: int, block: np.ndarray,
-                prime: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def block_bases(local: list[np.ndarray], coefficients: np.ndarray | None, n: int,
+                block: np.ndarray, prime: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Each block's basis of {z : its ``local`` rows' sums of their coefficients times z
-    = 0} over GF(``prime``) (``coefficients``: per row an array or None for ones, or one
-    flat array for every row's entries in order) (``support.null_space_mod`` of the block's rows; the identity
+    = 0} over GF(``prime``) (``coefficients``: every row's entries' end to end, in the
+    rows' order; None: ones) (``support.null_space_mod`` of the block's rows; the identity
     for a block without rows), side by side as the columns of one (n x width) matrix:
     (row, column, entry) of its nonzero entries and its width. Compiled, one pass over
     the blocks (``kernels._compiled.block_null_bases``): a large site's record makes
@@ -67,13 +67,8 @@ def block_bases(local: list[np.ndarray], coefficients: list, n: int, block: np.n
     member_ptr = np.concatenate([[0], np.cumsum([r.size for r in local])]).astype(np.int64)
     member_idx = np.concatenate([np.asarray(r, dtype=np.int64) for r in local] or
                                 [np.zeros(0, np.int64)])
-    if isinstance(coefficients, np.ndarray):  # (one flat array, entry for entry)
-        member_coef = coefficients.astype(np.int64) % prime
-    else:
-        member_coef = np.ones(member_idx.size, dtype=np.int64)
-        for r, c in enumerate(coefficients):
-            if c is not None:
-                member_coef[member_ptr[r]:member_ptr[r + 1]] = np.asarray(c, dtype=np.int64) % prime
+    member_coef = np.ones(member_idx.size, dtype=np.int64) if coefficients is None \
+        else np.asarray(coefficients, dtype=np.int64) % prime
     row_block = block[member_idx[member_ptr[:-1]]]  # a row's block: its first unknown's
     rows = np.argsort(row_block, kind="stable")
     row_starts = np.searchsorted(row_block[rows], np.arange(n_blocks + 1))
@@ -83,8 +78,9 @@ def block_bases(local: list[np.ndarray], coefficients: list, n: int, block: np.n
     return at_row, at_col, entries, int(width)
 
 
-def null_draws(local: list[np.ndarray], coefficients: list, hubs: list[np.ndarray], n: int,
-               block: np.ndarray, prime: int, rng: np.random.Generator, k: int = 2) -> np.ndarray:
+def null_draws(local: list[np.ndarray], coefficients: np.ndarray | None, hubs: list[np.ndarray],
+               n: int, block: np.ndarray, prime: int, rng: np.random.Generator,
+               k: int = 2) -> np.ndarray:
     """``k`` uniform draws ((k, n) int64) from {z : every row's sum of its coefficients
     times z = 0} over GF(``prime``): the ``local`` rows (unknown indices, each with its
     ``coefficients`` as :func:`block_bases` takes them) held together in ``block``, and the

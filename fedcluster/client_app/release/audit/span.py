@@ -52,6 +52,7 @@ support.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass
 
@@ -226,8 +227,6 @@ class Passed:
         return Passed(self.seen, self.names, kind)
 
     def key(self, lists: list[np.ndarray], p: int) -> bytes:
-        import hashlib
-
         sizes = np.fromiter((m.size for m in lists), dtype=np.int64, count=len(lists))
         digest = hashlib.blake2b(f"{self.kind}:{p}:".encode(), digest_size=16)
         digest.update(sizes.tobytes())
@@ -264,7 +263,7 @@ def _part_finding(member_lists: list[np.ndarray], p: int, same_row) -> Reason | 
     if graph is not None:
         smallest, cut = graph
         if smallest < p:
-            return _isolates(smallest, p, _members(found, cut))
+            return _isolates(smallest, p, found.rows_of(cut))
         if p > 2 or not _change_candidates(found, same_row):
             return None
     if p <= 3:
@@ -274,12 +273,7 @@ def _part_finding(member_lists: list[np.ndarray], p: int, same_row) -> Reason | 
         return None
     if bound.witness is None:
         return Reason("the audit's linear programs did not solve: nothing is shown")
-    return _isolates(bound.witness, p, _members(found, bound.atoms), bound.witness < p)
-
-
-def _members(found: support.Atoms, chosen: np.ndarray) -> np.ndarray:
-    """The instances of the ``chosen`` atoms."""
-    return found.rows_of(chosen)
+    return _isolates(bound.witness, p, found.rows_of(bound.atoms), bound.witness < p)
 
 
 def _change_candidates(found: support.Atoms, same_row) -> bool:
@@ -306,7 +300,7 @@ def _columns(found: support.Atoms, prime: int) -> np.ndarray:
         block = draws.blocks([r for r in rows if r.size <= draws.HUB_SIZE], n)
         if block is not None:
             local = [r for r in rows if r.size <= draws.HUB_SIZE]
-            return draws.null_draws(local, [None] * len(local),
+            return draws.null_draws(local, None,
                                     [r for r in rows if r.size > draws.HUB_SIZE], n, block, prime,
                                     np.random.default_rng(0xA70B), k=3).T
     incidence = np.zeros((n, found.n_sets), dtype=np.int64)
@@ -348,7 +342,8 @@ def _by_columns(found: support.Atoms, p: int, same_row) -> Reason | None:
                 for a, b in itertools.combinations(atoms, 2):
                     if same_row(int(found.members_of(a)[0]), int(found.members_of(b)[0])):
                         return Reason("a combination of the groups gives the difference of two "
-                                      "versions of a row", np.r_[found.members_of(a), found.members_of(b)])
+                                      "versions of a row",
+                                      np.r_[found.members_of(a), found.members_of(b)])
     return None
 
 

@@ -45,8 +45,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Atoms", "Bound", "LP_MARGIN", "PRIMES", "atoms", "equal_rows", "graph_cut", "inverse_mod",
-           "lp_bound", "minimum_cut", "null_space_mod", "pieces", "product_mod", "reduced_rows"]
+__all__ = ["Atoms", "Bound", "LP_MARGIN", "PRIMES", "atoms", "equal_rows", "graph_cut",
+           "inverse_mod", "lp_bound", "minimum_cut", "null_space_mod", "pieces", "product_mod",
+           "reduced_rows"]
 
 #: How far above p - 1 a linear program's optimum must lie to prove a bound (the solver's
 #: feasibility tolerance is 1e-7; supports are whole numbers of rows).
@@ -114,7 +115,8 @@ def atoms(member_lists: list[np.ndarray]) -> Atoms:
     lens = np.diff(np.r_[starts, rows.size])
     # each row's sets, padded with -1 (so a tuple sorts before any it is a prefix of)
     key = np.full((starts.size, int(lens.max())), -1, dtype=np.int64)
-    key[np.repeat(np.arange(starts.size), lens), np.arange(rows.size) - np.repeat(starts, lens)] = owner
+    at = np.arange(rows.size) - np.repeat(starts, lens)  # (each entry's place in its row's)
+    key[np.repeat(np.arange(starts.size), lens), at] = owner
     by_key = np.lexsort(key.T[::-1])  # first column first; rows ascending within a key
     key = key[by_key]
     first = np.r_[True, (key[1:] != key[:-1]).any(axis=1)]
@@ -124,7 +126,8 @@ def atoms(member_lists: list[np.ndarray]) -> Atoms:
     head_keys = key[heads]
     set_idx = head_keys[head_keys >= 0]  # (row-major: each atom's sets in order)
     return Atoms(np.r_[0, np.cumsum(sizes)].astype(np.int64), set_idx.astype(np.int64), weights,
-                 np.r_[0, np.cumsum(weights)].astype(np.int64), rows[starts][by_key], len(member_lists))
+                 np.r_[0, np.cumsum(weights)].astype(np.int64), rows[starts][by_key],
+                 len(member_lists))
 
 
 def pieces(flat: np.ndarray, starts) -> list[np.ndarray]:
