@@ -43,8 +43,12 @@ def _sites(tmp_path: Path) -> dict[str, dict]:
 
 
 def _run(bed, run_config: str, *, interrupt_after: float | None = None) -> tuple[int, str, str]:
-    popen = subprocess.Popen([FEDCLUSTER, "run", str(APP_DIR), "cmd", "--run-config", run_config],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    command = [FEDCLUSTER, "run", str(APP_DIR), "cmd", "--run-config", run_config]
+    if interrupt_after is not None:
+        # started with SIGINT ignored, as a shell without job control (a script's `cmd &`,
+        # nohup, a CI runner) starts it: Ctrl-C must stop the run all the same
+        command = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command]
+    popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=bed.env, cwd=bed.workdir)
     if interrupt_after is not None:
         time.sleep(interrupt_after)

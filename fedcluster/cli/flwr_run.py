@@ -176,7 +176,11 @@ def cmd_run(args: argparse.Namespace) -> int:
           "(Ctrl-C stops the run)", file=sys.stderr, flush=True)
     tail: deque = deque(maxlen=400)
     stream = _stream(run_id, args.connection, tail)
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Ctrl-C and SIGTERM stop the run, whatever this process inherited: a shell without
+    # job control (a script's `cmd &`, nohup, a CI runner) starts it with SIGINT ignored,
+    # and Python then keeps it ignored.
+    previous = {sig: signal.signal(sig, signal.default_int_handler)
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
             while not (now := status(run_id, args.connection)).startswith(FINISHED):
@@ -188,7 +192,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fedcluster: {err}", file=sys.stderr)
         return 2
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if stream.poll() is None:
             stream.terminate()
     if now == "finished:completed":
