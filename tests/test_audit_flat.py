@@ -249,3 +249,39 @@ def test_the_draws_compiled_product_is_the_sliced_one():
             Z = csr_matrix((entries, (rows, cols)), shape=(n, width))
             ours = compiled_kernels().coo_product_mod(rows, cols, entries, a, n, int(prime))
             assert np.array_equal(ours, support.product_mod(Z, a, prime))
+
+
+def _report_like(seed: int, p: int) -> support.Atoms:
+    """Three partitions of one set of rows into sets of p to 2p rows (runs of rows along
+    three random orders): sets overlapping three ways in atoms of one to a few rows, as
+    in a report's audit at p_site 5 to 11, where the bound of linear programs decides."""
+    rng = np.random.default_rng(seed)
+    n = 8 * p
+    lists = []
+    for _ in range(3):
+        order = rng.permutation(n) if lists else np.arange(n)
+        cuts = np.cumsum(rng.integers(p, 2 * p + 1, size=n))
+        cuts = cuts[cuts < n - p]
+        lists += [np.sort(rows) for rows in np.split(order, cuts)]
+    return support.atoms(lists)
+
+
+def test_the_bounds_one_model_decides_as_a_program_each():
+    """The bound's programs as one HiGHS model re-solved from the last basis decide as
+    each program built and solved alone by scipy's linprog (the code it replaces): the
+    same holds, the same programs, a combination of fewer than p rows found where it was
+    found; what a found support names lies on light atoms."""
+    from fedcluster.client_app.release.audit import bound
+
+    assert bound._highs() is not None  # (the SciPy the project pins ships the binding)
+    outcomes = {"holds": 0, "refused": 0, "found": 0}
+    for p, seed in itertools.product((4, 5, 10), range(12)):
+        found = _report_like(seed, p)
+        one, each = bound.lp_bound(found, p), bound.lp_bound(found, p, one_model=False)
+        assert (one.holds, one.programs, one.witness is None) == \
+            (each.holds, each.programs, each.witness is None), (p, seed)
+        if not one.holds:
+            assert (one.witness < p) == (each.witness < p), (p, seed)
+            assert not one.atoms[found.weights >= p].any()
+        outcomes["holds" if one.holds else "found" if one.witness < p else "refused"] += 1
+    assert min(outcomes.values()) >= 1, outcomes  # (every outcome met)

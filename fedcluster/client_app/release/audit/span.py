@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedcluster.client_app.release.audit import draws, support
+from fedcluster.client_app.release.audit.bound import lp_bound
 
 __all__ = ["Finding", "Passed", "Reason", "audit", "component_finding"]
 
@@ -268,7 +269,7 @@ def _part_finding(member_lists: list[np.ndarray], p: int, same_row) -> Reason | 
             return None
     if p <= 3:
         return _by_columns(found, p, same_row)
-    bound = support.lp_bound(found, p)
+    bound = lp_bound(found, p)
     if bound.holds:
         return None
     if bound.witness is None:

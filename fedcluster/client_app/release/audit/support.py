@@ -22,7 +22,7 @@ the graph's minimum cut (integer maximum flows, exact). One table and one report
 partition of it (each row in its group and at most one part), or one table and the next
 version's groups, are such graphs.
 
-**A sound bound everywhere else** (:func:`lp_bound`). For a nonzero c of V with support
+**A sound bound everywhere else** (``bound.py``). For a nonzero c of V with support
 weight W < p, scale c so that its largest coefficient in magnitude is 1 at atom a0: then
 sum_a w_a |c_a| <= W, since |c_a| <= 1 on its support and 0 off it. So the linear program
 
@@ -41,17 +41,10 @@ three or more ways, as report partitions of one version drawn at several k do;
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-__all__ = ["Atoms", "Bound", "LP_MARGIN", "PRIMES", "atoms", "equal_rows", "graph_cut",
-           "inverse_mod", "lp_bound", "minimum_cut", "null_space_mod", "pieces", "product_mod",
-           "reduced_rows"]
-
-#: How far above p - 1 a linear program's optimum must lie to prove a bound (the solver's
-#: feasibility tolerance is 1e-7; supports are whole numbers of rows).
-LP_MARGIN = 1e-3
+__all__ = ["Atoms", "PRIMES", "atoms", "equal_rows", "graph_cut", "inverse_mod", "minimum_cut",
+           "null_space_mod", "pieces", "product_mod", "reduced_rows"]
 
 
 class Atoms:
@@ -372,72 +365,3 @@ def graph_cut(found: Atoms, below: int | None = None) -> tuple[int, np.ndarray] 
     capacity = np.bincount(slot, weights=found.weights, minlength=keys.shape[0])
     smallest, cut = minimum_cut(keys, capacity.astype(np.int64), found.n_sets + 1, below)
     return smallest, cut[slot]
-
-
-# ------------------------------------------------------------------ a sound bound
-@dataclass(frozen=True)
-class Bound:
-    """What the linear programs showed.
-
-    Attributes
-    ----------
-    holds : bool
-        Every LP(a0) above p - 1: no combination isolates fewer than p rows.
-    witness : int or None
-        Where it does not hold: the rows of the support the failing program found (under
-        p: a combination found; p or more: the bound's own refusal); None where the
-        solver did not finish.
-    atoms : (A,) bool
-        That support's atoms.
-    programs : int
-        How many programs were solved.
-    """
-
-    holds: bool
-    witness: int | None
-    atoms: np.ndarray
-    programs: int
-
-
-def lp_bound(found: Atoms, p: int) -> Bound:
-    """The bound of the module docstring over the light atoms of ``found``, at ``p``."""
-    from scipy.optimize import linprog
-    from scipy.sparse import csr_matrix, hstack, identity, vstack
-
-    weights = found.weights
-    light = np.flatnonzero(weights < p)
-    if light.size == 0:
-        return Bound(True, None, np.zeros(weights.size, dtype=bool), 0)
-    heavy = np.flatnonzero(weights >= p)
-    incidence = csr_matrix((np.ones(found.set_idx.size), (found.entry_atoms(), found.set_idx)),
-                           shape=(weights.size, found.n_sets))
-    on_light, n_light, n_sets = incidence[light], light.size, found.n_sets
-    eye = identity(n_light, format="csr")
-    upper = vstack([hstack([on_light, -eye]), hstack([-on_light, -eye])], format="csr")
-    cost = np.r_[np.zeros(n_sets), weights[light].astype(np.float64)]
-    bounds = [(None, None)] * n_sets + [(0.0, 1.0)] * n_light
-    zero_t = csr_matrix((1, n_light))
-    fixed = hstack([incidence[heavy], csr_matrix((heavy.size, n_light))], format="csr")
-    programs, best = 0, None
-    for a0 in light[np.argsort(weights[light], kind="stable")].tolist():
-        equal = vstack([fixed, hstack([incidence[a0], zero_t])], format="csr")
-        rhs = np.r_[np.zeros(heavy.size), 1.0]
-        programs += 1
-        result = linprog(cost, A_ub=upper, b_ub=np.zeros(2 * n_light), A_eq=equal, b_eq=rhs,
-                         bounds=bounds, method="highs")
-        if result.status == 2:
-            continue  # no combination reaches a0 without a heavy atom
-        if result.status != 0:
-            return Bound(False, None, np.zeros(weights.size, dtype=bool), programs)  # unsolved
-        if result.fun > p - 1 + LP_MARGIN:
-            continue
-        c = incidence @ result.x[:n_sets]
-        support = np.abs(c) > 1e-7
-        found = Bound(False, int(weights[support].sum()), support, programs)
-        if best is None or found.witness < best.witness:
-            best = found
-        if best.witness < p:
-            break  # a combination found: the finding is proved
-    if best is not None:
-        return Bound(False, best.witness, best.atoms, programs)
-    return Bound(True, None, np.zeros(weights.size, dtype=bool), programs)
