@@ -76,14 +76,32 @@ def mixture_cdf(x, hist: np.ndarray, lo: float, hi: float, sigma: float) -> np.n
     """The mass of the mixture (each bin uniform over itself, widened by a normal of SD
     ``sigma``) at or below each of ``x``, in the histogram's counts."""
     hist = np.asarray(hist, dtype=np.float64)
-    x = np.asarray(x, dtype=np.float64)[:, None]
-    width = (hi - lo) / hist.size
-    left = lo + width * np.arange(hist.size)
-    if sigma <= 0.0:
-        inside = np.clip((x - left) / width, 0.0, 1.0)
-    else:
-        inside = sigma / width * (_g((x - left) / sigma) - _g((x - left - width) / sigma))
-    return inside @ hist
+    return _mixture_cdfs(np.asarray(x, dtype=np.float64), hist[None], lo, hi,
+                         np.array([sigma], dtype=np.float64))[0]
+
+
+def _mixture_cdfs(x: np.ndarray, hists: np.ndarray, lo: float, hi: float,
+                  sigmas: np.ndarray) -> np.ndarray:
+    """(P, len(x)): :func:`mixture_cdf` of each of P histograms (rows of ``hists``, each
+    widened by its own ``sigmas``) at once, each part's figures computed as for it alone
+    (elementwise, then one matrix-vector product a part), so that a sum over the parts
+    is the same, bit for bit, as a sum of the parts one by one. An empty bin's figure is
+    not computed (it is multiplied by 0: a sum gains a zero either way)."""
+    width = (hi - lo) / hists.shape[1]
+    left = lo + width * np.arange(hists.shape[1])
+    shift = x[:, None] - left  # (Q, B), as for one part
+    inside = np.zeros((sigmas.size, x.size, hists.shape[1]))
+    part, at = np.nonzero(hists)
+    sigma = sigmas[part][:, None]
+    flat = sigma[:, 0] <= 0.0
+    near = shift.T[at]  # (used bins, Q)
+    if flat.any():
+        inside[part[flat], :, at[flat]] = np.clip(near[flat] / width, 0.0, 1.0)
+    if not flat.all():
+        wide, spread = near[~flat], sigma[~flat]
+        inside[part[~flat], :, at[~flat]] = (spread / width) * (
+            _g(wide / spread) - _g((wide - width) / spread))
+    return np.matmul(inside, hists[:, :, None])[:, :, 0]
 
 
 def row_quantiles(components, lo: float, hi: float, quantiles,
@@ -101,12 +119,14 @@ def row_quantiles(components, lo: float, hi: float, quantiles,
     if total <= 0:
         return {}
     spread = max(sigma for _, sigma in parts)
+    hists = np.array([h for h, _ in parts])
+    sigmas = np.array([sigma for _, sigma in parts], dtype=np.float64)
     targets = np.array([q for _, q in quantiles]) * total
     a = np.full(targets.size, lo - 8.0 * spread)
     b = np.full(targets.size, hi + 8.0 * spread)
     for _ in range(60):  # bisection, every quantile at once: the CDF is monotone
         middle = 0.5 * (a + b)
-        below = sum(mixture_cdf(middle, h, lo, hi, sigma) for h, sigma in parts) < targets
+        below = sum(_mixture_cdfs(middle, hists, lo, hi, sigmas)) < targets  # (parts in order)
         a, b = np.where(below, middle, a), np.where(below, b, middle)
     # in the column's known range; without one, in the groups' means' (a quarter of the
     # rows below the lowest group's mean is possible, but not seen in practice)
