@@ -72,18 +72,11 @@ def within_variance(hist: np.ndarray, lo: float, hi: float, mean: float,
     return min(max(total_ss - between, 0.0) / n, WITHIN_AT_MOST ** 2 * between / n)
 
 
-def mixture_cdf(x, hist: np.ndarray, lo: float, hi: float, sigma: float) -> np.ndarray:
-    """The mass of the mixture (each bin uniform over itself, widened by a normal of SD
-    ``sigma``) at or below each of ``x``, in the histogram's counts."""
-    hist = np.asarray(hist, dtype=np.float64)
-    return _mixture_cdfs(np.asarray(x, dtype=np.float64), hist[None], lo, hi,
-                         np.array([sigma], dtype=np.float64))[0]
-
-
 def _mixture_cdfs(x: np.ndarray, hists: np.ndarray, lo: float, hi: float,
                   sigmas: np.ndarray) -> np.ndarray:
-    """(P, len(x)): :func:`mixture_cdf` of each of P histograms (rows of ``hists``, each
-    widened by its own ``sigmas``) at once, each part's figures computed as for it alone
+    """(P, len(x)): for each of P histograms over [lo, hi] (rows of ``hists``), the mass of
+    its mixture (each bin uniform over itself, widened by a normal of SD its ``sigmas``)
+    at or below each of ``x``, in its counts; each part's figures computed as for it alone
     (elementwise, then one matrix-vector product a part), so that a sum over the parts
     is the same, bit for bit, as a sum of the parts one by one. An empty bin's figure is
     not computed (it is multiplied by 0: a sum gains a zero either way)."""

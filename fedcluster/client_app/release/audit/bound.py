@@ -131,8 +131,10 @@ class _EachAlone:
     HiGHS binding this module knows)."""
 
     def __init__(self, on_light, on_heavy, cost) -> None:
+        from scipy.optimize import linprog
         from scipy.sparse import csr_matrix, hstack, identity, vstack
 
+        self.linprog = linprog
         n_light, n_sets = on_light.shape
         eye = identity(n_light, format="csr")
         self.upper = vstack([hstack([on_light, -eye]), hstack([-on_light, -eye])], format="csr")
@@ -142,11 +144,10 @@ class _EachAlone:
         self.zero_t, self.on_light, self.n_sets = csr_matrix((1, n_light)), on_light, n_sets
 
     def solve(self, i: int) -> tuple[str, float, np.ndarray | None]:
-        from scipy.optimize import linprog
         from scipy.sparse import hstack, vstack
 
         equal = vstack([self.fixed, hstack([self.on_light[i], self.zero_t])], format="csr")
-        result = linprog(self.cost, A_ub=self.upper, b_ub=np.zeros(self.upper.shape[0]),
+        result = self.linprog(self.cost, A_ub=self.upper, b_ub=np.zeros(self.upper.shape[0]),
                          A_eq=equal, b_eq=np.r_[np.zeros(self.fixed.shape[0]), 1.0],
                          bounds=self.bounds, method="highs")
         if result.status == 2:
