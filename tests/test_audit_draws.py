@@ -44,10 +44,10 @@ def test_the_block_path_decides_as_the_dense_jacobian(seed):
     for _ in range(40):
         first, second, n, changes = _component(rng, int(rng.integers(6, 30)))
         hub_size = max(5, max(r.size for r in first) // 4)  # (the hubs' sizes are n/4 and up)
-        blocks = draws.blocks([r for r in first if r.size <= hub_size] + second, n, largest=n)
-        assert blocks is not None
+        split = moments._split(first, second, n, hub_size, largest=n)
+        assert split[1].size  # (hubs: the block path)
         dense = moments.determined(first, second, n, changes)  # (small: held dense)
-        by_blocks = moments._determined_by_blocks(first, second, n, changes, blocks, hub_size)
+        by_blocks = moments._determined_by_blocks(first, second, n, changes, split)
         assert (dense is None) == (by_blocks is None), (dense, by_blocks)
         assert dense is None or ("change" in dense) == ("change" in by_blocks), (dense, by_blocks)
         verdicts[dense is None] += 1
@@ -83,7 +83,7 @@ def test_the_instances_audit_by_draws_decides_as_the_dense_null_space(monkeypatc
             continue  # (no set of more than 4 atoms: no hub)
         dense = span._by_columns(found, p, same_row)
         with monkeypatch.context() as forced:
-            forced.setattr(draws, "BLOCK_SIZE", 0)
+            forced.setattr(draws, "BLOCK_SIZE", 12)  # (the draws, and blocks made to fit)
             forced.setattr(draws, "HUB_SIZE", 4)  # (a group holds at most 4 atoms)
             called = []
             forced.setattr(draws, "null_draws", lambda *a, **k: called.append(1) or null_draws(*a, **k))
@@ -250,3 +250,60 @@ def test_a_component_s_lists_are_made_all_groups_at_once_as_one_at_a_time(seed):
         for mine, reference in zip(ours, theirs):
             assert len(mine) == len(reference)
             assert all(np.array_equal(a, b) for a, b in zip(mine, reference))
+
+
+def _chained(rng, n: int):
+    """Two tables' groups over one set of values (each a partition into runs of 3-7
+    along its own random order: successive versions' groups, which chain every value into
+    one block), half of the first table's groups in spread units (1-3 of its groups), a
+    report's parts (hubs) and the changes of a few pairs."""
+    tables = []
+    for _ in range(2):
+        order = rng.permutation(n)
+        cuts = np.cumsum(rng.integers(3, 8, size=n))
+        tables.append([np.sort(run) for run in np.split(order, cuts[cuts < n]) if run.size])
+    units, g = [], 0
+    while g < len(tables[0]):
+        take = int(rng.integers(1, 4))
+        if rng.random() < 0.5:
+            units.append(np.concatenate(tables[0][g:g + take]))
+        g += take
+    parts = np.array_split(rng.permutation(n), int(rng.integers(2, 4)))
+    hubs = [np.sort(part) for part in parts[:-1]]
+    changes = [tuple(sorted(map(int, rng.choice(n, 2, replace=False)))) for _ in range(3)]
+    return [r for table in tables for r in table] + hubs, units, n, changes
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_block_too_large_is_split_by_hubs_and_decides_as_held_whole(seed):
+    """Where the local rows chain more values than a block may hold (a record of many
+    versions and reports: one block of 4,029 values asked for a 10 GB matrix and the site
+    was killed for its memory), ``draws.split`` makes the largest rows of that block hubs
+    until every block fits, and the verdicts, over values (the Jacobian) and over
+    instances (the null space's columns), are those of the component held whole."""
+    rng = np.random.default_rng(90 + seed)
+    verdicts, columns = {True: 0, False: 0}, {True: 0, False: 0}
+    for _ in range(12):
+        first, second, n, changes = _chained(rng, int(rng.integers(150, 300)))
+        whole = draws.blocks([r for r in first if r.size <= 20] + second, n, largest=n)
+        assert np.bincount(whole).max() > 60  # (one block too large for the limit below)
+        split = moments._split(first, second, n, hub_size=20, largest=60)
+        local_first, hubs, block = split
+        assert np.bincount(block).max() <= 60
+        assert np.union1d(local_first, hubs).size == len(first)  # (each row one kind)
+        assert np.intersect1d(local_first, hubs).size == 0
+        local = [first[i] for i in local_first.tolist()] + second
+        assert all(np.unique(block[r]).size == 1 for r in local)  # (a local row in one block)
+        dense = moments.determined(first, second, n, changes)  # (small: held dense)
+        by_blocks = moments._determined_by_blocks(first, second, n, changes, split)
+        assert (dense is None) == (by_blocks is None), (dense, by_blocks)
+        verdicts[dense is None] += 1
+        for p in (2, 3):  # over instances: the groups' sums alone
+            found = support.atoms(first)
+            held_whole = span._by_columns(found, p, lambda u, w: False)
+            with pytest.MonkeyPatch.context() as forced:
+                forced.setattr(draws, "BLOCK_SIZE", 40)
+                by_draws = span._by_columns(found, p, lambda u, w: False)
+            assert (held_whole is None) == (by_draws is None), (held_whole, by_draws)
+            columns[held_whole is None] += 1
+    assert min(verdicts.values()) >= 2 and min(columns.values()) >= 2, (verdicts, columns)
