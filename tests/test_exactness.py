@@ -51,6 +51,19 @@ def pooled_groups(sites, p_site=2):
             np.concatenate([np.asarray(t.scatter) for t in tables]))
 
 
+def _each_rounds_centroids(replies: list, n_sites: int, rounds: int) -> list[np.ndarray]:
+    """The centroids the strategy held before each training round, as every site received
+    them with the round's ``lloyd`` task (one run: round r's are the model after r - 1
+    rounds, as an (r - 1)-round run would end; each round's tasks every site's, alike)."""
+    out = []
+    for r in sorted({e["params"]["round"] for e in replies if e["task"] == "lloyd"}):
+        received = [e["sent"][0] for e in replies if e["task"] == "lloyd" and e["params"]["round"] == r]
+        assert len(received) == n_sites and all(np.array_equal(c, received[0]) for c in received)
+        out.append(received[0])
+    assert len(out) == rounds
+    return out
+
+
 DWF_AS_LLOYD = dict(n_clusters=8, local_iters=1, learning_rate=1.0, momentum=0.0, fraction=1.0,
                     tol=0.0, min_cluster_size=1, min_sites=4)
 
@@ -65,11 +78,14 @@ def test_dwf_on_groups_is_central_weighted_lloyd_on_the_pooled_group_tables(spli
     means, counts, scatter = pooled_groups(sites)
     assert counts.min() >= 2 and counts.sum() == len(X)
     C0 = X[np.random.default_rng(0).choice(len(X), 8, replace=False)]
-    for rounds in (1, 2, 5, 10):
-        result = fedcluster.simulate(sites, init_centroids=C0, num_rounds=rounds,
-                                     report_groups=False, **DWF_AS_LLOYD)
-        expected = central_weighted_lloyd(means, counts, C0, rounds)
-        np.testing.assert_allclose(result.centroids, expected, rtol=0, atol=1e-9)
+    replies = []
+    result = fedcluster.simulate(sites, init_centroids=C0, num_rounds=10, record_replies=replies,
+                                 report_groups=False, **DWF_AS_LLOYD)
+    for done, centroids in enumerate(_each_rounds_centroids(replies, n_sites=4, rounds=10)):
+        expected = central_weighted_lloyd(means, counts, C0, done)
+        np.testing.assert_allclose(centroids, expected, rtol=0, atol=1e-9)
+    expected = central_weighted_lloyd(means, counts, C0, 10)
+    np.testing.assert_allclose(result.centroids, expected, rtol=0, atol=1e-9)
     # the federated score is the exact score of the groups' partition: each group's
     # scatter plus its rows' squared distance from its mean to its centroid
     d2 = ((means[:, None, :] - result.centroids[None]) ** 2).sum(-1).min(1)
@@ -89,11 +105,12 @@ def test_dwf_on_groups_is_central_weighted_lloyd_on_the_pooled_group_tables(spli
 def test_dwf_reproduces_central_lloyd_every_round_when_sites_answer_from_rows(split_digits):
     X, sites = split_digits
     C0 = X[np.random.default_rng(0).choice(len(X), 8, replace=False)]
-    for rounds in range(1, 11):
-        result = fedcluster.simulate(sites, init_centroids=C0, num_rounds=rounds,
-                                     site_config={"min-cluster-size": 1}, **DWF_AS_LLOYD)
-        expected = central_lloyd(X, C0, rounds)
-        np.testing.assert_allclose(result.centroids, expected, rtol=0, atol=1e-10)
+    replies = []
+    result = fedcluster.simulate(sites, init_centroids=C0, num_rounds=10, record_replies=replies,
+                                 site_config={"min-cluster-size": 1}, **DWF_AS_LLOYD)
+    for done, centroids in enumerate(_each_rounds_centroids(replies, n_sites=4, rounds=10)):
+        np.testing.assert_allclose(centroids, central_lloyd(X, C0, done), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(result.centroids, central_lloyd(X, C0, 10), rtol=0, atol=1e-10)
     # and the federated score is the exact pooled score
     d2 = ((X[:, None, :] - result.centroids[None]) ** 2).sum(-1).min(1)
     assert result.metrics["score"] == pytest.approx(d2.mean(), rel=1e-12)
