@@ -307,3 +307,27 @@ def test_a_block_too_large_is_split_by_hubs_and_decides_as_held_whole(seed):
             assert (held_whole is None) == (by_draws is None), (held_whole, by_draws)
             columns[held_whole is None] += 1
     assert min(verdicts.values()) >= 2 and min(columns.values()) >= 2, (verdicts, columns)
+
+
+def test_a_system_beyond_the_audit_s_memory_is_refused_never_passed(monkeypatch):
+    """Where the hubs' system would not fit in ``draws.HUB_MEMORY`` the audit does not
+    decide: over values and over instances it refuses, saying why (a component the
+    audit passes with the memory it needs)."""
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        first, second, n, changes = _chained(rng, 200)
+        split = moments._split(first, second, n, hub_size=20, largest=60)
+        if moments._determined_by_blocks(first, second, n, changes, split) is None:
+            break
+    else:
+        raise AssertionError("no component the audit passes")
+    found = support.atoms(first)
+    with pytest.MonkeyPatch.context() as forced:
+        forced.setattr(draws, "BLOCK_SIZE", 40)
+        assert span._by_columns(found, 2, lambda u, w: False) is None
+    monkeypatch.setattr(draws, "HUB_MEMORY", 8 * len(split[1]))  # (hubs x a width of 1)
+    refused = moments._determined_by_blocks(first, second, n, changes, split)
+    assert refused is not None and "refused, undecided within the audit's memory" in refused
+    monkeypatch.setattr(draws, "BLOCK_SIZE", 40)
+    reason = span._by_columns(found, 2, lambda u, w: False)
+    assert reason is not None and "undecided within the audit's memory" in reason

@@ -23,12 +23,25 @@ import numpy as np
 
 from fedcluster.client_app.release.audit.support import product_mod
 
-__all__ = ["BLOCK_SIZE", "HUB_SIZE", "block_bases", "blocks", "null_draws", "split"]
+__all__ = ["BLOCK_SIZE", "HUB_MEMORY", "HUB_SIZE", "TooLarge", "block_bases", "blocks",
+           "null_draws", "split"]
 
 #: A row over more unknowns than this is a HUB (a report's part); the rest are local.
 HUB_SIZE = 64
 #: The largest block the local rows may make (each is held dense).
 BLOCK_SIZE = 1000
+#: The most memory the hubs' system may take, held dense (a row per hub, a column per
+#: basis vector of the blocks, int64): beyond it the audit refuses (:class:`TooLarge`).
+HUB_MEMORY = 256 * 2**20
+
+
+class TooLarge(Exception):
+    """The hubs' system would not fit in :data:`HUB_MEMORY`: the audit cannot decide
+    within the site's memory, and refuses (a report is answered with its groups whole,
+    a version's changed rows wait). Where a record of many versions and reports chains
+    its groups and spread units into blocks too large, :func:`split` makes hubs of many
+    small rows, and their system grows with them (BENCHMARKS.md, record-audit): a refusal
+    there is the audit's limit, not a finding, and the site's log says so."""
 
 
 def blocks(local: list[np.ndarray], n: int, largest: int = BLOCK_SIZE) -> np.ndarray | None:
@@ -135,6 +148,10 @@ def null_draws(local: list[np.ndarray], coefficients: np.ndarray | None, hubs: l
     from fedcluster.common.kernels import compiled_kernels
 
     at_row, at_col, entries, width = block_bases(local, coefficients, n, block, prime)
+    if len(hubs) * width * 8 > HUB_MEMORY:
+        raise TooLarge(f"undecided within the audit's memory: its system of {len(hubs):,} hubs "
+                       f"x {width:,} would take {len(hubs) * width * 8 / 2**20:,.0f} MB, over "
+                       f"its {HUB_MEMORY / 2**20:,.0f} MB")
     Z = csr_matrix((entries, (at_row, at_col)), shape=(n, width))
     if hubs:
         H = csr_matrix((np.ones(sum(h.size for h in hubs), dtype=np.int64),

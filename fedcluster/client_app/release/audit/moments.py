@@ -172,8 +172,11 @@ def _determined_by_blocks(first, second, n: int, changes, split: tuple) -> str |
     squares = np.concatenate(second) if second else np.zeros(0, dtype=np.int64)
     coefficients = np.r_[np.ones(sum(r.size for r in small), dtype=np.int64),
                          2 * x[squares] % PRIME]  # (a sum's ones, then each square's 2x)
-    z = draws.null_draws(local, coefficients, [first[i] for i in hubs.tolist()], n, block,
-                         PRIME, rng)
+    try:
+        z = draws.null_draws(local, coefficients, [first[i] for i in hubs.tolist()], n, block,
+                             PRIME, rng)
+    except draws.TooLarge as error:  # (no decision: refused, never passed)
+        return f"refused, {error}"
     zero = (z == 0).all(axis=0)
     if zero.any():
         return f"the groups' sums and sums of squares determine {int(zero.sum())} value(s)"

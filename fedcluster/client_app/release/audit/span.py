@@ -318,7 +318,10 @@ def _by_columns(found: support.Atoms, p: int, same_row) -> Reason | None:
     light = light[np.argsort(weights[light], kind="stable")]
     singles = np.flatnonzero(weights == 1)
     for prime in support.PRIMES:
-        column = _columns(found, prime)
+        try:
+            column = _columns(found, prime)
+        except draws.TooLarge as error:  # (no decision: refused, never passed)
+            return Reason(f"refused, {error}")
         zero = ~column[light].any(axis=1)  # (the lightest first: light is in weight order)
         if zero.any():
             a = int(light[np.argmax(zero)])
