@@ -30,18 +30,20 @@ __all__ = ["BLOCK_SIZE", "HUB_MEMORY", "HUB_SIZE", "TooLarge", "block_bases", "b
 HUB_SIZE = 64
 #: The largest block the local rows may make (each is held dense).
 BLOCK_SIZE = 1000
-#: The most memory the hubs' system may take, held dense (a row per hub, a column per
-#: basis vector of the blocks, int64): beyond it the audit refuses (:class:`TooLarge`).
+#: The most memory the blocks' bases (each block's dense, at most its size squared
+#: entries) or the hubs' system (a row per hub, a column per basis vector, int64) may
+#: take: beyond it the audit refuses (:class:`TooLarge`).
 HUB_MEMORY = 256 * 2**20
 
 
 class TooLarge(Exception):
-    """The hubs' system would not fit in :data:`HUB_MEMORY`: the audit cannot decide
-    within the site's memory, and refuses (a report is answered with its groups whole,
-    a version's changed rows wait). Where a record of many versions and reports chains
+    """The blocks' bases or the hubs' system would not fit in :data:`HUB_MEMORY`: the
+    audit cannot decide within the site's memory, and refuses (a report is answered with
+    its groups whole, a version's changed rows wait). Where a record of many versions and reports chains
     its groups and spread units into blocks too large, :func:`split` makes hubs of many
     small rows, and their system grows with them (BENCHMARKS.md, record-audit): a refusal
-    there is the audit's limit, not a finding, and the site's log says so."""
+    there is the audit's limit, not a finding, and the site's log says so; so too where
+    the spread units of many versions alone chain blocks of thousands of values."""
 
 
 def blocks(local: list[np.ndarray], n: int, largest: int = BLOCK_SIZE) -> np.ndarray | None:
@@ -136,6 +138,17 @@ def block_bases(local: list[np.ndarray], coefficients: np.ndarray | None, n: int
     return at_row, at_col, entries, int(width)
 
 
+#: Bytes a basis entry may take (its row, column and entry, then Z's sparse form), for
+#: the bound of a block's basis, at most its size squared.
+BASIS_BYTES = 40
+
+
+def _within_memory(what: str, need: int) -> None:
+    if need > HUB_MEMORY:
+        raise TooLarge(f"undecided within the audit's memory: {what} would take "
+                       f"{need / 2**20:,.0f} MB, over its {HUB_MEMORY / 2**20:,.0f} MB")
+
+
 def null_draws(local: list[np.ndarray], coefficients: np.ndarray | None, hubs: list[np.ndarray],
                n: int, block: np.ndarray, prime: int, rng: np.random.Generator,
                k: int = 2) -> np.ndarray:
@@ -147,11 +160,10 @@ def null_draws(local: list[np.ndarray], coefficients: np.ndarray | None, hubs: l
 
     from fedcluster.common.kernels import compiled_kernels
 
+    sizes = np.bincount(block).astype(np.int64) if n else np.zeros(1, dtype=np.int64)
+    _within_memory("the blocks' bases", BASIS_BYTES * int((sizes * sizes).sum()))
     at_row, at_col, entries, width = block_bases(local, coefficients, n, block, prime)
-    if len(hubs) * width * 8 > HUB_MEMORY:
-        raise TooLarge(f"undecided within the audit's memory: its system of {len(hubs):,} hubs "
-                       f"x {width:,} would take {len(hubs) * width * 8 / 2**20:,.0f} MB, over "
-                       f"its {HUB_MEMORY / 2**20:,.0f} MB")
+    _within_memory(f"the system of {len(hubs):,} hubs x {width:,}", 8 * len(hubs) * width)
     Z = csr_matrix((entries, (at_row, at_col)), shape=(n, width))
     if hubs:
         H = csr_matrix((np.ones(sum(h.size for h in hubs), dtype=np.int64),
