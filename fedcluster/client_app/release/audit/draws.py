@@ -30,14 +30,14 @@ __all__ = ["BLOCK_SIZE", "HUB_MEMORY", "HUB_SIZE", "TooLarge", "block_bases", "b
 HUB_SIZE = 64
 #: The largest block the local rows may make (each is held dense).
 BLOCK_SIZE = 1000
-#: The most memory the blocks' bases (each block's dense, at most its size squared
-#: entries) or the hubs' system (a row per hub, a column per basis vector, int64) may
-#: take: beyond it the audit refuses (:class:`TooLarge`).
+#: The most memory a block's rows (held dense while its basis is made) or the hubs'
+#: system (a row per hub, a column per basis vector of the blocks, int64) may take:
+#: beyond it the audit refuses (:class:`TooLarge`).
 HUB_MEMORY = 256 * 2**20
 
 
 class TooLarge(Exception):
-    """The blocks' bases or the hubs' system would not fit in :data:`HUB_MEMORY`: the
+    """A block's rows or the hubs' system would not fit in :data:`HUB_MEMORY`: the
     audit cannot decide within the site's memory, and refuses (a report is answered with
     its groups whole, a version's changed rows wait). Where a record of many versions and reports chains
     its groups and spread units into blocks too large, :func:`split` makes hubs of many
@@ -138,11 +138,6 @@ def block_bases(local: list[np.ndarray], coefficients: np.ndarray | None, n: int
     return at_row, at_col, entries, int(width)
 
 
-#: Bytes a basis entry may take (its row, column and entry, then Z's sparse form), for
-#: the bound of a block's basis, at most its size squared.
-BASIS_BYTES = 40
-
-
 def _within_memory(what: str, need: int) -> None:
     if need > HUB_MEMORY:
         raise TooLarge(f"undecided within the audit's memory: {what} would take "
@@ -160,8 +155,11 @@ def null_draws(local: list[np.ndarray], coefficients: np.ndarray | None, hubs: l
 
     from fedcluster.common.kernels import compiled_kernels
 
-    sizes = np.bincount(block).astype(np.int64) if n else np.zeros(1, dtype=np.int64)
-    _within_memory("the blocks' bases", BASIS_BYTES * int((sizes * sizes).sum()))
+    if n:  # (each block's rows held dense while its basis is made: the largest of them)
+        sizes = np.bincount(block).astype(np.int64)
+        firsts = np.fromiter((r[0] for r in local if r.size), dtype=np.int64)
+        rows = np.bincount(block[firsts], minlength=sizes.size).astype(np.int64)
+        _within_memory("a block's rows", 8 * int((rows * sizes).max()))
     at_row, at_col, entries, width = block_bases(local, coefficients, n, block, prime)
     _within_memory(f"the system of {len(hubs):,} hubs x {width:,}", 8 * len(hubs) * width)
     Z = csr_matrix((entries, (at_row, at_col)), shape=(n, width))
