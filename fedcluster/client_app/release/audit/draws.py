@@ -39,11 +39,12 @@ HUB_MEMORY = 256 * 2**20
 class TooLarge(Exception):
     """A block's rows or the hubs' system would not fit in :data:`HUB_MEMORY`: the
     audit cannot decide within the site's memory, and refuses (a report is answered with
-    its groups whole, a version's changed rows wait). Where a record of many versions and reports chains
-    its groups and spread units into blocks too large, :func:`split` makes hubs of many
-    small rows, and their system grows with them (BENCHMARKS.md, record-audit): a refusal
-    there is the audit's limit, not a finding, and the site's log says so; so too where
-    the spread units of many versions alone chain blocks of thousands of values."""
+    its groups whole, a version's changed rows wait). Where a record of many versions
+    and reports chains its groups and spread units into blocks too large, :func:`split`
+    makes hubs of many small rows, and their system grows with them (BENCHMARKS.md,
+    record-audit-1000000); the spread units of many versions alone chain blocks of
+    thousands of values, which no hub cuts. A refusal there is the audit's limit, not a
+    finding, and the site's log says so."""
 
 
 def blocks(local: list[np.ndarray], n: int, largest: int = BLOCK_SIZE) -> np.ndarray | None:
