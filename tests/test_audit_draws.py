@@ -285,7 +285,7 @@ def test_a_block_too_large_is_split_by_hubs_and_decides_as_held_whole(seed):
     verdicts, columns = {True: 0, False: 0}, {True: 0, False: 0}
     for _ in range(12):
         first, second, n, changes = _chained(rng, int(rng.integers(150, 300)))
-        whole = draws.blocks([r for r in first if r.size <= 20] + second, n, largest=n)
+        whole = draws.blocks([r for r in first if r.size <= 20] + second, n)
         assert np.bincount(whole).max() > 60  # (one block too large for the limit below)
         split = moments._split(first, second, n, hub_size=20, largest=60)
         local_first, hubs, block = split

@@ -47,14 +47,6 @@ class TooLarge(Exception):
     finding, and the site's log says so."""
 
 
-def blocks(local: list[np.ndarray], n: int, largest: int = BLOCK_SIZE) -> np.ndarray | None:
-    """Each unknown's block (0..B-1: the unknowns the ``local`` rows hold together), or
-    None where a block would hold more than ``largest`` (:func:`split` chooses rows that
-    keep every block within it)."""
-    block = _labels(local, n)
-    return None if n and np.bincount(block).max() > largest else block
-
-
 def split(rows: list[np.ndarray], n: int, hub_size: int | None = None,
           largest: int | None = None, fixed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Which ``rows`` stay LOCAL and which are HUBS, and each unknown's block under the
@@ -83,7 +75,7 @@ def split(rows: list[np.ndarray], n: int, hub_size: int | None = None,
     limit = hub_size
     while True:
         local = np.flatnonzero(~is_hub)
-        block = _labels([rows[i] for i in local.tolist()], n)
+        block = blocks([rows[i] for i in local.tolist()], n)
         too_large = np.bincount(block) > largest
         if not too_large.any() or limit <= 1:
             return local, np.flatnonzero(is_hub), block
@@ -94,8 +86,9 @@ def split(rows: list[np.ndarray], n: int, hub_size: int | None = None,
         is_hub[local[inside & (sizes[local] > limit)]] = True
 
 
-def _labels(local: list[np.ndarray], n: int) -> np.ndarray:
-    """Each unknown's block (0..B-1) under the ``local`` rows (connected through them)."""
+def blocks(local: list[np.ndarray], n: int) -> np.ndarray:
+    """Each unknown's block (0..B-1: the unknowns the ``local`` rows hold together;
+    :func:`split` chooses the local rows so that every block stays within a size)."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
