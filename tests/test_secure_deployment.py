@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
 import fedcluster
 import flower_processes as fp
@@ -209,13 +210,19 @@ def test_superlink_restart_keeps_registered_sites_and_their_ids(federation):
     before = fed.listed_nodes()
     assert sorted(before) == sorted(fed.node_ids.values()) and set(before.values()) == {"online"}
     fed.stop_superlink()
+    stopped = time.monotonic()
     fed.start_superlink()  # same database: the registrations survive
     # The sites reconnect on their own (a site that polls after the SuperLink is back
-    # up logs nothing); the operator sees the same node ids come back online.
-    deadline = time.monotonic() + 120
+    # up logs nothing); the operator sees the same node ids come back online. The
+    # database keeps each node's "online until" from its last heartbeat before the stop,
+    # so "online" proves a heartbeat to the new SuperLink only once that window has
+    # passed: a run started inside it can find a site still backing off its reconnect
+    # and drop it ("Node Unavailable", seen in CI on Flower 1.39).
+    renewed = stopped + HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL + 5
+    deadline = renewed + 120
     while True:
         after = fed.listed_nodes()
-        if after and set(after.values()) == {"online"}:
+        if after and set(after.values()) == {"online"} and time.monotonic() > renewed:
             break
         assert time.monotonic() < deadline, f"not all sites back online: {after}"
         time.sleep(2)
