@@ -1,10 +1,10 @@
-"""The audit of a large component, block by block (``release/audit/draws.py``): a report's
-parts pool the straddlers of whole clusters, so on a large site one component holds every
-straddler, too large for its matrices held dense (a 1,000,000-row site's report asked for a
-(236,107 x 334,980) Jacobian, its next version for a (207,612 x 103,491) incidence). Here
-the block paths are forced on small random components, over values
-(``moments._determined_by_blocks``) and over instances (``span._columns``), and their
-verdicts are the dense paths'."""
+"""The audit of a large component by draws (``release/audit/draws.py``: a sparse echelon
+form of the local rows, the hubs reduced by it): a report's parts pool the straddlers of
+whole clusters, so on a large site one component holds every straddler, too large for its
+matrices held dense (a 1,000,000-row site's report asked for a (236,107 x 334,980)
+Jacobian, its next version for a (207,612 x 103,491) incidence). Here the draws are
+forced on small random components, over values (``moments._determined_by_draws``) and
+over instances (``span._columns``), and their verdicts are the dense paths'."""
 
 from __future__ import annotations
 
@@ -38,16 +38,15 @@ def _component(rng, n_groups: int):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_the_block_path_decides_as_the_dense_jacobian(seed):
+def test_the_draws_decide_as_the_dense_jacobian(seed):
     rng = np.random.default_rng(seed)
     verdicts = {True: 0, False: 0}
     for _ in range(40):
         first, second, n, changes = _component(rng, int(rng.integers(6, 30)))
         hub_size = max(5, max(r.size for r in first) // 4)  # (the hubs' sizes are n/4 and up)
-        split = moments._split(first, second, n, hub_size, largest=n)
-        assert split[1].size  # (hubs: the block path)
+        assert any(r.size > hub_size for r in first)  # (hubs, reduced by the local rows' form)
         dense = moments.determined(first, second, n, changes)  # (small: held dense)
-        by_blocks = moments._determined_by_blocks(first, second, n, changes, split)
+        by_blocks = moments._determined_by_draws(first, second, n, changes, hub_size)
         assert (dense is None) == (by_blocks is None), (dense, by_blocks)
         assert dense is None or ("change" in dense) == ("change" in by_blocks), (dense, by_blocks)
         verdicts[dense is None] += 1
@@ -83,7 +82,7 @@ def test_the_instances_audit_by_draws_decides_as_the_dense_null_space(monkeypatc
             continue  # (no set of more than 4 atoms: no hub)
         dense = span._by_columns(found, p, same_row)
         with monkeypatch.context() as forced:
-            forced.setattr(draws, "BLOCK_SIZE", 12)  # (the draws, and blocks made to fit)
+            forced.setattr(draws, "BLOCK_SIZE", 12)  # (the draws)
             forced.setattr(draws, "HUB_SIZE", 4)  # (a group holds at most 4 atoms)
             called = []
             forced.setattr(draws, "null_draws", lambda *a, **k: called.append(1) or null_draws(*a, **k))
@@ -98,47 +97,40 @@ null_draws = draws.null_draws
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_the_compiled_block_bases_are_each_block_s_null_space_mod(seed):
-    """``draws.block_bases`` (one compiled pass over the blocks) gives, block by block, the
-    basis ``support.null_space_mod`` gives of the block's rows (the identity where a block
-    has none), entry for entry: rows with coefficients and with ones, repeated unknowns,
-    blocks of one unknown and blocks without rows."""
+def test_the_draws_are_uniform_on_the_null_space_mod(seed):
+    """``draws.null_draws`` (the local rows' sparse echelon form, the hubs reduced by it,
+    back substitution) gives vectors of the null space ``support.null_space_mod`` gives of
+    the rows held dense, and as many draws as its dimension (and a few more) span it: rows
+    with coefficients and with ones, repeated unknowns, unknowns in no row, rows that
+    repeat others, and hubs."""
     rng = np.random.default_rng(seed)
     prime = support.PRIMES[seed % 2]
-    n = 400
-    local, coefficients = [], []
-    for _ in range(260):
-        lo = int(rng.integers(0, n - 6))
-        members = rng.integers(lo, lo + 6, size=int(rng.integers(1, 5)))  # (repeats possible)
-        local.append(members.astype(np.int64))
-        coefficients.append(None if rng.random() < 0.5 else rng.integers(-5 * prime, 5 * prime, size=members.size))
-    block = draws.blocks(local, n)
-    flat = np.concatenate([np.ones(m.size, dtype=np.int64) if c is None else c
-                           for m, c in zip(local, coefficients)])  # (every row's, end to end)
-    at_row, at_col, entries, width = draws.block_bases(local, flat, n, block, prime)
-    Z = np.zeros((n, width), dtype=np.int64)
-    Z[at_row, at_col] = entries
-    expected, column = np.zeros((n, 0), dtype=np.int64), 0
-    for b in range(int(block.max()) + 1):
-        unknowns = np.flatnonzero(block == b)  # (in order: as the stable sort puts them)
-        where = {u: i for i, u in enumerate(unknowns)}
-        rows = [r for r in range(len(local)) if block[local[r][0]] == b]
-        if rows:
-            L = np.zeros((len(rows), unknowns.size), dtype=np.int64)
-            for at, r in enumerate(rows):
-                for u, c in zip(local[r], np.ones(local[r].size, np.int64) if coefficients[r] is None
-                                else np.asarray(coefficients[r]) % prime):
-                    L[at, where[int(u)]] = c
-            K = support.null_space_mod(L, prime)
-        else:
-            K = np.eye(unknowns.size, dtype=np.int64)
-        part = np.zeros((n, K.shape[0]), dtype=np.int64)
-        part[unknowns] = K.T
-        expected = np.hstack([expected, part])
-        column += K.shape[0]
-    assert width == column and (Z == expected).all()
-    assert (np.bincount(block) > 1).any() and (np.bincount(block) == 1).any()
-    assert width > 0 and any(c is not None for c in coefficients)
+    kinds = set()
+    for _ in range(30):
+        n = int(rng.integers(20, 120))
+        rows, coefficients = [], []
+        for _ in range(int(rng.integers(n // 4, n))):
+            lo = int(rng.integers(0, n - 6))
+            members = rng.integers(lo, lo + 6, size=int(rng.integers(1, 5)))  # (repeats possible)
+            rows.append(members.astype(np.int64))
+            coefficients.append(rng.integers(-5 * prime, 5 * prime, size=members.size)
+                                if rng.random() < 0.5 else np.ones(members.size, dtype=np.int64))
+        for _ in range(int(rng.integers(0, 4))):  # hubs (rows over many unknowns)
+            rows.append(np.sort(rng.choice(n, size=int(rng.integers(10, n)), replace=False)))
+            coefficients.append(np.ones(rows[-1].size, dtype=np.int64))
+        rows.append(rows[0].copy())  # (a row again: dependent)
+        coefficients.append(coefficients[0].copy())
+        M = np.zeros((len(rows), n), dtype=np.int64)
+        for at, (r, c) in enumerate(zip(rows, coefficients)):
+            np.add.at(M[at], r, np.asarray(c) % prime)
+        null = support.null_space_mod(M % prime, prime)  # (dimension x n)
+        z = draws.null_draws(rows, np.concatenate(coefficients), n, prime, rng,
+                             k=null.shape[0] + 3, hub_size=8)
+        assert all(not support.product_mod(M % prime, z[d], prime).any() for d in range(len(z)))
+        spanned, _ = support.reduced_rows(z, prime)
+        assert spanned.shape[0] == null.shape[0]  # (draws in the null space, spanning it)
+        kinds.add((null.shape[0] > 0, any(r.size > 8 for r in rows)))
+    assert kinds >= {(True, True), (True, False)}, kinds
 
 
 def _by_columns_one_atom_at_a_time(found, p, same_row):
@@ -275,59 +267,79 @@ def _chained(rng, n: int):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_a_block_too_large_is_split_by_hubs_and_decides_as_held_whole(seed):
-    """Where the local rows chain more values than a block may hold (a record of many
-    versions and reports: one block of 4,029 values asked for a 10 GB matrix and the site
-    was killed for its memory), ``draws.split`` makes the largest rows of that block hubs
-    until every block fits, and the verdicts, over values (the Jacobian) and over
-    instances (the null space's columns), are those of the component held whole."""
+def test_a_component_chained_whole_by_its_local_rows_decides_as_held_dense(seed):
+    """Where the local rows chain every value into one block (a record of many versions
+    and reports: dense blocks had to make hubs of its rows until each fit, and the hubs'
+    system outgrew the site's memory), the sparse echelon form takes it whole, and the
+    verdicts, over values (the Jacobian) and over instances (the null space's columns),
+    are those of the component held dense."""
     rng = np.random.default_rng(90 + seed)
     verdicts, columns = {True: 0, False: 0}, {True: 0, False: 0}
     for _ in range(12):
         first, second, n, changes = _chained(rng, int(rng.integers(150, 300)))
-        whole = draws.blocks([r for r in first if r.size <= 20] + second, n)
-        assert np.bincount(whole).max() > 60  # (one block too large for the limit below)
-        split = moments._split(first, second, n, hub_size=20, largest=60)
-        local_first, hubs, block = split
-        assert np.bincount(block).max() <= 60
-        assert np.union1d(local_first, hubs).size == len(first)  # (each row one kind)
-        assert np.intersect1d(local_first, hubs).size == 0
-        local = [first[i] for i in local_first.tolist()] + second
-        assert all(np.unique(block[r]).size == 1 for r in local)  # (a local row in one block)
         dense = moments.determined(first, second, n, changes)  # (small: held dense)
-        by_blocks = moments._determined_by_blocks(first, second, n, changes, split)
-        assert (dense is None) == (by_blocks is None), (dense, by_blocks)
+        by_draws = moments._determined_by_draws(first, second, n, changes, hub_size=20)
+        assert (dense is None) == (by_draws is None), (dense, by_draws)
         verdicts[dense is None] += 1
         for p in (2, 3):  # over instances: the groups' sums alone
             found = support.atoms(first)
-            held_whole = span._by_columns(found, p, lambda u, w: False)
+            held_dense = span._by_columns(found, p, lambda u, w: False)
             with pytest.MonkeyPatch.context() as forced:
                 forced.setattr(draws, "BLOCK_SIZE", 40)
+                forced.setattr(draws, "HUB_SIZE", 20)
                 by_draws = span._by_columns(found, p, lambda u, w: False)
-            assert (held_whole is None) == (by_draws is None), (held_whole, by_draws)
-            columns[held_whole is None] += 1
+            assert (held_dense is None) == (by_draws is None), (held_dense, by_draws)
+            columns[held_dense is None] += 1
     assert min(verdicts.values()) >= 2 and min(columns.values()) >= 2, (verdicts, columns)
 
 
+def test_the_chain_order_keeps_a_mesh_s_echelon_form_near_its_rows():
+    """A mesh of 10,000 values (each row joins a value to its neighbours right and below,
+    in a shuffled labelling: versions chaining groups two ways): eliminated in
+    ``draws.chain_order`` its echelon form holds about a tail of two per row; in the
+    shuffled labelling itself it fills over ten times more (the order is what keeps a
+    record's long chains within memory)."""
+    from fedcluster.common.kernels import compiled_kernels
+
+    rng = np.random.default_rng(5)
+    side = 100
+    n = side * side
+    label = rng.permutation(n)
+    rows = [label[[i * side + j, (i + 1) * side + j, i * side + j + 1]]
+            for i in range(side - 1) for j in range(side - 1)]
+    prime = support.PRIMES[0]
+
+    def fill(place):
+        placed = [place[r] for r in rows]
+        order = np.argsort([r.min() for r in placed], kind="stable")
+        ptr = np.arange(0, 3 * len(rows) + 1, 3, dtype=np.int64)
+        idx = np.concatenate([placed[i] for i in order]).astype(np.int64)
+        coef = rng.integers(1, prime, size=idx.size, dtype=np.int64)
+        return compiled_kernels().sparse_echelon_mod(ptr, idx, coef, n, prime, 10**8)[2].size
+
+    ordered = fill(draws.chain_order(rows, n))
+    assert ordered <= 3 * len(rows)
+    assert fill(np.arange(n)) > 10 * ordered
+
+
 def test_a_system_beyond_the_audit_s_memory_is_refused_never_passed(monkeypatch):
-    """Where the hubs' system would not fit in ``draws.HUB_MEMORY`` the audit does not
-    decide: over values and over instances it refuses, saying why (a component the
-    audit passes with the memory it needs)."""
+    """Where the echelon form's fill or the hubs' system would not fit in
+    ``draws.HUB_MEMORY`` the audit does not decide: over values and over instances it
+    refuses, saying why (a component the audit passes with the memory it needs)."""
     rng = np.random.default_rng(7)
     for _ in range(20):
         first, second, n, changes = _chained(rng, 200)
-        split = moments._split(first, second, n, hub_size=20, largest=60)
-        if moments._determined_by_blocks(first, second, n, changes, split) is None:
+        if moments._determined_by_draws(first, second, n, changes, hub_size=20) is None:
             break
     else:
         raise AssertionError("no component the audit passes")
     found = support.atoms(first)
-    with pytest.MonkeyPatch.context() as forced:
-        forced.setattr(draws, "BLOCK_SIZE", 40)
-        assert span._by_columns(found, 2, lambda u, w: False) is None
-    monkeypatch.setattr(draws, "HUB_MEMORY", 8 * len(split[1]))  # (hubs x a width of 1)
-    refused = moments._determined_by_blocks(first, second, n, changes, split)
-    assert refused is not None and "refused, undecided within the audit's memory" in refused
     monkeypatch.setattr(draws, "BLOCK_SIZE", 40)
-    reason = span._by_columns(found, 2, lambda u, w: False)
-    assert reason is not None and "undecided within the audit's memory" in reason
+    monkeypatch.setattr(draws, "HUB_SIZE", 20)
+    assert span._by_columns(found, 2, lambda u, w: False) is None
+    for memory in (16 * 50, 8 * 400):  # (the echelon form; then the hubs' system)
+        monkeypatch.setattr(draws, "HUB_MEMORY", memory)
+        refused = moments._determined_by_draws(first, second, n, changes, hub_size=20)
+        assert refused is not None and "refused, undecided within the audit's memory" in refused
+        reason = span._by_columns(found, 2, lambda u, w: False)
+        assert reason is not None and "undecided within the audit's memory" in reason

@@ -229,28 +229,6 @@ def test_a_parts_key_names_its_values_and_its_test():
     assert memo.named(np.array([10, 11, 12])).of("values").key([np.array([0, 1, 2])], 2) != first
 
 
-def test_the_draws_compiled_product_is_the_sliced_one():
-    """``draws.null_draws``' z = Z a in one compiled pass over Z's entries equals
-    ``support.product_mod``'s (the columns in slices, the vector in 16-bit halves)."""
-    from scipy.sparse import csr_matrix
-
-    from fedcluster.common.kernels import compiled_kernels
-
-    rng = np.random.default_rng(78)
-    for prime in support.PRIMES:
-        for _ in range(20):
-            n, width = int(rng.integers(1, 300)), int(rng.integers(1, 40_000))
-            nnz = int(rng.integers(0, 3000))
-            rows, cols = rng.integers(0, n, size=nnz), rng.integers(0, width, size=nnz)
-            keep = np.unique(rows * width + cols, return_index=True)[1]  # (one entry a cell)
-            rows, cols = rows[keep].astype(np.int64), cols[keep].astype(np.int64)
-            entries = rng.integers(0, prime, size=rows.size, dtype=np.int64)
-            a = rng.integers(0, prime, size=width, dtype=np.int64)
-            Z = csr_matrix((entries, (rows, cols)), shape=(n, width))
-            ours = compiled_kernels().coo_product_mod(rows, cols, entries, a, n, int(prime))
-            assert np.array_equal(ours, support.product_mod(Z, a, prime))
-
-
 def _report_like(seed: int, p: int) -> support.Atoms:
     """Three partitions of one set of rows into sets of p to 2p rows (runs of rows along
     three random orders): sets overlapping three ways in atoms of one to a few rows, as

@@ -1370,7 +1370,7 @@ def group_extremes_at(high, low, groups, deviation):
 
 
 # --------------------------------------------------------------------------
-# Exact linear algebra modulo a prime: the audit's null spaces, block by block
+# Exact linear algebra modulo a prime: the audit's null spaces
 # (client_app/release/audit/draws.py).  Residues are below 2^31, so a product of
 # two stays under 2^62 in int64; ``%`` is Python's (never negative) in Numba too.
 # --------------------------------------------------------------------------
@@ -1434,82 +1434,173 @@ def reduced_rows_mod(matrix, prime):
     return A[:n_pivots].copy(), pivots[:n_pivots].copy()
 
 
+
 @njit(cache=True, nogil=True)
-def coo_product_mod(at_row, at_col, entries, vector, n_rows, prime):
-    """``M @ vector`` over GF(prime) for M given by its nonzero entries (row, column,
-    entry; entries and the vector's residues below 2^31): one pass over the entries
-    (``support.product_mod`` cut M's columns into slices, each a pass over M)."""
-    out = np.zeros(n_rows, dtype=np.int64)
-    for e in range(entries.shape[0]):
-        r = at_row[e]
-        out[r] = (out[r] + entries[e] * (vector[at_col[e]] % prime)) % prime
-    return out
+def _heap_push(heap, size, v):
+    """Push ``v`` on the min-heap ``heap[:size]``; the new size."""
+    i = size
+    while i > 0:
+        parent = (i - 1) >> 1
+        if heap[parent] <= v:
+            break
+        heap[i] = heap[parent]
+        i = parent
+    heap[i] = v
+    return size + 1
 
 
 @njit(cache=True, nogil=True)
-def block_null_bases(starts, order, position, row_starts, rows, member_ptr, member_idx,
-                     member_coef, prime):
-    """Per block b (its unknowns ``order[starts[b]:starts[b + 1]]``, each at its
-    ``position`` in the block; its local rows ``rows[row_starts[b]:row_starts[b + 1]]``, row r
-    over ``member_idx[member_ptr[r]:member_ptr[r + 1]]`` with ``member_coef`` (residues)),
-    the basis of {z : L_b z = 0} over GF(``prime``) from L_b's reduced row echelon form (a
-    basis vector per free column: 1 there, minus the pivot rows' entries at the pivots),
-    the identity for a block without rows; the bases side by side as the columns of one
-    (unknowns x width) matrix: (row = unknown, column, entry) of its nonzero entries and
-    the width. The same basis as ``audit.support.null_space_mod`` of each L_b (a reduced
-    row echelon form is unique)."""
-    n_blocks = starts.size - 1
-    cap = max(16, 2 * order.size)
-    at_row = np.empty(cap, np.int64)
-    at_col = np.empty(cap, np.int64)
-    entries = np.empty(cap, np.int64)
+def _heap_pop(heap, size):
+    """The least of the min-heap ``heap[:size]``, removed; and the new size."""
+    top = heap[0]
+    size -= 1
+    last = heap[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and heap[child + 1] < heap[child]:
+            child += 1
+        if heap[child] >= last:
+            break
+        heap[i] = heap[child]
+        i = child
+    if size > 0:
+        heap[i] = last
+    return top, size
+
+
+@njit(cache=True, nogil=True)
+def sparse_echelon_mod(row_ptr, row_idx, row_coef, n, prime, max_entries):
+    """A row echelon form over GF(``prime``) of the sparse rows (row r over unknowns
+    ``row_idx[row_ptr[r]:row_ptr[r + 1]]`` (0..n-1, the elimination order) with
+    residues ``row_coef``), kept sparse: each row in turn is reduced by the pivot rows
+    of its least unknowns, least first, until its least unknown has none; it becomes
+    that unknown's pivot row (scaled to a leading 1, which is not stored: its TAIL, the
+    unknowns after it), or vanishes. The fill is what the order makes it (a chain's
+    order keeps it to the chain's width: ``audit/draws.py``). Returns each unknown's
+    pivot row (start in the pool, or -1; its length), the pool (unknowns, residues) and
+    whether it stayed within ``max_entries`` (False: stopped there)."""
+    pivot_start = np.full(n, -1, np.int64)
+    pivot_len = np.zeros(n, np.int64)
+    cap = max(16, 2 * row_idx.size)
+    pool_idx = np.empty(cap, np.int64)
+    pool_coef = np.empty(cap, np.int64)
     used = 0
-    width = 0
-    for b in range(n_blocks):
-        lo = starts[b]
-        size = starts[b + 1] - lo
-        r0 = row_starts[b]
-        nr = row_starts[b + 1] - r0
-        A = np.zeros((nr, size), np.int64)
-        for a in range(nr):
-            r = rows[r0 + a]
-            for t in range(member_ptr[r], member_ptr[r + 1]):
-                A[a, position[member_idx[t]]] = member_coef[t]
-        is_pivot = np.zeros(size, np.bool_)
-        pivots = np.empty(min(nr, size), np.int64)
-        n_pivots = _rref_mod_in_place(A, prime, is_pivot, pivots)
-        need = used + (size - n_pivots) * (n_pivots + 1)
-        if need > cap:
-            while cap < need:
-                cap *= 2
-            grown = np.empty(cap, np.int64)
-            grown[:used] = at_row[:used]
-            at_row = grown
-            grown = np.empty(cap, np.int64)
-            grown[:used] = at_col[:used]
-            at_col = grown
-            grown = np.empty(cap, np.int64)
-            grown[:used] = entries[:used]
-            entries = grown
-        free = 0
-        for col in range(size):
-            if is_pivot[col]:
+    acc = np.zeros(n, np.int64)
+    queued = np.zeros(n, np.bool_)
+    heap = np.empty(n, np.int64)
+    for r in range(row_ptr.size - 1):
+        size = 0
+        for t in range(row_ptr[r], row_ptr[r + 1]):
+            j = row_idx[t]
+            acc[j] = (acc[j] + row_coef[t]) % prime
+            if not queued[j]:
+                queued[j] = True
+                size = _heap_push(heap, size, j)
+        while size > 0:
+            v, size = _heap_pop(heap, size)
+            queued[v] = False
+            a = acc[v]
+            acc[v] = 0
+            if a == 0:
                 continue
-            at_row[used] = order[lo + col]
-            at_col[used] = width + free
-            entries[used] = 1
-            used += 1
-            for q in range(n_pivots):
-                value = (-A[q, col]) % prime
-                if value != 0:
-                    at_row[used] = order[lo + pivots[q]]
-                    at_col[used] = width + free
-                    entries[used] = value
+            start = pivot_start[v]
+            if start >= 0:  # eliminate v: subtract a times its pivot row
+                for t in range(start, start + pivot_len[v]):
+                    j = pool_idx[t]
+                    acc[j] = (acc[j] - (a * pool_coef[t]) % prime) % prime
+                    if not queued[j]:
+                        queued[j] = True
+                        size = _heap_push(heap, size, j)
+                continue
+            inverse = _inverse_mod(a, prime)  # v leads: the rest is its tail
+            if used + size > cap:
+                while cap < used + size:
+                    cap *= 2
+                grown = np.empty(cap, np.int64)
+                grown[:used] = pool_idx[:used]
+                pool_idx = grown
+                grown = np.empty(cap, np.int64)
+                grown[:used] = pool_coef[:used]
+                pool_coef = grown
+            begin = used
+            while size > 0:
+                j, size = _heap_pop(heap, size)
+                queued[j] = False
+                c = acc[j]
+                acc[j] = 0
+                if c != 0:
+                    pool_idx[used] = j
+                    pool_coef[used] = (c * inverse) % prime
                     used += 1
-            free += 1
-        width += free
-    return at_row[:used], at_col[:used], entries[:used], width
+            pivot_start[v] = begin
+            pivot_len[v] = used - begin
+            if used > max_entries:
+                return pivot_start, pivot_len, pool_idx[:used], pool_coef[:used], False
+    return pivot_start, pivot_len, pool_idx[:used], pool_coef[:used], True
 
+
+@njit(cache=True, nogil=True)
+def echelon_reduce_mod(pivot_start, pivot_len, pool_idx, pool_coef, row_idx, row_coef, prime):
+    """The row (unknowns ``row_idx``, residues ``row_coef``) reduced by every pivot row of
+    :func:`sparse_echelon_mod`'s form that it reaches: what remains lies on unknowns
+    without a pivot row (the free ones), returned as (unknowns in order, residues)."""
+    n = pivot_start.size
+    acc = np.zeros(n, np.int64)
+    queued = np.zeros(n, np.bool_)
+    heap = np.empty(n, np.int64)
+    size = 0
+    for t in range(row_idx.size):
+        j = row_idx[t]
+        acc[j] = (acc[j] + row_coef[t]) % prime
+        if not queued[j]:
+            queued[j] = True
+            size = _heap_push(heap, size, j)
+    out_idx = np.empty(n, np.int64)
+    out_coef = np.empty(n, np.int64)
+    count = 0
+    while size > 0:
+        v, size = _heap_pop(heap, size)
+        queued[v] = False
+        a = acc[v]
+        acc[v] = 0
+        if a == 0:
+            continue
+        start = pivot_start[v]
+        if start < 0:
+            out_idx[count] = v
+            out_coef[count] = a
+            count += 1
+            continue
+        for t in range(start, start + pivot_len[v]):
+            j = pool_idx[t]
+            acc[j] = (acc[j] - (a * pool_coef[t]) % prime) % prime
+            if not queued[j]:
+                queued[j] = True
+                size = _heap_push(heap, size, j)
+    return out_idx[:count].copy(), out_coef[:count].copy()
+
+
+@njit(cache=True, nogil=True)
+def echelon_back_substitute_mod(pivot_start, pivot_len, pool_idx, pool_coef, free_values,
+                                prime):
+    """The z with every pivot row of :func:`sparse_echelon_mod`'s form summing to 0 and
+    ``free_values`` at the unknowns without one: the last unknown first, each pivot
+    unknown minus its tail's sum (its tail's unknowns come after it, so are known)."""
+    n = pivot_start.size
+    z = np.empty(n, np.int64)
+    for v in range(n - 1, -1, -1):
+        start = pivot_start[v]
+        if start < 0:
+            z[v] = free_values[v] % prime
+            continue
+        total = 0
+        for t in range(start, start + pivot_len[v]):
+            total = (total + (pool_coef[t] * z[pool_idx[t]]) % prime) % prime
+        z[v] = (prime - total) % prime
+    return z
 
 # --------------------------------------------------------------------------
 # Serial twins: the same kernels compiled without ``parallel``, for one block.

@@ -111,9 +111,8 @@ def determined(first: list[np.ndarray], second: list[np.ndarray], n: int,
     here; ``trials`` more points make it that to the power ``trials``."""
     if not second:
         return None  # sums alone: 1 above (no value isolated) says all
-    split = _large(first, second, n)
-    if split is not None:  # (held together by a report's parts: block by block)
-        return _determined_by_blocks(first, second, n, changes, split)
+    if n > draws.BLOCK_SIZE:  # (held together by a report's parts: by draws)
+        return _determined_by_draws(first, second, n, changes)
     rng = np.random.default_rng(0x51A7)  # fixed: the decision depends on no value
     for _ in range(trials):
         x = rng.integers(1, PRIME, size=n, dtype=np.int64)
@@ -144,37 +143,19 @@ def determined(first: list[np.ndarray], second: list[np.ndarray], n: int,
 
 
 # ------------------------------------------------------------------ a large component
-def _large(first: list[np.ndarray], second: list[np.ndarray], n: int) -> tuple | None:
-    """A component too large to hold its Jacobian dense (more than ``draws.BLOCK_SIZE``
-    values): :func:`_split` of it, else None."""
-    return None if n <= draws.BLOCK_SIZE else _split(first, second, n)
-
-
-def _split(first: list[np.ndarray], second: list[np.ndarray], n: int,
-           hub_size: int | None = None, largest: int | None = None) -> tuple:
-    """Which of ``first`` stay local and which are hubs, and each value's block under the
-    local rows (``draws.split``; the units' sums of squares, with coefficients, stay local)."""
-    local, hubs, block = draws.split(list(first) + list(second), n, hub_size, largest,
-                                     fixed=len(second))
-    return local[local < len(first)], hubs, block
-
-
-def _determined_by_blocks(first, second, n: int, changes, split: tuple) -> str | None:
-    """:func:`determined` of a large component: a value (or a row's change) is determined
-    exactly when every z of the Jacobian's null space vanishes on it, decided by two
-    uniform draws of z per prime (``draws.null_draws``: a refusal, never a pass, where
-    they vanish by chance)."""
-    local_first, hubs, block = split
+def _determined_by_draws(first, second, n: int, changes, hub_size: int | None = None) -> str | None:
+    """:func:`determined` of a component too large to hold its Jacobian dense: a value (or
+    a row's change) is determined exactly when every z of the Jacobian's null space
+    vanishes on it, decided by two uniform draws of z (``draws.null_draws``: a refusal,
+    never a pass, where they vanish by chance)."""
     rng = np.random.default_rng(0x51A7)  # fixed: the decision depends on no value
     x = rng.integers(1, PRIME, size=n, dtype=np.int64)
-    small = [first[i] for i in local_first.tolist()]
-    local = small + list(second)
     squares = np.concatenate(second) if second else np.zeros(0, dtype=np.int64)
-    coefficients = np.r_[np.ones(sum(r.size for r in small), dtype=np.int64),
+    coefficients = np.r_[np.ones(sum(r.size for r in first), dtype=np.int64),
                          2 * x[squares] % PRIME]  # (a sum's ones, then each square's 2x)
     try:
-        z = draws.null_draws(local, coefficients, [first[i] for i in hubs.tolist()], n, block,
-                             PRIME, rng)
+        z = draws.null_draws(list(first) + list(second), coefficients, n, PRIME, rng,
+                             hub_size=hub_size)
     except draws.TooLarge as error:  # (no decision: refused, never passed)
         return f"refused, {error}"
     zero = (z == 0).all(axis=0)

@@ -297,11 +297,8 @@ def _columns(found: support.Atoms, prime: int) -> np.ndarray:
     bounds = np.unique(bounds)  # (the sets holding no atom left out)
     rows = support.pieces(atom[by_set], bounds[:-1]) if atom.size else []
     n = found.weights.size
-    if n > draws.BLOCK_SIZE:  # (never held dense: ``draws.split`` keeps every block small)
-        local, hubs, block = draws.split(rows, n)
-        return draws.null_draws([rows[i] for i in local.tolist()], None,
-                                [rows[i] for i in hubs.tolist()], n, block, prime,
-                                np.random.default_rng(0xA70B), k=3).T
+    if n > draws.BLOCK_SIZE:  # (never held dense)
+        return draws.null_draws(rows, None, n, prime, np.random.default_rng(0xA70B), k=3).T
     incidence = np.zeros((n, found.n_sets), dtype=np.int64)
     incidence[atom, found.set_idx] = 1
     return support.null_space_mod(incidence.T, prime).T
