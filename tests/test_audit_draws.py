@@ -40,7 +40,7 @@ def _component(rng, n_groups: int):
 @pytest.mark.parametrize("seed", range(4))
 def test_the_draws_decide_as_the_dense_jacobian(seed):
     rng = np.random.default_rng(seed)
-    verdicts = {True: 0, False: 0}
+    verdicts, missed = {True: 0, False: 0}, 0
     for _ in range(40):
         first, second, n, changes = _component(rng, int(rng.integers(6, 30)))
         hub_size = max(5, max(r.size for r in first) // 4)  # (the hubs' sizes are n/4 and up)
@@ -50,7 +50,11 @@ def test_the_draws_decide_as_the_dense_jacobian(seed):
         assert (dense is None) == (by_blocks is None), (dense, by_blocks)
         assert dense is None or ("change" in dense) == ("change" in by_blocks), (dense, by_blocks)
         verdicts[dense is None] += 1
+        if dense is not None:  # (the hubs left out: what they determined passes)
+            local = [r for r in first if r.size <= hub_size]
+            missed += moments._determined_by_draws(local, second, n, changes, hub_size) is None
     assert min(verdicts.values()) >= 5, verdicts  # both verdicts exercised
+    assert missed >= 1  # (the hubs decide some verdicts)
 
 
 @pytest.mark.parametrize("p", [2, 3])
