@@ -42,19 +42,27 @@ def _sites(tmp_path: Path) -> dict[str, dict]:
     return nodes
 
 
-def _run(bed, run_config: str, *, interrupt_after: float | None = None) -> tuple[int, str, str]:
+def _run(bed, run_config: str, *, interrupt_at: str | None = None) -> tuple[int, str, str]:
+    """``fedcluster run`` to its end: exit code, stdout, stderr; with ``interrupt_at``,
+    Ctrl-C once the run's log shows that line (and a second more)."""
     command = [FEDCLUSTER, "run", str(APP_DIR), "cmd", "--run-config", run_config]
-    if interrupt_after is not None:
+    if interrupt_at is not None:
         # started with SIGINT ignored, as a shell without job control (a script's `cmd &`,
         # nohup, a CI runner) starts it: Ctrl-C must stop the run all the same
         command = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command]
-    popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=bed.env, cwd=bed.workdir)
-    if interrupt_after is not None:
-        time.sleep(interrupt_after)
-        popen.send_signal(signal.SIGINT)  # as Ctrl-C in a terminal
-    out, err = popen.communicate(timeout=300)
-    return popen.returncode, out, err
+    out_path, err_path = bed.workdir / "run.stdout", bed.workdir / "run.stderr"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        popen = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=bed.env,
+                                 cwd=bed.workdir)
+        if interrupt_at is not None:
+            deadline = time.monotonic() + 120
+            while interrupt_at not in out_path.read_text() + err_path.read_text():
+                assert popen.poll() is None and time.monotonic() < deadline, err_path.read_text()
+                time.sleep(0.5)
+            time.sleep(1)
+            popen.send_signal(signal.SIGINT)  # as Ctrl-C in a terminal
+        popen.wait(timeout=300)
+    return popen.returncode, out_path.read_text(), err_path.read_text()
 
 
 def _status(bed, run_id: str) -> str:
@@ -107,7 +115,7 @@ def test_fedcluster_run_exits_with_the_run_s_end(bed, tmp_path):
     # Ctrl-C: the run is stopped on the SuperLink, not only the log stream
     rc, stdout, err = _run(bed, f'n-clusters=3 num-rounds=100000 tol=0.0 min-sites=2 '
                                 f'every-site=false profile=false {where} run-name="long"',
-                           interrupt_after=25)
+                           interrupt_at="round   3 [")  # (the progress line of round 3)
     assert rc == 130, (stdout[-3000:], err)
     assert "stopping run" in err and "stopped (finished:stopped)" in err, err
     assert _status(bed, _run_id(err)) == "finished:stopped"
