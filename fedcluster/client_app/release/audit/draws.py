@@ -59,20 +59,19 @@ def _within_memory(what: str, need: int) -> None:
                        f"{need / 2**20:,.0f} MB, over its {HUB_MEMORY / 2**20:,.0f} MB")
 
 
-def chain_order(local: list[np.ndarray], n: int) -> np.ndarray:
+def chain_order(unknowns: np.ndarray, row: np.ndarray, n: int) -> np.ndarray:
     """Each unknown's place (0..n-1) in the elimination order: reverse Cuthill-McKee of
-    the graph in which the ``local`` rows join their unknowns (a chain's unknowns come
-    one after another, so a row's elimination reaches only the rows beside it). A rule
-    of which unknowns share a row: it depends on no value."""
+    the graph in which the local rows (entry t: ``unknowns[t]`` in row ``row[t]``) join
+    their unknowns (a chain's unknowns come one after another, so a row's elimination
+    reaches only the rows beside it). A rule of which unknowns share a row: it depends
+    on no value."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import reverse_cuthill_mckee
 
-    if not local:
+    if not unknowns.size:
         return np.arange(n, dtype=np.int64)
-    sizes = np.fromiter((r.size for r in local), dtype=np.int64, count=len(local))
-    incidence = csr_matrix((np.ones(int(sizes.sum()), dtype=np.int8),
-                            (np.repeat(np.arange(len(local)), sizes), np.concatenate(local))),
-                           shape=(len(local), n))
+    incidence = csr_matrix((np.ones(unknowns.size, dtype=np.int8), (row, unknowns)),
+                           shape=(int(row.max()) + 1, n))
     sequence = reverse_cuthill_mckee((incidence.T @ incidence).tocsr(), symmetric_mode=True)
     place = np.empty(n, dtype=np.int64)
     place[sequence] = np.arange(n)
@@ -92,20 +91,26 @@ def null_draws(rows: list[np.ndarray], coefficients: np.ndarray | None, n: int, 
     hub_size = HUB_SIZE if hub_size is None else hub_size
     sizes = np.fromiter((r.size for r in rows), dtype=np.int64, count=len(rows))
     ptr = np.r_[0, np.cumsum(sizes)].astype(np.int64)
-    coefficient = (np.ones(int(ptr[-1]), dtype=np.int64) if coefficients is None
-                   else np.asarray(coefficients, dtype=np.int64) % prime)
-    local = np.flatnonzero(sizes <= hub_size)
-    hubs = np.flatnonzero(sizes > hub_size)
-    place = chain_order([rows[i] for i in local.tolist()], n)
-    placed = [place[np.asarray(r, dtype=np.int64)] for r in rows]
-    # (each local row in the order of its first unknown: a chain eliminated along itself)
-    lead = np.fromiter((placed[i].min() if placed[i].size else n for i in local.tolist()),
-                       dtype=np.int64, count=local.size)
-    local = local[np.argsort(lead, kind="stable")]
-    local_ptr = np.r_[0, np.cumsum(sizes[local])].astype(np.int64)
     empty = np.zeros(0, dtype=np.int64)
-    local_idx = np.concatenate([placed[i] for i in local.tolist()] or [empty])
-    local_coef = np.concatenate([coefficient[ptr[i]:ptr[i + 1]] for i in local.tolist()] or [empty])
+    flat = np.concatenate(rows).astype(np.int64) if rows else empty
+    coefficient = (np.ones(flat.size, dtype=np.int64) if coefficients is None
+                   else np.asarray(coefficients, dtype=np.int64) % prime)
+    row_of = np.repeat(np.arange(len(rows)), sizes)
+    is_local = sizes <= hub_size
+    at_local = is_local[row_of]
+    place = chain_order(flat[at_local], row_of[at_local], n)
+    placed = place[flat]
+    # (each local row in the order of its first unknown: a chain eliminated along itself)
+    lead = np.full(len(rows), n, dtype=np.int64)
+    filled = np.flatnonzero(sizes)
+    lead[filled] = np.minimum.reduceat(placed, ptr[filled]) if filled.size else empty
+    local = np.flatnonzero(is_local)
+    local = local[np.argsort(lead[local], kind="stable")]
+    local_ptr = np.r_[0, np.cumsum(sizes[local])].astype(np.int64)
+    entries = (np.repeat(ptr[local] - local_ptr[:-1], sizes[local])
+               + np.arange(local_ptr[-1], dtype=np.int64))  # (the local rows' entries, in order)
+    local_idx, local_coef = placed[entries], coefficient[entries]
+    hubs = np.flatnonzero(~is_local)
     start, length, pool_idx, pool_coef, fits = kernels.sparse_echelon_mod(
         local_ptr, local_idx, local_coef, n, int(prime), HUB_MEMORY // 16)
     if not fits:
@@ -114,8 +119,8 @@ def null_draws(rows: list[np.ndarray], coefficients: np.ndarray | None, n: int, 
     reduced_hubs, held = [], 0
     for h in hubs.tolist():
         reduced_hubs.append(kernels.echelon_reduce_mod(start, length, pool_idx, pool_coef,
-                                                       placed[h], coefficient[ptr[h]:ptr[h + 1]],
-                                                       int(prime)))
+                                                       placed[ptr[h]:ptr[h + 1]],
+                                                       coefficient[ptr[h]:ptr[h + 1]], int(prime)))
         held += reduced_hubs[-1][0].size  # (the system holds at least these entries)
         _within_memory(f"the system of {hubs.size:,} hubs", 8 * held)
     # (the hubs' system over the free unknowns some hub reaches: the rest stay free)
