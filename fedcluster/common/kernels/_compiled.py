@@ -1543,44 +1543,61 @@ def sparse_echelon_mod(row_ptr, row_idx, row_coef, n, prime, max_entries):
 
 
 @njit(cache=True, nogil=True)
-def echelon_reduce_mod(pivot_start, pivot_len, pool_idx, pool_coef, row_idx, row_coef, prime):
-    """The row (unknowns ``row_idx``, residues ``row_coef``) reduced by every pivot row of
-    :func:`sparse_echelon_mod`'s form that it reaches: what remains lies on unknowns
-    without a pivot row (the free ones), returned as (unknowns in order, residues)."""
+def echelon_reduce_mod(pivot_start, pivot_len, pool_idx, pool_coef, row_ptr, row_idx, row_coef,
+                       prime, max_entries):
+    """Each row (row r over ``row_idx[row_ptr[r]:row_ptr[r + 1]]`` with residues
+    ``row_coef``) reduced by every pivot row of :func:`sparse_echelon_mod`'s form that it
+    reaches: what remains lies on unknowns without a pivot row (the free ones). Returns
+    the remains as rows (pointers, unknowns in order, residues) and whether they stayed
+    within ``max_entries`` (False: stopped there)."""
     n = pivot_start.size
     acc = np.zeros(n, np.int64)
     queued = np.zeros(n, np.bool_)
     heap = np.empty(n, np.int64)
-    size = 0
-    for t in range(row_idx.size):
-        j = row_idx[t]
-        acc[j] = (acc[j] + row_coef[t]) % prime
-        if not queued[j]:
-            queued[j] = True
-            size = _heap_push(heap, size, j)
-    out_idx = np.empty(n, np.int64)
-    out_coef = np.empty(n, np.int64)
+    out_ptr = np.zeros(row_ptr.size, np.int64)
+    cap = max(16, row_idx.size)
+    out_idx = np.empty(cap, np.int64)
+    out_coef = np.empty(cap, np.int64)
     count = 0
-    while size > 0:
-        v, size = _heap_pop(heap, size)
-        queued[v] = False
-        a = acc[v]
-        acc[v] = 0
-        if a == 0:
-            continue
-        start = pivot_start[v]
-        if start < 0:
-            out_idx[count] = v
-            out_coef[count] = a
-            count += 1
-            continue
-        for t in range(start, start + pivot_len[v]):
-            j = pool_idx[t]
-            acc[j] = (acc[j] - (a * pool_coef[t]) % prime) % prime
+    for r in range(row_ptr.size - 1):
+        size = 0
+        for t in range(row_ptr[r], row_ptr[r + 1]):
+            j = row_idx[t]
+            acc[j] = (acc[j] + row_coef[t]) % prime
             if not queued[j]:
                 queued[j] = True
                 size = _heap_push(heap, size, j)
-    return out_idx[:count].copy(), out_coef[:count].copy()
+        while size > 0:
+            v, size = _heap_pop(heap, size)
+            queued[v] = False
+            a = acc[v]
+            acc[v] = 0
+            if a == 0:
+                continue
+            start = pivot_start[v]
+            if start < 0:
+                if count == cap:
+                    cap *= 2
+                    grown = np.empty(cap, np.int64)
+                    grown[:count] = out_idx[:count]
+                    out_idx = grown
+                    grown = np.empty(cap, np.int64)
+                    grown[:count] = out_coef[:count]
+                    out_coef = grown
+                out_idx[count] = v
+                out_coef[count] = a
+                count += 1
+                continue
+            for t in range(start, start + pivot_len[v]):
+                j = pool_idx[t]
+                acc[j] = (acc[j] - (a * pool_coef[t]) % prime) % prime
+                if not queued[j]:
+                    queued[j] = True
+                    size = _heap_push(heap, size, j)
+        out_ptr[r + 1] = count
+        if count > max_entries:
+            return out_ptr, out_idx[:count], out_coef[:count], False
+    return out_ptr, out_idx[:count], out_coef[:count], True
 
 
 @njit(cache=True, nogil=True)

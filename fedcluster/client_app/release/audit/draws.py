@@ -78,6 +78,14 @@ def chain_order(unknowns: np.ndarray, row: np.ndarray, n: int) -> np.ndarray:
     return place
 
 
+def _entries(ptr: np.ndarray, sizes: np.ndarray, which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``which`` (of rows whose entries start at ``ptr``), end to end: their
+    pointers and their entries' positions among all rows' entries."""
+    pointers = np.r_[0, np.cumsum(sizes[which])].astype(np.int64)
+    return pointers, (np.repeat(ptr[which] - pointers[:-1], sizes[which])
+                      + np.arange(pointers[-1], dtype=np.int64))
+
+
 def null_draws(rows: list[np.ndarray], coefficients: np.ndarray | None, n: int, prime: int,
                rng: np.random.Generator, k: int = 2,
                hub_size: int | None = None) -> np.ndarray:
@@ -106,9 +114,7 @@ def null_draws(rows: list[np.ndarray], coefficients: np.ndarray | None, n: int, 
     lead[filled] = np.minimum.reduceat(placed, ptr[filled]) if filled.size else empty
     local = np.flatnonzero(is_local)
     local = local[np.argsort(lead[local], kind="stable")]
-    local_ptr = np.r_[0, np.cumsum(sizes[local])].astype(np.int64)
-    entries = (np.repeat(ptr[local] - local_ptr[:-1], sizes[local])
-               + np.arange(local_ptr[-1], dtype=np.int64))  # (the local rows' entries, in order)
+    local_ptr, entries = _entries(ptr, sizes, local)
     local_idx, local_coef = placed[entries], coefficient[entries]
     hubs = np.flatnonzero(~is_local)
     start, length, pool_idx, pool_coef, fits = kernels.sparse_echelon_mod(
@@ -116,20 +122,20 @@ def null_draws(rows: list[np.ndarray], coefficients: np.ndarray | None, n: int, 
     if not fits:
         _within_memory("the local rows' echelon form", 16 * (HUB_MEMORY // 16 + 1))
     free = start < 0
-    reduced_hubs, held = [], 0
-    for h in hubs.tolist():
-        reduced_hubs.append(kernels.echelon_reduce_mod(start, length, pool_idx, pool_coef,
-                                                       placed[ptr[h]:ptr[h + 1]],
-                                                       coefficient[ptr[h]:ptr[h + 1]], int(prime)))
-        held += reduced_hubs[-1][0].size  # (the system holds at least these entries)
-        _within_memory(f"the system of {hubs.size:,} hubs", 8 * held)
+    hub_ptr, entries = _entries(ptr, sizes, hubs)
+    # (the system holds at least the reduced hubs' entries: bounded as they are made)
+    reduced_ptr, reduced_idx, reduced_coef, fits = kernels.echelon_reduce_mod(
+        start, length, pool_idx, pool_coef, hub_ptr, placed[entries], coefficient[entries],
+        int(prime), HUB_MEMORY // 8)
+    if not fits:
+        _within_memory(f"the system of {hubs.size:,} hubs", 8 * (HUB_MEMORY // 8 + 1))
     # (the hubs' system over the free unknowns some hub reaches: the rest stay free)
-    touched = np.unique(np.concatenate([u for u, _ in reduced_hubs] or [empty]))
+    touched = np.unique(reduced_idx)
     _within_memory(f"the system of {hubs.size:,} hubs x {touched.size:,}",
                    8 * hubs.size * touched.size)
     system = np.zeros((hubs.size, touched.size), dtype=np.int64)
-    for at, (unknowns, residues) in enumerate(reduced_hubs):
-        system[at, np.searchsorted(touched, unknowns)] = residues
+    system[np.repeat(np.arange(hubs.size), np.diff(reduced_ptr)),
+           np.searchsorted(touched, reduced_idx)] = reduced_coef
     if hubs.size:
         reduced, pivots = kernels.reduced_rows_mod(system, int(prime))
     else:
