@@ -11,10 +11,10 @@ The local rows are brought to a row echelon form over GF(prime) kept sparse
 (``kernels._compiled.sparse_echelon_mod``), in an order of the unknowns that follows their
 chains (reverse Cuthill-McKee of the graph the local rows make: a record's successive
 versions chain a row's groups and spread units into long, narrow paths, whose elimination
-in this order fills only the paths' width; measured on a 100,000-row record of 30
-versions: BENCHMARKS.md, record-audit). Each hub is then reduced by that form to a row
-over the FREE unknowns (those without a pivot row), and the hubs' rows, a dense system
-of as many rows as hubs, are brought to their reduced form. A draw takes the hubs'
+in this order fills little: tests/test_audit_draws.py, and BENCHMARKS.md, record-audit).
+Each hub is then reduced by that form to a row over the FREE unknowns it reaches (those
+without a pivot row), and the hubs' rows, a dense system of as many rows as hubs, are
+brought to their reduced form. A draw takes the hubs'
 system's free coordinates uniformly at random, its pivots from them, and every pivot
 unknown of the local form from those after it (back substitution): z is uniform on M's
 null space. A direction whose functional does not vanish on that space is nonzero at a
@@ -22,9 +22,11 @@ uniform z but with chance 1 / prime: k draws that all vanish call it in the row 
 wrongly with chance prime^-k (a refusal, never a pass); one in the row space vanishes at
 every draw.
 
-No block or hub is chosen by size to make the algebra fit (what the dense blocks needed):
-the only limit is :data:`HUB_MEMORY`, over the echelon form's fill and the hubs' system,
-beyond which the audit refuses (:class:`TooLarge`).
+No row is made a hub to keep the algebra small (what the dense blocks of at most 1,000
+values needed, until their hubs' system outgrew the site's memory): the hubs are the rows
+over :data:`HUB_SIZE` unknowns, and the only limit is :data:`HUB_MEMORY`, over the
+echelon form's fill and the hubs' system, beyond which the audit refuses
+(:class:`TooLarge`).
 """
 
 from __future__ import annotations
