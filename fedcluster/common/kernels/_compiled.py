@@ -1472,6 +1472,32 @@ def _heap_pop(heap, size):
 
 
 @njit(cache=True, nogil=True)
+def _add_scaled(acc, queued, heap, size, idx, coef, lo, hi, scale, prime):
+    """acc += ``scale`` times the sparse row ``idx[lo:hi]`` / ``coef[lo:hi]`` (residues),
+    each unknown it touches queued once on the min-heap; the heap's new size."""
+    for t in range(lo, hi):
+        j = idx[t]
+        acc[j] = (acc[j] + (scale * coef[t]) % prime) % prime
+        if not queued[j]:
+            queued[j] = True
+            size = _heap_push(heap, size, j)
+    return size
+
+
+@njit(cache=True, nogil=True)
+def _grown(array, used, need):
+    """``array`` (its first ``used`` entries kept), at least ``need`` long (doubling)."""
+    if need <= array.size:
+        return array
+    cap = array.size
+    while cap < need:
+        cap *= 2
+    grown = np.empty(cap, array.dtype)
+    grown[:used] = array[:used]
+    return grown
+
+
+@njit(cache=True, nogil=True)
 def sparse_echelon_mod(row_ptr, row_idx, row_coef, n, prime, max_entries):
     """A row echelon form over GF(``prime``) of the sparse rows (row r over unknowns
     ``row_idx[row_ptr[r]:row_ptr[r + 1]]`` (0..n-1, the elimination order) with
@@ -1484,21 +1510,15 @@ def sparse_echelon_mod(row_ptr, row_idx, row_coef, n, prime, max_entries):
     whether it stayed within ``max_entries`` (False: stopped there)."""
     pivot_start = np.full(n, -1, np.int64)
     pivot_len = np.zeros(n, np.int64)
-    cap = max(16, 2 * row_idx.size)
-    pool_idx = np.empty(cap, np.int64)
-    pool_coef = np.empty(cap, np.int64)
+    pool_idx = np.empty(max(16, 2 * row_idx.size), np.int64)
+    pool_coef = np.empty(pool_idx.size, np.int64)
     used = 0
     acc = np.zeros(n, np.int64)
     queued = np.zeros(n, np.bool_)
     heap = np.empty(n, np.int64)
     for r in range(row_ptr.size - 1):
-        size = 0
-        for t in range(row_ptr[r], row_ptr[r + 1]):
-            j = row_idx[t]
-            acc[j] = (acc[j] + row_coef[t]) % prime
-            if not queued[j]:
-                queued[j] = True
-                size = _heap_push(heap, size, j)
+        size = _add_scaled(acc, queued, heap, 0, row_idx, row_coef, row_ptr[r], row_ptr[r + 1],
+                           1, prime)
         while size > 0:
             v, size = _heap_pop(heap, size)
             queued[v] = False
@@ -1508,23 +1528,12 @@ def sparse_echelon_mod(row_ptr, row_idx, row_coef, n, prime, max_entries):
                 continue
             start = pivot_start[v]
             if start >= 0:  # eliminate v: subtract a times its pivot row
-                for t in range(start, start + pivot_len[v]):
-                    j = pool_idx[t]
-                    acc[j] = (acc[j] - (a * pool_coef[t]) % prime) % prime
-                    if not queued[j]:
-                        queued[j] = True
-                        size = _heap_push(heap, size, j)
+                size = _add_scaled(acc, queued, heap, size, pool_idx, pool_coef, start,
+                                   start + pivot_len[v], prime - a, prime)
                 continue
             inverse = _inverse_mod(a, prime)  # v leads: the rest is its tail
-            if used + size > cap:
-                while cap < used + size:
-                    cap *= 2
-                grown = np.empty(cap, np.int64)
-                grown[:used] = pool_idx[:used]
-                pool_idx = grown
-                grown = np.empty(cap, np.int64)
-                grown[:used] = pool_coef[:used]
-                pool_coef = grown
+            pool_idx = _grown(pool_idx, used, used + size)
+            pool_coef = _grown(pool_coef, used, used + size)
             begin = used
             while size > 0:
                 j, size = _heap_pop(heap, size)
@@ -1555,18 +1564,12 @@ def echelon_reduce_mod(pivot_start, pivot_len, pool_idx, pool_coef, row_ptr, row
     queued = np.zeros(n, np.bool_)
     heap = np.empty(n, np.int64)
     out_ptr = np.zeros(row_ptr.size, np.int64)
-    cap = max(16, row_idx.size)
-    out_idx = np.empty(cap, np.int64)
-    out_coef = np.empty(cap, np.int64)
+    out_idx = np.empty(max(16, row_idx.size), np.int64)
+    out_coef = np.empty(out_idx.size, np.int64)
     count = 0
     for r in range(row_ptr.size - 1):
-        size = 0
-        for t in range(row_ptr[r], row_ptr[r + 1]):
-            j = row_idx[t]
-            acc[j] = (acc[j] + row_coef[t]) % prime
-            if not queued[j]:
-                queued[j] = True
-                size = _heap_push(heap, size, j)
+        size = _add_scaled(acc, queued, heap, 0, row_idx, row_coef, row_ptr[r], row_ptr[r + 1],
+                           1, prime)
         while size > 0:
             v, size = _heap_pop(heap, size)
             queued[v] = False
@@ -1575,25 +1578,15 @@ def echelon_reduce_mod(pivot_start, pivot_len, pool_idx, pool_coef, row_ptr, row
             if a == 0:
                 continue
             start = pivot_start[v]
-            if start < 0:
-                if count == cap:
-                    cap *= 2
-                    grown = np.empty(cap, np.int64)
-                    grown[:count] = out_idx[:count]
-                    out_idx = grown
-                    grown = np.empty(cap, np.int64)
-                    grown[:count] = out_coef[:count]
-                    out_coef = grown
+            if start < 0:  # a free unknown: it stays
+                out_idx = _grown(out_idx, count, count + 1)
+                out_coef = _grown(out_coef, count, count + 1)
                 out_idx[count] = v
                 out_coef[count] = a
                 count += 1
                 continue
-            for t in range(start, start + pivot_len[v]):
-                j = pool_idx[t]
-                acc[j] = (acc[j] - (a * pool_coef[t]) % prime) % prime
-                if not queued[j]:
-                    queued[j] = True
-                    size = _heap_push(heap, size, j)
+            size = _add_scaled(acc, queued, heap, size, pool_idx, pool_coef, start,
+                               start + pivot_len[v], prime - a, prime)
         out_ptr[r + 1] = count
         if count > max_entries:
             return out_ptr, out_idx[:count], out_coef[:count], False
