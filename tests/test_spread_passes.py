@@ -45,19 +45,18 @@ def _record(rng, n_groups, unit_positions):
     record = group_spreads.Spreads(order, counts, None, m2, 2, np.full(n_groups, -1, np.int64),
                                    np.full(width, 1e-9))
     for unit in unit_positions:
-        unit = np.sort(unit)
-        for position in unit.tolist():
-            record.merged[position] = unit
+        record.merge(unit)
     record.typical = np.ones(width)
     return record
 
 
 def test_one_pass_computes_each_unit_once(monkeypatch):
     """A table of 5 chunks with one merged unit of 2,000 groups across all of them and
-    500 small ones: a pass, chunk after chunk, hands each unit's members to the rule once
-    (a unit that reaches into the next chunk is carried there): 2,000 + 500 x 3 rows (computed again in every chunk it touches: 10,000 + ...; a unit per member, as
-    before: 4 million for the large unit alone); and the released m2 is the one-unit
-    functions'."""
+    500 small ones: two passes, chunk after chunk, hand each unit's members to the rule
+    once (a unit keeps its (d,) total and degrees of freedom for the table's passes): 2,000
+    + 500 x 3 rows (computed again in every chunk it touches: 10,000 + ...; a unit per
+    member, as before issue 71: 4 million for the large unit alone); and the released m2
+    is the one-unit functions'."""
     rng = np.random.default_rng(0)
     n_groups = 5 * group_spreads.CHUNK_GROUPS
     positions = rng.permutation(n_groups)
@@ -65,16 +64,17 @@ def test_one_pass_computes_each_unit_once(monkeypatch):
     small = [positions[2000 + 3 * i:2003 + 3 * i] for i in range(500)]
     record = _record(rng, n_groups, [large, *small])
     seen = []
-    real = spreads.units_shares_reveals
+    real = spreads.units_rule
 
     def counted(m2, cells, starts, tiny):
         seen.append(m2.shape[0])
         return real(m2, cells, starts, tiny)
 
-    monkeypatch.setattr(spreads, "units_shares_reveals", counted)
-    released = np.concatenate([record.take(lo, min(n_groups, lo + group_spreads.CHUNK_GROUPS))
-                               for lo in range(0, n_groups, group_spreads.CHUNK_GROUPS)])
-    assert len(seen) == 5 and sum(seen) == 2000 + 500 * 3
+    monkeypatch.setattr(spreads, "units_rule", counted)
+    for _ in range(2):
+        released = np.concatenate([record.take(lo, min(n_groups, lo + group_spreads.CHUNK_GROUPS))
+                                   for lo in range(0, n_groups, group_spreads.CHUNK_GROUPS)])
+    assert sum(seen) == 2000 + 500 * 3
     # the values: each merged position's share, or the pooled stand-in where its unit reveals
     for unit in [large, *small[:50]]:
         unit = np.sort(unit)
@@ -192,3 +192,89 @@ def test_the_compiled_pairing_is_the_numpy_one(width):
         for mine, theirs in zip(spreads._leaves(points, ids, spreads.LEAF_GROUPS),
                                 _leaves_numpy(points, ids, spreads.LEAF_GROUPS), strict=True):
             assert np.array_equal(mine, theirs)
+
+
+def _mend_one_head_at_a_time(record, points):
+    """The mend as written before issue 71 made it whole-array: each flagged unit's
+    nearest group of another unit looked for alone (its leaf, else every group), merged
+    member by member in a union-find, every unit's reveals by the one-unit function."""
+    n = record.order.size
+    leaves = spreads._leaves(points, np.arange(n), spreads.LEAF_GROUPS)
+    leaf_of = np.empty(n, dtype=np.int64)
+    for k, leaf in enumerate(leaves):
+        leaf_of[leaf] = k
+    parent = {}
+
+    def root(p):
+        while parent.get(p, p) != p:
+            p = parent[p]
+        return p
+
+    flagged = record._revealing().tolist()
+    for _ in range(group_spreads.MERGE_ROUNDS if flagged else 0):
+        heads = sorted({int(record.unit_of(p)[0]) for p in flagged})
+        nears = []
+        for head in heads:
+            excluded = np.zeros(n, dtype=bool)
+            excluded[record.unit_of(head)] = True
+            excluded[list(record.alone)] = True
+            near = -1
+            for among in (leaves[leaf_of[head]], np.arange(n)):
+                d2 = ((points[among] - points[head]) ** 2).sum(axis=1)
+                d2[excluded[among]] = np.inf
+                if np.isfinite(d2).any():
+                    near = int(among[np.argmin(d2)])
+                    break
+            nears.append(near)
+        for head, near in zip(heads, nears):
+            for member in record.unit_of(head).tolist() + ([] if near < 0 else record.unit_of(near).tolist()):
+                parent.setdefault(member, member)
+                a, b = root(member), root(head)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+        components = {}
+        for member in parent:
+            components.setdefault(root(member), set()).update(record.unit_of(member).tolist())
+        for members in components.values():
+            record.merge(sorted(members))
+        reveals = {}
+        for p in flagged:
+            unit = record.unit_of(p)
+            reveals[int(unit[0])] = spreads.unit_reveals(*record._unit(unit), record.tiny)
+        flagged = [head for head, reveal in reveals.items() if reveal.any()]
+        if not flagged:
+            return
+    for head in flagged:
+        for member in record.unit_of(head).tolist():
+            record.withheld[member] = sorted(set(record.withheld.get(member, []))
+                                             | set(np.flatnonzero(reveals[head]).tolist()))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_whole_array_mend_merges_as_one_head_at_a_time(seed, monkeypatch):
+    """Tables of 2-4-row groups with ties (zero and equal spreads, whole-number means):
+    the mend (every flagged unit's nearest at once, leaf by leaf; the merges as connected
+    components; the units' rule a chunk at a time) makes the units and withholds the
+    spreads that the one-head-at-a-time mend does, to the group."""
+    monkeypatch.setattr(group_spreads, "CHUNK_GROUPS", 64)
+    rng = np.random.default_rng(seed)
+    n, width = 700, 3
+    counts = rng.integers(2, 5, n)
+    m2 = rng.integers(0, 3, (n, width)).astype(np.float64)  # ties and zeros
+    points = rng.integers(0, 6, (n, 2)).astype(np.float64)
+    order = rng.permutation(n)
+    alone = rng.choice(n, 5, replace=False).tolist()
+    records = []
+    for _ in range(2):
+        record = group_spreads.Spreads(order, counts, None, m2, 2, np.full(n, -1, np.int64),
+                                       np.full(width, 1e-9))
+        record.partner = spreads.spread_partners(points, counts[order])
+        record.partner[np.isin(record.partner, alone)] = -1  # (the alone are in no unit)
+        record.partner[alone] = -1
+        record.alone.update(alone)
+        records.append(record)
+    records[0]._mend(lambda: points)
+    _mend_one_head_at_a_time(records[1], points)
+    assert np.array_equal(records[0].unit_heads(), records[1].unit_heads())
+    assert records[0].withheld == records[1].withheld
+    assert (records[0].unit_head >= 0).sum() > n // 4  # many merged: the test has teeth

@@ -13,10 +13,11 @@ table keeps, a chunk of groups at a time (:meth:`Spreads.take`).
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
 from fedcluster.common.kernels import compiled_kernels
 from fedcluster.client_app.mapped_pages import release_pages
@@ -69,9 +70,10 @@ class Spreads:
     ----------
     partner : (G,) int64
         Each group's spread partner (-1: none).
-    merged : dict
-        Position -> its unit's positions, for the units merged beyond a pair (a unit that
-        gave cells back, or a small group left alone: ``release/spreads.py``).
+    unit_head : (G,) int64
+        Each position's merged unit, named by its smallest position (-1: in none), for
+        the units merged beyond a pair (a unit that gave cells back, or a small group
+        left alone: ``release/spreads.py``).
     withheld : dict
         Position -> the features whose unit's spread is withheld (the dominance rule, or
         a unit merging could not mend).
@@ -89,7 +91,7 @@ class Spreads:
     min_size: int
     partner: np.ndarray
     tiny: np.ndarray
-    merged: dict = field(default_factory=dict)
+    unit_head: np.ndarray | None = None
     withheld: dict = field(default_factory=dict)
     typical: np.ndarray | None = None
     dominated: int = 0
@@ -99,10 +101,20 @@ class Spreads:
     alone: set = field(default_factory=set)
     _leaf: np.ndarray | None = None
     _leaves: list | None = None
-    _sorted: tuple | None = None  # (sizes, merged positions, withheld positions): _keys
-    _epoch: int = 0  # counts the changes of the merged units (a carried unit is of one)
-    _carried: list | None = None  # [(next lo, epoch), units reaching on, heap]: _merged_here
-    _index: tuple | None = None  # (epoch, unit head, rank in unit) per position: _unit_index
+    _sorted: tuple | None = None  # (epoch, withheld, merged positions, withheld positions)
+    _epoch: int = 0  # counts the changes of the merged units
+    _members: tuple | None = None  # (epoch, heads, offsets, members): _units
+    _table: tuple | None = None  # (epoch, unit row per position, totals, dofs, reveals)
+
+    def __post_init__(self):
+        if self.unit_head is None:
+            self.unit_head = np.full(self.order.size, -1, dtype=np.int64)
+
+    def merge(self, positions) -> None:
+        """Make ``positions`` one merged unit."""
+        positions = np.asarray(positions, dtype=np.int64)
+        self.unit_head[positions] = positions.min()
+        self._epoch += 1
 
     @property
     def withheld_cells(self) -> int:
@@ -121,9 +133,7 @@ class Spreads:
             if unit.size == 2:
                 self.partner[unit[0]], self.partner[unit[1]] = unit[1], unit[0]
             elif unit.size > 2:
-                members = np.sort(unit)
-                for position in members.tolist():
-                    self.merged[position] = members
+                self.unit_head[unit] = unit.min()
         self._epoch += 1
 
     def summary(self) -> dict:
@@ -131,7 +141,7 @@ class Spreads:
         2-row groups paired, the units merged (values that tie), the (group, feature)
         spreads withheld, of them the dominance rule's."""
         return {"groups": int(self.order.size), "paired": int(np.count_nonzero(self.partner >= 0)),
-                "merged-units": len({int(unit[0]) for unit in self.merged.values()}),
+                "merged-units": int(np.unique(self.unit_head[self.unit_head >= 0]).size),
                 "withheld": int(self.withheld_cells), "dominated": int(self.dominated),
                 "dominated-means": int(self.dominated_means)}
 
@@ -147,15 +157,16 @@ class Spreads:
         """(G,) each position's unit named by its smallest position (-1: in none)."""
         heads = np.where(self.partner >= 0, np.minimum(np.arange(self.partner.size), self.partner),
                          np.arange(self.partner.size))
-        for position, unit in self.merged.items():
-            heads[position] = int(unit.min())
+        heads = np.where(self.unit_head >= 0, self.unit_head, heads)
         heads[list(self.alone)] = -1
         return heads
 
     def unit_of(self, position: int) -> np.ndarray:
         """The positions of a group's spread unit."""
-        if position in self.merged:
-            return self.merged[position]
+        if self.unit_head[position] >= 0:
+            heads, offsets, members = self._units()
+            k = int(np.searchsorted(heads, self.unit_head[position]))
+            return members[offsets[k]:offsets[k + 1]]
         mate = int(self.partner[position])
         return np.array([position] if mate < 0 else sorted((position, mate)), dtype=np.int64)
 
@@ -193,58 +204,60 @@ class Spreads:
             spreads.SPREAD_MIN_ROWS)
         merged, withheld = self._keys()
         inside = merged[np.searchsorted(merged, lo):np.searchsorted(merged, hi)]
-        if inside.size:
-            share[inside - lo], reveals[inside - lo] = self._merged_here(inside, lo, hi)
+        if inside.size:  # each merged unit computed once for the table (_table)
+            row, totals, dofs, unit_reveals = self._unit_table()
+            unit = row[inside]
+            share[inside - lo] = spreads.member_shares(totals[unit], dofs[unit], cells[inside - lo])
+            reveals[inside - lo] = unit_reveals[unit]
         for position in withheld[np.searchsorted(withheld, lo):np.searchsorted(withheld, hi)].tolist():
             reveals[position - lo, self.withheld[position]] = True
         return m2, cells, share, ~reveals
 
-    def _merged_here(self, inside: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """(shares, reveals) of the merged positions ``inside`` lo..hi, each unit computed
-        once per pass (a pass goes up the table chunk by chunk; a unit is kept until it ends)."""
-        head_of, rank_of = self._unit_index()
-        if self._carried is None or self._carried[0] != (lo, self._epoch):
-            self._carried = [(lo, self._epoch), {}, []]  # a new pass: (units, heap by last)
-        carried, ends = self._carried[1], self._carried[2]
-        while ends and ends[0][0] < lo:  # units that ended before this chunk
-            carried.pop(heapq.heappop(ends)[1], None)
-        heads = head_of[inside]
-        todo = [self.merged[h] for h in np.unique(heads).tolist() if h not in carried]
-        if todo:
-            starts = np.cumsum([0] + [unit.size for unit in todo[:-1]])
-            share, reveals = spreads.units_shares_reveals(*self._unit(np.concatenate(todo)),
-                                                          starts, self.tiny)
-            for k, unit in enumerate(todo):
-                carried[int(unit[0])] = (share[starts[k]:starts[k] + unit.size], reveals[k])
-                heapq.heappush(ends, (int(unit[-1]), int(unit[0])))
-        self._carried[0] = (hi, self._epoch)
-        out_share = np.empty((inside.size, self.m2.shape[1]))
-        out_reveals = np.empty((inside.size, self.m2.shape[1]), dtype=bool)
-        order = np.argsort(heads, kind="stable")
-        edges = np.flatnonzero(np.diff(heads[order])) + 1
-        for rows in np.split(order, edges):
-            share, reveals = carried[int(heads[rows[0]])]
-            out_share[rows], out_reveals[rows] = share[rank_of[inside[rows]]], reveals
-        return out_share, out_reveals
+    def _units(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The merged units as they are: (U,) heads ascending, (U + 1,) offsets into
+        (M,) members (each unit's positions ascending)."""
+        if self._members is None or self._members[0] != self._epoch:
+            positions = np.flatnonzero(self.unit_head >= 0)
+            members = positions[np.argsort(self.unit_head[positions], kind="stable")]
+            heads, starts = np.unique(self.unit_head[members], return_index=True)
+            self._members = (self._epoch, heads, np.append(starts, members.size), members)
+        return self._members[1:]
 
-    def _unit_index(self) -> tuple[np.ndarray, np.ndarray]:
-        """(G,) each merged position's unit head and rank in it, for the units as they are."""
-        if self._index is None or self._index[0] != self._epoch:
-            head_of = np.full(self.order.size, -1, dtype=np.int64)
-            rank_of = np.zeros(self.order.size, dtype=np.int64)
-            for unit in {int(unit[0]): unit for unit in self.merged.values()}.values():
-                head_of[unit], rank_of[unit] = unit[0], np.arange(unit.size)
-            self._index = (self._epoch, head_of, rank_of)
-        return self._index[1], self._index[2]
+    def _unit_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(G,) each position's merged unit (-1: none) and, per unit, (U, d) its m2 total,
+        degrees of freedom and reveals (``spreads.units_rule``): (d,) a unit, computed once
+        a change of the units, so that no pass holds a share per member."""
+        if self._table is None or self._table[0] != self._epoch:
+            heads, offsets, members = self._units()
+            row = np.full(self.order.size, -1, dtype=np.int64)
+            row[members] = np.repeat(np.arange(heads.size), np.diff(offsets))
+            self._table = (self._epoch, row, *self._units_rule(offsets, members))
+        return self._table[1:]
+
+    def _units_rule(self, offsets: np.ndarray, members: np.ndarray) -> tuple:
+        """``spreads.units_rule`` of the units ``members[offsets[u]:offsets[u + 1]]``, a
+        chunk's worth of their groups at a time (memory)."""
+        count, width = offsets.size - 1, self.m2.shape[1]
+        out = (np.empty((count, width)), np.empty((count, width)),
+               np.empty((count, width), dtype=bool))
+        u = 0
+        while u < count:
+            v = max(u + 1, int(np.searchsorted(offsets, offsets[u] + CHUNK_GROUPS, side="right")) - 1)
+            lo, hi = offsets[u], offsets[v]
+            for array, part in zip(out, spreads.units_rule(*self._unit(members[lo:hi]),
+                                                           offsets[u:v] - lo, self.tiny)):
+                array[u:v] = part
+            u = v
+        return out
 
     def _keys(self) -> tuple[np.ndarray, np.ndarray]:
         """The positions of merged units and of withheld spreads, sorted (a chunk finds its
-        own by bisection); positions are only ever added, so their counts say when to sort."""
-        sizes = (len(self.merged), len(self.withheld))
-        if self._sorted is None or self._sorted[0] != sizes:
-            self._sorted = (sizes, np.array(sorted(self.merged), dtype=np.int64),
+        own by bisection); withheld positions are only ever added, so their count says when
+        to sort."""
+        if self._sorted is None or self._sorted[:2] != (self._epoch, len(self.withheld)):
+            self._sorted = (self._epoch, len(self.withheld), np.flatnonzero(self.unit_head >= 0),
                             np.array(sorted(self.withheld), dtype=np.int64))
-        return self._sorted[1], self._sorted[2]
+        return self._sorted[2], self._sorted[3]
 
     def take(self, lo: int, hi: int) -> np.ndarray:
         """The released m2 of positions lo..hi (the table's m2 column)."""
@@ -310,102 +323,90 @@ class Spreads:
     def _mend(self, points_of) -> None:
         """Merge every unit that would give cells back (``spreads.unit_reveals``) with its
         nearest unit, up to :data:`MERGE_ROUNDS` times; withhold what is left."""
-        flagged = self._revealing(range(0, self.order.size))
-        if not flagged:
+        flagged = self._revealing()
+        if not flagged.size:
             return
         points = points_of()
-        parent = {}
-
-        def root(p):
-            while parent.get(p, p) != p:
-                parent[p] = parent.get(parent[p], parent[p])  # (halving: short paths)
-                p = parent[p]
-            return p
-
         for _ in range(MERGE_ROUNDS):
-            heads = sorted({int(self.unit_of(p)[0]) for p in flagged})
-            for head, near in zip(heads, self._nearest(points, heads)):
-                members = self.unit_of(head).tolist() + ([] if near < 0 else self.unit_of(near).tolist())
-                for member in members:
-                    parent.setdefault(member, member)
-                    a, b = root(member), root(head)
-                    if a != b:
-                        parent[max(a, b)] = min(a, b)
-            self._regroup(parent, root)
-            reveals = self._units_reveal(sorted({int(self.unit_of(p)[0]) for p in flagged}))
-            flagged = [head for head, reveal in reveals.items() if reveal.any()]
-            if not flagged:
+            label = self._labels()
+            heads = np.unique(label[flagged])
+            self._merge(heads, self._nearest(points, heads, label), label)
+            heads = np.unique(self.unit_head[heads])
+            heads_, offsets, members = self._units()
+            at = np.searchsorted(heads_, heads)
+            sizes = offsets[at + 1] - offsets[at]
+            starts = np.cumsum(sizes) - sizes
+            chosen = members[np.repeat(offsets[at] - starts, sizes) + np.arange(sizes.sum())]
+            reveals = self._units_rule(np.append(starts, sizes.sum()), chosen)[2]
+            keep = reveals.any(axis=1)
+            flagged, reveals = heads[keep], reveals[keep]
+            if not flagged.size:
                 return
-        for head in flagged:
-            features = np.flatnonzero(reveals[head]).tolist()
+        for head, reveal in zip(flagged.tolist(), reveals):
+            features = np.flatnonzero(reveal).tolist()
             for member in self.unit_of(head).tolist():
                 self.withheld[member] = sorted(set(self.withheld.get(member, [])) | set(features))
 
-    def _regroup(self, parent: dict, root) -> None:
-        """The merged units from the merges so far (each with its members' pairs)."""
-        components: dict[int, set] = {}
-        done = set()  # (unit, root): a unit's members added to a component once
-        for member in list(parent):
-            unit = self.unit_of(member)
-            key = (int(unit[0]), root(member))
-            if key not in done:
-                done.add(key)
-                components.setdefault(key[1], set()).update(unit.tolist())
-        for members in components.values():
-            unit = np.array(sorted(members), dtype=np.int64)
-            for p in unit.tolist():
-                self.merged[p] = unit
+    def _labels(self) -> np.ndarray:
+        """(G,) each position's unit, named by its smallest position (the alone: their own)."""
+        positions = np.arange(self.order.size)
+        heads = np.where(self.partner >= 0, np.minimum(positions, self.partner), positions)
+        return np.where(self.unit_head >= 0, self.unit_head, heads)
+
+    def _merge(self, heads: np.ndarray, near: np.ndarray, label: np.ndarray) -> None:
+        """Each unit of ``heads`` merged with the unit of its ``near`` group (-1: alone, but
+        a merged unit still): the connected components of those pairs of units."""
+        found = near >= 0
+        nodes = np.unique(np.concatenate([heads, label[near[found]]]))
+        a, b = np.searchsorted(nodes, heads[found]), np.searchsorted(nodes, label[near[found]])
+        n_parts, part = connected_components(
+            coo_matrix((np.ones(a.size), (a, b)), shape=(nodes.size, nodes.size)), directed=False)
+        smallest = np.full(n_parts, self.order.size, dtype=np.int64)
+        np.minimum.at(smallest, part, nodes)  # (a unit's name is its smallest position)
+        at = np.searchsorted(nodes, label)
+        touched = nodes[np.minimum(at, nodes.size - 1)] == label
+        self.unit_head[touched] = smallest[part[at[touched]]]
         self._epoch += 1
 
-    def _units_reveal(self, heads: list[int]) -> dict:
-        """Head -> (d,) where each unit of ``heads`` would give cells back (``unit_reveals``)."""
-        out, batch, rows = {}, [], 0
-        for k, head in enumerate(heads):  # a chunk's worth of rows at a time (memory)
-            batch.append(self.unit_of(head))
-            rows += batch[-1].size
-            if rows >= CHUNK_GROUPS or k == len(heads) - 1:
-                starts = np.cumsum([0] + [unit.size for unit in batch[:-1]])
-                reveals = spreads.units_shares_reveals(*self._unit(np.concatenate(batch)),
-                                                       starts, self.tiny)[1]
-                out.update((int(unit[0]), reveal) for unit, reveal in zip(batch, reveals))
-                batch, rows = [], 0
-        return out
-
-    def _revealing(self, positions) -> list[int]:
-        """The positions whose unit would give cells back in some feature."""
+    def _revealing(self) -> np.ndarray:
+        """The positions whose unit would give cells back in some feature (not the alone)."""
         out = []
         for lo in range(0, self.order.size, CHUNK_GROUPS):
             released = self._block(lo, min(self.order.size, lo + CHUNK_GROUPS))[3]
-            out.extend((lo + np.flatnonzero(~released.all(axis=1))).tolist())
-        return [p for p in out if p not in self.alone]
+            out.append(lo + np.flatnonzero(~released.all(axis=1)))
+        out = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        return out[~np.isin(out, np.fromiter(self.alone, dtype=np.int64, count=len(self.alone)))]
 
-    def _nearest(self, points: np.ndarray, heads: list[int]) -> list[int]:
-        """For each unit head, the nearest group of another unit (-1: none), looked for
-        in the head's leaf of median splits of the groups (``spreads.LEAF_GROUPS`` of
-        them), else among all groups (a leaf of one unit)."""
+    def _nearest(self, points: np.ndarray, heads: np.ndarray, label: np.ndarray) -> np.ndarray:
+        """For each unit head, the nearest group of another unit (-1: none; never one of
+        the alone, whose spreads are withheld), looked for in the head's leaf of median
+        splits of the groups (``spreads.LEAF_GROUPS`` of them), else among all groups; the
+        heads of a leaf at once, each distance as one head's alone would be."""
         if self._leaf is None:
             self._leaf = np.empty(points.shape[0], dtype=np.int64)
             self._leaves = spreads._leaves(points, np.arange(points.shape[0]), spreads.LEAF_GROUPS)
             for k, leaf in enumerate(self._leaves):
                 self._leaf[leaf] = k
-        out = []
-        excluded = np.zeros(points.shape[0], dtype=bool)  # the head's unit, and the alone
-        excluded[list(self.alone)] = True  # (never merged: their spreads are withheld)
-        for head in heads:
-            unit = self.unit_of(head)
-            excluded[unit] = True
-            near = self._nearest_in(points, self._leaves[self._leaf[head]], head, excluded)
-            if near < 0:
-                near = self._nearest_in(points, np.arange(points.shape[0]), head, excluded)
-            excluded[unit] = False  # (a unit holds no position of the alone: see _revealing)
-            out.append(near)
+        alone = np.zeros(points.shape[0], dtype=bool)
+        alone[list(self.alone)] = True
+        out = np.full(heads.size, -1, dtype=np.int64)
+        leaf_of = self._leaf[heads]
+        order = np.argsort(leaf_of, kind="stable")
+        for at in np.split(order, np.flatnonzero(np.diff(leaf_of[order])) + 1):
+            if not at.size:
+                continue
+            among = self._leaves[leaf_of[at[0]]]
+            out[at] = self._nearest_in(points, among, heads[at], label, alone)
+        for k in np.flatnonzero(out < 0).tolist():  # a leaf of one unit: among all groups
+            out[k] = self._nearest_in(points, np.arange(points.shape[0]), heads[k:k + 1], label, alone)[0]
         return out
 
     @staticmethod
-    def _nearest_in(points: np.ndarray, among: np.ndarray, head: int, excluded: np.ndarray) -> int:
-        d2 = ((points[among] - points[head]) ** 2).sum(axis=1)
-        d2[excluded[among]] = np.inf
-        return int(among[np.argmin(d2)]) if np.isfinite(d2).any() else -1
+    def _nearest_in(points, among, heads, label, alone) -> np.ndarray:
+        d2 = ((points[among][None, :, :] - points[heads][:, None, :]) ** 2).sum(axis=2)
+        d2[(label[among][None, :] == label[heads][:, None]) | alone[among][None, :]] = np.inf
+        best = np.argmin(d2, axis=1)
+        return np.where(np.isfinite(d2).any(axis=1), among[best], -1)
 
     def _withhold_means(self, flagged: tuple | None) -> None:
         """Withhold the spreads of the units of the groups whose sum the p% rule on means

@@ -40,9 +40,9 @@ import numpy as np
 
 from fedcluster.common.kernels import compiled_kernels
 
-__all__ = ["EQUAL_WITHIN", "LEAF_GROUPS", "SPREAD_MIN_ROWS", "ZERO_WITHIN", "host_size", "pair_reveals",
-           "pair_shares", "shares", "spread_partners", "tiny_spread", "unit_reveals",
-           "units_shares_reveals"]
+__all__ = ["EQUAL_WITHIN", "LEAF_GROUPS", "SPREAD_MIN_ROWS", "ZERO_WITHIN", "host_size",
+           "member_shares", "pair_reveals", "pair_shares", "shares", "spread_partners",
+           "tiny_spread", "unit_reveals", "units_rule", "units_shares_reveals"]
 
 #: No second moment of fewer than this many rows leaves a site (DataSHIELD's default
 #: cell rule is 3): a unit holds at least this many cells of a feature.
@@ -152,18 +152,35 @@ def unit_reveals(m2: np.ndarray, cells: np.ndarray, tiny: np.ndarray) -> np.ndar
     return (few | zero | carries.any(axis=0) | own.any(axis=0)) & (all_cells > 0)
 
 
-def units_shares_reveals(m2: np.ndarray, cells: np.ndarray, starts: np.ndarray,
-                         tiny: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`shares` and :func:`unit_reveals` of many units at once: ``m2`` and ``cells``
-    (M, d) their groups' own, unit by unit, each unit's first row at ``starts`` (U,).
-    Returns the (M, d) shares and the (U, d) reveals, equal to the one-unit functions'
-    (compiled, ``spread_units_rule``: the same sums in the same order)."""
+def units_rule(m2: np.ndarray, cells: np.ndarray, starts: np.ndarray,
+               tiny: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Many units at once: ``m2`` and ``cells`` (M, d) their groups' own, unit by unit,
+    each unit's first row at ``starts`` (U,). Returns (U, d) each: the unit's m2 total, its
+    degrees of freedom and :func:`unit_reveals` (compiled, ``spread_units_rule``: the same
+    sums in the same order); :func:`member_shares` gives its members' :func:`shares`."""
     m2 = np.ascontiguousarray(m2, dtype=np.float64)
     starts = np.asarray(starts, dtype=np.int64)
     sizes = np.diff(np.append(starts, m2.shape[0]))
     return compiled_kernels().spread_units_rule(
         m2, np.ascontiguousarray(cells, dtype=np.int64), starts, sizes,
         np.asarray(tiny, dtype=np.float64), EQUAL_WITHIN, SPREAD_MIN_ROWS)
+
+
+def member_shares(total: np.ndarray, dof_total: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """(n, d): the :func:`shares` of groups with ``cells``, each of a unit with ``total``
+    and ``dof_total`` (rows of :func:`units_rule`), to the last bit."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(dof_total > 0, total * (_dof(cells) / np.where(dof_total > 0, dof_total, 1.0)),
+                        0.0)
+
+
+def units_shares_reveals(m2: np.ndarray, cells: np.ndarray, starts: np.ndarray,
+                         tiny: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(M, d) :func:`shares` and (U, d) :func:`unit_reveals` of many units at once
+    (:func:`units_rule`'s arguments)."""
+    total, dof_total, reveals = units_rule(m2, cells, starts, tiny)
+    unit = np.repeat(np.arange(total.shape[0]), np.diff(np.append(starts, np.shape(m2)[0])))
+    return member_shares(total[unit], dof_total[unit], cells), reveals
 
 
 def pair_reveals(m2, partner_m2, cells, partner_cells, tiny) -> np.ndarray:

@@ -1302,12 +1302,15 @@ def spread_leaves(points, ids, size):
 
 @njit(cache=True, nogil=True)
 def spread_units_rule(m2, cells, starts, sizes, tiny, equal_within, spread_min):
-    """(share (M, d), reveals (U, d)): ``release/spreads.shares`` and ``unit_reveals`` of
-    many units (unit u: rows ``starts[u]:starts[u] + sizes[u]`` of ``m2`` and ``cells``),
-    without an (M, d) temporary. A unit's sums add its rows one after another, as NumPy
-    sums a block along its first axis (the first row, then each next one)."""
-    M, d = m2.shape
-    share = np.empty((M, d))
+    """(total (U, d), dof (U, d), reveals (U, d)) of many units (unit u: rows ``starts[u]:
+    starts[u] + sizes[u]`` of ``m2`` and ``cells``): each unit's m2 summed, its degrees of
+    freedom, and ``release/spreads.unit_reveals``; a member's share is the unit's total
+    times its degrees of freedom over the unit's (``spreads.member_shares``), so a table
+    keeps (d,) a unit, not (d,) a member. A unit's sums add its rows one after another, as
+    NumPy sums a block along its first axis (the first row, then each next one)."""
+    d = m2.shape[1]
+    totals = np.empty((starts.shape[0], d))
+    dofs = np.empty((starts.shape[0], d))
     reveals = np.empty((starts.shape[0], d), dtype=np.bool_)
     for u in range(starts.shape[0]):
         lo, hi = starts[u], starts[u] + sizes[u]
@@ -1319,12 +1322,12 @@ def spread_units_rule(m2, cells, starts, sizes, tiny, equal_within, spread_min):
                 total += m2[r, j]
                 all_cells += cells[r, j]
                 dof_total += max(np.float64(cells[r, j]) - 1.0, 0.0)
+            totals[u, j], dofs[u, j] = total, dof_total
             held = dof_total if dof_total > 0 else 1.0
             flagged = False
             for r in range(lo, hi):
                 dof = max(np.float64(cells[r, j]) - 1.0, 0.0)
                 mine = total * (dof / held) if dof_total > 0 else 0.0
-                share[r, j] = mine
                 small = cells[r, j] > 0 and cells[r, j] < spread_min
                 if small and (total - m2[r, j]) <= equal_within * total:
                     flagged = True
@@ -1333,7 +1336,7 @@ def spread_units_rule(m2, cells, starts, sizes, tiny, equal_within, spread_min):
             few = all_cells < spread_min
             zero = total <= tiny[j] * np.float64(all_cells)
             reveals[u, j] = (few or zero or flagged) and all_cells > 0
-    return share, reveals
+    return totals, dofs, reveals
 
 
 @njit(cache=True, nogil=True)
