@@ -1259,6 +1259,50 @@ def spread_pair_leaves(points, ids, starts, small, taken, partner):
 
 
 @njit(cache=True, nogil=True)
+def _select_by_value_then_id(points, axis, part, k):
+    """Reorder ``part`` (distinct ids, finite values) so that its first ``k`` are its ``k``
+    first by (value on ``axis``, id): a selection (Hoare's partition, median-of-three
+    pivots) over the values gathered once, in place. False, the order left as it may be,
+    where it takes more rounds than a few times log2 of the size (then a sort decides)."""
+    values = np.empty(part.shape[0])
+    for i in range(part.shape[0]):
+        values[i] = points[part[i], axis]
+    lo, hi = 0, part.shape[0] - 1
+    rounds = 0
+    limit = 4 * (int(np.log2(part.shape[0])) + 1)
+    while hi > lo:
+        rounds += 1
+        if rounds > limit:
+            return False
+        mid = (lo + hi) // 2
+        # the median of three (value, id) pairs
+        a, b, c = lo, mid, hi
+        if values[b] < values[a] or (values[b] == values[a] and part[b] < part[a]):
+            a, b = b, a
+        if values[c] < values[b] or (values[c] == values[b] and part[c] < part[b]):
+            b = c if (values[a] < values[c] or (values[a] == values[c] and part[a] < part[c])) else a
+        pv, pid = values[b], part[b]
+        i, j = lo, hi
+        while i <= j:
+            while values[i] < pv or (values[i] == pv and part[i] < pid):
+                i += 1
+            while pv < values[j] or (pv == values[j] and pid < part[j]):
+                j -= 1
+            if i <= j:
+                values[i], values[j] = values[j], values[i]
+                part[i], part[j] = part[j], part[i]
+                i += 1
+                j -= 1
+        if k <= j:
+            hi = j
+        elif k >= i:
+            lo = i
+        else:
+            break
+    return True
+
+
+@njit(cache=True, nogil=True)
 def spread_leaves(points, ids, size):
     """``release/spreads._leaves`` (compiled): ``ids`` cut by median splits (each part along its
     widest coordinate, ties by id) into leaves of at most ``size``, depth first, the first
@@ -1277,23 +1321,33 @@ def spread_leaves(points, ids, size):
             written += part.shape[0]
             continue
         w = points.shape[1]
+        top, bottom = points[part[0]].copy(), points[part[0]].copy()
+        finite = True
+        for i in range(1, part.shape[0]):  # (row by row: each point read once)
+            for k in range(w):
+                x = points[part[i], k]
+                if x > top[k]:
+                    top[k] = x
+                if x < bottom[k]:
+                    bottom[k] = x
+                if x != x:
+                    finite = False
         axis, widest = 0, -np.inf
         for k in range(w):
-            top, bottom = points[part[0], k], points[part[0], k]
-            for i in range(1, part.shape[0]):
-                x = points[part[i], k]
-                if x > top:
-                    top = x
-                if x < bottom:
-                    bottom = x
-            if top - bottom > widest:
-                axis, widest = k, top - bottom
+            if top[k] - bottom[k] > widest:
+                axis, widest = k, top[k] - bottom[k]
+        half = part.shape[0] // 2
+        # a half that is a leaf keeps the order of (value, id); a larger one is cut again
+        # whatever its order, so its SET alone matters: found by selection, not a sort
+        if half > size and finite and _select_by_value_then_id(points, axis, part, half):
+            stack.append(part[half:].copy())
+            stack.append(part[:half].copy())
+            continue
         by_id = part[np.argsort(part)]
         values = np.empty(by_id.shape[0])
         for i in range(by_id.shape[0]):
             values[i] = points[by_id[i], axis]
         ordered = by_id[np.argsort(values, kind="mergesort")]
-        half = part.shape[0] // 2
         stack.append(ordered[half:].copy())
         stack.append(ordered[:half].copy())
     starts[n_leaves] = written
