@@ -1,6 +1,6 @@
 """A pass of the spread rule over a table is linear in its groups (issue 71): a chunk finds
 its own merged units by bisection and computes each unit once, all its members at once
-(``data/group_spreads.py``, ``release/spreads.units_shares_reveals``), with the values
+(``data/group_spreads.py``, ``release/spreads.units_rule``), with the values
 the one-unit functions give to the last bit. Before, every chunk walked every merged unit
 of the table and computed a unit again for each of its members: a unit of u groups cost
 u^2, and ties in whole-number columns make large units."""
@@ -29,11 +29,10 @@ def test_many_units_at_once_equal_one_unit_at_a_time_to_the_last_bit(seed):
     m2, cells = _units(rng, sizes)
     tiny = np.full(6, 1e-6)
     starts = np.cumsum([0, *sizes[:-1]])
-    share, reveals = spreads.units_shares_reveals(np.concatenate(m2), np.concatenate(cells),
-                                                  starts, tiny)
+    total, dof, reveals = spreads.units_rule(np.concatenate(m2), np.concatenate(cells), starts, tiny)
     for u, (unit_m2, unit_cells) in enumerate(zip(m2, cells)):
-        rows = slice(starts[u], starts[u] + sizes[u])
-        assert np.array_equal(share[rows], spreads.shares(unit_m2, unit_cells))
+        share = spreads.member_shares(total[u][None, :], dof[u][None, :], unit_cells)
+        assert np.array_equal(share, spreads.shares(unit_m2, unit_cells))
         assert np.array_equal(reveals[u], spreads.unit_reveals(unit_m2, unit_cells, tiny))
 
 

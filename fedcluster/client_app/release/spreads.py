@@ -42,7 +42,7 @@ from fedcluster.common.kernels import compiled_kernels
 
 __all__ = ["EQUAL_WITHIN", "LEAF_GROUPS", "SPREAD_MIN_ROWS", "ZERO_WITHIN", "host_size",
            "member_shares", "pair_reveals", "pair_shares", "shares", "spread_partners",
-           "tiny_spread", "unit_reveals", "units_rule", "units_shares_reveals"]
+           "tiny_spread", "unit_reveals", "units_rule"]
 
 #: No second moment of fewer than this many rows leaves a site (DataSHIELD's default
 #: cell rule is 3): a unit holds at least this many cells of a feature.
@@ -172,15 +172,6 @@ def member_shares(total: np.ndarray, dof_total: np.ndarray, cells: np.ndarray) -
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(dof_total > 0, total * (_dof(cells) / np.where(dof_total > 0, dof_total, 1.0)),
                         0.0)
-
-
-def units_shares_reveals(m2: np.ndarray, cells: np.ndarray, starts: np.ndarray,
-                         tiny: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(M, d) :func:`shares` and (U, d) :func:`unit_reveals` of many units at once
-    (:func:`units_rule`'s arguments)."""
-    total, dof_total, reveals = units_rule(m2, cells, starts, tiny)
-    unit = np.repeat(np.arange(total.shape[0]), np.diff(np.append(starts, np.shape(m2)[0])))
-    return member_shares(total[unit], dof_total[unit], cells), reveals
 
 
 def pair_reveals(m2, partner_m2, cells, partner_cells, tiny) -> np.ndarray:
