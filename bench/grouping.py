@@ -52,6 +52,8 @@ Usage::
     python bench/grouping.py --quality --splits iid skew --split-seeds 5 --min-size 2 \
         --leave-out none lone-by-label far:8 --section grouping-lone-rows --out BENCHMARKS.md
     python bench/grouping.py --parts scale quality --out BENCHMARKS.md
+    python bench/grouping.py --min-size 2 5 10 --data blobs whole --section grouping-scale \
+        --out BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -176,6 +178,43 @@ def write_site(path: Path, n: int, d: int, seed: int = 0, blobs: int = 50) -> No
     del out
 
 
+#: The whole-number columns of the ``whole`` data and how each is scaled before rounding.
+WHOLE_COLUMNS = {3: 1.0, 11: 2.0, 19: 0.5, 27: 5.0, 40: 1.0, 55: 3.0}
+
+
+def whole_columns(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """The :data:`WHOLE_COLUMNS` a table of ``d`` columns has, and their scales."""
+    columns = [c for c in WHOLE_COLUMNS if c < d]
+    return np.array(columns, dtype=np.int64), np.array([WHOLE_COLUMNS[c] for c in columns])
+
+
+def write_whole(path: Path, n: int, d: int, seed: int = 0, blobs: int = 40) -> None:
+    """``whole``: anisotropic blobs (each its own random linear map), Student-t noise, the
+    :data:`WHOLE_COLUMNS` rounded to whole numbers; written a chunk at a time."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 5, (blobs, d))
+    maps = rng.normal(0, 1, (blobs, d, d)) * rng.uniform(0.1, 1.5, (blobs, 1, d)) * 0.3
+    weights = rng.dirichlet(np.ones(blobs))
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(n, d))
+    columns, scales = whole_columns(d)
+    for start in range(0, n, 1 << 16):
+        m = min(1 << 16, n - start)
+        which = rng.choice(blobs, size=m, p=weights)
+        noise = rng.standard_t(3, (m, d))
+        rows = centres[which]
+        for blob in np.unique(which):  # (one blob's map at a time: a chunk's maps would be GBs)
+            mine = which == blob
+            rows[mine] += noise[mine] @ maps[blob]
+        rows[:, columns] = np.round(rows[:, columns] * scales)
+        out[start:start + m] = rows
+    out.flush()
+    del out
+
+
+#: The bench's data sets by name (``--write ... --kind``).
+WRITERS = {"blobs": write_site, "whole": write_whole}
+
+
 def run_child(*args, code: str | None) -> dict | None:
     """``python -c code args`` (``code`` None: this script with ``args``) in a fresh
     process, NUMBA_NUM_THREADS=2; its last output line as JSON."""
@@ -190,8 +229,9 @@ def run_child(*args, code: str | None) -> dict | None:
     return json.loads(lines[-1]) if lines else None
 
 
-def time_and_memory(n: int, d: int, sizes: list[int]) -> list[str]:
-    """Run the scale part; its lines for BENCHMARKS.md."""
+def time_and_memory(n: int, d: int, sizes: list[int], kind: str = "blobs") -> list[str]:
+    """Run the scale part on the data set ``kind`` (:data:`WRITERS`); its lines for
+    BENCHMARKS.md."""
     load = os.getloadavg()[0]
     out = []
     with tempfile.TemporaryDirectory(prefix="fedcluster-grouping-") as tmp:
@@ -200,13 +240,14 @@ def time_and_memory(n: int, d: int, sizes: list[int]) -> list[str]:
         t0 = time.perf_counter()
         # Written by other processes: Linux starts a child's ru_maxrss at its parent's
         # high-water mark (kept across fork and exec), so this process must stay small.
-        run_child("--write", path, n, d, 0, code=None)
+        run_child("--write", path, n, d, 0, "--kind", kind, code=None)
         # past the serial twins and one coarse split, so that every kernel is loaded
-        run_child("--write", warm, 40_000, d, 1, code=None)
+        run_child("--write", warm, 40_000, d, 1, "--kind", kind, code=None)
         data = path.stat().st_size
         print(f"wrote {n:,} x {d} float64 ({data / MB:.0f} MB) in "
               f"{time.perf_counter() - t0:.1f} s; load average {load:.2f}")
-        out += [f"One site, {n:,} x {d} float64 rows ({data / MB:.0f} MB .npy, memory-mapped), "
+        out += [f"One site, {n:,} x {d} float64 rows of the data `{kind}` ({data / MB:.0f} MB "
+                ".npy, memory-mapped), "
                 f"NUMBA_NUM_THREADS=2, each measure in a fresh process; MB = 2^20 bytes; "
                 f"limit 1.5 x the data = {1.5 * data / MB:.0f} MB. baseline = the process "
                 "after its imports and a warm-up on a 40,000-row file (every kernel loaded), "
@@ -372,6 +413,8 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--min-size", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--parts", nargs="+", choices=["scale", "quality"], default=["scale"])
+    parser.add_argument("--data", nargs="+", choices=["blobs", "whole"], default=["blobs"],
+                        help="scale: the data sets (blobs; whole: whole-number columns, ties)")
     parser.add_argument("--quality", action="store_true", help="the same as --parts quality")
     parser.add_argument("--seeds", type=int, default=1,
                         help="quality: best of KMeans random_state 0..SEEDS-1 on both sides "
@@ -388,19 +431,22 @@ def main() -> None:
     parser.add_argument("--section", default="grouping")
     parser.add_argument("--write", nargs=4, metavar=("PATH", "ROWS", "DIM", "SEED"),
                         help=argparse.SUPPRESS)  # internal: the bench's data writer
+    parser.add_argument("--kind", default="blobs", choices=["blobs", "whole"],
+                        help=argparse.SUPPRESS)  # internal: which data --write writes
     parser.add_argument("--sets", nargs="+", default=[
         "a1", "s1", "s2", "s3", "s4", "unbalance", "d31", "r15", "aggregation", "compound",
         "flame", "jain", "pathbased", "iris", "wine", "cancer", "digits"])
     args = parser.parse_args()
     if args.write:
         path, rows, dim, seed = args.write
-        write_site(Path(path), int(rows), int(dim), int(seed))
+        WRITERS[args.kind](Path(path), int(rows), int(dim), int(seed))
         return
     parts = ["quality"] if args.quality else args.parts
     lines = []
     if "scale" in parts:
-        lines += ["### Time and memory: a site's first meeting with a data version", "",
-                  *time_and_memory(args.rows, args.dim, args.min_size), ""]
+        for kind in args.data:
+            lines += [f"### Time and memory: a site's first meeting with a data version ({kind})",
+                      "", *time_and_memory(args.rows, args.dim, args.min_size, kind), ""]
     if "quality" in parts:
         lines += ["### Quality: k-means on the groups' means", "",
                   *quality(args.sets, tuple(args.min_size), args.seeds, tuple(args.splits),
@@ -412,7 +458,9 @@ def main() -> None:
         title = {"grouping": "Site groups: grouping one large site, and the quality of its "
                              "groups",
                  "grouping-lone-rows": "Site groups: rows alone at their site, grouped or "
-                                       "left out"}.get(args.section, f"Site groups: {args.section}")
+                                       "left out",
+                 "grouping-scale": "Site groups: a site's first meeting with its data, on "
+                                   "blobs and on whole-number columns"}.get(args.section, f"Site groups: {args.section}")
         text = "\n".join([report.header(title), "", *lines])
         print(f"wrote section '{args.section}' of "
               f"{report.write_section(args.section, text, args.out)}")

@@ -36,11 +36,8 @@ import numpy as np
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from grouping import MB, PEAK, SITE_CHILD, run_child, write_site  # noqa: E402
+from grouping import MB, PEAK, SITE_CHILD, WRITERS, run_child  # noqa: E402
 from versions import edit_site  # noqa: E402
-
-#: The whole-number columns of the ``whole`` data and how each is scaled before rounding.
-WHOLE_COLUMNS = {3: 1.0, 11: 2.0, 19: 0.5, 27: 5.0, 40: 1.0, 55: 3.0}
 
 KMEANS_CHILD = PEAK + """
 import sys
@@ -55,31 +52,6 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak()}))
 """
 
 
-def write_whole(path: Path, n: int, d: int, seed: int = 0, blobs: int = 40) -> None:
-    """``whole``: anisotropic blobs (each its own random linear map), Student-t noise, the
-    :data:`WHOLE_COLUMNS` rounded to whole numbers; written a chunk at a time."""
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(0, 5, (blobs, d))
-    maps = rng.normal(0, 1, (blobs, d, d)) * rng.uniform(0.1, 1.5, (blobs, 1, d)) * 0.3
-    weights = rng.dirichlet(np.ones(blobs))
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(n, d))
-    columns = np.array(list(WHOLE_COLUMNS))
-    scales = np.array(list(WHOLE_COLUMNS.values()))
-    for start in range(0, n, 1 << 16):
-        m = min(1 << 16, n - start)
-        which = rng.choice(blobs, size=m, p=weights)
-        noise = rng.standard_t(3, (m, d))
-        rows = centres[which]
-        for blob in np.unique(which):  # (one blob's map at a time: a chunk's maps would be GBs)
-            mine = which == blob
-            rows[mine] += noise[mine] @ maps[blob]
-        rows[:, columns] = np.round(rows[:, columns] * scales)
-        out[start:start + m] = rows
-    out.flush()
-    del out
-
-
-WRITERS = {"blobs": write_site, "whole": write_whole}
 
 
 def measure(kind: str, sizes: list[int], floors: list[int], d: int, later: bool) -> list[str]:
@@ -102,7 +74,7 @@ def measure(kind: str, sizes: list[int], floors: list[int], d: int, later: bool)
             fit = run_child(path, code=KMEANS_CHILD)
             for version in (0, 1) if later else (0,):
                 if version:  # 1% of the rows changed (bench/versions.py's edit)
-                    edit_site(path, 0.01, 1)
+                    edit_site(path, 0.01, 1, kind)
                 for p in floors:
                     r = run_child(path, warm, p, tmp / f"cache-{n}-{p}", tmp / f"warm-{n}-{p}",
                                   code=SITE_CHILD)

@@ -13,7 +13,8 @@ waiting rows, and runs the span audit (``client_app/data/versions/``). Two parts
    Printed per version; the table in BENCHMARKS.md gives, per setting, the mean and the
    largest waiting and held back over the 50 versions and the seconds of a version.
 2. **Scale** (``--parts scale``): one site of ``--rows`` x ``--dim`` float64 rows (a
-   ``.npy`` the site memory-maps; ``bench/grouping.py``'s blobs), then ``--versions``
+   ``.npy`` the site memory-maps; ``--data``: ``bench/grouping.py``'s blobs, and/or its
+   ``whole`` data, with whole-number columns and ties), then ``--versions``
    versions, each touching ``--change`` of the rows: half of them corrected (one cell
    each), a quarter deleted, a quarter appended (new rows from the same blobs). Each
    version is built in a fresh child process (NUMBA_NUM_THREADS=2), as a site's first
@@ -30,6 +31,7 @@ Usage::
 
     python bench/versions.py --parts history scale --out BENCHMARKS.md
     python bench/versions.py --parts scale --rows 200000 --versions 5
+    python bench/versions.py --parts scale --data blobs whole --out BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -157,9 +159,10 @@ EDIT_CHILD = """
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[5])
-from grouping import write_site
+from grouping import WRITERS, whole_columns
 
-source, target, change, seed = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+source, target, change, seed, kind = (sys.argv[1], sys.argv[2], float(sys.argv[3]),
+                                      int(sys.argv[4]), sys.argv[6])
 X = np.load(source, mmap_mode="r")
 n, d = X.shape
 rng = np.random.default_rng(seed)
@@ -168,16 +171,19 @@ corrected = rng.choice(n, touched // 2, replace=False)
 deleted = rng.choice(np.setdiff1d(np.arange(n), corrected), touched // 4, replace=False)
 keep = np.ones(n, dtype=bool)
 keep[deleted] = False
-write_site(target + ".new.npy", touched // 4, d, seed=10_000 + seed)
+WRITERS[kind](target + ".new.npy", touched // 4, d, seed=10_000 + seed)
 new = np.load(target + ".new.npy", mmap_mode="r")
 out = np.lib.format.open_memmap(target, mode="w+", dtype=np.float64, shape=(int(keep.sum()) + len(new), d))
+whole = whole_columns(d)[0] if kind == "whole" else np.zeros(0, dtype=np.int64)
 at = 0
 is_corrected = np.zeros(n, dtype=bool)
 is_corrected[corrected] = True
 for start in range(0, n, 1 << 16):
     block = np.array(X[start:start + (1 << 16)])
     fix = np.flatnonzero(is_corrected[start:start + len(block)])
-    block[fix, rng.integers(d, size=fix.size)] += rng.normal(size=fix.size)
+    column = rng.integers(d, size=fix.size)
+    step = rng.normal(size=fix.size)
+    block[fix, column] += np.where(np.isin(column, whole), np.round(step * 3), step)  # (whole stays whole)
     block = block[keep[start:start + len(block)]]
     out[at:at + len(block)] = block
     at += len(block)
@@ -186,22 +192,25 @@ out.flush()
 """
 
 
-def edit_site(path: Path, change: float, version: int) -> None:
+def edit_site(path: Path, change: float, version: int, kind: str = "blobs") -> None:
     """The site's file at ``path`` made its next version in place (:data:`EDIT_CHILD`, in a
-    process of its own): ``change`` of its rows touched; its mtime set to ``version`` s."""
+    process of its own): ``change`` of its rows touched (appended rows from the same data
+    set ``kind``: a whole-number column stays whole); its mtime set to ``version`` s."""
     edited = path.with_name(f"{path.stem}-{version}.npy")
     subprocess.run([sys.executable, "-c", EDIT_CHILD, str(path), str(edited), str(change),
-                    str(version), str(BENCH)], check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                    str(version), str(BENCH), kind], check=True,
+                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
     os.replace(edited, path)
     Path(str(edited) + ".new.npy").unlink()
     os.utime(path, ns=(version * 10**9, version * 10**9))
 
 
-def scale_part(n: int, d: int, versions: int, change: float, p: int) -> list[str]:
+def scale_part(n: int, d: int, versions: int, change: float, p: int,
+               kind: str = "blobs") -> list[str]:
     with tempfile.TemporaryDirectory(prefix="fedcluster-versions-") as tmp:
         tmp = Path(tmp)
         cache, path = tmp / "cache", tmp / "site.npy"
-        run_child("--write", path, n, d, 0, code=None)  # bench/grouping.py's writer
+        run_child("--write", path, n, d, 0, "--kind", kind, code=None)  # grouping.py's writer
         data = path.stat().st_size
         out = [f"One site of {n:,} x {d} float64 rows ({data / MB:.0f} MB .npy, memory-mapped), "
                f"p_site {p}, then {versions} versions each touching {change:.0%} of the rows "
@@ -215,7 +224,7 @@ def scale_part(n: int, d: int, versions: int, change: float, p: int) -> list[str
                "|---|---|---|---|---|---|---|---|---|---|"]
         for version in range(versions + 1):
             if version:
-                edit_site(path, change, version)
+                edit_site(path, change, version, kind)
             r = run_child(path, cache, p, code=VERSION_CHILD)
             rec = r["record"]
             line = (f"| {version} | {rec['rows']:,} | {rec.get('kept-rows', 0):,} | "
@@ -236,6 +245,8 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--versions", type=int, default=20)
     parser.add_argument("--change", type=float, default=0.01)
+    parser.add_argument("--data", nargs="+", default=["blobs"], choices=["blobs", "whole"],
+                        help="the scale part's data sets (bench/grouping.py's writers)")
     parser.add_argument("--out", type=Path, default=None,
                         help="write the section 'versions' into this file (BENCHMARKS.md)")
     args = parser.parse_args()
@@ -243,8 +254,9 @@ def main() -> None:
     if "history" in args.parts:
         lines += ["### A history of 50 versions", ""] + history_part(args.seeds, args.p) + [""]
     if "scale" in args.parts:
-        lines += ["### A large site", ""] + scale_part(args.rows, args.dim, args.versions,
-                                                       args.change, args.p[0]) + [""]
+        for kind in args.data:
+            lines += [f"### A large site (data `{kind}`)", ""] + scale_part(
+                args.rows, args.dim, args.versions, args.change, args.p[0], kind) + [""]
     write_section("versions", "\n".join(lines), args.out)
 
 
