@@ -263,3 +263,74 @@ def test_the_bounds_one_model_decides_as_a_program_each():
             assert not one.atoms[found.weights >= p].any()
         outcomes["holds" if one.holds else "found" if one.witness < p else "refused"] += 1
     assert min(outcomes.values()) >= 1, outcomes  # (every outcome met)
+
+
+def _cut_part_by_part(ends, capacity, n_nodes, below):
+    """``support._cut`` before: every connected part found by a scan of all nodes, its
+    independent set and degrees from its own submatrix."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import breadth_first_order, connected_components, maximum_flow
+
+    both = (np.r_[ends[:, 0], ends[:, 1]], np.r_[ends[:, 1], ends[:, 0]])
+    graph = csr_matrix((np.r_[capacity, capacity].astype(np.int64), both), shape=(n_nodes, n_nodes))
+    graph.sum_duplicates()
+    _, part = connected_components(graph, directed=False)
+    smallest, best = 2**31, None
+    for label in np.unique(part[np.unique(ends)]).tolist():
+        nodes = np.flatnonzero(part == label)
+        sub = graph[nodes][:, nodes].astype(np.int32).tocsr()
+        alone = support._independent(sub)
+        degree = np.asarray(sub.sum(axis=1)).ravel()
+        if alone.any():
+            v = int(np.flatnonzero(alone)[np.argmin(degree[alone])])
+            if degree[v] < smallest:
+                smallest, best = int(degree[v]), (nodes, v, None)
+        hubs = np.flatnonzero(~alone)
+        for t in hubs[1:].tolist():
+            if below is not None and smallest < below:
+                break
+            flow = maximum_flow(sub, int(hubs[0]), t)
+            if flow.flow_value < smallest:
+                smallest, best = int(flow.flow_value), (nodes, int(hubs[0]), (sub, flow))
+        if below is not None and smallest < below:
+            break
+    side = np.zeros(n_nodes, dtype=bool)
+    if best is not None:
+        nodes, source, found = best
+        if found is None:
+            side[nodes[source]] = True
+        else:
+            sub, flow = found
+            residual = (sub - flow.flow).tocsr()
+            residual.data = np.where(residual.data > 0, 1, 0)
+            residual.eliminate_zeros()
+            side[nodes[breadth_first_order(residual, source, directed=True,
+                                           return_predecessors=False)]] = True
+    return smallest, side
+
+
+@pytest.mark.parametrize("below", [None, 3])
+def test_the_cut_over_the_whole_graph_is_the_part_by_part_cut(below):
+    """Graphs of many parts (stars, paths, dense clusters, isolated nodes): the cut that
+    takes the independent set and degrees of the whole graph at once and works part by
+    part only where a maximum flow is needed gives the value and the side the part by
+    part scan gave."""
+    rng = np.random.default_rng(11 if below is None else 12)
+    flows = 0
+    for _ in range(60):
+        edges, offset = [], 0
+        for _ in range(int(rng.integers(1, 25))):  # parts of 2 to 8 nodes, some spare nodes
+            size = int(rng.integers(2, 9))
+            local = rng.integers(0, size, size=(int(rng.integers(1, 3 * size)), 2))
+            local = local[local[:, 0] != local[:, 1]]
+            edges.append(local + offset)
+            offset += size + int(rng.integers(0, 2))
+        ends = np.concatenate(edges).astype(np.int64)
+        if not ends.size:
+            continue
+        capacity = rng.choice([1, 2, 3, 5, 8], size=ends.shape[0]).astype(np.int64)
+        ours = support._cut(ends, capacity, offset + 1, below)
+        theirs = _cut_part_by_part(ends, capacity, offset + 1, below)
+        assert ours[0] == theirs[0] and np.array_equal(ours[1], theirs[1])
+        flows += ours[1].sum() > 1
+    assert flows > 3  # cuts found by a flow (a side of more than one node), not only stars

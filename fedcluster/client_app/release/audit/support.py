@@ -290,36 +290,50 @@ def _cut(ends: np.ndarray, capacity: np.ndarray, n_nodes: int,
     graph = csr_matrix((np.r_[capacity, capacity].astype(np.int64), both), shape=(n_nodes, n_nodes))
     graph.sum_duplicates()
     _, part = connected_components(graph, directed=False)
+    # the independent set and the degrees of the whole graph are each part's own (no edge
+    # joins two parts; the greedy takes a part's nodes in the same order): one pass, and
+    # the part by part work only where a part has two hubs or more (a maximum flow)
+    alone = _independent(graph)
+    degree = np.asarray(graph.sum(axis=1)).ravel()
+    labels = np.unique(part[np.unique(ends)])
+    first_alone = {}  # part -> its alone node of least degree (the first such)
+    candidates = np.flatnonzero(alone & np.isin(part, labels))
+    if candidates.size:
+        ranked = candidates[np.lexsort((candidates, degree[candidates], part[candidates]))]
+        heads = np.r_[True, part[ranked][1:] != part[ranked][:-1]]
+        first_alone = dict(zip(part[ranked[heads]].tolist(), ranked[heads].tolist()))
+    by_part = np.argsort(part, kind="stable")
+    starts = np.searchsorted(part[by_part], np.r_[labels, n_nodes])
+    hub_count = np.bincount(part[~alone], minlength=n_nodes)
     smallest, best = 2**31, None
-    for label in np.unique(part[np.unique(ends)]).tolist():
-        nodes = np.flatnonzero(part == label)
-        sub = graph[nodes][:, nodes].astype(np.int32).tocsr()  # (a part's own nodes only)
-        alone = _independent(sub)
-        degree = np.asarray(sub.sum(axis=1)).ravel()
-        if alone.any():
-            v = int(np.flatnonzero(alone)[np.argmin(degree[alone])])
-            if degree[v] < smallest:
-                smallest, best = int(degree[v]), (nodes, v, None)
-        hubs = np.flatnonzero(~alone)
-        for t in hubs[1:].tolist():
-            if below is not None and smallest < below:
-                break
-            flow = maximum_flow(sub, int(hubs[0]), t)
-            if flow.flow_value < smallest:
-                smallest, best = int(flow.flow_value), (nodes, int(hubs[0]), (sub, flow))
+    for k, label in enumerate(labels.tolist()):
+        v = first_alone.get(label)
+        if v is not None and degree[v] < smallest:
+            smallest, best = int(degree[v]), (v, None)
+        if hub_count[label] >= 2 and not (below is not None and smallest < below):
+            nodes = by_part[starts[k]:starts[k + 1]]  # (ascending: the stable order)
+            sub = graph[nodes][:, nodes].astype(np.int32).tocsr()  # (a part's own nodes only)
+            hubs = np.flatnonzero(~alone[nodes])
+            for t in hubs[1:].tolist():
+                if below is not None and smallest < below:
+                    break
+                flow = maximum_flow(sub, int(hubs[0]), t)
+                if flow.flow_value < smallest:
+                    smallest, best = int(flow.flow_value), (int(nodes[hubs[0]]), (nodes, sub, flow))
         if below is not None and smallest < below:
             break
     side = np.zeros(n_nodes, dtype=bool)
     if best is not None:
-        nodes, source, found = best
+        source, found = best
         if found is None:
-            side[nodes[source]] = True
+            side[source] = True
         else:
-            sub, flow = found
+            nodes, sub, flow = found
             residual = (sub - flow.flow).tocsr()
             residual.data = np.where(residual.data > 0, 1, 0)
             residual.eliminate_zeros()
-            side[nodes[breadth_first_order(residual, source, directed=True,
+            start = int(np.searchsorted(nodes, source))
+            side[nodes[breadth_first_order(residual, start, directed=True,
                                            return_predecessors=False)]] = True
     return smallest, side
 
