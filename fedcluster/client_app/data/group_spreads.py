@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from fedcluster.common.kernels import compiled_kernels
 from fedcluster.client_app.mapped_pages import release_pages
@@ -112,8 +110,7 @@ class Spreads:
 
     def merge(self, positions) -> None:
         """Make ``positions`` one merged unit."""
-        positions = np.asarray(positions, dtype=np.int64)
-        self.unit_head[positions] = positions.min()
+        self.unit_head[positions] = np.min(positions)
         self._epoch += 1
 
     @property
@@ -356,10 +353,12 @@ class Spreads:
     def _merge(self, heads: np.ndarray, near: np.ndarray, label: np.ndarray) -> None:
         """Each unit of ``heads`` merged with the unit of its ``near`` group (-1: alone, but
         a merged unit still): the connected components of those pairs of units."""
+        from scipy.sparse import coo_matrix, csgraph  # (here: a light task loads no scipy)
+
         found = near >= 0
         nodes = np.unique(np.concatenate([heads, label[near[found]]]))
         a, b = np.searchsorted(nodes, heads[found]), np.searchsorted(nodes, label[near[found]])
-        n_parts, part = connected_components(
+        n_parts, part = csgraph.connected_components(
             coo_matrix((np.ones(a.size), (a, b)), shape=(nodes.size, nodes.size)), directed=False)
         smallest = np.full(n_parts, self.order.size, dtype=np.int64)
         np.minimum.at(smallest, part, nodes)  # (a unit's name is its smallest position)
