@@ -542,3 +542,59 @@ def test_scattered_rows_of_a_mapped_site_are_read_a_span_at_a_time(monkeypatch, 
     assert len(released) >= 50  # a span at a time, each dropped
     assert np.array_equal(mapped_pages.rows_in_spans(mapped, rows[::-1], 64), X[rows[::-1]])  # any order
     assert mapped_pages.rows_in_spans(mapped, rows[:0], 64).shape == (0, 3)
+
+
+def test_groups_in_any_order_of_a_mapped_table_are_read_in_file_order(monkeypatch, tmp_path):
+    """A chunk of groups in canonical order lies all over the table's file: ``rows_at``
+    reads them sorted, a span at a time, pages dropped after each, and gives ``X[ids]``
+    in the order asked, duplicates included, for 2-d and 1-d arrays, mapped or not."""
+    from fedcluster.client_app import mapped_pages
+
+    rng = np.random.default_rng(6)
+    X, counts = rng.normal(size=(5000, 4)), rng.integers(2, 9, size=5000)
+    np.save(tmp_path / "m2.npy", X)
+    np.save(tmp_path / "counts.npy", counts)
+    mapped = np.load(tmp_path / "m2.npy", mmap_mode="r")
+    mapped_counts = np.load(tmp_path / "counts.npy", mmap_mode="r")
+    released = []
+    real = mapped_pages.release_pages
+    monkeypatch.setattr(mapped_pages, "release_pages", lambda A: released.append(1) or real(A))
+    ids = rng.integers(0, 5000, size=900)  # any order, some twice
+    got = mapped_pages.rows_at(mapped, ids, 64)
+    assert type(got) is np.ndarray and np.array_equal(got, X[ids])
+    assert len(released) >= 50  # about 80 spans, each dropped
+    assert np.array_equal(mapped_pages.rows_at(mapped_counts, ids, 64), counts[ids])
+    assert np.array_equal(mapped_pages.rows_at(X, ids), X[ids])  # in memory: as indexed
+    assert mapped_pages.rows_at(mapped, ids[:0]).shape == (0, 4)
+
+
+def test_cell_hashes_are_written_at_once_and_count_only_once_saved(tmp_path):
+    """A kept record writes a version's cell hashes to its file when they are made (not
+    held through the build); they are the record's only once ``save`` names them: a
+    store opened before then (another process, or after a crash) has none of them, and
+    the next hashes written cut that tail first."""
+    from fedcluster.client_app.data.versions import Store
+
+    rng = np.random.default_rng(7)
+    store = Store.open(tmp_path)
+    store.match(rng.integers(0, 2**63, size=(6, 2), dtype=np.uint64), None)
+    first = rng.integers(0, 2**16, size=(6, 3), dtype=np.uint16)
+    store.add_cell_hashes(first)
+    assert (tmp_path / "cells.u16").stat().st_size == first.nbytes  # written, not held
+    np.testing.assert_array_equal(store.cell_hashes(np.arange(6)), first)
+    assert Store.open(tmp_path).n_cell_records == 0  # not the record's until saved
+    store.save()
+    again = Store.open(tmp_path)
+    assert again.n_cell_records == 6
+    np.testing.assert_array_equal(again.cell_hashes(np.arange(6)[::-1]), first[::-1])
+    # hashes written and never saved (a crash), then another version's: the tail is cut
+    again.match(rng.integers(0, 2**63, size=(2, 2), dtype=np.uint64), None)
+    again.add_cell_hashes(np.full((2, 3), 7, dtype=np.uint16))
+    later = Store.open(tmp_path)
+    later.match(rng.integers(0, 2**63, size=(4, 2), dtype=np.uint64), None)
+    fresh = rng.integers(0, 2**16, size=(4, 3), dtype=np.uint16)
+    later.add_cell_hashes(fresh)
+    later.save()
+    final = Store.open(tmp_path)
+    assert final.n_cell_records == 10 and (tmp_path / "cells.u16").stat().st_size == 10 * 3 * 2
+    np.testing.assert_array_equal(final.cell_hashes(np.arange(10)), np.concatenate([first, fresh]))

@@ -36,11 +36,26 @@ def rows_in_spans(X: np.ndarray, rows: np.ndarray, span: int) -> np.ndarray:
     at a time, a memory-mapped array's pages dropped after each: a few rows scattered over
     a large file would otherwise map all of it (the kernel reads ahead around every page
     it faults in)."""
-    out = np.empty((len(rows), X.shape[1]), dtype=X.dtype)
+    out = np.empty((len(rows),) + X.shape[1:], dtype=X.dtype)
     at = 0
     while at < len(rows):
         stop = max(at + 1, int(np.searchsorted(rows, rows[at] + span)))
         out[at:stop] = X[rows[at:stop]]
         release_pages(X)
         at = stop
+    return out
+
+
+def rows_at(X: np.ndarray, ids: np.ndarray, span: int = 1 << 13) -> np.ndarray:
+    """``X[ids]`` (a new array) for ``ids`` in any order. A read-only memory-mapped ``X``
+    is read in ascending order, a span of at most ``span`` rows at a time, its pages
+    dropped after each (:func:`rows_in_spans`): a chunk of groups in a table's canonical
+    order lies all over its file, and gathering it at once mapped all of the file (at 1M
+    rows, p 2: +226 MB for every chunk of the spread rule's passes, bench/grouping.py)."""
+    ids = np.asarray(ids)
+    if read_only_mapping(X) is None or ids.size == 0:
+        return np.array(X[ids])
+    order = np.argsort(ids, kind="stable")
+    out = np.empty((ids.size,) + X.shape[1:], dtype=X.dtype)
+    out[order] = rows_in_spans(X, ids[order], span)
     return out

@@ -4,10 +4,10 @@ the rows, which only the data layer may).
 
 While ``group_stats.ordered`` passes over the rows it also gives each group's largest
 squared deviation per feature (``peak``) and the site's spread per feature; this module
-keeps the few cells whose row stands out of its group (:func:`candidates`), pairs the
-small groups into spread units (in canonical order, so that the pairing, like the
-table, is a function of the groups' statistics alone), applies the dominance rule to the
-standing-out cells, pools the released spreads (``typical``) and gives the m2 column the
+takes the few cells whose row stands out of its group (``dominance.stand_out_cells``),
+pairs the small groups into spread units (in canonical order, so that the pairing, like
+the table, is a function of the groups' statistics alone), applies the dominance rule to
+the standing-out cells, pools the released spreads (``typical``) and gives the m2 column the
 table keeps, a chunk of groups at a time (:meth:`Spreads.take`).
 """
 
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedcluster.common.kernels import compiled_kernels
-from fedcluster.client_app.mapped_pages import release_pages
+from fedcluster.client_app.mapped_pages import rows_at
 from fedcluster.client_app.release import dominance, spreads
 
-__all__ = ["Spreads", "candidates", "site_moments"]
+__all__ = ["Spreads", "site_moments"]
 
 #: Groups per chunk of a pass over the table.
 CHUNK_GROUPS = 1 << 12
@@ -43,21 +43,6 @@ def site_moments(counts: np.ndarray, sums: np.ndarray, absent: np.ndarray | None
     n = np.maximum(n, 1.0)
     mean = total / n
     return mean, np.sqrt(np.maximum(squares / n - mean * mean, 0.0))
-
-
-def candidates(extremes: tuple, sd: np.ndarray, lo: int) -> tuple[np.ndarray, ...]:
-    """The cells of groups ``lo..`` (``extremes``: their largest and smallest deviations
-    from their group's mean) whose row stands out of its group
-    (``dominance.stand_out``): (groups, features, squared deviations)."""
-    found = []
-    for at in range(0, extremes[0].shape[0], CHUNK_GROUPS):  # (temporaries of a chunk)
-        high, low = extremes[0][at:at + CHUNK_GROUPS], extremes[1][at:at + CHUNK_GROUPS]
-        peak = np.maximum(high * high, low * low)
-        group, feature = np.nonzero(dominance.stand_out(peak, sd))
-        found.append((group + lo + at, feature, peak[group, feature]))
-    if not found:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-    return tuple(np.concatenate(part) for part in zip(*found))
 
 
 @dataclass
@@ -179,9 +164,7 @@ class Spreads:
     def _unit(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(own m2, cells) of some positions' groups, (k, d)."""
         ids = self.order[positions]
-        m2 = np.array(self.m2[ids])
-        release_pages(self.m2)
-        return m2, self._cells(ids)
+        return rows_at(self.m2, ids), self._cells(ids)
 
     def _block(self, lo: int, hi: int):
         """Positions lo..hi: (own m2, cells, their unit's shares, released (n, d))."""
@@ -189,9 +172,8 @@ class Spreads:
         pp = self.partner[lo:hi]
         has = pp >= 0
         mates = self.order[np.where(has, pp, 0)]
-        m2 = np.array(self.m2[ids])
-        mate_m2 = np.where(has[:, None], np.array(self.m2[mates]), 0.0)
-        release_pages(self.m2)
+        m2 = rows_at(self.m2, ids)
+        mate_m2 = np.where(has[:, None], rows_at(self.m2, mates), 0.0)
         cells = self._cells(ids)
         mate_cells = np.where(has[:, None], self._cells(mates), 0)
         # spreads.pair_shares and pair_reveals in one compiled pass (the same values)
@@ -268,8 +250,8 @@ class Spreads:
            prior: tuple | None = None, units: np.ndarray | None = None,
            means_flagged: tuple | None = None, forced: tuple | None = None) -> "Spreads":
         """The rule's record of a table made of these groups (their statistics in group
-        order; ``moments``: :func:`site_moments`; ``found``: :func:`candidates` of each
-        window; ``units``: a unit label per group number, where the versions audit
+        order; ``moments``: :func:`site_moments`; ``found``: ``dominance.stand_out_cells``
+        of each window; ``units``: a unit label per group number, where the versions audit
         judged them; ``means_flagged``: the (groups, features) whose sum the p% rule on
         means replaced, ``group_means.stand_in_means``)."""
         width = m2.shape[1]
@@ -433,16 +415,30 @@ class Spreads:
         position = np.empty(self.order.size, dtype=np.int64)
         position[self.order] = np.arange(self.order.size)
         cells = self._cells(groups)[np.arange(groups.size), features]
-        for g, p, f, peak, n in zip(groups.tolist(), position[groups].tolist(), features.tolist(),
-                                    peaks.tolist(), cells.tolist()):
-            if p in self.alone:
-                continue
-            unit = self.unit_of(p)
-            unit_m2 = float(np.asarray(self.m2[self.order[unit], f]).sum())
+        kept = [(p, f, peak, n) for p, f, peak, n in zip(
+            position[groups].tolist(), features.tolist(), peaks.tolist(), cells.tolist())
+            if p not in self.alone]
+        units = [self.unit_of(p) for p, *_ in kept]
+        unit_m2s = self._feature_sums(units, [f for _, f, _, _ in kept])
+        for (p, f, peak, n), unit, unit_m2 in zip(kept, units, unit_m2s):
             if n > 0 and bool(dominance.dominated(np.array([peak]), unit_m2, np.array([n]))[0]):
                 self.dominated += 1
                 for member in unit.tolist():
                     self.withheld[member] = sorted(set(self.withheld.get(member, [])) | {f})
+
+    def _feature_sums(self, units: list, features: list) -> list:
+        """Per unit (positions), its own m2 of one feature summed: the m2 rows read in
+        file order a chunk at a time (``mapped_pages.rows_at``; read one unit at a time,
+        all of a 1M-row table's spilled m2 was mapped at once)."""
+        sizes = [unit.size for unit in units]
+        members = self.order[np.concatenate(units)] if units else np.zeros(0, dtype=np.int64)
+        feature = np.repeat(np.asarray(features, dtype=np.int64), sizes)
+        values = np.empty(members.size)
+        for lo in range(0, members.size, CHUNK_GROUPS):
+            hi = min(members.size, lo + CHUNK_GROUPS)
+            values[lo:hi] = rows_at(self.m2, members[lo:hi])[np.arange(hi - lo), feature[lo:hi]]
+        ends = np.cumsum(sizes)
+        return [float(values[end - size:end].sum()) for end, size in zip(ends.tolist(), sizes)]
 
 
 #: How many times a unit that gives cells back is merged with its nearest before its

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.common.kernels import compiled_kernels
-from fedcluster.client_app.mapped_pages import release_pages
+from fedcluster.client_app.mapped_pages import release_pages, rows_at
 from fedcluster.client_app.release import dominance
 from fedcluster.client_app.release.record.instances import mix
 from fedcluster.client_app.site_groups import GroupLabels
@@ -216,7 +216,9 @@ def piece(array: np.ndarray, order: np.ndarray | None = None) -> tuple:
     """A piece of a table's column: ``array``'s rows (in ``order``), taken lo..hi at a
     time (a memory-mapped array's pages dropped after each)."""
     def take(lo, hi):  # a copy either way, so that a mapping's pages can go at once
-        rows = np.array(array[lo:hi]) if order is None else array[order[lo:hi]]
+        if order is not None:
+            return rows_at(array, order[lo:hi])
+        rows = np.array(array[lo:hi])
         release_pages(array)
         return rows
     return len(array) if order is None else len(order), take
@@ -315,7 +317,7 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
                 if min_size >= dominance.MEANS_FROM_P:
                     flagged.append(group_means.dominant_means(counts, sums, absent, extremes,
                                                               lo, moments, judged))
-                candidates.append(group_spreads.candidates(extremes, sd, lo))
+                candidates.append(dominance.stand_out_cells(extremes, sd, lo))
             if spill is not None:
                 spill.write(m2)
         del places
@@ -336,14 +338,11 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
         group_means.stand_in_means(counts, sums, absent, means_flagged)
         changed = np.unique(means_flagged[0])  # keyed again, by the sums the table gives
         if changed.size:
-            keys[changed] = stats_keys(counts[changed], sums[changed], np.array(m2[changed]),
+            keys[changed] = stats_keys(counts[changed], sums[changed], rows_at(m2, changed),
                                        present(changed))
-            release_pages(m2)
 
     def bits_of(ids):
-        rows = np.array(m2[ids])
-        release_pages(m2)
-        return np.stack(_stats_bits(counts[ids], sums[ids], rows, present(ids)), axis=1)
+        return np.stack(_stats_bits(counts[ids], sums[ids], rows_at(m2, ids), present(ids)), axis=1)
 
     order = canonical_order(keys, bits_of)
     spreads = None
@@ -376,7 +375,7 @@ def kept_again(X: np.ndarray, kept_of_row: np.ndarray, n_kept: int, min_size: in
                                                judged)
         group_means.stand_in_means(counts, sums, absent, flagged)
     record = group_spreads.Spreads.of(np.arange(n_kept), counts, sums, absent, m2, moments,
-                                      [group_spreads.candidates(extremes, moments[1], 0)], min_size,
+                                      [dominance.stand_out_cells(extremes, moments[1], 0)], min_size,
                                       means_flagged=flagged)
     present = None if absent is None else counts[:, None] - absent
     return {"counts": [piece(counts)], "sums": [piece(sums)], "m2": [(n_kept, record.take)],

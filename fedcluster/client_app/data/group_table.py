@@ -16,9 +16,10 @@ Kept where (p_site >= 2):
 Memory (``group_stats.py``): a deployed site's rows are read in file order only, a chunk
 at a time, their pages dropped after each; of the table only the per-feature sums are
 held whole while it is made (its squared deviations a window of groups at a time,
-spilled to a temporary file beside the table), and every array is written in canonical
-order chunk by chunk, never reordered in memory (``bench/grouping.py``: 1,000,000 x 64
-at g = 2, the whole build in about 7 s and 1.2 x the data).
+spilled to a temporary file beside the table and read back in file order,
+``mapped_pages.rows_at``), and every array is written in canonical order chunk by chunk,
+never reordered in memory (``bench/grouping.py``, grouping-scale: the memory a version 0
+of 1,000,000 x 64 adds to the process, part by part).
 
 A new version of the file is grouped by the versions rule (``versions/``): the last
 answered table's groups whose rows are all still there stay, their statistics copied bit

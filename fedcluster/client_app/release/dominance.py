@@ -60,7 +60,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["DOMINANT_SD", "ESTIMATE_WITHIN", "MEANS_FROM_P", "dominated", "dominated_means",
-           "stand_out"]
+           "stand_out", "stand_out_cells"]
 
 #: A row this many of its feature's standard deviations (at the site) from its group's
 #: mean stands out of its group.
@@ -82,6 +82,23 @@ def stand_out(peak: np.ndarray, sd: np.ndarray) -> np.ndarray:
     feature's site-wide standard deviation ``sd`` (d,): the only cells the rule may flag."""
     limit = (DOMINANT_SD * np.asarray(sd, dtype=np.float64)) ** 2
     return (peak >= limit[None, :]) & (limit[None, :] > 0)
+
+
+def stand_out_cells(extremes: tuple, sd: np.ndarray, lo: int,
+                    chunk: int = 1 << 12) -> tuple[np.ndarray, ...]:
+    """The cells of groups ``lo..`` (``extremes``: their largest and smallest deviations
+    from their group's mean, (G, d) each) whose row stands out of its group
+    (:func:`stand_out`): (groups, features, squared deviations), ``chunk`` groups at a
+    time (the temporaries of a chunk)."""
+    found = []
+    for at in range(0, extremes[0].shape[0], chunk):
+        high, low = extremes[0][at:at + chunk], extremes[1][at:at + chunk]
+        peak = np.maximum(high * high, low * low)
+        group, feature = np.nonzero(stand_out(peak, sd))
+        found.append((group + lo + at, feature, peak[group, feature]))
+    if not found:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    return tuple(np.concatenate(part) for part in zip(*found))
 
 
 def dominated(peak: np.ndarray, unit_m2: np.ndarray, cells: np.ndarray) -> np.ndarray:

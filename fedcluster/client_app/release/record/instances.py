@@ -79,7 +79,10 @@ class Instances:
     # ---------------------------------------------------------------- cells and links
     def add_cell_hashes(self, hashes: np.ndarray) -> None:
         """Record the cell hashes ((n, d) uint16) of the instances appended last, in order
-        (those without a record so far: every instance before them has one)."""
+        (those without a record so far: every instance before them has one). A store kept
+        in a directory writes them at once past the length ``store.json`` names (a
+        version's are 128 MB at 1,000,000 x 64, not held through its build); ``save``
+        makes them part of the store (a crash's tail is cut before the next are written)."""
         hashes = np.asarray(hashes, dtype=np.uint16)
         if self.cell_width == 0:
             self.cell_width = int(hashes.shape[1])
@@ -88,17 +91,25 @@ class Instances:
             width = min(self.cell_width, hashes.shape[1])
             fitted[:, :width] = hashes[:, :width]
             hashes = fitted
-        self._new_cells.append(hashes)
+        if self.directory is None:
+            self._new_cells.append(hashes)
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / "cells.u16", "ab") as out:
+            out.truncate((self._cells_known + self._cells_pending) * self.cell_width * 2)
+            np.ascontiguousarray(hashes).tofile(out)
+        self._cells_pending += hashes.shape[0]
 
     def _cells_on_disk(self) -> np.ndarray:
         path = None if self.directory is None else self.directory / "cells.u16"
-        if self._cells_known == 0 or path is None or not path.exists():
+        rows = self._cells_known + self._cells_pending
+        if rows == 0 or path is None or not path.exists():
             return np.zeros((0, max(self.cell_width, 1)), dtype=np.uint16)
-        return np.memmap(path, dtype=np.uint16, mode="r", shape=(self._cells_known, self.cell_width))
+        return np.memmap(path, dtype=np.uint16, mode="r", shape=(rows, self.cell_width))
 
     @property
     def n_cell_records(self) -> int:
-        return self._cells_known + sum(len(h) for h in self._new_cells)
+        return self._cells_known + self._cells_pending + sum(len(h) for h in self._new_cells)
 
     def cell_hashes(self, instances: np.ndarray) -> np.ndarray:
         """(n, d) uint16: the instances' cell hashes (0 for an instance without a record:
@@ -106,13 +117,13 @@ class Instances:
         instances = np.asarray(instances, dtype=np.int64)
         out = np.zeros((instances.size, max(self.cell_width, 1)), dtype=np.uint16)
         disk = self._cells_on_disk()
-        known = instances < self._cells_known
+        known = instances < disk.shape[0]
         if known.any():
             out[known] = disk[instances[known]]
         if self._new_cells:
             fresh = np.concatenate(self._new_cells)
-            later = (instances >= self._cells_known) & (instances < self.n_cell_records)
-            out[later] = fresh[instances[later] - self._cells_known]
+            later = (instances >= disk.shape[0]) & (instances < self.n_cell_records)
+            out[later] = fresh[instances[later] - disk.shape[0]]
         return out
 
     def set_links(self, instances: np.ndarray, earlier: np.ndarray) -> None:

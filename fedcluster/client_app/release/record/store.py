@@ -16,7 +16,8 @@ The store holds:
   column); ``present.npy`` (I, ceil(d / 8)) uint8: its present cells, packed (when a cell
   of the data is missing); ``seen.npy`` (I, 4) int64: the first and last table of its
   lineage it was in, that lineage, and whether it was in every table between;
-  ``cells.u16``: per instance, a 16-bit hash of each cell's bits; ``link.npy``: per
+  ``cells.u16``: per instance, a 16-bit hash of each cell's bits (a version's written
+  when made, past the length ``store.json`` names until saved); ``link.npy``: per
   instance, the earlier instance it may be a version of (``instances.py``);
 - ``offsets.npy``, ``members.npy``: every group ever made, as the instances it holds
   (CSR), ``group-p.npy`` the p it was made for, ``unit.npy`` its spread unit (the
@@ -142,7 +143,8 @@ class Store(Instances):
                     self.stand_ins = np.concatenate([self.stand_ins, rows.astype(np.int64)])
         self.cell_width = int(meta.get("cell-width", 0))
         self._cells_known = int(meta.get("cells", 0))  # instances whose cell hashes are on disk
-        self._new_cells: list[np.ndarray] = []
+        self._cells_pending = 0  # written past them, recorded by the next save
+        self._new_cells: list[np.ndarray] = []  # (a store in memory's)
         self._tables: dict[int, np.ndarray] = {}
         self._dropped: dict[int, np.ndarray] = {}
 
@@ -371,15 +373,10 @@ class Store(Instances):
         for name, array in files.items():
             site_files.replace_atomically(self.directory / name,
                                           lambda out, a=np.ascontiguousarray(array): np.save(out, a))
-        if self._new_cells:  # appended past the recorded length (a crash's tail cut first)
-            path = self.directory / "cells.u16"
-            with open(path, "ab") as out:
-                out.truncate(self._cells_known * self.cell_width * 2)
-                for block in self._new_cells:
-                    out.write(np.ascontiguousarray(block, dtype=np.uint16).tobytes())
-                out.flush()
+        if self._cells_pending:  # written past the recorded length (add_cell_hashes)
+            with open(self.directory / "cells.u16", "ab") as out:
                 os.fsync(out.fileno())
-            self._cells_known, self._new_cells = self.n_cell_records, []
+            self._cells_known, self._cells_pending = self._cells_known + self._cells_pending, 0
         self.meta.update({"instances": self.n_instances, "groups": self.n_groups,
                           "members": int(self.members.size), "has-ids": self.ids is not None,
                           "present-bytes": 0 if self.present is None else int(self.present.shape[1]),
