@@ -598,3 +598,37 @@ def test_cell_hashes_are_written_at_once_and_count_only_once_saved(tmp_path):
     final = Store.open(tmp_path)
     assert final.n_cell_records == 10 and (tmp_path / "cells.u16").stat().st_size == 10 * 3 * 2
     np.testing.assert_array_equal(final.cell_hashes(np.arange(10)), np.concatenate([first, fresh]))
+
+
+def test_a_table_is_built_without_numpys_huge_page_advice_and_it_is_restored(tmp_path, monkeypatch):
+    """A kept table is built with NumPy's transparent-huge-page advice off (faster here:
+    bench/large_site.py), and the process's setting is back as it was after the build,
+    a failed build included."""
+    from fedcluster.client_app import mapped_pages
+    from fedcluster.client_app.data import version_table
+
+    advise = mapped_pages._huge_page_advice()
+    assert advise is not None  # this NumPy has the switch
+    seen = []
+    real = version_table.new_version
+
+    def watched(*args, **kwargs):
+        seen.append(advise(False))  # the setting during the build (set back as it was)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(version_table, "new_version", watched)
+    before = advise(True)
+    try:
+        rng = np.random.default_rng(8)
+        np.save(tmp_path / "site.npy", rng.normal(size=(300, 3)))
+        site = load_site_file(str(tmp_path / "site.npy"), cache_dir=str(tmp_path / "cache"))
+        group_table.site_groups(site, 2, str(tmp_path / "cache"))
+        assert seen == [False] and advise(True) is True
+        monkeypatch.setattr(version_table, "new_version", lambda *a, **k: 1 / 0)
+        np.save(tmp_path / "other.npy", rng.normal(size=(300, 3)))
+        other = load_site_file(str(tmp_path / "other.npy"), cache_dir=str(tmp_path / "cache"))
+        with pytest.raises(ZeroDivisionError):
+            group_table.site_groups(other, 2, str(tmp_path / "cache"))
+        assert advise(True) is True
+    finally:
+        advise(before)

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster.client_app import site_files
+from fedcluster.client_app.mapped_pages import small_pages
 from fedcluster.client_app.data import (group_entries, group_stats, grouped_rows, version_table,
                                          versions)
 from fedcluster.client_app.data.group_stats import group_statistics
@@ -204,7 +205,7 @@ def _kept(site: SiteData, min_size: int, directory: Path):
     found = _read_entry(base, site, store_dir)  # complete once its sidecar is there
     if found is not None:
         return found
-    with site_files.locked(store_dir, "store.json"):  # one process builds, the others read
+    with site_files.locked(store_dir, "store.json"), small_pages():  # one builds, the others read
         found = _read_entry(base, site, store_dir)
         if found is None:
             version_table.new_version(site, min_size, directory, versions.Store.open(store_dir), key)
