@@ -47,11 +47,14 @@ def dominant_means(counts: np.ndarray, sums: np.ndarray, absent: np.ndarray | No
 
 
 def stand_in_means(counts: np.ndarray, sums: np.ndarray, absent: np.ndarray | None,
-                   flagged: tuple[np.ndarray, np.ndarray]) -> None:
+                   flagged: tuple[np.ndarray, np.ndarray], totals: np.ndarray | None = None,
+                   put=None) -> None:
     """Replace each flagged (group, feature) sum by its present cells times the mean of
-    the feature's cells in no flagged group (in place on ``sums``): the site's mean
-    stands in, computed from what the site releases anyway, so that no total
-    (``describe``, Table 1) gives the withheld sum back by difference."""
+    the feature's cells in no flagged group (in place on ``sums``, or ``put(groups,
+    features, values)``): the site's mean stands in, computed from what the site releases
+    anyway, so that no total (``describe``, Table 1) gives the withheld sum back by
+    difference. ``totals``: ``sums.sum(axis=0)`` where the sums were made a window at a
+    time."""
     group, feature = flagged
     if group.size == 0:
         return
@@ -61,8 +64,11 @@ def stand_in_means(counts: np.ndarray, sums: np.ndarray, absent: np.ndarray | No
     all_cells = float(counts.sum()) - (np.zeros(width) if absent is None
                                        else absent.sum(axis=0, dtype=np.float64))
     out_cells = np.bincount(feature, weights=cells, minlength=width)
-    out_sums = np.bincount(feature, weights=sums[group, feature], minlength=width)
+    out_sums = np.bincount(feature, weights=np.asarray(sums[group, feature]), minlength=width)
     kept_cells = all_cells - out_cells
-    mean = np.where(kept_cells > 0, (sums.sum(axis=0) - out_sums) / np.maximum(kept_cells, 1.0),
-                    0.0)
-    sums[group, feature] = cells * mean[feature]
+    total = sums.sum(axis=0) if totals is None else totals
+    mean = np.where(kept_cells > 0, (total - out_sums) / np.maximum(kept_cells, 1.0), 0.0)
+    if put is None:
+        sums[group, feature] = cells * mean[feature]
+    else:
+        put(group, feature, cells * mean[feature])

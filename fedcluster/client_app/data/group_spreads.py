@@ -31,13 +31,16 @@ PAIRING_WIDTH = 16
 
 
 def site_moments(counts: np.ndarray, sums: np.ndarray, absent: np.ndarray | None,
-                 squares: np.ndarray, base: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 squares: np.ndarray, base: tuple | None = None,
+                 totals: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(d,) (d,): the mean and standard deviation of each feature over the grouped rows'
     present cells (from its sum of squares: yardsticks for the rules, not released);
     ``base``: (cells, sums, squares) per feature of groups kept from an earlier table
-    (``version_table.kept_summary``), counted in."""
+    (``version_table.kept_summary``), counted in; ``totals``: ``sums.sum(axis=0)`` where
+    the sums were made a window at a time (``group_stats.ordered``)."""
     n = float(counts.sum()) - (0.0 if absent is None else absent.sum(axis=0, dtype=np.float64))
-    total, squares = sums.sum(axis=0), np.asarray(squares, dtype=np.float64)
+    total = sums.sum(axis=0) if totals is None else totals
+    squares = np.asarray(squares, dtype=np.float64)
     if base is not None:
         n, total, squares = n + base[0], total + base[1], squares + base[2]
     n = np.maximum(n, 1.0)
@@ -295,7 +298,7 @@ class Spreads:
             ids = self.order[lo:lo + CHUNK_GROUPS]
             present = self._cells(ids) if self.absent is not None else self.counts[ids, None]
             with np.errstate(invalid="ignore", divide="ignore"):
-                mean = np.where(present > 0, sums[ids] / np.maximum(present, 1), 0.0) * scale
+                mean = np.where(present > 0, rows_at(sums, ids) / np.maximum(present, 1), 0.0) * scale
             out[lo:lo + ids.size] = mean if project is None else mean @ project
         return out
 

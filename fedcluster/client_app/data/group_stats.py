@@ -8,10 +8,10 @@ present cells when a cell of the table is missing (``site_groups.SiteGroups``).
   where no two rows share a group): ((x0 + x1) + x2) ..., whatever the chunking, the
   threads, or whether the rows are a memory-mapped file or an array in memory.
 - **Memory.** The rows are read in file order only, STATS_ROWS at a time, a memory-mapped
-  site's pages dropped after each chunk. The sums are the one (G, d) array held whole;
-  the m2 of a table kept in a file is made a window of groups at a time (one more pass
-  over the rows per window) and spilled to a temporary file; present-cell counts exist
-  only once a missing cell is met. The table is written in its canonical order chunk by
+  site's pages dropped after each chunk. The sums and the m2 of a table kept in a file
+  are made a window of groups at a time (a pass over the rows per window each) and
+  spilled to temporary files, read back in file order; present-cell counts exist only
+  once a missing cell is met. The table is written in its canonical order chunk by
   chunk (:class:`Table`), never reordered in memory.
 - **Canonical order.** The groups are ordered by a 64-bit hash of their statistics' bits
   (ties by the bits themselves): the table is a function of the groups' statistics
@@ -21,6 +21,7 @@ present cells when a cell of the table is missing (``site_groups.SiteGroups``).
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +43,9 @@ __all__ = ["DTYPES", "Table", "canonical_order", "group_m2", "group_statistics",
 STATS_ROWS = 1 << 14
 #: Groups per chunk of a pass over the groups (hashing, writing).
 CHUNK_GROUPS = 1 << 14
-#: The m2 of a table kept in a file is made at most this many bytes of groups at a time
-#: (spilled to a file): with the sums, held whole, the (G, d) arrays then cost one array
-#: and a window (226 + 64 MB at 1,000,000 x 64, g = 2), not two or three arrays.
+#: The sums and the m2 of a table kept in a file are made at most this many bytes of
+#: groups at a time (spilled to files): the (G, d) arrays then cost a few windows (the
+#: sums', the m2's, two of extremes), not a whole array (226 MB at 1M x 64, g = 2).
 M2_WINDOW_BYTES = 1 << 26
 
 
@@ -74,19 +75,21 @@ def _in_steps(places: np.ndarray, groups: np.ndarray, values: np.ndarray, into: 
 
 
 def group_sums(X: np.ndarray, group_of_row: np.ndarray, n_groups: int,
-               squares: np.ndarray | None = None):
+               squares: np.ndarray | None = None, hi: int | None = None):
     """Per group: ``(counts, sums, absent, places)``: its rows, per feature the sum of its
     present (non-NaN) cells, per feature its missing cells (None: no cell is missing;
     int16 unless a group is larger), and :func:`row_places` (for :func:`group_m2`).
     ``squares`` (d,), when given, gains the grouped rows' sums of squares per feature
-    (the site's spread, which the dominance rule measures rows against).
+    (the site's spread, which the dominance rule measures rows against); ``hi``: the
+    sums of groups 0..hi-1 only (the first window: :func:`window_sums` makes the others).
 
     One pass over ``X`` in file order; ``absent`` is allocated only when a missing cell
     is met (a table without one keeps no present-cell counts)."""
     n, d = X.shape
     counts = np.bincount(group_of_row[group_of_row >= 0], minlength=n_groups).astype(np.int64)
     places = row_places(group_of_row)
-    sums = np.zeros((n_groups, d))  # (each group's first row sets its slot)
+    hi = n_groups if hi is None else hi
+    sums = np.zeros((hi, d))  # (each group's first row sets its slot)
     absent = None
     small = np.int16 if counts.size == 0 or counts.max() < np.iinfo(np.int16).max else np.int64
     for r0 in range(0, n, STATS_ROWS):
@@ -98,12 +101,31 @@ def group_sums(X: np.ndarray, group_of_row: np.ndarray, n_groups: int,
                 absent = np.zeros((n_groups, d), dtype=small)
             rows = np.where(missing, 0.0, rows)
             _in_steps(at, groups, missing.astype(small), absent)  # integers: any order
-        _in_steps(at, groups, rows, sums)
         if squares is not None:
             inside = rows[groups >= 0]
             squares += (inside * inside).sum(axis=0)
+        if hi < n_groups:
+            mine = groups < hi
+            groups, at, rows = groups[mine], at[mine], rows[mine]
+        _in_steps(at, groups, rows, sums)
         release_pages(X)
     return counts, sums, absent, places
+
+
+def window_sums(X: np.ndarray, group_of_row: np.ndarray, places: np.ndarray, lo: int,
+                hi: int) -> np.ndarray:
+    """(hi - lo, d): :func:`group_sums`' sums of groups lo..hi-1 (the same bits: each
+    group's rows added in row order), one pass over ``X`` in file order."""
+    sums = np.zeros((hi - lo, X.shape[1]))
+    for r0 in range(0, X.shape[0], STATS_ROWS):
+        groups = group_of_row[r0:r0 + STATS_ROWS]
+        mine = np.flatnonzero((groups >= lo) & (groups < hi))
+        if mine.size:
+            rows = np.asarray(X[r0:r0 + STATS_ROWS])[mine]
+            _in_steps(places[r0:r0 + STATS_ROWS][mine], groups[mine],
+                      np.where(np.isnan(rows), 0.0, rows), sums, lo)
+        release_pages(X)
+    return sums
 
 
 def group_m2(X: np.ndarray, group_of_row: np.ndarray, places: np.ndarray, counts: np.ndarray,
@@ -274,36 +296,42 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
             forced: tuple[np.ndarray, np.ndarray] | None = None):
     """The statistics of groups 0..n_groups-1 as a table's columns, in canonical order,
     the order, and the spread rule's record (:class:`group_spreads.Spreads`; None at
-    ``min_size`` 1, which keeps every group's own m2). With ``scratch`` (a directory) the
-    squared deviations are made a window of groups at a time and spilled to a temporary
-    file there. At ``min_size`` >= 2 the m2 column is what the site may release
-    (``release/spreads.py``): its units' shared m2, the dominance rule's withheld spreads
-    at the site's pooled one (``prior``: (m2 sum, degrees of freedom) per feature of
-    groups already kept, pooled too; ``units``: the groups' spread units as the versions
-    audit judged them, a label per group number, else the rule pairs them; ``base``: the
-    (cells, sums, squares) per feature of a version's kept groups, so that the rules
-    measure rows against the whole version's moments; ``judged``: the features the rule
-    on means judges, None all). The p% rule on means replaces
-    its flagged groups' sums (``group_spreads.stand_in_means``) and withholds their
-    units' spreads; ``forced``: (groups, features) that hold a cell the rule withheld
-    before (``release/audit.protected_features``), stood in alike (the spread rule's
-    record names them: ``Spreads.forced``)."""
+    ``min_size`` 1, which keeps every group's own m2). With ``scratch`` (a directory) a
+    large table's sums and squared deviations are made a window of groups at a time and
+    spilled to temporary files there. At ``min_size`` >= 2 the m2 column is what the site
+    may release (``release/spreads.py``): its units' shared m2, the dominance rule's
+    withheld spreads at the site's pooled one (``prior``: (m2 sum, degrees of freedom)
+    per feature of groups already kept, pooled too; ``units``: the groups' spread units
+    as the versions audit judged them, a label per group number, else the rule pairs
+    them; ``base``: the (cells, sums, squares) per feature of a version's kept groups;
+    ``judged``: the features the rule on means judges, None all). The p% rule on means
+    replaces its flagged groups' sums (``group_means.stand_in_means``) and withholds
+    their units' spreads; ``forced``: (groups, features) holding a cell the rule withheld
+    before (``release/audit.protected_features``), stood in alike."""
     from fedcluster.client_app.data import group_means, group_spreads
 
     width = X.shape[1]
     squares = np.zeros(width)
-    counts, sums, absent, places = group_sums(X, group_of_row, n_groups, squares)
-
-    def present(ids):
-        return None if absent is None else counts[ids, None] - absent[ids]
-
-    moments = group_spreads.site_moments(counts, sums, absent, squares, base) \
-        if min_size >= 2 else None
-    sd = None if moments is None else moments[1]
-    candidates, flagged = [], []
     window = max(1, n_groups if scratch is None else M2_WINDOW_BYTES // (8 * width))
-    keys = np.empty(n_groups, dtype=np.uint64)
+    # A large table's sums are made a window at a time too, spilled (a d = 1 column's
+    # total is summed pairwise by NumPy, not row after row: held whole, as it is small)
+    spilled = n_groups > window and width > 1
+    totals = put = None
     with contextlib.ExitStack() as stack:
+        counts, sums, absent, places = group_sums(X, group_of_row, n_groups, squares,
+                                                  min(window, n_groups) if spilled else None)
+        if spilled:
+            sums, totals, put = _spilled_sums(stack, scratch, X, group_of_row, places, sums,
+                                              n_groups, window)
+
+        def present(ids):
+            return None if absent is None else counts[ids, None] - absent[ids]
+
+        moments = group_spreads.site_moments(counts, sums, absent, squares, base, totals) \
+            if min_size >= 2 else None
+        sd = None if moments is None else moments[1]
+        candidates, flagged = [], []
+        keys = np.empty(n_groups, dtype=np.uint64)
         spill = stack.enter_context(tempfile.TemporaryFile(dir=scratch)) \
             if n_groups > window else None
         m2 = np.zeros((0, width))
@@ -320,29 +348,32 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
                 candidates.append(dominance.stand_out_cells(extremes, sd, lo))
             if spill is not None:
                 spill.write(m2)
+            release_pages(sums)
         del places
         if spill is not None:
             spill.flush()
             m2 = np.memmap(spill, dtype=np.float64, mode="r", shape=(n_groups, width))
-    means_flagged = None
-    if forced is not None and np.size(forced[0]):  # (a pair the rule flags itself stays its)
-        own = {pair for groups, features in flagged
-               for pair in zip(groups.tolist(), features.tolist())}
-        pairs = [pair for pair in zip(np.asarray(forced[0]).tolist(), np.asarray(forced[1]).tolist())
-                 if pair not in own]
-        forced = (np.array([g for g, _ in pairs], dtype=np.int64),
-                  np.array([f for _, f in pairs], dtype=np.int64))
-        flagged.append(forced)
-    if flagged:
-        means_flagged = tuple(np.concatenate(part) for part in zip(*flagged))
-        group_means.stand_in_means(counts, sums, absent, means_flagged)
-        changed = np.unique(means_flagged[0])  # keyed again, by the sums the table gives
-        if changed.size:
-            keys[changed] = stats_keys(counts[changed], sums[changed], rows_at(m2, changed),
-                                       present(changed))
+        means_flagged = None
+        if forced is not None and np.size(forced[0]):  # (a pair the rule flags itself stays its)
+            own = {pair for groups, features in flagged
+                   for pair in zip(groups.tolist(), features.tolist())}
+            pairs = [pair for pair in zip(np.asarray(forced[0]).tolist(),
+                                          np.asarray(forced[1]).tolist()) if pair not in own]
+            forced = (np.array([g for g, _ in pairs], dtype=np.int64),
+                      np.array([f for _, f in pairs], dtype=np.int64))
+            flagged.append(forced)
+        if flagged:
+            means_flagged = tuple(np.concatenate(part) for part in zip(*flagged))
+            group_means.stand_in_means(counts, sums, absent, means_flagged, totals, put)
+            release_pages(sums)
+            changed = np.unique(means_flagged[0])  # keyed again, by the sums the table gives
+            if changed.size:
+                keys[changed] = stats_keys(counts[changed], rows_at(sums, changed),
+                                           rows_at(m2, changed), present(changed))
 
     def bits_of(ids):
-        return np.stack(_stats_bits(counts[ids], sums[ids], rows_at(m2, ids), present(ids)), axis=1)
+        return np.stack(_stats_bits(counts[ids], rows_at(sums, ids), rows_at(m2, ids),
+                                    present(ids)), axis=1)
 
     order = canonical_order(keys, bits_of)
     spreads = None
@@ -356,6 +387,27 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
     if absent is not None:
         columns["present"] = [(n_groups, lambda lo, hi: present(order[lo:hi]))]
     return columns, order, spreads
+
+
+def _spilled_sums(stack, scratch, X, group_of_row, places, first, n_groups: int, window: int):
+    """Every group's sums, a window at a time (``first``: the first window's), in a
+    temporary file in ``scratch``: (the file mapped read-only, the total per feature,
+    ``put(groups, features, values)`` writing sums in the file). The total is NumPy's
+    ``sums.sum(axis=0)`` to the bit: over a (G, d > 1) array it adds row after row, so
+    the total so far added to a window's first row carries it (tests/test_site_groups.py)."""
+    out, totals, width = stack.enter_context(tempfile.TemporaryFile(dir=scratch)), 0.0, X.shape[1]
+    for lo in range(0, n_groups, window):
+        part = first if lo == 0 else window_sums(X, group_of_row, places, lo, min(n_groups, lo + window))
+        out.write(part)
+        if lo:  # (not 0.0 + the first: -0.0 would become 0.0)
+            part[0] += totals
+        totals = part.sum(axis=0)
+    out.flush()
+
+    def put(groups, features, values):
+        for g, f, v in zip(groups.tolist(), features.tolist(), np.asarray(values).tolist()):
+            os.pwrite(out.fileno(), np.float64(v).tobytes(), 8 * (g * width + f))
+    return np.memmap(out, dtype=np.float64, mode="r", shape=(n_groups, width)), totals, put
 
 
 def kept_again(X: np.ndarray, kept_of_row: np.ndarray, n_kept: int, min_size: int,

@@ -14,10 +14,9 @@ Kept where (p_site >= 2):
 - in memory, per array object (simulation, the in-process harness).
 
 Memory (``group_stats.py``): a deployed site's rows are read in file order only, a chunk
-at a time, their pages dropped after each; of the table only the per-feature sums are
-held whole while it is made (its squared deviations a window of groups at a time,
-spilled to a temporary file beside the table and read back in file order,
-``mapped_pages.rows_at``), and every array is written in canonical order chunk by chunk,
+at a time, their pages dropped after each; a large table's sums and squared
+deviations are made a window of groups at a time, spilled to temporary files beside the
+table and read back in file order (``mapped_pages.rows_at``), and every array is written in canonical order chunk by chunk,
 never reordered in memory (``bench/grouping.py``, grouping-scale: the memory a version 0
 of 1,000,000 x 64 adds to the process, part by part).
 
