@@ -417,7 +417,8 @@ class Spreads:
         peaks = np.concatenate([f[2] for f in found])
         position = np.empty(self.order.size, dtype=np.int64)
         position[self.order] = np.arange(self.order.size)
-        cells = self._cells(groups)[np.arange(groups.size), features]
+        present = self.counts[groups] - (0 if self.absent is None else self.absent[groups, features])
+        cells = np.where(present >= self.min_size, present, 0)  # (:meth:`_cells`, pair by pair)
         kept = [(p, f, peak, n) for p, f, peak, n in zip(
             position[groups].tolist(), features.tolist(), peaks.tolist(), cells.tolist())
             if p not in self.alone]
