@@ -661,3 +661,46 @@ def test_a_table_is_built_without_numpys_huge_page_advice_and_it_is_restored(tmp
         assert advise(True) is True
     finally:
         advise(before)
+
+
+def test_files_are_written_in_pieces_the_same_bytes(tmp_path, monkeypatch):
+    """A site's files go to the kernel in pieces of at most ``WRITE_PIECE`` bytes (a large
+    write asks for large page-cache folios: bench/large_site.py's reading), every byte
+    through them: a spill (``write_pieces``), and the cache's and the record's rewritten
+    files (``site_data.write_atomic``, ``site_files.replace_atomically``), whose ``np.save``
+    would otherwise hand a real file the whole array at once."""
+    import io
+
+    from fedcluster.client_app import site_files
+    from fedcluster.client_app.data import site_data
+
+    monkeypatch.setattr(site_files, "WRITE_PIECE", 4096)
+    rng = np.random.default_rng(3)
+    big, small = rng.normal(size=(1000, 7)), np.arange(10, dtype=np.uint16).reshape(2, 5)
+    sizes = []
+
+    class Recorded(io.BufferedWriter):
+        def write(self, data):
+            sizes.append(memoryview(data).nbytes)
+            return super().write(data)
+
+    out = Recorded(io.FileIO(tmp_path / "spill", "wb"))
+    for array in (big, np.zeros((0, 7)), small):
+        site_files.write_pieces(out, array)
+    out.close()
+    assert max(sizes) == 4096 and sum(sizes) == big.nbytes + small.nbytes
+    assert (tmp_path / "spill").read_bytes() == big.tobytes() + small.tobytes()
+
+    def recorded_open(path, mode="r", *args, **kwargs):
+        return Recorded(io.FileIO(path, mode.replace("b", "")))
+
+    for name, write in (("cache.npy", lambda t, w: site_data.write_atomic(t, w)),
+                        ("record.npy", lambda t, w: site_files.replace_atomically(t, w))):
+        sizes.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "fdopen", lambda fd, mode: Recorded(io.FileIO(fd, "wb")))
+            patch.setattr(site_files, "open", recorded_open, raising=False)
+            write(tmp_path / name, lambda f: np.save(f, big))
+        assert sizes and max(sizes) <= 4096, name
+        assert sum(sizes) == (tmp_path / name).stat().st_size, name  # every byte in pieces
+        np.testing.assert_array_equal(np.load(tmp_path / name), big)

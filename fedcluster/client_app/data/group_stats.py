@@ -30,6 +30,7 @@ import numpy as np
 
 from fedcluster.common.kernels import compiled_kernels
 from fedcluster.client_app.mapped_pages import release_pages, rows_at
+from fedcluster.client_app.site_files import write_pieces
 from fedcluster.client_app.release import dominance
 from fedcluster.client_app.release.record.instances import mix
 from fedcluster.client_app.site_groups import GroupLabels
@@ -347,7 +348,7 @@ def ordered(X: np.ndarray, group_of_row: np.ndarray, n_groups: int, scratch: Pat
                                                               lo, moments, judged))
                 candidates.append(dominance.stand_out_cells(extremes, sd, lo))
             if spill is not None:
-                spill.write(m2)
+                write_pieces(spill, m2)
             release_pages(sums)
         del places
         if spill is not None:
@@ -398,7 +399,7 @@ def _spilled_sums(stack, scratch, X, group_of_row, places, first, n_groups: int,
     out, totals, width = stack.enter_context(tempfile.TemporaryFile(dir=scratch)), 0.0, X.shape[1]
     for lo in range(0, n_groups, window):
         part = first if lo == 0 else window_sums(X, group_of_row, places, lo, min(n_groups, lo + window))
-        out.write(part)
+        write_pieces(out, part)
         if lo:  # (not 0.0 + the first: -0.0 would become 0.0)
             part[0] += totals
         totals = part.sum(axis=0)
@@ -437,9 +438,7 @@ def kept_again(X: np.ndarray, kept_of_row: np.ndarray, n_kept: int, min_size: in
 def write_column(out, name: str, pieces: list, width: int, digest) -> None:
     """Column ``name`` of a table as a .npy written to ``out``, its pieces' rows chunk by
     chunk (each chunk also into ``digest``: the table's digest without a copy of it)."""
-    dtype = DTYPES[name]
-    width = None if name == "counts" else width
-    rows = sum(n for n, _ in pieces)
+    dtype, width, rows = DTYPES[name], None if name == "counts" else width, sum(n for n, _ in pieces)
     np.lib.format.write_array_header_1_0(out, {
         "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
         "shape": (rows,) if width is None else (rows, width)})

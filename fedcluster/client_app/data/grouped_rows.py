@@ -20,6 +20,7 @@ from fedcluster.client_app.data.grouping import group_rows, grouping_scale
 from fedcluster.client_app.data.site_data import SiteData, release_pages
 from fedcluster.client_app.data.versions import row_keys
 from fedcluster.client_app.mapped_pages import rows_in_spans
+from fedcluster.client_app.site_files import write_pieces
 from fedcluster.client_app.site_groups import GroupLabels
 
 __all__ = ["CHUNK_ROWS", "grouped", "grouping_rows", "grouping_sums", "judged_features",
@@ -68,7 +69,7 @@ def grouping_rows(site: SiteData, rows: np.ndarray | None = None, scratch: Path 
             if out is None:
                 copy[start:start + len(block)] = block
             else:
-                out.write(np.ascontiguousarray(block))
+                write_pieces(out, np.ascontiguousarray(block))
         if out is not None:
             out.flush()
             copy = np.memmap(out, dtype=np.float64, mode="r", shape=(n, d))

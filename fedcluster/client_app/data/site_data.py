@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster.client_app import site_files
 from fedcluster.client_app.mapped_pages import read_only_mapping, release_pages  # noqa: F401 (re-exported)
 from fedcluster.client_app.site_groups import TableFacts
 from fedcluster.client_app.data.tables import parse_csv, read_column
@@ -233,7 +234,7 @@ def write_atomic(target: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            write(site_files.InPieces(f))  # (in pieces: site_files.WRITE_PIECE)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)

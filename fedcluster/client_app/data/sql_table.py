@@ -34,6 +34,7 @@ import numpy as np
 
 from fedcluster.client_app.data import site_data
 from fedcluster.client_app.data.schema_table import KEPT, plain_schema
+from fedcluster.client_app import site_files
 from fedcluster.client_app.data.site_data import SiteData, SiteDataError
 from fedcluster.client_app.data.sql_source import SqlSource, chunk_columns, query_result
 from fedcluster.client_app.data.tables import encode_labels
@@ -120,7 +121,7 @@ def _stream(reading: Reading, directory: Path):
                 read += len(part)
                 width = table.X.shape[1]
                 X = np.ascontiguousarray(table.X, dtype=np.float64)
-                out.write(X.tobytes())
+                site_files.write_pieces(out, X)
                 kept += X.shape[0]
                 chunk_ids = None if table.ids is None else id_keys(table.ids)
                 chunk_dropped = id_keys(table.dropped) if table.dropped else None

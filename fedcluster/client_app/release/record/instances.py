@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedcluster.client_app import site_files
+
 __all__ = ["Instances", "SameRow", "mix"]
 
 
@@ -97,7 +99,7 @@ class Instances:
         self.directory.mkdir(parents=True, exist_ok=True)
         with open(self.directory / "cells.u16", "ab") as out:
             out.truncate((self._cells_known + self._cells_pending) * self.cell_width * 2)
-            np.ascontiguousarray(hashes).tofile(out)
+            site_files.write_pieces(out, np.ascontiguousarray(hashes))
         self._cells_pending += hashes.shape[0]
 
     def _cells_on_disk(self) -> np.ndarray:
