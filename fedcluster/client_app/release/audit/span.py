@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedcluster.client_app.release.audit import draws, support
+from fedcluster.client_app.release.audit import draws, support, together
 from fedcluster.client_app.release.audit.bound import lp_bound
 
 __all__ = ["Finding", "Passed", "Reason", "audit", "component_finding"]
@@ -397,12 +397,16 @@ def audit(offsets: np.ndarray, members: np.ndarray, n_instances: int, new: np.nd
     is_new[new] = True
     order = np.argsort(component, kind="stable")
     starts = np.searchsorted(component[order], wanted)
+    parts = [order[start:start + int(sizes[c])] for c, start in zip(wanted.tolist(), starts.tolist())]
+    all_lists = [[members[offsets[g]:offsets[g + 1]] for g in groups.tolist()] for groups in parts]
+    floors = np.array([min(p, int(group_min_size[groups].min())) for groups in parts])
+    passes = np.zeros(len(parts), dtype=bool)  # (judged together where they all pass)
+    for floor in np.unique(floors).tolist():
+        at = np.flatnonzero(floors == floor)
+        passes[at] = together.passing([all_lists[i] for i in at.tolist()], floor, same_row)
     findings = []
-    for c, start in zip(wanted.tolist(), starts.tolist()):
-        groups = order[start:start + int(sizes[c])]
-        lists = [members[offsets[g]:offsets[g + 1]] for g in groups.tolist()]
-        floor = int(min(p, group_min_size[groups].min()))
-        reason = component_finding(lists, floor, same_row)
+    for groups, lists, floor, passed in zip(parts, all_lists, floors.tolist(), passes.tolist()):
+        reason = None if passed else component_finding(lists, floor, same_row)
         if reason is None and present is not None:
             reason = _feature_findings(groups, lists, floor, same_row, present, group_reports)
         if reason is not None:

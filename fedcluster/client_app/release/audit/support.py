@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["Atoms", "PRIMES", "atoms", "equal_rows", "graph_cut", "inverse_mod", "minimum_cut",
-           "null_space_mod", "pieces", "product_mod", "reduced_rows"]
+           "null_space_mod", "parts_cut_at_least", "pieces", "product_mod", "reduced_rows"]
 
 
 class Atoms:
@@ -137,6 +137,8 @@ def equal_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     the classes' numbering (by a stable sort of the rows, without its structured view)."""
     if keys.shape[0] == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if keys.ndim > 1 and keys.shape[1] == 0:  # (rows of no entry are all equal)
+        return np.zeros(1, dtype=np.int64), np.zeros(keys.shape[0], dtype=np.int64)
     order = np.lexsort(keys.T[::-1])
     ordered = keys[order]
     head = np.r_[True, (ordered[1:] != ordered[:-1]).any(axis=1)]
@@ -356,26 +358,58 @@ def _independent(graph) -> np.ndarray:
     return chosen
 
 
+def _graph_ends(found: Atoms, beyond: np.ndarray) -> np.ndarray | None:
+    """Each atom's edge ((A, 2): its two sets, or its set and ``beyond`` (A,) for an atom
+    in one), or None where an atom lies in three sets or more or the sets' graph has an
+    odd cycle."""
+    sizes = found.set_sizes
+    if (sizes > 2).any():
+        return None
+    ptr = found.set_ptr[:-1]  # (every atom lies in a set at least)
+    lead, second, two = found.set_idx[ptr], np.array(beyond, dtype=np.int64), sizes == 2
+    second[two] = found.set_idx[ptr[two] + 1]
+    if not _bipartite(np.stack([lead[two], second[two]], axis=1), found.n_sets):
+        return None
+    return np.stack([lead, second], axis=1).astype(np.int64)
+
+
+def _edges(ends: np.ndarray, found: Atoms) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Parallel atoms (the same two sets) added up, one edge of their rows: (the edges,
+    their capacities, each atom's edge)."""
+    keys, slot = np.unique(ends, axis=0, return_inverse=True)
+    slot = slot.ravel()
+    capacity = np.bincount(slot, weights=found.weights, minlength=keys.shape[0])
+    return keys, capacity.astype(np.int64), slot
+
+
+def parts_cut_at_least(found: Atoms, part_of_set: np.ndarray, n_parts: int, below: int) -> bool:
+    """Whether :func:`graph_cut` of each part's sets alone (``part_of_set``: each set's
+    part; no atom holds sets of two parts) is a graph whose smallest support is ``below``
+    or more, in one graph: each part with its own node beyond (their disjoint union, whose
+    smallest positive cut is the least of the parts'). False: some part is no graph, or
+    cuts under ``below``."""
+    if found.weights.size == 0:
+        return True
+    lead = found.set_idx[found.set_ptr[:-1]]
+    ends = _graph_ends(found, found.n_sets + np.asarray(part_of_set, dtype=np.int64)[lead])
+    if ends is None:
+        return False
+    keys, capacity, _ = _edges(ends, found)
+    return minimum_cut(keys, capacity, found.n_sets + n_parts, below)[0] >= below
+
+
 def graph_cut(found: Atoms, below: int | None = None) -> tuple[int, np.ndarray] | None:
     """The smallest support of a nonzero combination, exactly, where the sets make a
     bipartite graph (module docstring), and the atoms of one such support ((A,) bool);
     None where they do not (an atom in three or more sets, or an odd cycle). ``below``:
     as :func:`minimum_cut`'s (a support under it, or 2**31 where there is none)."""
-    sizes = found.set_sizes
-    if (sizes > 2).any():
+    if (found.set_sizes > 2).any():
         return None
-    beyond = found.n_sets
-    if sizes.size == 0:
+    if found.weights.size == 0:
         return 2**31, np.zeros(0, dtype=bool)
-    ptr = found.set_ptr[:-1]  # (every atom lies in a set at least)
-    lead, second, two = found.set_idx[ptr], np.full(sizes.size, beyond, dtype=np.int64), sizes == 2
-    second[two] = found.set_idx[ptr[two] + 1]
-    if not _bipartite(np.stack([lead[two], second[two]], axis=1), found.n_sets):
+    ends = _graph_ends(found, np.full(found.weights.size, found.n_sets, dtype=np.int64))
+    if ends is None:
         return None
-    ends = np.stack([lead, second], axis=1).astype(np.int64)
-    # parallel atoms (the same two sets) add up: one edge of their rows
-    keys, slot = np.unique(ends, axis=0, return_inverse=True)
-    slot = slot.ravel()
-    capacity = np.bincount(slot, weights=found.weights, minlength=keys.shape[0])
-    smallest, cut = minimum_cut(keys, capacity.astype(np.int64), found.n_sets + 1, below)
+    keys, capacity, slot = _edges(ends, found)
+    smallest, cut = minimum_cut(keys, capacity, found.n_sets + 1, below)
     return smallest, cut[slot]

@@ -197,6 +197,35 @@ class SameRow:
             return True
         return bool(rows[:, 0].max() > rows[:, 1].min())
 
+    def pairs_in_parts(self, instances: np.ndarray, parts: np.ndarray, n_parts: int) -> np.ndarray:
+        """(n_parts,) bool: :meth:`any_pair` of each part's instances (``parts``: each
+        instance's, 0..n_parts-1), every part in one pass."""
+        instances, parts = np.asarray(instances, dtype=np.int64), np.asarray(parts, dtype=np.int64)
+        pair = np.zeros(n_parts, dtype=bool)
+        if instances.size < 2:
+            return pair
+        order = np.lexsort((instances, parts))
+        instances, parts = instances[order], parts[order]
+        distinct = np.r_[True, (instances[1:] != instances[:-1]) | (parts[1:] != parts[:-1])]
+        instances, parts = instances[distinct], parts[distinct]
+        if self.ids is not None:  # two equal ids within a part
+            ids = np.asarray(self.ids[instances]).reshape(instances.size, -1)
+            order = np.lexsort((*ids.T[::-1], parts))
+            ids, owner = ids[order], parts[order]
+            same = (owner[1:] == owner[:-1]) & (ids[1:] == ids[:-1]).all(axis=1)
+            pair[owner[1:][same]] = True
+            return pair
+        rows = np.asarray(self.seen[instances])
+        starts = np.flatnonzero(np.r_[True, parts[1:] != parts[:-1]])
+        owner = parts[starts]
+        many = np.diff(np.r_[starts, parts.size]) >= 2
+        unknown = np.add.reduceat((~rows[:, 3].astype(bool)).astype(np.int64), starts) > 0
+        lineages = (np.minimum.reduceat(rows[:, 2], starts)
+                    != np.maximum.reduceat(rows[:, 2], starts))
+        apart = np.maximum.reduceat(rows[:, 0], starts) > np.minimum.reduceat(rows[:, 1], starts)
+        pair[owner] = many & (unknown | lineages | apart)
+        return pair
+
 
 def _occurrence(keys: np.ndarray) -> np.ndarray:
     """Each row's rank among the rows with its key, in order (0 for the first)."""
