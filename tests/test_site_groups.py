@@ -704,3 +704,25 @@ def test_files_are_written_in_pieces_the_same_bytes(tmp_path, monkeypatch):
         assert sizes and max(sizes) <= 4096, name
         assert sum(sizes) == (tmp_path / name).stat().st_size, name  # every byte in pieces
         np.testing.assert_array_equal(np.load(tmp_path / name), big)
+
+
+def test_a_large_sites_content_keys_compiled_are_numpys_bits(monkeypatch):
+    """From ``COMPILED_FROM_ROWS`` rows the content hashes are compiled: the same keys as
+    NumPy's, bit for bit, whatever the cells (NaN payloads, -0.0 and 0.0, infinities), the
+    labels, the width and the array (a memory map, a float32 copy, a strided view)."""
+    from fedcluster.client_app.data.versions import row_keys
+
+    rng = np.random.default_rng(21)
+    X = rng.normal(size=(3000, 6))
+    X[::7, 3] = np.nan
+    X[1, 2] = np.float64(np.frombuffer(np.uint64(0x7FF8000000000123).tobytes(), np.float64)[0])
+    X[5, 1], X[6, 1], X[9, 0], X[10, 0] = -0.0, 0.0, np.inf, -np.inf
+    codes, names = rng.integers(0, 3, size=X.shape[0]), ("a", "b", "c")
+    for data, labels in ((X, (codes, names)), (X, (None, None)), (X[:, :1], (None, None)),
+                         (X[::2, ::2], (codes[::2], names)), (X.astype(np.float32), (None, None))):
+        monkeypatch.setattr(row_keys, "COMPILED_FROM_ROWS", 1)
+        compiled = row_keys.content_keys(data, *labels)
+        monkeypatch.setattr(row_keys, "COMPILED_FROM_ROWS", 10**12)
+        np.testing.assert_array_equal(compiled, row_keys.content_keys(data, *labels))
+    assert np.unique(compiled, axis=0).shape[0] == compiled.shape[0]  # (keys that tell rows apart)
+    assert row_keys.content_keys(X[:0]).shape == (0, 2)

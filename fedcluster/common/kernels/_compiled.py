@@ -1669,6 +1669,32 @@ def echelon_back_substitute_mod(pivot_start, pivot_len, pool_idx, pool_coef, fre
         z[v] = (prime - total) % prime
     return z
 
+@njit(cache=True, nogil=True, inline="always")
+def _mix64(x):
+    """splitmix64's finaliser (``release/record/instances.mix``, one value)."""
+    x = (x ^ (x >> np.uint64(30))) * _GROUP_MIX1
+    x = (x ^ (x >> np.uint64(27))) * _GROUP_MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def content_hashes(bits, out):
+    """Each row's two 64-bit content hashes into ``out`` ((n, 2) uint64) from its cells'
+    bits (``bits``: (n, d) uint64, a float64 chunk viewed as integers), feature after
+    feature as ``data/versions/row_keys.content_keys`` makes them with NumPy (the same
+    bits: integer steps that wrap alike; a row's hashes are its own, whatever the threads)."""
+    n, d = bits.shape
+    for i in prange(n):
+        a = _GROUP_GAMMA
+        b = np.uint64(0xD1B54A32D192ED03)
+        for j in range(d):
+            v = bits[i, j]
+            a = _mix64(a ^ v)
+            b = _mix64(b + _mix64(v ^ np.uint64(j + 1)))
+        out[i, 0] = a
+        out[i, 1] = b
+
+
 # --------------------------------------------------------------------------
 # Serial twins: the same kernels compiled without ``parallel``, for one block.
 # --------------------------------------------------------------------------
