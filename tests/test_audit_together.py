@@ -76,11 +76,13 @@ def _judged_alike(components, n, rng) -> int:
             verdict = together.passing(components, p, same_row)
             assert not (verdict & ~np.array(own)).any(), (p, ids)
             passed += int(verdict.sum())
-            passing = [c for c, ok in zip(components, own) if ok]
-            graphs = [c for c in passing if support.graph_cut(support.atoms(c), p) is not None
-                      and (p > 2 or not span._change_candidates(support.atoms(c), same_row))]
-            if graphs:  # where each is a graph that passes with no possible change: all do
-                assert together.passing(graphs, p, same_row).all(), (p, ids)
+            # and it passes exactly each component that is a graph cutting p rows or more
+            # (with no possible change at p <= 2), whatever fails beside it
+            graphs = [support.graph_cut(support.atoms(c), p) for c in components]
+            expected = [g is not None and g[0] >= p and (
+                p > 2 or not span._change_candidates(support.atoms(c), same_row))
+                for c, g in zip(components, graphs)]
+            assert verdict.tolist() == expected, (p, ids)
     return passed
 
 
@@ -96,8 +98,11 @@ def test_a_possible_change_is_left_to_the_components_own_audit():
     verdict = together.passing([lists, other], 2, same_row)
     assert verdict.tolist() == [False, True]
     assert span.component_finding(other, 2, same_row) is None
-    # at p 3 no change is asked (support 2 is under p already): the cut decides
-    assert together.passing([lists, other], 3, same_row).tolist() == [False, False]
+    # at p 3 no change is asked (support 2 is under p already): the cut decides, each
+    # component's own (the first cuts 2 rows; the union is halved to find it)
+    assert together.passing([lists, other], 3, same_row).tolist() == [False, True]
+    assert span.component_finding(other, 3, same_row) is None
+    assert span.component_finding(lists, 3, same_row) is not None
 
 
 @pytest.mark.parametrize("ids", [False, True])

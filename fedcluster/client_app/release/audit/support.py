@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["Atoms", "PRIMES", "atoms", "equal_rows", "graph_cut", "inverse_mod", "minimum_cut",
-           "null_space_mod", "parts_cut_at_least", "pieces", "product_mod", "reduced_rows"]
+           "null_space_mod", "cut_at_least", "parts_graph", "pieces", "product_mod", "reduced_rows"]
 
 
 class Atoms:
@@ -224,20 +224,25 @@ def product_mod(matrix, vector: np.ndarray, prime: int = PRIMES[0]) -> np.ndarra
 
 # ------------------------------------------------------------------ graphs: exact
 def _bipartite(edges: np.ndarray, n: int) -> bool:
-    """Whether the graph of ``edges`` ((E, 2) nodes 0..n-1) has no odd cycle: no node
-    meets itself on the other side in the graph's double cover (each edge u-v joins u's
-    one side to v's other)."""
+    """Whether the graph of ``edges`` ((E, 2) nodes 0..n-1) has no odd cycle."""
+    return _odd_nodes(edges, n).size == 0
+
+
+def _odd_nodes(edges: np.ndarray, n: int) -> np.ndarray:
+    """The nodes on or joined to an odd cycle of the graph of ``edges`` ((E, 2) nodes
+    0..n-1): those that meet themselves on the other side in the graph's double cover
+    (each edge u-v joins u's one side to v's other)."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     if edges.shape[0] == 0:
-        return True
+        return np.zeros(0, dtype=np.int64)
     u, v = edges[:, 0], edges[:, 1]
     cover = coo_matrix((np.ones(2 * u.size, dtype=np.int8), (np.r_[u, u + n], np.r_[v + n, v])),
                        shape=(2 * n, 2 * n))
     label = connected_components(cover, directed=False)[1]
-    return not (label[:n] == label[n:]).any()
+    return np.flatnonzero(label[:n] == label[n:])
 
 
 def minimum_cut(ends: np.ndarray, capacity: np.ndarray, n_nodes: int,
@@ -365,37 +370,55 @@ def _graph_ends(found: Atoms, beyond: np.ndarray) -> np.ndarray | None:
     sizes = found.set_sizes
     if (sizes > 2).any():
         return None
+    ends = _ends(found, beyond)
+    two = sizes == 2
+    return ends if _bipartite(ends[two], found.n_sets) else None
+
+
+def _ends(found: Atoms, beyond: np.ndarray) -> np.ndarray:
+    """(A, 2): each atom's first two sets, ``beyond`` for an atom in one."""
+    sizes = found.set_sizes
     ptr = found.set_ptr[:-1]  # (every atom lies in a set at least)
-    lead, second, two = found.set_idx[ptr], np.array(beyond, dtype=np.int64), sizes == 2
+    lead, second, two = found.set_idx[ptr], np.array(beyond, dtype=np.int64), sizes >= 2
     second[two] = found.set_idx[ptr[two] + 1]
-    if not _bipartite(np.stack([lead[two], second[two]], axis=1), found.n_sets):
-        return None
     return np.stack([lead, second], axis=1).astype(np.int64)
 
 
-def _edges(ends: np.ndarray, found: Atoms) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _edges(ends: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Parallel atoms (the same two sets) added up, one edge of their rows: (the edges,
     their capacities, each atom's edge)."""
     keys, slot = np.unique(ends, axis=0, return_inverse=True)
     slot = slot.ravel()
-    capacity = np.bincount(slot, weights=found.weights, minlength=keys.shape[0])
+    capacity = np.bincount(slot, weights=weights, minlength=keys.shape[0])
     return keys, capacity.astype(np.int64), slot
 
 
-def parts_cut_at_least(found: Atoms, part_of_set: np.ndarray, n_parts: int, below: int) -> bool:
-    """Whether :func:`graph_cut` of each part's sets alone (``part_of_set``: each set's
-    part; no atom holds sets of two parts) is a graph whose smallest support is ``below``
-    or more, in one graph: each part with its own node beyond (their disjoint union, whose
-    smallest positive cut is the least of the parts'). False: some part is no graph, or
-    cuts under ``below``."""
-    if found.weights.size == 0:
+def parts_graph(found: Atoms, part_of_set: np.ndarray, n_parts: int):
+    """The sets of several parts (``part_of_set``: each set's part; no atom holds sets of
+    two parts) as one graph, each part with its own node beyond (the disjoint union of
+    the parts' graphs of :func:`graph_cut`): (each atom's edge (A, 2) over nodes
+    0..n_sets + n_parts - 1, each atom's part, and (n_parts,) bool: the parts that are
+    graphs, none of their atoms in three sets or more and no odd cycle)."""
+    part_of_set = np.asarray(part_of_set, dtype=np.int64)
+    atom_part = part_of_set[found.set_idx[found.set_ptr[:-1]]]
+    ends = _ends(found, found.n_sets + atom_part)
+    graph = np.ones(n_parts, dtype=bool)
+    graph[atom_part[found.set_sizes > 2]] = False
+    two = (found.set_sizes == 2) & graph[atom_part]
+    odd = _odd_nodes(ends[two], found.n_sets)
+    graph[part_of_set[odd]] = False
+    return ends, atom_part, graph
+
+
+def cut_at_least(ends: np.ndarray, weights: np.ndarray, below: int) -> bool:
+    """Whether the graph of these atoms' ``ends`` (each part a graph: :func:`parts_graph`)
+    has no positive cut under ``below``: every part's smallest support is ``below`` or
+    more (a disjoint union's smallest positive cut is the least of its parts')."""
+    if ends.shape[0] == 0:
         return True
-    lead = found.set_idx[found.set_ptr[:-1]]
-    ends = _graph_ends(found, found.n_sets + np.asarray(part_of_set, dtype=np.int64)[lead])
-    if ends is None:
-        return False
-    keys, capacity, _ = _edges(ends, found)
-    return minimum_cut(keys, capacity, found.n_sets + n_parts, below)[0] >= below
+    nodes, compact = np.unique(ends, return_inverse=True)
+    keys, capacity, _ = _edges(compact.reshape(-1, 2), weights)
+    return minimum_cut(keys, capacity, nodes.size, below)[0] >= below
 
 
 def graph_cut(found: Atoms, below: int | None = None) -> tuple[int, np.ndarray] | None:
@@ -410,6 +433,6 @@ def graph_cut(found: Atoms, below: int | None = None) -> tuple[int, np.ndarray] 
     ends = _graph_ends(found, np.full(found.weights.size, found.n_sets, dtype=np.int64))
     if ends is None:
         return None
-    keys, capacity, slot = _edges(ends, found)
+    keys, capacity, slot = _edges(ends, found.weights)
     smallest, cut = minimum_cut(keys, capacity, found.n_sets + 1, below)
     return smallest, cut[slot]

@@ -12,7 +12,9 @@ So where the union's cut is p or more every component passes, and the decision i
 one made component by component (where the groups also form chains, the chains' cut is
 the same smallest support: both are exact, ``support.py``). Anything else (an atom in
 three sets, an odd cycle, a cut under p, a possible change) is left to the component's
-own audit, which finds what it finds as before.
+own audit, which finds what it finds as before; where the union cuts under p, it is
+halved until the components that do are found (a few failing among thousands cost a few
+graphs each, not the rest their own).
 """
 
 from __future__ import annotations
@@ -42,12 +44,20 @@ def passing(component_lists: list[list[np.ndarray]], p: int, same_row) -> np.nda
     lists = [m for lists in component_lists for m in lists]
     part_of_set = np.repeat(np.arange(n), [len(lists) for lists in component_lists])
     found = support.atoms(lists)
-    if not support.parts_cut_at_least(found, part_of_set, n, p):
-        return verdict  # (somewhere a component is no graph, or cuts under p)
-    verdict[:] = True
+    ends, atom_part, graph = support.parts_graph(found, part_of_set, n)
+
+    def settle(chosen: np.ndarray) -> None:  # (halved where some of them cut under p)
+        mine = np.isin(atom_part, chosen)
+        if support.cut_at_least(ends[mine], found.weights[mine], p):
+            verdict[chosen] = True
+        elif chosen.size > 1:
+            settle(chosen[:chosen.size // 2])
+            settle(chosen[chosen.size // 2:])
+
+    if graph.any():
+        settle(np.flatnonzero(graph))
     if p <= 2:  # no two one-instance atoms of one component may be one row's versions
         single = found.weights == 1
         singles = found.member_idx[found.member_ptr[:-1][single]]
-        owner = part_of_set[found.set_idx[found.set_ptr[:-1][single]]]
-        verdict &= ~same_row.pairs_in_parts(singles, owner, n)
+        verdict &= ~same_row.pairs_in_parts(singles, atom_part[single], n)
     return verdict
