@@ -363,18 +363,6 @@ def _independent(graph) -> np.ndarray:
     return chosen
 
 
-def _graph_ends(found: Atoms, beyond: np.ndarray) -> np.ndarray | None:
-    """Each atom's edge ((A, 2): its two sets, or its set and ``beyond`` (A,) for an atom
-    in one), or None where an atom lies in three sets or more or the sets' graph has an
-    odd cycle."""
-    sizes = found.set_sizes
-    if (sizes > 2).any():
-        return None
-    ends = _ends(found, beyond)
-    two = sizes == 2
-    return ends if _bipartite(ends[two], found.n_sets) else None
-
-
 def _ends(found: Atoms, beyond: np.ndarray) -> np.ndarray:
     """(A, 2): each atom's first two sets, ``beyond`` for an atom in one."""
     sizes = found.set_sizes
@@ -430,8 +418,8 @@ def graph_cut(found: Atoms, below: int | None = None) -> tuple[int, np.ndarray] 
         return None
     if found.weights.size == 0:
         return 2**31, np.zeros(0, dtype=bool)
-    ends = _graph_ends(found, np.full(found.weights.size, found.n_sets, dtype=np.int64))
-    if ends is None:
+    ends, _, graph = parts_graph(found, np.zeros(found.n_sets, dtype=np.int64), 1)
+    if not graph[0]:
         return None
     keys, capacity, slot = _edges(ends, found.weights)
     smallest, cut = minimum_cut(keys, capacity, found.n_sets + 1, below)
