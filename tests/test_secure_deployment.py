@@ -205,10 +205,20 @@ def test_unregistered_site_is_refused(federation):
     assert len(fed.listed_nodes()) == 3  # the three registered hospitals only
 
 
+# Flower 1.39's SuperNode (gRPC Fleet API) ends its connection for good, without exiting,
+# when a request of its main loop is cut off by the SuperLink's shutdown: the SuperLink
+# stops its gRPC server with a one-second grace, a request in flight after it ends with
+# CANCELLED, which that loop does not retry; the SuperNode logs the bare error and stays up,
+# idle and "offline". Seen in CI and reproduced here (a graceful restart under load, about
+# one in ten). The how-to tells the operator to restart such a site; its node id is kept.
+CUT_OFF_1_39 = "StatusCode.CANCELLED"
+
+
 def test_superlink_restart_keeps_registered_sites_and_their_ids(federation):
     fed = federation
     before = fed.listed_nodes()
     assert sorted(before) == sorted(fed.node_ids.values()) and set(before.values()) == {"online"}
+    logged = {site: len(proc.log_text()) for site, proc in fed.sites.items()}
     fed.stop_superlink()
     stopped = time.monotonic()
     fed.start_superlink()  # same database: the registrations survive
@@ -220,14 +230,36 @@ def test_superlink_restart_keeps_registered_sites_and_their_ids(federation):
     # and drop it ("Node Unavailable", seen in CI on Flower 1.39).
     renewed = stopped + HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL + 5
     deadline = renewed + 120
+    restarted: list[str] = []
     while True:
         after = fed.listed_nodes()
         if after and set(after.values()) == {"online"} and time.monotonic() > renewed:
             break
-        assert time.monotonic() < deadline, f"not all sites back online: {after}"
+        if time.monotonic() > renewed and not fp.HTTP_FLEET:
+            for site in _cut_off_sites(fed, after, logged, restarted):
+                restarted.append(site)  # what the how-to says to do: restart the site
+                old = fed.sites[site]
+                fp.stop_process_group(old.popen)
+                old.log_path.rename(old.log_path.with_suffix(".cut-off.log"))  # a fresh log
+                fed.sites[site], logged[site] = fed.start_site(site, fed.workdir / f"{site}.csv"), 0
+                assert fed.sites[site].ready_match.group(1) == fed.node_ids[site]
+                deadline = time.monotonic() + HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL + 60
+        assert time.monotonic() < deadline, f"not all sites back online: {after}" + "".join(
+            f"\n{site} ({'running' if proc.popen.poll() is None else f'exit {proc.popen.poll()}'})"
+            f": {proc.log_text()[logged[site]:][-1500:]}" for site, proc in fed.sites.items()
+            if after.get(fed.node_ids[site]) != "online")
         time.sleep(2)
     assert sorted(after) == sorted(before)
     fed.one_round_run("hospitals", "again")
+
+
+def _cut_off_sites(fed: Federation, listed: dict[str, str], logged: dict[str, int],
+                   restarted: list[str]) -> list[str]:
+    """Sites listed offline whose SuperNode (Flower 1.39) logged a request cut off by the
+    SuperLink's shutdown since the restart (:data:`CUT_OFF_1_39`), each at most once."""
+    return [site for site, proc in fed.sites.items()
+            if site not in restarted and listed.get(fed.node_ids[site]) == "offline"
+            and proc.popen.poll() is None and CUT_OFF_1_39 in proc.log_text()[logged[site]:]]
 
 
 # ------------------------------------------------------------- Flower 1.40+: one port
