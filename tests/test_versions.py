@@ -597,3 +597,24 @@ def test_same_row_over_many_instances_agrees_with_every_pair():
         assert same.any_pair(pick) == pairwise, (seen[pick].tolist(), None if ids is None else ids[pick].tolist())
         answers.add(pairwise)
     assert answers == {True, False}
+
+
+@pytest.mark.parametrize("first_words_collide", [False, True])
+def test_occurrence_ranks_rows_alike_in_file_order(first_words_collide):
+    """The k-th row of a key in file order is its k-th instance: each row's rank among
+    the rows with its whole key, counted here by hand. Where two keys share their first
+    word (a 64-bit collision, made on purpose) they are still counted apart."""
+    from fedcluster.client_app.release.record.instances import _occurrence
+
+    rng = np.random.default_rng(11)
+    distinct = rng.integers(0, 2**63, size=(300, 2), dtype=np.int64).astype(np.uint64)
+    if first_words_collide:
+        distinct[1::3, 0] = distinct[0::3, 0][: len(distinct[1::3])]
+    keys = distinct[rng.integers(0, len(distinct), size=5000)]
+    seen: dict[tuple[int, int], int] = {}
+    expected = []
+    for k0, k1 in keys.tolist():
+        expected.append(seen.get((k0, k1), 0))
+        seen[(k0, k1)] = expected[-1] + 1
+    np.testing.assert_array_equal(_occurrence(keys), expected)
+    assert _occurrence(keys[:0]).shape == (0,)

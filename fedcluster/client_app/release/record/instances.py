@@ -232,10 +232,18 @@ def _occurrence(keys: np.ndarray) -> np.ndarray:
     n = keys.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    order = np.lexsort((keys[:, 1], keys[:, 0]))  # stable: ties stay in order
+    # Stable on the first word alone: ties stay in order, and rows sharing a first word
+    # share the second too (the same content) unless 64 bits collide, which the check
+    # below catches and answers with the full two-word sort.
+    order = np.argsort(keys[:, 0], kind="stable")
     ordered = keys[order]
+    same_first = ordered[1:, 0] == ordered[:-1, 0]
+    if (same_first & (ordered[1:, 1] != ordered[:-1, 1])).any():
+        order = np.lexsort((keys[:, 1], keys[:, 0]))
+        ordered = keys[order]
+        same_first = (ordered[1:] == ordered[:-1]).all(axis=1)
     first = np.ones(n, dtype=bool)
-    first[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    first[1:] = ~same_first
     index = np.arange(n)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = index - np.maximum.accumulate(np.where(first, index, 0))
