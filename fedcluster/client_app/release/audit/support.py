@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Atoms", "PRIMES", "atoms", "equal_rows", "graph_cut", "inverse_mod", "minimum_cut",
-           "null_space_mod", "cut_at_least", "parts_graph", "pieces", "product_mod", "reduced_rows"]
+__all__ = ["Atoms", "PRIMES", "atoms", "cut_at_least", "equal_rows", "graph_cut", "inverse_mod",
+           "minimum_cut", "null_space_mod", "parts_graph", "pieces", "product_mod", "reduced_rows"]
 
 
 class Atoms:
@@ -223,11 +223,6 @@ def product_mod(matrix, vector: np.ndarray, prime: int = PRIMES[0]) -> np.ndarra
 
 
 # ------------------------------------------------------------------ graphs: exact
-def _bipartite(edges: np.ndarray, n: int) -> bool:
-    """Whether the graph of ``edges`` ((E, 2) nodes 0..n-1) has no odd cycle."""
-    return _odd_nodes(edges, n).size == 0
-
-
 def _odd_nodes(edges: np.ndarray, n: int) -> np.ndarray:
     """The nodes on or joined to an odd cycle of the graph of ``edges`` ((E, 2) nodes
     0..n-1): those that meet themselves on the other side in the graph's double cover

@@ -46,16 +46,24 @@ def passing(component_lists: list[list[np.ndarray]], p: int, same_row) -> np.nda
     found = support.atoms(lists)
     ends, atom_part, graph = support.parts_graph(found, part_of_set, n)
 
-    def settle(chosen: np.ndarray) -> None:  # (halved where some of them cut under p)
-        mine = np.isin(atom_part, chosen)
-        if support.cut_at_least(ends[mine], found.weights[mine], p):
-            verdict[chosen] = True
-        elif chosen.size > 1:
-            settle(chosen[:chosen.size // 2])
-            settle(chosen[chosen.size // 2:])
+    # The graphs' atoms in the order of their components: the components settle() takes,
+    # a run of the graphs, own a run of these atoms (found once, not by a search each time).
+    graphs = np.flatnonzero(graph)
+    within = np.flatnonzero(graph[atom_part])
+    within = within[np.argsort(atom_part[within], kind="stable")]
+    first = np.searchsorted(atom_part[within], graphs)
+    stop = np.searchsorted(atom_part[within], graphs, side="right")
 
-    if graph.any():
-        settle(np.flatnonzero(graph))
+    def settle(lo: int, hi: int) -> None:  # graphs[lo:hi], halved where some cut under p
+        mine = within[first[lo]:stop[hi - 1]]
+        if support.cut_at_least(ends[mine], found.weights[mine], p):
+            verdict[graphs[lo:hi]] = True
+        elif hi - lo > 1:
+            settle(lo, (lo + hi) // 2)
+            settle((lo + hi) // 2, hi)
+
+    if graphs.size:
+        settle(0, graphs.size)
     if p <= 2:  # no two one-instance atoms of one component may be one row's versions
         single = found.weights == 1
         singles = found.member_idx[found.member_ptr[:-1][single]]
