@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -37,7 +35,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 from grouping import MB, PEAK, run_child  # noqa: E402  (bench/grouping.py)
 from report import header, write_section  # noqa: E402
-from versions import EDIT_CHILD, VERSION_CHILD  # noqa: E402
+from versions import VERSION_CHILD, edit_site  # noqa: E402
 
 REPORT_CHILD = PEAK + """
 import json, sys, time
@@ -107,13 +105,7 @@ def measure(n: int, d: int, versions: int, runs: int, change: float, p: int) -> 
         run = 0
         for version in range(versions + 1):
             if version:
-                edited = tmp / f"site-{version}.npy"
-                subprocess.run([sys.executable, "-c", EDIT_CHILD, str(path), str(edited),
-                                str(change), str(version), str(BENCH)], check=True,
-                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
-                os.replace(edited, path)
-                Path(str(edited) + ".new.npy").unlink()
-                os.utime(path, ns=(version * 10**9, version * 10**9))
+                edit_site(path, change, version)
             run_child(path, cache, p, code=VERSION_CHILD)
             if version % every or run >= runs:
                 continue

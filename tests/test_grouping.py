@@ -239,11 +239,15 @@ def _in_steps_by_place(places, groups, values, into, offset=0):
                 into[groups[rows] - offset] += values[rows]
 
 
+@pytest.mark.parametrize("path", ["compiled", "numpy"])
 @pytest.mark.parametrize("dtype", [np.float64, np.int16])
-def test_row_order_sums_of_large_groups_are_the_steps_bit_for_bit(dtype):
+def test_row_order_sums_of_large_groups_are_the_steps_bit_for_bit(dtype, path):
     """A few groups of thousands of rows (a report's parts) beside small ones, rows
-    waiting, a -0.0 first (place 0 sets the slot: its sign stays): the compiled pass adds
-    what the step-per-place code added, in the same order."""
+    waiting, a -0.0 first (place 0 sets the slot: its sign stays): the compiled pass, and
+    the NumPy pass a small table takes (a fresh process then loads no Numba), add what
+    the step-per-place code added, in the same order."""
+    from fedcluster.common.kernels import compiled_kernels, small_work
+
     rng = np.random.default_rng(71)
     n, d = 20_000, 3
     labels = np.where(rng.random(n) < 0.7, rng.integers(0, 3, size=n), rng.integers(3, 4000, size=n))
@@ -256,7 +260,27 @@ def test_row_order_sums_of_large_groups_are_the_steps_bit_for_bit(dtype):
         values[np.flatnonzero((places == 0) & (labels >= lo))[:5]] = -0.0
     mine = labels >= lo
     ours, theirs = np.zeros((4000 - lo, d), dtype=dtype), np.zeros((4000 - lo, d), dtype=dtype)
-    group_stats._in_steps(places[mine], labels[mine], values[mine], ours, lo)
+    kernels = small_work if path == "numpy" else compiled_kernels()
+    kernels.add_in_row_order(places[mine], labels[mine], values[mine], ours, lo)
     _in_steps_by_place(places[mine], labels[mine], values[mine], theirs, lo)
     assert np.array_equal(ours.view(np.uint8), theirs.view(np.uint8))
     assert places.max() > 4_000  # (large groups: the steps' case)
+    if dtype == np.float64:  # the dominance rule's extremes, ties of +-0.0 kept as met
+        high, low = np.zeros((4000, d)), np.zeros((4000, d))
+        values[rng.random(n) < 0.1] = 0.0
+        kernels.group_extremes_at(high, low, np.maximum(labels, 0), values)
+        want_high, want_low = np.zeros((4000, d)), np.zeros((4000, d))
+        for g, row in zip(np.maximum(labels, 0), values):  # (row after row, strict)
+            want_high[g] = np.where(row > want_high[g], row, want_high[g])
+            want_low[g] = np.where(row < want_low[g], row, want_low[g])
+        assert np.array_equal(high.view(np.uint8), want_high.view(np.uint8))
+        assert np.array_equal(low.view(np.uint8), want_low.view(np.uint8))
+
+
+def test_a_small_table_is_made_without_numba_and_a_large_one_with_it(monkeypatch):
+    """Which path a table's row-order passes take depends on its size alone."""
+    from fedcluster.common.kernels import small_work
+
+    small = np.zeros((small_work.ROW_ORDER_MAX_VALUES // 4, 4))
+    assert group_stats._row_order(small) is small_work
+    assert group_stats._row_order(np.zeros((small.shape[0] + 1, 4))) is not small_work

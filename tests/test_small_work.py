@@ -195,3 +195,48 @@ def test_few_pass_tasks_raise_the_numpy_limit_only_inside_the_task(monkeypatch):
     assert not is_few_pass_task("lloyd", {"local-iters": 3})
     assert not is_few_pass_task("local_kmeans", {})
     assert not is_few_pass_task("fcm", {"local-iters": 1})
+
+
+REPORT_PROCESS = textwrap.dedent('''
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import numpy as np
+    from fedcluster.common.kernels import small_work
+    path, cache, step, path_kind = sys.argv[2:6]
+    if path_kind == "compiled":
+        small_work.ROW_ORDER_MAX_VALUES = -1
+    from record_check import RunSite
+    site = RunSite({"data-path": path, "min-cluster-size": 2}, cache, "error")
+    if step == "describe":
+        site.ask("describe", [])
+        raise SystemExit
+    X = np.loadtxt(path, delimiter=",", skiprows=1)
+    arrays, metrics = site.ask("evaluate", [X[:4] + 0.01], report=True)
+    print(json.dumps({"numba": "numba" in sys.modules, "arrays": [a.tobytes().hex() for a in arrays],
+                      "metrics": {k: repr(v) for k, v in metrics.items()}}))
+''')
+
+
+def test_a_small_site_answers_a_report_without_numba_and_the_same_bits(tmp_path):
+    """The report's parts (the model's clusters cutting the site's groups) are made from
+    the rows by the row-order passes; on a small site (3,000 x 5) they run in NumPy, so
+    the ClientApp process answering the report never imports Numba, and answers what the
+    compiled passes give, bit for bit."""
+    from pathlib import Path
+
+    rng = np.random.default_rng(5)
+    X = np.r_[rng.normal(size=(1500, 5)), rng.normal(size=(1500, 5)) + 4]
+    path = tmp_path / "site.csv"
+    np.savetxt(path, X, delimiter=",", header=",".join(f"f{j}" for j in range(5)), comments="")
+    tests = str(Path(__file__).resolve().parent)
+    answers = {}
+    for kind in ("numpy", "compiled"):
+        base = [sys.executable, "-c", REPORT_PROCESS, tests, str(path), str(tmp_path / kind)]
+        subprocess.run(base + ["describe", kind], check=True, capture_output=True, timeout=300)
+        out = subprocess.run(base + ["report", kind], check=True, capture_output=True, text=True,
+                             timeout=300)
+        assert "the report splits" in out.stderr  # (parts made from the rows)
+        answers[kind] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert answers["numpy"]["numba"] is False and answers["compiled"]["numba"] is True
+    assert answers["numpy"]["arrays"] == answers["compiled"]["arrays"]
+    assert answers["numpy"]["metrics"] == answers["compiled"]["metrics"]

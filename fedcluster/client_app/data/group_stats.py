@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster.common.kernels import compiled_kernels
+from fedcluster.common.kernels import compiled_kernels, small_work
 from fedcluster.client_app.mapped_pages import release_pages, rows_at
 from fedcluster.client_app.site_files import write_pieces
 from fedcluster.client_app.release import dominance
@@ -65,14 +65,13 @@ def row_places(group_of_row: np.ndarray) -> np.ndarray:
     return places
 
 
-def _in_steps(places: np.ndarray, groups: np.ndarray, values: np.ndarray, into: np.ndarray,
-              offset: int = 0) -> None:
-    """Add each value to its group's slot (``into[group - offset]``) in its row's place
-    order: place 0 sets the slot, place k adds to it (per group, its rows in row order:
-    ``kernels._compiled.add_in_row_order``, one pass whatever the groups' sizes)."""
-    if places.size == 0:
-        return
-    compiled_kernels().add_in_row_order(places, groups, values, into, int(offset))  # (2-d)
+def _row_order(table: np.ndarray):
+    """Where a pass over ``table``'s rows adds each value to its group's slot
+    (``add_in_row_order(places, groups, values, into, offset)``: ``into[group - offset]``)
+    in its row's place order: place 0 sets the slot, place k adds to it (per group, its
+    rows in row order, one pass whatever the groups' sizes): the compiled kernels, or
+    NumPy with the same bits where the table is small (``small_work``)."""
+    return small_work if table.size <= small_work.ROW_ORDER_MAX_VALUES else compiled_kernels()
 
 
 def group_sums(X: np.ndarray, group_of_row: np.ndarray, n_groups: int,
@@ -101,14 +100,14 @@ def group_sums(X: np.ndarray, group_of_row: np.ndarray, n_groups: int,
             if absent is None:
                 absent = np.zeros((n_groups, d), dtype=small)
             rows = np.where(missing, 0.0, rows)
-            _in_steps(at, groups, missing.astype(small), absent)  # integers: any order
+            _row_order(X).add_in_row_order(at, groups, missing.astype(small), absent, 0)
         if squares is not None:
             inside = rows[groups >= 0]
             squares += (inside * inside).sum(axis=0)
         if hi < n_groups:
             mine = groups < hi
             groups, at, rows = groups[mine], at[mine], rows[mine]
-        _in_steps(at, groups, rows, sums)
+        _row_order(X).add_in_row_order(at, groups, rows, sums, 0)
         release_pages(X)
     return counts, sums, absent, places
 
@@ -123,8 +122,8 @@ def window_sums(X: np.ndarray, group_of_row: np.ndarray, places: np.ndarray, lo:
         mine = np.flatnonzero((groups >= lo) & (groups < hi))
         if mine.size:
             rows = np.asarray(X[r0:r0 + STATS_ROWS])[mine]
-            _in_steps(places[r0:r0 + STATS_ROWS][mine], groups[mine],
-                      np.where(np.isnan(rows), 0.0, rows), sums, lo)
+            _row_order(X).add_in_row_order(places[r0:r0 + STATS_ROWS][mine], groups[mine],
+                                           np.where(np.isnan(rows), 0.0, rows), sums, lo)
         release_pages(X)
     return sums
 
@@ -154,10 +153,10 @@ def group_m2(X: np.ndarray, group_of_row: np.ndarray, places: np.ndarray, counts
             with np.errstate(invalid="ignore", divide="ignore"):
                 deviation = rows - np.where(present > 0, sums[groups] / np.maximum(present, 1), 0.0)
             deviation[np.isnan(rows)] = 0.0
-        _in_steps(at, groups, deviation * deviation, m2, lo)
+        _row_order(X).add_in_row_order(at, groups, deviation * deviation, m2, lo)
         if extremes is not None:  # (np.maximum.at / np.minimum.at, compiled: the same values)
-            compiled_kernels().group_extremes_at(extremes[0], extremes[1], groups - lo,
-                                                 np.ascontiguousarray(deviation))
+            _row_order(X).group_extremes_at(extremes[0], extremes[1], groups - lo,
+                                            np.ascontiguousarray(deviation))
         release_pages(X)
     return m2
 
