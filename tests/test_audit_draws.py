@@ -347,3 +347,46 @@ def test_a_system_beyond_the_audit_s_memory_is_refused_never_passed(monkeypatch)
         assert refused is not None and "refused, undecided within the audit's memory" in refused
         reason = span._by_columns(found, 2, lambda u, w: False)
         assert reason is not None and "undecided within the audit's memory" in reason
+
+
+def _gauss_jordan(matrix, prime):
+    """The reduced row echelon form by the book: each pivot row scaled, then subtracted
+    over its whole width from every other row (what both forms did before they skipped
+    the pivot row's zeros)."""
+    A = np.array(matrix, dtype=np.int64) % prime
+    pivots, row = [], 0
+    for col in range(A.shape[1]):
+        rows = [i for i in range(row, A.shape[0]) if A[i, col]]
+        if row == A.shape[0] or not rows:
+            continue
+        A[[row, rows[0]]] = A[[rows[0], row]]
+        A[row] = A[row] * pow(int(A[row, col]), prime - 2, prime) % prime
+        for i in range(A.shape[0]):
+            if i != row:
+                A[i] = (A[i] - A[i, col] * A[row] % prime) % prime
+        pivots.append(col)
+        row += 1
+    return A[:row], pivots
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_both_reduced_forms_are_the_book_s(seed):
+    """The compiled form (the hubs' system) and the NumPy one (a dense block), which run
+    a row operation over the pivot row's nonzero entries from its pivot on: the same
+    rows and pivots as Gauss-Jordan over whole rows, on sparse, low-rank, wide and tall
+    matrices with zero columns, at both primes."""
+    from fedcluster.common.kernels import compiled_kernels
+
+    rng = np.random.default_rng(seed)
+    m, n = int(rng.integers(1, 30)), int(rng.integers(1, 80))
+    rank = int(rng.integers(1, min(m, n) + 1))
+    basis = np.where(rng.random((rank, n)) < 0.2, rng.integers(1, 50, (rank, n)), 0)
+    basis[:, rng.random(n) < 0.2] = 0
+    matrix = rng.integers(-3, 4, (m, rank)) @ basis
+    for prime in support.PRIMES:
+        want, want_pivots = _gauss_jordan(matrix, prime)
+        got, got_pivots = support.reduced_rows(matrix, prime)
+        compiled, compiled_pivots = compiled_kernels().reduced_rows_mod(matrix % prime, prime)
+        assert np.array_equal(got, want) and list(got_pivots) == want_pivots
+        assert np.array_equal(compiled, want) and list(compiled_pivots) == want_pivots
+        assert len(want_pivots) == np.linalg.matrix_rank(matrix.astype(float))  # (no prime divides a minor here)

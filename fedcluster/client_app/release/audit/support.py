@@ -172,11 +172,12 @@ def reduced_rows(matrix: np.ndarray, prime: int = PRIMES[0]) -> tuple[np.ndarray
         at = row + int(nonzero[0])
         if at != row:
             A[[row, at]] = A[[at, row]]
-        A[row] = (A[row] * pow(int(A[row, col]), prime - 2, prime)) % prime
+        A[row, col:] = (A[row, col:] * pow(int(A[row, col]), prime - 2, prime)) % prime
         others = np.flatnonzero(A[:, col])
         others = others[others != row]
-        if others.size:
-            A[others] = (A[others] - (A[others, col][:, None] * A[row][None, :]) % prime) % prime
+        if others.size:  # (left of its pivot the row is 0; each sum below 2^63)
+            A[others, col:] = (A[others, col:] + (prime - A[others, col])[:, None]
+                               * A[row, col:][None, :]) % prime
         pivots.append(col)
         row += 1
     return A[:len(pivots)], pivots
