@@ -228,8 +228,8 @@ def test_statistics_of_a_memmap_are_those_in_memory_window_by_window(grouped, tm
 
 
 def _in_steps_by_place(places, groups, values, into, offset=0):
-    """``group_stats._in_steps`` before: one numpy step per place (quadratic in the
-    largest group: a report's part)."""
+    """The row-order sums as ``group_stats`` once made them: one numpy step per place
+    (quadratic in the largest group: a report's part)."""
     for k in range(int(places.max()) + 1 if places.size else 0):
         rows = np.flatnonzero(places == k)
         if rows.size:
@@ -277,7 +277,7 @@ def test_row_order_sums_of_large_groups_are_the_steps_bit_for_bit(dtype, path):
         assert np.array_equal(low.view(np.uint8), want_low.view(np.uint8))
 
 
-def test_a_small_table_is_made_without_numba_and_a_large_one_with_it(monkeypatch):
+def test_a_small_table_is_made_without_numba_and_a_large_one_with_it():
     """Which path a table's row-order passes take depends on its size alone."""
     from fedcluster.common.kernels import small_work
 

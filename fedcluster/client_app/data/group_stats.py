@@ -100,7 +100,7 @@ def group_sums(X: np.ndarray, group_of_row: np.ndarray, n_groups: int,
             if absent is None:
                 absent = np.zeros((n_groups, d), dtype=small)
             rows = np.where(missing, 0.0, rows)
-            _row_order(X).add_in_row_order(at, groups, missing.astype(small), absent, 0)
+            _row_order(X).add_in_row_order(at, groups, missing.astype(small), absent, 0)  # (counts)
         if squares is not None:
             inside = rows[groups >= 0]
             squares += (inside * inside).sum(axis=0)
